@@ -1,0 +1,17 @@
+//! The mindxtrain node as a library: everything the `mindxtrain` binary does, callable
+//! from tests and from other programs.
+//!
+//! * [`log`]: the append-only, hash-chained, signed event log (segments, group commit,
+//!   recovery, sled index, Merkle proofs, signed checkpoints, audit);
+//! * [`identity`]: the node's ed25519 key;
+//! * [`canonical`]: RFC 8785 canonical JSON, which every hash and signature covers;
+//! * [`node`]: a node directory and what lives in it.
+
+pub mod canonical;
+pub mod fsutil;
+pub mod identity;
+pub mod log;
+pub mod node;
+
+/// `mindxtrain/<version>`, recorded in genesis events and manifests.
+pub const SOFTWARE: &str = concat!("mindxtrain/", env!("CARGO_PKG_VERSION"));
