@@ -1,0 +1,9 @@
+//! The mindxtrain trainer.
+//!
+//! * [`recipe`]: strict YAML recipes (every field known, invariants checked at parse time,
+//!   errors that name file, line, column and field path).
+//! * [`events`]: the [`events::EventSink`] trait through which the trainer reports to
+//!   whoever embeds it (the node writes those reports into its signed log).
+
+pub mod events;
+pub mod recipe;

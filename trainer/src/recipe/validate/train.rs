@@ -1,0 +1,184 @@
+//! Rules for the `train` section: method parameters, optimizer, schedule, budget, batch.
+
+use super::{Checks, FieldPath, Recipe};
+use crate::recipe::train::{Lora, Method, Precision, ScheduleKind};
+
+fn lora(c: &mut Checks, at: &str, l: &Lora) {
+    c.int(&format!("{at}.r"), l.r.into(), 1, 512);
+    c.int(&format!("{at}.alpha"), l.alpha.into(), 1, 1024);
+    c.num(&format!("{at}.dropout"), l.dropout, 0.0, 1.0, "[]");
+    if l.target_modules.is_empty() {
+        c.fail(
+            &format!("{at}.target_modules"),
+            "must list at least one projection",
+        );
+    }
+    c.unique(&format!("{at}.target_modules"), &l.target_modules);
+}
+
+pub(super) fn method(c: &mut Checks, r: &Recipe) {
+    let seq_len = r.data.seq_len;
+    let m = "train.method";
+    match &r.train.method {
+        Method::Full | Method::Cpt => {}
+        Method::Lora(l) => lora(c, m, l),
+        Method::Qlora(q) => {
+            lora(c, m, &q.lora);
+            if ![4, 8].contains(&q.bits) {
+                c.fail(
+                    "train.method.bits",
+                    format!("expected 4 or 8, found {}", q.bits),
+                );
+            }
+        }
+        Method::Dpo(d) => {
+            c.positive("train.method.beta", d.beta);
+            c.num(
+                "train.method.label_smoothing",
+                d.label_smoothing,
+                0.0,
+                0.5,
+                "[)",
+            );
+        }
+        Method::Orpo(o) => c.positive("train.method.beta", o.beta),
+        Method::Kto(k) => {
+            c.positive("train.method.beta", k.beta);
+            c.positive("train.method.desirable_weight", k.desirable_weight);
+            c.positive("train.method.undesirable_weight", k.undesirable_weight);
+        }
+        Method::Grpo(g) => {
+            rl(
+                c,
+                [g.num_generations, g.max_new_tokens],
+                [g.kl_coef, g.clip_epsilon, g.temperature],
+                seq_len,
+            );
+            c.unique("train.method.rewards", &g.rewards);
+        }
+        Method::Gspo(g) => {
+            rl(
+                c,
+                [g.num_generations, g.max_new_tokens],
+                [g.kl_coef, g.clip_epsilon, g.temperature],
+                seq_len,
+            );
+            c.unique("train.method.rewards", &g.rewards);
+        }
+    }
+    let rewards_empty = match &r.train.method {
+        Method::Grpo(g) => g.rewards.is_empty(),
+        Method::Gspo(g) => g.rewards.is_empty(),
+        _ => false,
+    };
+    if rewards_empty {
+        c.fail("train.method.rewards", "must list at least one reward");
+    }
+    let nested = matches!(&r.train.method, Method::Lora(_) | Method::Qlora(_));
+    if let (Some(l), false) = (r.train.method.adapter(), nested) {
+        lora(c, "train.method.lora", l);
+    }
+}
+
+fn rl(
+    c: &mut Checks,
+    [generations, new_tokens]: [u32; 2],
+    [kl, clip, temperature]: [f64; 3],
+    seq_len: u32,
+) {
+    c.int("train.method.num_generations", generations.into(), 2, 64);
+    c.non_negative("train.method.kl_coef", kl);
+    c.num("train.method.clip_epsilon", clip, 0.0, 1.0, "()");
+    c.num("train.method.temperature", temperature, 0.0, 2.0, "(]");
+    if new_tokens == 0 || new_tokens >= seq_len {
+        c.fail(
+            "train.method.max_new_tokens",
+            format!("expected integer 1..{seq_len} (below data.seq_len), found {new_tokens}"),
+        );
+    }
+}
+
+pub(super) fn train(c: &mut Checks, r: &Recipe) {
+    let t = &r.train;
+    let o = &t.optimizer;
+    if !(o.lr > 0.0 && o.lr <= 1.0) {
+        c.fail(
+            "train.optimizer.lr",
+            format!("expected a number in (0, 1], found {:?}", o.lr),
+        );
+    }
+    for (i, b) in o.betas.iter().enumerate() {
+        if !(0.0..1.0).contains(b) {
+            c.0.push((
+                FieldPath::keys("train.optimizer.betas").index(i),
+                format!("expected a number in [0, 1), found {b:?}"),
+            ));
+        }
+    }
+    c.positive("train.optimizer.eps", o.eps);
+    c.non_negative("train.optimizer.weight_decay", o.weight_decay);
+    c.non_negative("train.optimizer.grad_clip", o.grad_clip);
+    let s = &t.schedule;
+    c.num(
+        "train.schedule.warmup_ratio",
+        s.warmup_ratio,
+        0.0,
+        1.0,
+        "[]",
+    );
+    c.num(
+        "train.schedule.min_lr_ratio",
+        s.min_lr_ratio,
+        0.0,
+        1.0,
+        "[]",
+    );
+    c.num("train.schedule.decay_ratio", s.decay_ratio, 0.0, 1.0, "[]");
+    if s.kind == ScheduleKind::Wsd && s.warmup_ratio + s.decay_ratio > 1.0 {
+        c.fail(
+            "train.schedule.decay_ratio",
+            "warmup_ratio + decay_ratio must not exceed 1",
+        );
+    }
+    match (t.budget.epochs, t.budget.max_steps) {
+        (None, None) => c.fail("train.budget", "set epochs, max_steps, or both"),
+        (epochs, steps) => {
+            if let Some(e) = epochs {
+                c.int("train.budget.epochs", e.into(), 1, 100);
+            }
+            if let Some(s) = steps {
+                c.int("train.budget.max_steps", s, 1, 100_000_000);
+            }
+        }
+    }
+    c.int("train.batch.per_device", t.batch.per_device.into(), 1, 4096);
+    c.int("train.batch.grad_accum", t.batch.grad_accum.into(), 1, 4096);
+    let gpus = r.hardware.gpus;
+    if gpus == 0 && t.precision == Precision::Fp8 {
+        c.fail(
+            "train.precision",
+            "fp8 needs an accelerator; hardware.gpus is 0 (use bf16 or fp32)",
+        );
+    }
+    if t.fsdp && gpus < 2 {
+        c.fail(
+            "train.fsdp",
+            format!("needs at least 2 GPUs to shard over; hardware.gpus is {gpus}"),
+        );
+    }
+    if let Some(n) = t.checkpoint.every_steps {
+        c.int("train.checkpoint.every_steps", n, 1, u64::MAX);
+    }
+    c.int(
+        "train.checkpoint.keep_last",
+        t.checkpoint.keep_last.into(),
+        1,
+        1000,
+    );
+    c.int(
+        "train.log_every_steps",
+        t.log_every_steps.into(),
+        1,
+        1_000_000,
+    );
+}

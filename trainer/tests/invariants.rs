@@ -1,0 +1,339 @@
+//! Each invariant is rejected at the right path and line:col, with a useful message.
+
+mod common;
+
+use common::{BASE, at, edit, errors, only_error};
+use mindxtrain_trainer::recipe::{ErrorKind, Recipe};
+
+#[test]
+fn base_is_valid() {
+    Recipe::from_str(BASE, "x.yaml").unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn mi300x_refuses_two_and_four_gpus_naming_xgmi() {
+    for n in [2, 4, 3, 16] {
+        let e = only_error(&edit("gpus: 1", &format!("gpus: {n}")));
+        assert_eq!(at(&e), (6, 3, "hardware.gpus"));
+        assert_eq!(e.kind(), ErrorKind::Invariant);
+        assert!(e.message().contains("asymmetric xGMI"), "{e}");
+    }
+    let e = only_error(&edit("gpus: 1", "gpus: 4"));
+    assert_eq!(
+        e.to_string(),
+        "x.yaml:6:3 hardware.gpus: expected 0 (CPU), 1 or 8 on mi300x, found 4: 2- and 4-GPU groups \
+         get asymmetric xGMI bandwidth on MI300-class boards"
+    );
+}
+
+#[test]
+fn mi300x_takes_zero_one_or_eight() {
+    for n in [0, 1, 8] {
+        Recipe::from_str(&edit("gpus: 1", &format!("gpus: {n}")), "x")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn nvidia_takes_zero_to_eight() {
+    for n in 0..=8 {
+        let src = edit("name: mi300x", "name: h100").replace("gpus: 1", &format!("gpus: {n}"));
+        Recipe::from_str(&src, "x").unwrap_or_else(|e| panic!("gpus {n}: {e}"));
+    }
+    let e = only_error(&edit("name: mi300x", "name: h200").replace("gpus: 1", "gpus: 9"));
+    assert_eq!(at(&e), (6, 3, "hardware.gpus"));
+    assert_eq!(e.message(), "expected integer 0..=8, found 9");
+}
+
+#[test]
+fn cpu_takes_no_gpus() {
+    let e = only_error(&edit("name: mi300x", "name: cpu"));
+    assert_eq!(at(&e), (6, 3, "hardware.gpus"));
+}
+
+#[test]
+fn missing_mandatory_env_key_is_named() {
+    let e = only_error(&edit("    NCCL_MIN_NCHANNELS: \"112\"\n", ""));
+    assert_eq!(at(&e), (20, 3, "train.env.NCCL_MIN_NCHANNELS"));
+    assert!(
+        e.message()
+            .starts_with("missing mandatory ROCm env key NCCL_MIN_NCHANNELS"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_missing_env_key_is_reported_at_once() {
+    let start = BASE.find("  env:").expect("env block");
+    let all = errors(&BASE[..start]);
+    assert_eq!(all.len(), 7, "{all}");
+    for (e, key) in all
+        .iter()
+        .zip(["HSA_NO_SCRATCH_RECLAIM", "NVTE_CK_USES_BWD_V3"])
+    {
+        assert_eq!(at(e), (14, 1, format!("train.env.{key}").as_str()));
+    }
+}
+
+#[test]
+fn plan_arch_must_match_hardware() {
+    let e = only_error(&edit(
+        "PYTORCH_ROCM_ARCH: gfx942",
+        "PYTORCH_ROCM_ARCH: gfx950",
+    ));
+    assert_eq!(at(&e), (27, 5, "train.env.PYTORCH_ROCM_ARCH"));
+}
+
+#[test]
+fn jit_autotune_is_refused() {
+    let e = only_error(&edit("policy: aot_only", "policy: jit"));
+    assert_eq!(at(&e), (8, 3, "autotune.policy"));
+    assert_eq!(e.kind(), ErrorKind::Schema);
+    assert!(
+        e.message()
+            .starts_with("policy `jit` is not allowed: only `aot_only`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_field_at_depth() {
+    let e = only_error(&edit("    r: 16\n", "    r: 16\n    rank: 8\n"));
+    assert_eq!(at(&e), (18, 5, "train.method.rank"));
+    assert!(
+        e.message()
+            .starts_with("unknown field `rank`; expected one of `r`, `alpha`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_top_level_section() {
+    let e = only_error(&format!("{BASE}extras:\n  a: 1\n"));
+    assert_eq!(at(&e), (28, 1, "extras"));
+}
+
+#[test]
+fn float_for_integer() {
+    let e = only_error(&edit("r: 16", "r: 1.5"));
+    assert_eq!(
+        e.to_string(),
+        "x.yaml:17:5 train.method.r: expected an integer, found float `1.5`"
+    );
+    let e = only_error(&edit("r: 16", "r: 16.0"));
+    assert_eq!(e.message(), "expected an integer, found float `16.0`");
+}
+
+#[test]
+fn integer_out_of_range() {
+    let e = only_error(&edit("r: 16", "r: 600"));
+    assert_eq!(
+        e.to_string(),
+        "x.yaml:17:5 train.method.r: expected integer 1..=512, found 600"
+    );
+    let e = only_error(&edit("r: 16", "r: -1"));
+    assert_eq!(at(&e), (17, 5, "train.method.r"));
+}
+
+#[test]
+fn duplicate_key() {
+    let e = only_error(&edit("    r: 16\n", "    r: 16\n    r: 8\n"));
+    assert_eq!(at(&e), (18, 5, "train.method.r"));
+    assert_eq!(e.message(), "duplicate key (first defined at line 17)");
+    assert_eq!(e.kind(), ErrorKind::Syntax);
+}
+
+#[test]
+fn wrong_method_kind() {
+    let e = only_error(&edit("kind: lora", "kind: sft"));
+    assert_eq!(at(&e), (16, 5, "train.method.kind"));
+    assert!(
+        e.message()
+            .starts_with("unknown value `sft`; expected one of `full`, `cpt`, `lora`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn kind_may_come_after_the_method_fields() {
+    let r = Recipe::from_str(
+        &edit("    kind: lora\n    r: 16\n", "    r: 8\n    kind: lora\n"),
+        "x",
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .recipe;
+    assert_eq!(r.train.method.adapter().map(|l| l.r), Some(8));
+}
+
+#[test]
+fn missing_method_kind() {
+    let e = only_error(&edit("    kind: lora\n", ""));
+    assert_eq!(at(&e), (15, 3, "train.method.kind"));
+    assert_eq!(e.message(), "missing field `kind`");
+}
+
+#[test]
+fn fields_of_another_method_kind() {
+    let e = only_error(&edit("kind: lora", "kind: full"));
+    assert_eq!(at(&e), (17, 5, "train.method.r"));
+    assert!(
+        e.message().contains("`kind: full` takes no other fields"),
+        "{e}"
+    );
+    let all = errors(&edit("kind: lora", "kind: dpo"));
+    let e = all
+        .iter()
+        .find(|e| e.path() == "train.method.r")
+        .expect("r refused for dpo");
+    assert_eq!(at(e), (17, 5, "train.method.r"));
+    assert!(
+        e.message().contains("expected one of `beta`, `loss`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn method_written_as_a_scalar() {
+    let e = only_error(
+        &edit("    kind: lora\n    r: 16\n", "").replace("  method:\n", "  method: lora\n"),
+    );
+    assert_eq!(at(&e), (15, 3, "train.method"));
+    assert!(e.message().contains("kind"), "{e}");
+}
+
+#[test]
+fn betas_each_in_unit_interval() {
+    let e = only_error(&edit("[0.9, 0.95]", "[0.9, 1.0]"));
+    assert_eq!(at(&e), (19, 18, "train.optimizer.betas[1]"));
+    assert_eq!(e.message(), "expected a number in [0, 1), found 1.0");
+    let e = only_error(&edit("[0.9, 0.95]", "[0.9]"));
+    assert_eq!(at(&e), (19, 5, "train.optimizer.betas"));
+}
+
+#[test]
+fn missing_section_and_field() {
+    let e = only_error(&edit("  run_name: r\n", ""));
+    assert_eq!(at(&e), (1, 1, "meta.run_name"));
+    let cut = BASE.find("train:").expect("train");
+    let all = errors(&BASE[..cut]);
+    assert_eq!(all.first().path(), "train");
+}
+
+#[test]
+fn number_where_text_is_expected_says_quote_it() {
+    let e = only_error(&edit("project: p", "project: 12"));
+    assert_eq!(at(&e), (2, 3, "meta.project"));
+    assert_eq!(
+        e.message(),
+        "expected a string, found integer `12`; quote it (\"12\") if text is meant"
+    );
+    let e = only_error(&edit(
+        "HSA_NO_SCRATCH_RECLAIM: \"1\"",
+        "HSA_NO_SCRATCH_RECLAIM: 1",
+    ));
+    assert_eq!(at(&e), (21, 5, "train.env.HSA_NO_SCRATCH_RECLAIM"));
+}
+
+#[test]
+fn ranges_are_checked() {
+    let cases = [
+        (
+            "  hf_id: HuggingFaceH4/ultrachat_200k\n",
+            "  hf_id: HuggingFaceH4/ultrachat_200k\n  seq_len: 8\n",
+            "data.seq_len",
+        ),
+        (
+            "policy: aot_only",
+            "budget_seconds: 0",
+            "autotune.budget_seconds",
+        ),
+        (
+            "policy: aot_only",
+            "budget_seconds: 3601",
+            "autotune.budget_seconds",
+        ),
+        ("    r: 16\n", "    dropout: 1.5\n", "train.method.dropout"),
+        ("    r: 16\n", "    alpha: 2000\n", "train.method.alpha"),
+        (
+            "    betas: [0.9, 0.95]\n",
+            "    lr: 0\n",
+            "train.optimizer.lr",
+        ),
+        (
+            "    betas: [0.9, 0.95]\n",
+            "    lr: -1.0e-4\n",
+            "train.optimizer.lr",
+        ),
+        (
+            "    betas: [0.9, 0.95]\n",
+            "    lr: .nan\n",
+            "train.optimizer.lr",
+        ),
+        (
+            "  optimizer:\n",
+            "  schedule: {warmup_ratio: 1.5}\n  optimizer:\n",
+            "train.schedule.warmup_ratio",
+        ),
+    ];
+    for (from, to, path) in cases {
+        let e = only_error(&edit(from, to));
+        assert_eq!(e.path(), path, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Invariant, "{e}");
+    }
+}
+
+#[test]
+fn all_problems_are_listed_in_file_order() {
+    let src = edit("project: p", "project: p\n  colour: red")
+        .replace("gpus: 1", "gpus: 4")
+        .replace("policy: aot_only", "policy: jit")
+        .replace("r: 16", "r: 1.5")
+        .replace("    NCCL_MIN_NCHANNELS: \"112\"\n", "");
+    let all = errors(&src);
+    let got: Vec<_> = all
+        .iter()
+        .map(|e| (e.location().map(|l| l.line), e.path().to_owned()))
+        .collect();
+    let want = [
+        (Some(3), "meta.colour"),
+        (Some(7), "hardware.gpus"),
+        (Some(9), "autotune.policy"),
+        (Some(18), "train.method.r"),
+        (Some(21), "train.env.NCCL_MIN_NCHANNELS"),
+    ];
+    let want: Vec<_> = want.iter().map(|(l, p)| (*l, (*p).to_owned())).collect();
+    assert_eq!(got, want, "\n{all}");
+    assert_eq!(all.to_string().lines().count(), 5);
+}
+
+#[test]
+fn data_source_rules() {
+    let all = errors(&edit("source: hf", "source: generated"));
+    let got: Vec<_> = all.iter().map(|e| (at(e).0, e.path().to_owned())).collect();
+    assert_eq!(
+        got,
+        [
+            (11, "data.generator".to_owned()),
+            (13, "data.hf_id".to_owned())
+        ],
+        "{all}"
+    );
+    let all = errors(&edit("source: hf", "source: jsonl"));
+    let paths: Vec<_> = all.iter().map(|e| e.path()).collect();
+    assert_eq!(paths, ["data.paths", "data.hf_id"], "{all}");
+    let e = only_error(&edit("kind: lora", "kind: dpo").replace("    r: 16\n", ""));
+    assert_eq!(e.path(), "data.format");
+    assert!(e.message().contains("preference"), "{e}");
+}
+
+#[test]
+fn tensor_parallel_on_mi300x() {
+    let e = only_error(&format!("{BASE}serve:\n  tensor_parallel: 4\n"));
+    assert_eq!(at(&e), (29, 3, "serve.tensor_parallel"));
+    assert!(e.message().contains("xGMI"));
+    let e = only_error(&format!("{BASE}serve:\n  tensor_parallel: 8\n"));
+    assert_eq!(e.message(), "expected integer 1..=1, found 8");
+    let eight = edit("gpus: 1", "gpus: 8");
+    Recipe::from_str(&format!("{eight}serve:\n  tensor_parallel: 8\n"), "x")
+        .unwrap_or_else(|e| panic!("{e}"));
+}
