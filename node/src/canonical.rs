@@ -78,16 +78,15 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> Result<(), Canon
 }
 
 fn write_number(n: &Number, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    if let Some(u) = n.as_u64() {
-        if u > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(n.to_string()));
+    if let Some(digits) = n.as_u64().map(|u| (u, u.to_string())).or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), i.to_string()))) {
+        let (magnitude, text) = digits;
+        // Beyond 2^53 an integer is acceptable only when it is already the shortest
+        // form of a double (as a large integral double prints); anything else would
+        // change value on its way through an IEEE-754 implementation.
+        if magnitude > MAX_SAFE_INTEGER && !is_shortest_double(&text) {
+            return Err(CanonicalError::UnsafeInteger(text));
         }
-        out.extend_from_slice(u.to_string().as_bytes());
-    } else if let Some(i) = n.as_i64() {
-        if i.unsigned_abs() > MAX_SAFE_INTEGER {
-            return Err(CanonicalError::UnsafeInteger(n.to_string()));
-        }
-        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(text.as_bytes());
     } else {
         let f = n.as_f64().ok_or_else(|| CanonicalError::NonFinite(n.to_string()))?;
         if !f.is_finite() {
@@ -102,6 +101,10 @@ fn write_number(n: &Number, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
         }
     }
     Ok(())
+}
+
+fn is_shortest_double(text: &str) -> bool {
+    text.parse::<f64>().is_ok_and(|f| f.is_finite() && ryu_js::Buffer::new().format_finite(f) == text)
 }
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
@@ -195,8 +198,10 @@ mod tests {
     #[test]
     fn unsafe_integers_are_refused() {
         assert!(to_vec(&json!(9007199254740991u64)).is_ok());
-        assert!(matches!(to_vec(&json!(9007199254740992u64)), Err(CanonicalError::UnsafeInteger(_))));
-        assert!(matches!(to_vec(&json!(-9007199254740992i64)), Err(CanonicalError::UnsafeInteger(_))));
+        assert!(matches!(to_vec(&json!(-9007199254740993i64)), Err(CanonicalError::UnsafeInteger(_))));
+        assert!(matches!(to_vec(&json!(9007199254740993u64)), Err(CanonicalError::UnsafeInteger(_))));
+        // A large integral double prints as digits and is its own canonical form.
+        assert_eq!(to_vec(&json!(1447728474958849000u64)).unwrap(), b"1447728474958849000");
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

@@ -5,13 +5,15 @@
 //!   recovery, sled index, Merkle proofs, signed checkpoints, audit);
 //! * [`identity`]: the node's ed25519 key;
 //! * [`canonical`]: RFC 8785 canonical JSON, which every hash and signature covers;
-//! * [`node`]: a node directory and what lives in it.
+//! * [`node`]: a node directory and what lives in it;
+//! * [`recipes`]: validating and registering recipes.
 
 pub mod canonical;
 pub mod fsutil;
 pub mod identity;
 pub mod log;
 pub mod node;
+pub mod recipes;
 
 /// `mindxtrain/<version>`, recorded in genesis events and manifests.
 pub const SOFTWARE: &str = concat!("mindxtrain/", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,76 @@
+//! Argument definitions and dispatch.
+
+mod demo;
+mod log_cmd;
+mod output;
+mod recipe_cmd;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit codes, documented in docs/cli.md.
+pub const EXIT_FAILURE: u8 = 1;
+pub const EXIT_VERIFY_FAILED: u8 = 3;
+pub const EXIT_INVALID_INPUT: u8 = 4;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mindxtrain",
+    version,
+    about = "Train, prove and rent models: a node with a signed, hash-chained event log",
+    after_help = "Examples:\n  mindxtrain demo\n  mindxtrain init --node-dir ./node\n  mindxtrain --node-dir ./node log verify"
+)]
+pub struct Cli {
+    /// Node directory (key, log, index).
+    #[arg(long, global = true, env = "MINDXTRAIN_NODE_DIR", default_value_os_t = default_node_dir())]
+    pub node_dir: PathBuf,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More log output on stderr (repeat for more).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a node directory: ed25519 key (0600) and a log with its genesis event.
+    #[command(after_help = "Example:\n  mindxtrain init --node-dir ./node")]
+    Init,
+    /// Read, audit and prove the event log.
+    #[command(subcommand)]
+    Log(log_cmd::LogCommand),
+    /// Validate, inspect and register YAML recipes.
+    #[command(subcommand)]
+    Recipe(recipe_cmd::RecipeCommand),
+    /// Run the whole flow on embedded defaults in a temporary node.
+    #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
+    Demo(demo::DemoArgs),
+}
+
+fn default_node_dir() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".mindxtrain")
+}
+
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MINDXTRAIN_LOG").unwrap_or_else(|_| default.into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = output::Output { json: cli.json };
+    match cli.command {
+        Command::Init => log_cmd::init(&cli.node_dir, &out),
+        Command::Log(cmd) => log_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Recipe(cmd) => recipe_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Demo(args) => demo::run(args, &out),
+    }
+}

@@ -1,0 +1,202 @@
+//! `mindxtrain-bench`: performance programs that measure us and a peer in one run and
+//! print the ratio. Results go to docs/benchmarks.md by hand, with date and machine.
+//!
+//! ```text
+//! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR]
+//! ```
+//! `log`: durable appends per second (acknowledged only after fdatasync) at several
+//! numbers of concurrent appenders, against SQLite (WAL, synchronous=FULL, one row
+//! per event, one transaction per event, the same canonical payload bytes).
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use mindxtrain_node::identity::Identity;
+use mindxtrain_node::log::{AppendRequest, EventLog, LogOptions};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(about = "mindxtrain benchmark programs (ours vs a peer, same run)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Durable event appends/s vs SQLite (WAL, synchronous=FULL).
+    Log {
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Comma-separated appender counts.
+        #[arg(long, default_value = "1,16,256", value_delimiter = ',')]
+        appenders: Vec<usize>,
+        /// Directory on the disk to measure (default: a temp dir under the current dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Print the table as JSON too.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Log { seconds, appenders, dir, json } => bench_log(seconds, &appenders, dir, json),
+    }
+}
+
+/// The payload every appender writes: a realistic training-progress event.
+fn payload(i: u64) -> serde_json::Value {
+    json!({"run_id": "run-bench", "step": i, "loss": 2.3456 - (i as f64) * 1e-6, "lr": 0.0001, "tok_s": 12345.6})
+}
+
+fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: bool) -> Result<()> {
+    let base = match dir {
+        Some(d) => d,
+        None => std::env::current_dir()?,
+    };
+    let dur = Duration::from_secs_f64(seconds);
+    println!("durable appends/s, {seconds}s per cell, disk under {}", base.display());
+    println!("ours: appenders as tokio tasks (how the node's HTTP handlers append) and as OS threads");
+    println!(
+        "{:>10} {:>14} {:>14} {:>14} {:>8} {:>12}",
+        "appenders", "ours tasks/s", "ours threads/s", "sqlite/s", "ratio", "events/sync"
+    );
+    let mut rows = Vec::new();
+    for &n in appenders {
+        let (tasks, per_sync) = run_ours_async(&base, n, dur)?;
+        let (threads, _) = run_ours(&base, n, dur)?;
+        let theirs = run_sqlite(&base, n, dur)?;
+        let ratio = tasks / theirs.max(1e-9);
+        println!("{n:>10} {tasks:>14.0} {threads:>14.0} {theirs:>14.0} {ratio:>7.1}x {per_sync:>12.1}");
+        rows.push(json!({"appenders": n, "ours_tasks_per_s": tasks, "ours_threads_per_s": threads, "sqlite_per_s": theirs, "ratio": ratio, "events_per_sync": per_sync}));
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}
+
+/// Runs `n` appender threads calling `op(thread, i)` until the time is up; returns
+/// completed operations per second (measured after a short warm-up).
+fn drive(n: usize, dur: Duration, op: impl Fn(usize, u64) -> Result<()> + Send + Sync + 'static) -> Result<f64> {
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let warm = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..n)
+        .map(|t| {
+            let (op, stop, count, warm) = (op.clone(), stop.clone(), count.clone(), warm.clone());
+            std::thread::spawn(move || -> Result<()> {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    op(t, i)?;
+                    i += 1;
+                    if warm.load(Ordering::Relaxed) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    warm.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    std::thread::sleep(dur);
+    let done = count.load(Ordering::Relaxed);
+    let elapsed = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().map_err(|_| anyhow::anyhow!("appender panicked"))??;
+    }
+    Ok(done as f64 / elapsed)
+}
+
+fn run_ours(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
+    let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
+    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), LogOptions::default())?;
+    let log = Arc::new(log);
+    let l2 = log.clone();
+    let before = log.stats();
+    let rate = drive(n, dur, move |t, i| {
+        l2.append(AppendRequest::new("train.progress", format!("t{t}"), payload(i)))?;
+        Ok(())
+    })?;
+    let after = log.stats();
+    let per_sync = (after.events - before.events) as f64 / (after.syncs - before.syncs).max(1) as f64;
+    Ok((rate, per_sync))
+}
+
+/// Same measurement with `n` tokio tasks on a runtime of one worker per core.
+fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
+    let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
+    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), LogOptions::default())?;
+    let log = Arc::new(log);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let warm = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..n)
+        .map(|t| {
+            let (log, stop, count, warm) = (log.clone(), stop.clone(), count.clone(), warm.clone());
+            rt.spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    log.append_async(AppendRequest::new("train.progress", format!("t{t}"), payload(i))).await?;
+                    i += 1;
+                    if warm.load(Ordering::Relaxed) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    warm.store(true, Ordering::Relaxed);
+    let before = log.stats();
+    let t0 = Instant::now();
+    std::thread::sleep(dur);
+    let done = count.load(Ordering::Relaxed);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let after = log.stats();
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            t.await??;
+        }
+        anyhow::Ok(())
+    })?;
+    let per_sync = (after.events - before.events) as f64 / (after.syncs - before.syncs).max(1) as f64;
+    Ok((done as f64 / elapsed, per_sync))
+}
+
+fn run_sqlite(base: &Path, n: usize, dur: Duration) -> Result<f64> {
+    let tmp = tempfile::Builder::new().prefix("bench-sqlite-").tempdir_in(base)?;
+    let conn = rusqlite::Connection::open(tmp.path().join("events.db"))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(
+        "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, subject TEXT NOT NULL, data TEXT NOT NULL)",
+    )?;
+    // One connection shared under a mutex: SQLite has one writer at a time anyway, and
+    // this avoids busy-wait sleeps between connections, its fastest durable setup for
+    // one transaction per event.
+    let conn = Arc::new(Mutex::new(conn));
+    drive(n, dur, move |t, i| {
+        let data = mindxtrain_node::canonical::to_vec(&payload(i))?;
+        let c = conn.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        c.execute(
+            "INSERT INTO events (kind, subject, data) VALUES (?1, ?2, ?3)",
+            rusqlite::params!["train.progress", format!("t{t}"), data],
+        )
+        .context("sqlite insert")?;
+        Ok(())
+    })
+}

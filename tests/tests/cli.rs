@@ -1,0 +1,160 @@
+//! The `mindxtrain` binary as a user drives it: exit codes, messages, JSON.
+
+use mindxtrain_tests::mindxtrain;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    mindxtrain(dir, args).output().expect("run mindxtrain")
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+fn repo_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn init_append_show_verify_and_tamper() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    let o = run(&dir, &["init", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mode = std::fs::metadata(dir.join("node.key")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let again = run(&dir, &["init"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already a node directory"));
+
+    for i in 0..5 {
+        let data = format!("{{\"i\":{i}}}");
+        let o = run(&dir, &["log", "append", "--kind", "note.added", "--subject", "ops", "--data", &data, "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(json(&o)["seq"], i + 1);
+    }
+    // Idempotent id and optimistic concurrency from the command line.
+    let a = json(&run(&dir, &["log", "append", "--kind", "x.y", "--id", "k1", "--json"]));
+    let b = json(&run(&dir, &["log", "append", "--kind", "x.y", "--id", "k1", "--json"]));
+    assert_eq!(a["seq"], b["seq"]);
+    assert_eq!(b["duplicate"], true);
+    let stale = run(&dir, &["log", "append", "--kind", "x.y", "--expected-seq", "3"]);
+    assert_eq!(stale.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("expected to append at seq 3"));
+
+    let shown = json(&run(&dir, &["log", "show", "--json", "--kind", "note.added"]));
+    assert_eq!(shown.as_array().unwrap().len(), 5);
+    let v = run(&dir, &["log", "verify", "--json"]);
+    assert_eq!(v.status.code(), Some(0));
+    assert_eq!(json(&v)["ok"], true);
+
+    // Proofs and checkpoint are self-consistent JSON.
+    let p = json(&run(&dir, &["log", "proof", "2", "--json"]));
+    assert_eq!(p["tree_size"], 7);
+    let c = json(&run(&dir, &["log", "consistency", "3", "--json"]));
+    assert_eq!(c["new_size"], 7);
+    let cp = json(&run(&dir, &["log", "checkpoint", "--json"]));
+    assert_eq!(cp["root"], p["root"]);
+    assert!(cp["note"].as_str().unwrap().contains("\n7\n"));
+    let bad = run(&dir, &["log", "proof", "99"]);
+    assert_eq!(bad.status.code(), Some(4));
+
+    // One flipped byte: verify fails with exit 3 and names the place.
+    let seg = std::fs::read_dir(dir.join("log")).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "seg")).unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let pos = bytes.len() / 2;
+    bytes[pos] ^= 0x20;
+    std::fs::write(&seg, &bytes).unwrap();
+    let v = run(&dir, &["log", "verify"]);
+    assert_eq!(v.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(text.contains("FAILED") && text.contains("offset") && text.contains("seq"), "{text}");
+    // The damaged log refuses to open for writing and loses nothing.
+    let w = run(&dir, &["log", "append", "--kind", "x.z"]);
+    assert_eq!(w.status.code(), Some(1));
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes);
+}
+
+#[test]
+fn commands_on_a_missing_node_say_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run(&tmp.path().join("nope"), &["log", "verify"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("mindxtrain init"));
+}
+
+#[test]
+fn recipes_check_register_and_report_locations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    assert!(run(&dir, &["init"]).status.success());
+    let all: Vec<String> = std::fs::read_dir(repo_root().join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".yaml"))
+        .collect();
+    assert!(all.len() >= 14);
+    let mut args = vec!["recipe", "check"];
+    args.extend(all.iter().map(String::as_str));
+    let o = run(&dir, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+
+    let good = repo_root().join("recipes/tiny_cpu_lora.yaml");
+    let src = std::fs::read_to_string(&good).unwrap();
+    let bad_path = tmp.path().join("bad.yaml");
+    std::fs::write(&bad_path, src.replacen("autotune:\n", "autotune:\n  policy: jit\n", 1)).unwrap();
+    let o = run(&dir, &["recipe", "check", bad_path.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(4));
+    let err = &json(&o)["files"][0]["errors"][0];
+    assert_eq!(err["path"], "autotune.policy");
+    assert!(err["line"].as_u64().unwrap() > 1);
+    assert!(err["display"].as_str().unwrap().starts_with(&format!("{}:", bad_path.display())));
+
+    let r1 = json(&run(&dir, &["recipe", "register", good.to_str().unwrap(), "--json"]));
+    let r2 = json(&run(&dir, &["recipe", "register", good.to_str().unwrap(), "--json"]));
+    assert_eq!(r1["files"][0]["seq"], r2["files"][0]["seq"]);
+    assert_eq!(r2["files"][0]["already"], true);
+    let reg = run(&dir, &["recipe", "register", bad_path.to_str().unwrap()]);
+    assert_eq!(reg.status.code(), Some(4));
+    let shown = json(&run(&dir, &["log", "show", "--json", "--kind", "recipe.registered"]));
+    assert_eq!(shown.as_array().unwrap().len(), 1, "invalid recipe must not be recorded");
+    assert_eq!(shown[0]["data"]["blake3"], r1["files"][0]["blake3"]);
+
+    let show = json(&run(&dir, &["recipe", "show", good.to_str().unwrap(), "--json"]));
+    assert_eq!(show["recipe"]["autotune"]["policy"], "aot_only");
+}
+
+#[test]
+fn tail_follow_sees_appends_from_another_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    assert!(run(&dir, &["init"]).status.success());
+    let mut follower = mindxtrain(&dir, &["log", "tail", "-n", "0", "--follow", "--json"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(run(&dir, &["log", "append", "--kind", "live.event", "--subject", "s"]).status.success());
+    let line = lines.next().unwrap().unwrap();
+    follower.kill().unwrap();
+    let _ = follower.wait();
+    let ev: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ev["kind"], "live.event");
+    assert_eq!(ev["seq"], 1);
+}
+
+#[test]
+fn demo_runs_and_verifies_its_own_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keep = tmp.path().join("demo");
+    let o = mindxtrain(tmp.path(), &["demo", "--json", "--keep", keep.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = json(&o);
+    assert_eq!(s["log_verified"], true);
+    assert!(s["recipes_registered"].as_u64().unwrap() >= 14);
+    // The kept node audits clean with the CLI too.
+    let v = run(&keep, &["log", "verify", "--json"]);
+    assert_eq!(json(&v)["ok"], true);
+}
