@@ -137,12 +137,7 @@ pub fn verify_inclusion(
 }
 
 /// The root implied by an inclusion proof (RFC 9162 §2.1.3.2), without comparing it.
-pub fn root_from_inclusion(
-    leaf: &Hash,
-    index: u64,
-    size: u64,
-    proof: &[Hash],
-) -> Result<Hash, ProofError> {
+pub fn root_from_inclusion(leaf: &Hash, index: u64, size: u64, proof: &[Hash]) -> Result<Hash, ProofError> {
     if index >= size {
         return Err(ProofError::IndexOutOfRange { index, size });
     }

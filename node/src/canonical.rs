@@ -78,7 +78,9 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> Result<(), Canon
 }
 
 fn write_number(n: &Number, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    if let Some(digits) = n.as_u64().map(|u| (u, u.to_string())).or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), i.to_string()))) {
+    if let Some(digits) =
+        n.as_u64().map(|u| (u, u.to_string())).or_else(|| n.as_i64().map(|i| (i.unsigned_abs(), i.to_string())))
+    {
         let (magnitude, text) = digits;
         // Beyond 2^53 an integer is acceptable only when it is already the shortest
         // form of a double (as a large integral double prints); anything else would
@@ -215,8 +217,7 @@ mod tests {
         leaf.prop_recursive(4, 64, 8, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
-                proptest::collection::btree_map(".*", inner, 0..8)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                proptest::collection::btree_map(".*", inner, 0..8).prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
     }

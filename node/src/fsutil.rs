@@ -18,10 +18,7 @@ pub fn write_new_durably(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} already exists", path.display())));
     }
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let _ = std::fs::remove_file(&tmp);
     {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;

@@ -106,7 +106,8 @@ pub fn read_public_key(arg: &str) -> Result<VerifyingKey, String> {
     } else {
         arg.to_string()
     };
-    let bytes = parse_key_hex(text.trim()).ok_or_else(|| format!("{arg}: not a hex-encoded 32-byte ed25519 public key"))?;
+    let bytes =
+        parse_key_hex(text.trim()).ok_or_else(|| format!("{arg}: not a hex-encoded 32-byte ed25519 public key"))?;
     VerifyingKey::from_bytes(&bytes).map_err(|e| format!("{arg}: {e}"))
 }
 

@@ -64,7 +64,11 @@ fn init_append_show_verify_and_tamper() {
     assert_eq!(bad.status.code(), Some(4));
 
     // One flipped byte: verify fails with exit 3 and names the place.
-    let seg = std::fs::read_dir(dir.join("log")).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "seg")).unwrap();
+    let seg = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     let pos = bytes.len() / 2;
     bytes[pos] ^= 0x20;
@@ -133,7 +137,8 @@ fn tail_follow_sees_appends_from_another_process() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
     assert!(run(&dir, &["init"]).status.success());
-    let mut follower = mindxtrain(&dir, &["log", "tail", "-n", "0", "--follow", "--json"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut follower =
+        mindxtrain(&dir, &["log", "tail", "-n", "0", "--follow", "--json"]).stdout(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(run(&dir, &["log", "append", "--kind", "live.event", "--subject", "s"]).status.success());

@@ -6,9 +6,9 @@
 //! clean, and starts the next cycle, which must append on top. 50 cycles by default;
 //! set MINDXTRAIN_CRASH_CYCLES for more.
 
+use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::LogReader;
 use mindxtrain_node::log::verify::{self, TrustedKey};
-use mindxtrain_node::identity::Identity;
 use mindxtrain_tests::workspace_bin;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -86,15 +86,22 @@ fn no_acknowledged_event_is_lost_across_kill_9() {
         // Every acknowledged event, from every cycle so far, must be there.
         let reader = LogReader::open(&node_dir).unwrap();
         for a in &acked {
-            let ev = reader.view().event(a.seq).unwrap_or_else(|e| panic!("cycle {cycle}: acked seq {} missing: {e}", a.seq));
+            let ev = reader
+                .view()
+                .event(a.seq)
+                .unwrap_or_else(|e| panic!("cycle {cycle}: acked seq {} missing: {e}", a.seq));
             assert_eq!(ev.envelope.id, a.id, "cycle {cycle}: seq {} holds another event", a.seq);
             assert_eq!(hex::encode(ev.hash), a.hash);
         }
     }
     // Let the writer recover the last tail, then audit everything.
     drop(mindxtrain_node::node::open(&node_dir).unwrap());
-    let report = verify::verify(&node_dir, TrustedKey::Pinned(key.verifying_key(), "test".into())).unwrap();
+    let report = verify::verify(&node_dir, TrustedKey::pinned(key.verifying_key(), "test")).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
     assert!(acked.len() as u64 > cycles, "the child must have made progress");
-    eprintln!("{} acknowledged events over {cycles} kills, all present; {} torn tails recovered", acked.len(), total_torn);
+    eprintln!(
+        "{} acknowledged events over {cycles} kills, all present; {} torn tails recovered",
+        acked.len(),
+        total_torn
+    );
 }

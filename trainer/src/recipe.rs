@@ -56,17 +56,15 @@ use serde::Deserialize;
 
 pub use env::{apply_plan_env, mandatory_rocm_env_keys};
 pub use error::{EnvOverrideError, ErrorKind, Location, RecipeError, RecipeErrors};
-pub use publish::{
-    Address, Asset, Billing, HfPublish, Network, Pricing, Publish, Rental, Usdc, X402,
-};
+pub use publish::{Address, Asset, Billing, HfPublish, Network, Pricing, Publish, Rental, Usdc, X402};
 pub use schema::{
-    Autotune, AutotunePolicy, Data, DataFormat, DataSource, Dedupe, Dtype, Eval, Generator,
-    GeneratorKind, Hardware, HardwareName, Holdout, Meta, Model, ModelConfig, ModelFamily,
-    MoeConfig, QuantScheme, Quantize, Receipt, ReceiptItem, Recipe, Regression, Serve, Vendor,
+    Autotune, AutotunePolicy, Data, DataFormat, DataSource, Dedupe, Dtype, Eval, Generator, GeneratorKind, Hardware,
+    HardwareName, Holdout, Meta, Model, ModelConfig, ModelFamily, MoeConfig, QuantScheme, Quantize, Receipt,
+    ReceiptItem, Recipe, Regression, Serve, Vendor,
 };
 pub use train::{
-    Batch, Budget, Checkpoint, Dpo, DpoLoss, Grpo, Gspo, Kto, Lora, Method, MethodKind, Optimizer,
-    OptimizerName, Orpo, Precision, Qlora, Reward, Schedule, ScheduleKind, TargetModule, Train,
+    Batch, Budget, Checkpoint, Dpo, DpoLoss, Grpo, Gspo, Kto, Lora, Method, MethodKind, Optimizer, OptimizerName, Orpo,
+    Precision, Qlora, Reward, Schedule, ScheduleKind, TargetModule, Train,
 };
 
 use de::{De, PathStack};
@@ -121,37 +119,22 @@ impl Recipe {
     pub fn check_path(path: &Path) -> Result<LoadedRecipe, RecipeErrors> {
         let name = path.display().to_string();
         let one = RecipeErrors::one;
-        let file = std::fs::File::open(path)
-            .map_err(|e| one(RecipeError::io(&name, format!("cannot read recipe: {e}"))))?;
+        let file =
+            std::fs::File::open(path).map_err(|e| one(RecipeError::io(&name, format!("cannot read recipe: {e}"))))?;
         let mut bytes = Vec::new();
         file.take(MAX_RECIPE_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(|e| one(RecipeError::io(&name, format!("cannot read recipe: {e}"))))?;
         if bytes.len() as u64 > MAX_RECIPE_BYTES {
-            return Err(one(RecipeError::io(
-                &name,
-                format!("recipe is larger than {MAX_RECIPE_BYTES} bytes"),
-            )));
+            return Err(one(RecipeError::io(&name, format!("recipe is larger than {MAX_RECIPE_BYTES} bytes"))));
         }
         let src = std::str::from_utf8(&bytes).map_err(|e| {
             let valid = &bytes[..e.valid_up_to()];
             let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
             let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            let column = String::from_utf8_lossy(&valid[line_start..])
-                .chars()
-                .count()
-                + 1;
-            let message = format!(
-                "not UTF-8 text (invalid byte 0x{:02x})",
-                bytes[e.valid_up_to()]
-            );
-            one(RecipeError::new(
-                &name,
-                Location { line, column },
-                &FieldPath::default(),
-                message,
-                ErrorKind::Syntax,
-            ))
+            let column = String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1;
+            let message = format!("not UTF-8 text (invalid byte 0x{:02x})", bytes[e.valid_up_to()]);
+            one(RecipeError::new(&name, Location { line, column }, &FieldPath::default(), message, ErrorKind::Syntax))
         })?;
         Self::check_str(src, &name)
     }
@@ -170,13 +153,7 @@ impl Recipe {
     pub fn check_str(src: &str, origin_name: &str) -> Result<LoadedRecipe, RecipeErrors> {
         let bytes_blake3 = *blake3::hash(src.as_bytes()).as_bytes();
         let mut tree = yaml::parse(src).map_err(|e| {
-            RecipeErrors::one(RecipeError::new(
-                origin_name,
-                e.loc,
-                &e.path,
-                e.message,
-                ErrorKind::Syntax,
-            ))
+            RecipeErrors::one(RecipeError::new(origin_name, e.loc, &e.path, e.message, ErrorKind::Syntax))
         })?;
         let mut errors = Vec::new();
         let mut removed: Vec<FieldPath> = Vec::new();
@@ -189,23 +166,11 @@ impl Recipe {
             let (loc, path) = err.at.clone().unwrap_or((tree.loc, FieldPath::default()));
             let missing = err.is_missing_field();
             // A field we dropped to keep going may now be "missing"; that is not news.
-            let consequence = removed
-                .iter()
-                .any(|r| path.starts_with(r) || (missing && r.starts_with(&path)));
+            let consequence = removed.iter().any(|r| path.starts_with(r) || (missing && r.starts_with(&path)));
             if !consequence {
-                errors.push(RecipeError::new(
-                    origin_name,
-                    loc,
-                    &path,
-                    err.message,
-                    ErrorKind::Schema,
-                ));
+                errors.push(RecipeError::new(origin_name, loc, &path, err.message, ErrorKind::Schema));
             }
-            let target = if missing {
-                path.parent()
-            } else {
-                path.up_to_last_key()
-            };
+            let target = if missing { path.parent() } else { path.up_to_last_key() };
             if target.0.is_empty() || removed.len() >= MAX_SCHEMA_ERRORS || !tree.remove(&target) {
                 break None;
             }
@@ -214,35 +179,19 @@ impl Recipe {
         if let Some(mut recipe) = parsed {
             validate::resolve(&mut recipe);
             for (path, message) in validate::validate(&recipe) {
-                if removed
-                    .iter()
-                    .any(|r| path.starts_with(r) || r.starts_with(&path))
-                {
+                if removed.iter().any(|r| path.starts_with(r) || r.starts_with(&path)) {
                     continue;
                 }
                 let loc = tree.locate(&path);
-                errors.push(RecipeError::new(
-                    origin_name,
-                    loc,
-                    &path,
-                    message,
-                    ErrorKind::Invariant,
-                ));
+                errors.push(RecipeError::new(origin_name, loc, &path, message, ErrorKind::Invariant));
             }
             if errors.is_empty() {
-                return Ok(LoadedRecipe {
-                    recipe,
-                    bytes_blake3,
-                    source_name: origin_name.to_owned(),
-                });
+                return Ok(LoadedRecipe { recipe, bytes_blake3, source_name: origin_name.to_owned() });
             }
         }
         // Every failing path above records an error; the fallback only guards that promise.
         Err(RecipeErrors::new(errors).unwrap_or_else(|| {
-            RecipeErrors::one(RecipeError::io(
-                origin_name,
-                "recipe rejected without a reason (internal error)".into(),
-            ))
+            RecipeErrors::one(RecipeError::io(origin_name, "recipe rejected without a reason (internal error)".into()))
         }))
     }
 }

@@ -29,8 +29,7 @@ fn mi300x_refuses_two_and_four_gpus_naming_xgmi() {
 #[test]
 fn mi300x_takes_zero_one_or_eight() {
     for n in [0, 1, 8] {
-        Recipe::from_str(&edit("gpus: 1", &format!("gpus: {n}")), "x")
-            .unwrap_or_else(|e| panic!("{e}"));
+        Recipe::from_str(&edit("gpus: 1", &format!("gpus: {n}")), "x").unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -55,11 +54,7 @@ fn cpu_takes_no_gpus() {
 fn missing_mandatory_env_key_is_named() {
     let e = only_error(&edit("    NCCL_MIN_NCHANNELS: \"112\"\n", ""));
     assert_eq!(at(&e), (20, 3, "train.env.NCCL_MIN_NCHANNELS"));
-    assert!(
-        e.message()
-            .starts_with("missing mandatory ROCm env key NCCL_MIN_NCHANNELS"),
-        "{e}"
-    );
+    assert!(e.message().starts_with("missing mandatory ROCm env key NCCL_MIN_NCHANNELS"), "{e}");
 }
 
 #[test]
@@ -67,20 +62,14 @@ fn every_missing_env_key_is_reported_at_once() {
     let start = BASE.find("  env:").expect("env block");
     let all = errors(&BASE[..start]);
     assert_eq!(all.len(), 7, "{all}");
-    for (e, key) in all
-        .iter()
-        .zip(["HSA_NO_SCRATCH_RECLAIM", "NVTE_CK_USES_BWD_V3"])
-    {
+    for (e, key) in all.iter().zip(["HSA_NO_SCRATCH_RECLAIM", "NVTE_CK_USES_BWD_V3"]) {
         assert_eq!(at(e), (14, 1, format!("train.env.{key}").as_str()));
     }
 }
 
 #[test]
 fn plan_arch_must_match_hardware() {
-    let e = only_error(&edit(
-        "PYTORCH_ROCM_ARCH: gfx942",
-        "PYTORCH_ROCM_ARCH: gfx950",
-    ));
+    let e = only_error(&edit("PYTORCH_ROCM_ARCH: gfx942", "PYTORCH_ROCM_ARCH: gfx950"));
     assert_eq!(at(&e), (27, 5, "train.env.PYTORCH_ROCM_ARCH"));
 }
 
@@ -89,22 +78,14 @@ fn jit_autotune_is_refused() {
     let e = only_error(&edit("policy: aot_only", "policy: jit"));
     assert_eq!(at(&e), (8, 3, "autotune.policy"));
     assert_eq!(e.kind(), ErrorKind::Schema);
-    assert!(
-        e.message()
-            .starts_with("policy `jit` is not allowed: only `aot_only`"),
-        "{e}"
-    );
+    assert!(e.message().starts_with("policy `jit` is not allowed: only `aot_only`"), "{e}");
 }
 
 #[test]
 fn unknown_field_at_depth() {
     let e = only_error(&edit("    r: 16\n", "    r: 16\n    rank: 8\n"));
     assert_eq!(at(&e), (18, 5, "train.method.rank"));
-    assert!(
-        e.message()
-            .starts_with("unknown field `rank`; expected one of `r`, `alpha`"),
-        "{e}"
-    );
+    assert!(e.message().starts_with("unknown field `rank`; expected one of `r`, `alpha`"), "{e}");
 }
 
 #[test]
@@ -116,10 +97,7 @@ fn unknown_top_level_section() {
 #[test]
 fn float_for_integer() {
     let e = only_error(&edit("r: 16", "r: 1.5"));
-    assert_eq!(
-        e.to_string(),
-        "x.yaml:17:5 train.method.r: expected an integer, found float `1.5`"
-    );
+    assert_eq!(e.to_string(), "x.yaml:17:5 train.method.r: expected an integer, found float `1.5`");
     let e = only_error(&edit("r: 16", "r: 16.0"));
     assert_eq!(e.message(), "expected an integer, found float `16.0`");
 }
@@ -127,10 +105,7 @@ fn float_for_integer() {
 #[test]
 fn integer_out_of_range() {
     let e = only_error(&edit("r: 16", "r: 600"));
-    assert_eq!(
-        e.to_string(),
-        "x.yaml:17:5 train.method.r: expected integer 1..=512, found 600"
-    );
+    assert_eq!(e.to_string(), "x.yaml:17:5 train.method.r: expected integer 1..=512, found 600");
     let e = only_error(&edit("r: 16", "r: -1"));
     assert_eq!(at(&e), (17, 5, "train.method.r"));
 }
@@ -147,21 +122,14 @@ fn duplicate_key() {
 fn wrong_method_kind() {
     let e = only_error(&edit("kind: lora", "kind: sft"));
     assert_eq!(at(&e), (16, 5, "train.method.kind"));
-    assert!(
-        e.message()
-            .starts_with("unknown value `sft`; expected one of `full`, `cpt`, `lora`"),
-        "{e}"
-    );
+    assert!(e.message().starts_with("unknown value `sft`; expected one of `full`, `cpt`, `lora`"), "{e}");
 }
 
 #[test]
 fn kind_may_come_after_the_method_fields() {
-    let r = Recipe::from_str(
-        &edit("    kind: lora\n    r: 16\n", "    r: 8\n    kind: lora\n"),
-        "x",
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-    .recipe;
+    let r = Recipe::from_str(&edit("    kind: lora\n    r: 16\n", "    r: 8\n    kind: lora\n"), "x")
+        .unwrap_or_else(|e| panic!("{e}"))
+        .recipe;
     assert_eq!(r.train.method.adapter().map(|l| l.r), Some(8));
 }
 
@@ -176,27 +144,16 @@ fn missing_method_kind() {
 fn fields_of_another_method_kind() {
     let e = only_error(&edit("kind: lora", "kind: full"));
     assert_eq!(at(&e), (17, 5, "train.method.r"));
-    assert!(
-        e.message().contains("`kind: full` takes no other fields"),
-        "{e}"
-    );
+    assert!(e.message().contains("`kind: full` takes no other fields"), "{e}");
     let all = errors(&edit("kind: lora", "kind: dpo"));
-    let e = all
-        .iter()
-        .find(|e| e.path() == "train.method.r")
-        .expect("r refused for dpo");
+    let e = all.iter().find(|e| e.path() == "train.method.r").expect("r refused for dpo");
     assert_eq!(at(e), (17, 5, "train.method.r"));
-    assert!(
-        e.message().contains("expected one of `beta`, `loss`"),
-        "{e}"
-    );
+    assert!(e.message().contains("expected one of `beta`, `loss`"), "{e}");
 }
 
 #[test]
 fn method_written_as_a_scalar() {
-    let e = only_error(
-        &edit("    kind: lora\n    r: 16\n", "").replace("  method:\n", "  method: lora\n"),
-    );
+    let e = only_error(&edit("    kind: lora\n    r: 16\n", "").replace("  method:\n", "  method: lora\n"));
     assert_eq!(at(&e), (15, 3, "train.method"));
     assert!(e.message().contains("kind"), "{e}");
 }
@@ -223,14 +180,8 @@ fn missing_section_and_field() {
 fn number_where_text_is_expected_says_quote_it() {
     let e = only_error(&edit("project: p", "project: 12"));
     assert_eq!(at(&e), (2, 3, "meta.project"));
-    assert_eq!(
-        e.message(),
-        "expected a string, found integer `12`; quote it (\"12\") if text is meant"
-    );
-    let e = only_error(&edit(
-        "HSA_NO_SCRATCH_RECLAIM: \"1\"",
-        "HSA_NO_SCRATCH_RECLAIM: 1",
-    ));
+    assert_eq!(e.message(), "expected a string, found integer `12`; quote it (\"12\") if text is meant");
+    let e = only_error(&edit("HSA_NO_SCRATCH_RECLAIM: \"1\"", "HSA_NO_SCRATCH_RECLAIM: 1"));
     assert_eq!(at(&e), (21, 5, "train.env.HSA_NO_SCRATCH_RECLAIM"));
 }
 
@@ -242,38 +193,14 @@ fn ranges_are_checked() {
             "  hf_id: HuggingFaceH4/ultrachat_200k\n  seq_len: 8\n",
             "data.seq_len",
         ),
-        (
-            "policy: aot_only",
-            "budget_seconds: 0",
-            "autotune.budget_seconds",
-        ),
-        (
-            "policy: aot_only",
-            "budget_seconds: 3601",
-            "autotune.budget_seconds",
-        ),
+        ("policy: aot_only", "budget_seconds: 0", "autotune.budget_seconds"),
+        ("policy: aot_only", "budget_seconds: 3601", "autotune.budget_seconds"),
         ("    r: 16\n", "    dropout: 1.5\n", "train.method.dropout"),
         ("    r: 16\n", "    alpha: 2000\n", "train.method.alpha"),
-        (
-            "    betas: [0.9, 0.95]\n",
-            "    lr: 0\n",
-            "train.optimizer.lr",
-        ),
-        (
-            "    betas: [0.9, 0.95]\n",
-            "    lr: -1.0e-4\n",
-            "train.optimizer.lr",
-        ),
-        (
-            "    betas: [0.9, 0.95]\n",
-            "    lr: .nan\n",
-            "train.optimizer.lr",
-        ),
-        (
-            "  optimizer:\n",
-            "  schedule: {warmup_ratio: 1.5}\n  optimizer:\n",
-            "train.schedule.warmup_ratio",
-        ),
+        ("    betas: [0.9, 0.95]\n", "    lr: 0\n", "train.optimizer.lr"),
+        ("    betas: [0.9, 0.95]\n", "    lr: -1.0e-4\n", "train.optimizer.lr"),
+        ("    betas: [0.9, 0.95]\n", "    lr: .nan\n", "train.optimizer.lr"),
+        ("  optimizer:\n", "  schedule: {warmup_ratio: 1.5}\n  optimizer:\n", "train.schedule.warmup_ratio"),
     ];
     for (from, to, path) in cases {
         let e = only_error(&edit(from, to));
@@ -290,10 +217,7 @@ fn all_problems_are_listed_in_file_order() {
         .replace("r: 16", "r: 1.5")
         .replace("    NCCL_MIN_NCHANNELS: \"112\"\n", "");
     let all = errors(&src);
-    let got: Vec<_> = all
-        .iter()
-        .map(|e| (e.location().map(|l| l.line), e.path().to_owned()))
-        .collect();
+    let got: Vec<_> = all.iter().map(|e| (e.location().map(|l| l.line), e.path().to_owned())).collect();
     let want = [
         (Some(3), "meta.colour"),
         (Some(7), "hardware.gpus"),
@@ -310,14 +234,7 @@ fn all_problems_are_listed_in_file_order() {
 fn data_source_rules() {
     let all = errors(&edit("source: hf", "source: generated"));
     let got: Vec<_> = all.iter().map(|e| (at(e).0, e.path().to_owned())).collect();
-    assert_eq!(
-        got,
-        [
-            (11, "data.generator".to_owned()),
-            (13, "data.hf_id".to_owned())
-        ],
-        "{all}"
-    );
+    assert_eq!(got, [(11, "data.generator".to_owned()), (13, "data.hf_id".to_owned())], "{all}");
     let all = errors(&edit("source: hf", "source: jsonl"));
     let paths: Vec<_> = all.iter().map(|e| e.path()).collect();
     assert_eq!(paths, ["data.paths", "data.hf_id"], "{all}");
@@ -334,6 +251,5 @@ fn tensor_parallel_on_mi300x() {
     let e = only_error(&format!("{BASE}serve:\n  tensor_parallel: 8\n"));
     assert_eq!(e.message(), "expected integer 1..=1, found 8");
     let eight = edit("gpus: 1", "gpus: 8");
-    Recipe::from_str(&format!("{eight}serve:\n  tensor_parallel: 8\n"), "x")
-        .unwrap_or_else(|e| panic!("{e}"));
+    Recipe::from_str(&format!("{eight}serve:\n  tensor_parallel: 8\n"), "x").unwrap_or_else(|e| panic!("{e}"));
 }

@@ -25,13 +25,7 @@ fn display_is_file_line_col_path_message() {
     for src in broken {
         for e in errors(&src).iter() {
             let loc = e.location().expect("located");
-            let want = format!(
-                "x.yaml:{}:{} {}: {}",
-                loc.line,
-                loc.column,
-                e.path(),
-                e.message()
-            );
+            let want = format!("x.yaml:{}:{} {}: {}", loc.line, loc.column, e.path(), e.message());
             assert_eq!(e.to_string(), want);
             assert!(!e.path().is_empty() && !e.message().is_empty());
             assert_eq!(e.source_name(), "x.yaml");
@@ -51,9 +45,7 @@ fn malformed_yaml_is_a_located_syntax_error() {
 
 #[test]
 fn anchors_aliases_and_tags_are_refused() {
-    let e = only_error(
-        &edit("project: p", "project: &name p").replace("run_name: r", "run_name: *name"),
-    );
+    let e = only_error(&edit("project: p", "project: &name p").replace("run_name: r", "run_name: *name"));
     assert_eq!(at(&e), (2, 12, "meta.project"));
     assert!(e.message().contains("anchors"), "{e}");
     let e = only_error(&edit("project: p", "project: !!str p"));
@@ -62,11 +54,11 @@ fn anchors_aliases_and_tags_are_refused() {
 
 #[test]
 fn billion_laughs_is_refused_before_expansion() {
-    let mut src = String::from(
-        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
-    );
+    let mut src = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
     for (prev, next) in ('a'..='h').zip('b'..='i') {
-        src.push_str(&format!("{next}: &{next} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"));
+        src.push_str(&format!(
+            "{next}: &{next} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+        ));
     }
     let e = only_error(&src);
     assert_eq!(e.kind(), ErrorKind::Syntax);
@@ -88,16 +80,9 @@ fn empty_and_non_mapping_documents() {
     }
     let e = only_error("- a\n- b\n");
     assert_eq!(e.path(), "(root)");
-    assert!(
-        e.message()
-            .starts_with("expected a mapping with fields `meta`"),
-        "{e}"
-    );
+    assert!(e.message().starts_with("expected a mapping with fields `meta`"), "{e}");
     let e = only_error("42\n");
-    assert_eq!(
-        e.message().split(',').next(),
-        Some("expected a mapping with fields `meta`")
-    );
+    assert_eq!(e.message().split(',').next(), Some("expected a mapping with fields `meta`"));
 }
 
 #[test]
@@ -107,28 +92,17 @@ fn files_are_read_and_named() {
     std::fs::write(&path, BASE).expect("write");
     let loaded = Recipe::from_path(&path).expect("loads");
     assert_eq!(loaded.source_name, path.display().to_string());
-    assert_eq!(
-        loaded.bytes_blake3,
-        *blake3::hash(BASE.as_bytes()).as_bytes()
-    );
+    assert_eq!(loaded.bytes_blake3, *blake3::hash(BASE.as_bytes()).as_bytes());
 
     std::fs::write(&path, edit("gpus: 1", "gpus: 2")).expect("write");
     let e = Recipe::from_path(&path).unwrap_err();
-    assert!(
-        e.to_string()
-            .starts_with(&format!("{}:6:3 hardware.gpus: ", path.display())),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with(&format!("{}:6:3 hardware.gpus: ", path.display())), "{e}");
 
     let missing = dir.path().join("absent.yaml");
     let e = Recipe::from_path(&missing).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert_eq!(e.location(), None);
-    assert!(
-        e.to_string()
-            .starts_with(&format!("{}: cannot read recipe: ", missing.display())),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with(&format!("{}: cannot read recipe: ", missing.display())), "{e}");
 }
 
 #[test]
@@ -137,13 +111,7 @@ fn non_utf8_is_located() {
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, b"meta:\n  project: p\xff\n").expect("write");
     let e = Recipe::from_path(&path).unwrap_err();
-    assert_eq!(
-        e.location(),
-        Some(Location {
-            line: 2,
-            column: 13
-        })
-    );
+    assert_eq!(e.location(), Some(Location { line: 2, column: 13 }));
     assert!(e.message().contains("UTF-8"), "{e}");
 }
 
@@ -166,12 +134,8 @@ fn x402_accepts_networks_by_name_or_caip2() {
         ("anvil", "eip155:31337"),
         ("\"eip155:10\"", "eip155:10"),
     ] {
-        let src = with_billing(&format!(
-            "      network: {network}\n      pricing: {{per_call: \"0.001\"}}\n"
-        ));
-        let r = Recipe::from_str(&src, "x")
-            .unwrap_or_else(|e| panic!("{e}"))
-            .recipe;
+        let src = with_billing(&format!("      network: {network}\n      pricing: {{per_call: \"0.001\"}}\n"));
+        let r = Recipe::from_str(&src, "x").unwrap_or_else(|e| panic!("{e}")).recipe;
         let x = r.publish.billing.x402.expect("billing");
         assert_eq!(x.network.caip2(), caip2);
         assert_eq!(x.pricing.per_call.map(|u| u.atomic()), Some(1_000));
@@ -180,31 +144,19 @@ fn x402_accepts_networks_by_name_or_caip2() {
 
 #[test]
 fn x402_refuses_non_evm_networks() {
-    let e = only_error(&with_billing(
-        "      network: algorand\n      pricing: {per_call: \"0.001\"}\n",
-    ));
+    let e = only_error(&with_billing("      network: algorand\n      pricing: {per_call: \"0.001\"}\n"));
     assert_eq!(at(&e), (31, 7, "publish.billing.x402.network"));
     assert!(e.message().contains("not an EVM network"), "{e}");
 }
 
 #[test]
 fn x402_amounts_are_exact_decimal_strings() {
-    let e = only_error(&with_billing(
-        "      network: base\n      pricing: {per_call: \"0.0000001\"}\n",
-    ));
+    let e = only_error(&with_billing("      network: base\n      pricing: {per_call: \"0.0000001\"}\n"));
     assert_eq!(at(&e), (32, 17, "publish.billing.x402.pricing.per_call"));
     assert!(e.message().contains("at most 6"), "{e}");
-    let e = only_error(&with_billing(
-        "      network: base\n      pricing: {per_call: 0.001}\n",
-    ));
-    assert!(
-        e.message()
-            .starts_with("expected a string, found float `0.001`; quote it"),
-        "{e}"
-    );
-    let e = only_error(&with_billing(
-        "      network: base\n      pricing: {per_1k_tokens: \"0.0002\"}\n",
-    ));
+    let e = only_error(&with_billing("      network: base\n      pricing: {per_call: 0.001}\n"));
+    assert!(e.message().starts_with("expected a string, found float `0.001`; quote it"), "{e}");
+    let e = only_error(&with_billing("      network: base\n      pricing: {per_1k_tokens: \"0.0002\"}\n"));
     assert_eq!(e.path(), "publish.billing.x402.pricing.max_charge");
     let e = only_error(&with_billing(
         "      network: base\n      pricing: {per_call: \"0.001\", per_1k_tokens: \"0.0002\", max_charge: \"1\"}\n",
@@ -213,50 +165,28 @@ fn x402_amounts_are_exact_decimal_strings() {
     let ok = with_billing(
         "      network: base\n      asset: \"0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913\"\n      pay_to: \"0x00000000000000000000000000000000000000aa\"\n      pricing: {per_1k_tokens: \"0.0002\", max_charge: \"0.05\"}\n      rental: {per_hour: \"2.5\"}\n",
     );
-    let x = Recipe::from_str(&ok, "x")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .recipe
-        .publish
-        .billing
-        .x402
-        .expect("x402");
+    let x = Recipe::from_str(&ok, "x").unwrap_or_else(|e| panic!("{e}")).recipe.publish.billing.x402.expect("x402");
     assert_eq!(x.pricing.max_charge.map(|u| u.atomic()), Some(50_000));
     assert_eq!(x.rental.map(|r| r.per_hour.atomic()), Some(2_500_000));
 }
 
 fn overrides(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned)))
-        .collect()
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect()
 }
 
 #[test]
 fn plan_may_retune_but_never_drop_mandatory_env() {
     let recipe = Recipe::from_str(BASE, "x").expect("valid").recipe;
-    let env = apply_plan_env(
-        &recipe,
-        &overrides(&[("NCCL_MIN_NCHANNELS", Some("64")), ("EXTRA", Some("1"))]),
-    )
-    .expect("ok");
+    let env =
+        apply_plan_env(&recipe, &overrides(&[("NCCL_MIN_NCHANNELS", Some("64")), ("EXTRA", Some("1"))])).expect("ok");
     assert_eq!(env["NCCL_MIN_NCHANNELS"], "64");
     assert_eq!(env["EXTRA"], "1");
     for key in mandatory_rocm_env_keys() {
         assert!(env.contains_key(*key));
         let err = apply_plan_env(&recipe, &overrides(&[(key, None)])).unwrap_err();
-        assert_eq!(
-            err,
-            EnvOverrideError::RemovesMandatoryKey {
-                key: (*key).to_owned()
-            }
-        );
+        assert_eq!(err, EnvOverrideError::RemovesMandatoryKey { key: (*key).to_owned() });
         let err = apply_plan_env(&recipe, &overrides(&[(key, Some(" "))])).unwrap_err();
-        assert_eq!(
-            err,
-            EnvOverrideError::EmptiesMandatoryKey {
-                key: (*key).to_owned()
-            }
-        );
+        assert_eq!(err, EnvOverrideError::EmptiesMandatoryKey { key: (*key).to_owned() });
     }
     let bad = apply_plan_env(&recipe, &overrides(&[("bad-key", Some("1"))])).unwrap_err();
     assert!(matches!(bad, EnvOverrideError::InvalidKey { .. }));
@@ -279,12 +209,7 @@ fn defaults_are_resolved_and_shown() {
     assert_eq!(shown["autotune"]["budget_seconds"], 60);
     assert_eq!(shown["train"]["method"]["kind"], "lora");
     assert_eq!(shown["train"]["method"]["alpha"], 32);
-    assert_eq!(
-        shown["train"]["method"]["target_modules"]
-            .as_array()
-            .map(Vec::len),
-        Some(7)
-    );
+    assert_eq!(shown["train"]["method"]["target_modules"].as_array().map(Vec::len), Some(7));
     assert_eq!(shown["data"]["seq_len"], 4096);
     assert_eq!(shown["receipt"]["include"][0], "recipe_hash");
 }

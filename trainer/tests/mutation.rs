@@ -11,21 +11,15 @@ fn delete_each_line(name: &str, src: &str) -> (usize, usize) {
     let lines: Vec<&str> = src.lines().collect();
     let (mut still_valid, mut rejected) = (0, 0);
     for skip in 0..lines.len() {
-        let mutated: String = lines
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != skip)
-            .map(|(_, l)| format!("{l}\n"))
-            .collect();
+        let mutated: String =
+            lines.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, l)| format!("{l}\n")).collect();
         let count = mutated.lines().count().max(1);
         match Recipe::check_str(&mutated, name) {
             Ok(_) => still_valid += 1,
             Err(errors) => {
                 rejected += 1;
                 for e in errors.iter() {
-                    let loc = e.location().unwrap_or_else(|| {
-                        panic!("unlocated after deleting line {}: {e}", skip + 1)
-                    });
+                    let loc = e.location().unwrap_or_else(|| panic!("unlocated after deleting line {}: {e}", skip + 1));
                     assert!(
                         (1..=count + 1).contains(&loc.line) && loc.column >= 1,
                         "{name}: deleting line {} gave {e}, outside {count} lines",

@@ -9,11 +9,7 @@ use proptest::prelude::*;
 
 /// Lines as YAML counts them: `\n`, `\r\n` and a lone `\r` each end one.
 fn yaml_lines(src: &str) -> usize {
-    src.replace("\r\n", "\n")
-        .chars()
-        .filter(|c| matches!(c, '\n' | '\r'))
-        .count()
-        + 1
+    src.replace("\r\n", "\n").chars().filter(|c| matches!(c, '\n' | '\r')).count() + 1
 }
 
 /// Loads `src`; on failure every error must carry a location inside the text.
@@ -22,15 +18,9 @@ fn check_located(src: &str) {
     if let Err(errors) = Recipe::check_str(src, "fuzz.yaml") {
         for e in errors.iter() {
             let loc = e.location().expect("text errors are located");
-            assert!(
-                loc.line >= 1 && loc.line <= lines,
-                "{e} (text has {lines} lines)"
-            );
+            assert!(loc.line >= 1 && loc.line <= lines, "{e} (text has {lines} lines)");
             assert!(loc.column >= 1, "{e}");
-            assert_eq!(
-                e.to_string(),
-                format!("fuzz.yaml:{loc} {}: {}", e.path(), e.message())
-            );
+            assert_eq!(e.to_string(), format!("fuzz.yaml:{loc} {}: {}", e.path(), e.message()));
         }
     }
 }
@@ -84,14 +74,12 @@ enum Tree {
 }
 
 fn tree() -> impl Strategy<Value = Tree> {
-    word()
-        .prop_map(Tree::Leaf)
-        .prop_recursive(5, 48, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Tree::List),
-                prop::collection::vec((word(), inner), 0..6).prop_map(Tree::Map),
-            ]
-        })
+    word().prop_map(Tree::Leaf).prop_recursive(5, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Tree::List),
+            prop::collection::vec((word(), inner), 0..6).prop_map(Tree::Map),
+        ]
+    })
 }
 
 fn render(t: &Tree, indent: usize, out: &mut String) {
@@ -137,8 +125,8 @@ fn valid_recipe() -> impl Strategy<Value = String> {
         Just("{kind: full}".to_owned()),
         (0.001f64..10.0).prop_map(|b| format!("{{kind: orpo, beta: {b:?}}}")),
     ];
-    (hardware, method, 1e-7f64..=1.0, 16u32..=65_536, any::<u64>(), 0.0f64..1.0, 1u32..=3_000_000)
-        .prop_map(|((hw, gpus), method, lr, seq_len, seed, beta2, cents)| {
+    (hardware, method, 1e-7f64..=1.0, 16u32..=65_536, any::<u64>(), 0.0f64..1.0, 1u32..=3_000_000).prop_map(
+        |((hw, gpus), method, lr, seq_len, seed, beta2, cents)| {
             let format = if method.contains("orpo") { "preference" } else { "chat" };
             let env = if hw.starts_with("mi") {
                 let arch = if hw == "mi355x" { "gfx950" } else { "gfx942" };
@@ -160,7 +148,8 @@ fn valid_recipe() -> impl Strategy<Value = String> {
                  train:\n  method: {method}\n  optimizer: {{lr: {lr:?}, betas: [0.9, {beta2:?}]}}\n{fsdp}{env}\
                  publish:\n  billing:\n    x402: {{network: base, pricing: {{per_call: \"{price}\"}}}}\n"
             )
-        })
+        },
+    )
 }
 
 proptest! {

@@ -22,22 +22,14 @@ fn recipe_files() -> Vec<PathBuf> {
 #[test]
 fn every_recipe_in_the_directory_validates() {
     let files = recipe_files();
-    assert!(
-        files.len() >= 14,
-        "expected the 14 shipped recipes, found {}",
-        files.len()
-    );
+    assert!(files.len() >= 14, "expected the 14 shipped recipes, found {}", files.len());
     let mut failures = Vec::new();
     for path in &files {
         if let Err(errors) = Recipe::check_path(path) {
             failures.push(errors.to_string());
         }
     }
-    assert!(
-        failures.is_empty(),
-        "invalid recipes:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "invalid recipes:\n{}", failures.join("\n"));
 }
 
 #[test]
@@ -45,14 +37,9 @@ fn every_recipe_round_trips_through_show_json() {
     for path in recipe_files() {
         let loaded = Recipe::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
         let shown = serde_json::to_string_pretty(&loaded.recipe).expect("a recipe serializes");
-        let again = Recipe::from_str(&shown, "show.json")
-            .unwrap_or_else(|e| panic!("{}: {e}\n{shown}", path.display()));
-        assert_eq!(
-            again.recipe,
-            loaded.recipe,
-            "{} changed through show --json",
-            path.display()
-        );
+        let again =
+            Recipe::from_str(&shown, "show.json").unwrap_or_else(|e| panic!("{}: {e}\n{shown}", path.display()));
+        assert_eq!(again.recipe, loaded.recipe, "{} changed through show --json", path.display());
     }
 }
 
@@ -62,10 +49,7 @@ fn the_digest_is_of_the_exact_bytes() {
     let bytes = std::fs::read(&path).expect("tiny recipe exists");
     let loaded = Recipe::from_path(&path).expect("tiny recipe loads");
     assert_eq!(loaded.bytes_blake3, *blake3::hash(&bytes).as_bytes());
-    let with_comment = format!(
-        "# a comment changes the digest, not the recipe\n{}",
-        String::from_utf8_lossy(&bytes)
-    );
+    let with_comment = format!("# a comment changes the digest, not the recipe\n{}", String::from_utf8_lossy(&bytes));
     let other = Recipe::from_str(&with_comment, "x").expect("still valid");
     assert_eq!(other.recipe, loaded.recipe);
     assert_ne!(other.bytes_blake3, loaded.bytes_blake3);
@@ -88,43 +72,26 @@ fn the_seed_recipes_keep_their_intent() {
         ("qwen3_vl_8b_sft", MethodKind::Lora, 1),
     ];
     for (name, kind, gpus) in expect {
-        let loaded = Recipe::from_path(&recipes_dir().join(format!("{name}.yaml")))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let loaded = Recipe::from_path(&recipes_dir().join(format!("{name}.yaml"))).unwrap_or_else(|e| panic!("{e}"));
         let r = loaded.recipe;
         assert_eq!(r.train.method.kind(), kind, "{name}");
         assert_eq!(r.hardware.name, HardwareName::Mi300x, "{name}");
         assert_eq!(r.hardware.gpus, gpus, "{name}");
         if let Some(x402) = &r.publish.billing.x402 {
-            assert!(
-                ["eip155:8453", "eip155:84532"].contains(&x402.network.caip2().as_str()),
-                "{name}"
-            );
+            assert!(["eip155:8453", "eip155:84532"].contains(&x402.network.caip2().as_str()), "{name}");
         }
     }
 }
 
 #[test]
 fn the_tiny_cpu_recipe_is_self_contained() {
-    let r = Recipe::from_path(&recipes_dir().join("tiny_cpu_lora.yaml"))
-        .expect("loads")
-        .recipe;
+    let r = Recipe::from_path(&recipes_dir().join("tiny_cpu_lora.yaml")).expect("loads").recipe;
     assert_eq!(r.hardware.name, HardwareName::Cpu);
     assert_eq!(r.hardware.gpus, 0);
     let cfg = r.model.config.as_ref().expect("inline shape");
-    assert_eq!(
-        (
-            cfg.hidden_size,
-            cfg.num_layers,
-            cfg.num_heads,
-            cfg.num_kv_heads
-        ),
-        (64, 2, 4, 2)
-    );
+    assert_eq!((cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads), (64, 2, 4, 2));
     assert_eq!((cfg.head_dim, cfg.intermediate_size), (16, 128));
-    assert_eq!(
-        r.model.path, None,
-        "weights come from meta.seed, nothing to download"
-    );
+    assert_eq!(r.model.path, None, "weights come from meta.seed, nothing to download");
     assert!(r.data.generator.is_some());
     assert_eq!(r.data.seq_len, 128);
     assert_eq!(r.train.method.adapter().map(|l| l.r), Some(8));
@@ -133,9 +100,7 @@ fn the_tiny_cpu_recipe_is_self_contained() {
 
 #[test]
 fn the_h100_recipe_matches_its_description() {
-    let r = Recipe::from_path(&recipes_dir().join("qwen3_8b_lora_h100.yaml"))
-        .expect("loads")
-        .recipe;
+    let r = Recipe::from_path(&recipes_dir().join("qwen3_8b_lora_h100.yaml")).expect("loads").recipe;
     assert_eq!(r.hardware.name, HardwareName::H100);
     assert_eq!(r.hardware.arch, "sm_90");
     let lora = r.train.method.adapter().expect("lora");

@@ -72,7 +72,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     drop(log);
 
     say("[4/4] auditing the log read-only and proving every recipe against the checkpoint".into());
-    let report = verify::verify(&dir, TrustedKey::Pinned(id.verifying_key(), "node.pub".into()))?;
+    let report = verify::verify(&dir, TrustedKey::pinned(id.verifying_key(), "node.pub"))?;
     ensure!(report.ok(), "log audit failed: {:?}", report.problems);
     let reader = LogReader::open(&dir)?;
     let verified_cp = Checkpoint::verify(&note, &id.verifying_key())?;

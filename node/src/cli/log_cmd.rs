@@ -17,7 +17,9 @@ use std::process::ExitCode;
 #[derive(Subcommand, Debug)]
 pub enum LogCommand {
     /// Print events (all, or a seq range, or one kind).
-    #[command(after_help = "Examples:\n  mindxtrain log show\n  mindxtrain log show --from 10 --to 20 --json\n  mindxtrain log show --kind recipe.registered")]
+    #[command(
+        after_help = "Examples:\n  mindxtrain log show\n  mindxtrain log show --from 10 --to 20 --json\n  mindxtrain log show --kind recipe.registered"
+    )]
     Show {
         /// First seq to show.
         #[arg(long, default_value_t = 0)]
@@ -38,7 +40,9 @@ pub enum LogCommand {
         follow: bool,
     },
     /// Audit every record: crc, canonical form, seq continuity, chain links, signatures.
-    #[command(after_help = "Exit code 0 when the log is intact, 3 when any problem was found.\n\nExamples:\n  mindxtrain log verify\n  mindxtrain log verify --trusted-key node.pub --json")]
+    #[command(
+        after_help = "Exit code 0 when the log is intact, 3 when any problem was found.\n\nExamples:\n  mindxtrain log verify\n  mindxtrain log verify --trusted-key node.pub --json"
+    )]
     Verify {
         /// Public key (hex, or a node.pub file) the signatures must verify under.
         /// Defaults to the node directory's node.pub, else the genesis event's key.
@@ -64,7 +68,9 @@ pub enum LogCommand {
     #[command(after_help = "Example:\n  mindxtrain log checkpoint > checkpoint.txt")]
     Checkpoint,
     /// Append one event (for scripts; the node's own components append directly).
-    #[command(after_help = "Example:\n  mindxtrain log append --kind note.added --subject ops --data '{\"text\":\"hello\"}' --id note-1")]
+    #[command(
+        after_help = "Example:\n  mindxtrain log append --kind note.added --subject ops --data '{\"text\":\"hello\"}' --id note-1"
+    )]
     Append {
         #[arg(long)]
         kind: String,
@@ -85,13 +91,16 @@ pub enum LogCommand {
 pub fn init(dir: &Path, out: &Output) -> Result<ExitCode> {
     let (id, _report) = node::init(dir)?;
     let public = hex::encode(id.public_bytes());
-    out.emit(&json!({"node_dir": dir, "public_key": public, "origin": checkpoint::origin_for(&id.public_bytes())}), || {
-        format!(
-            "initialised node at {}\n  public key {public}\n  secret key {} (mode 0600)",
-            dir.display(),
-            dir.join(identity::SECRET_FILE).display()
-        )
-    });
+    out.emit(
+        &json!({"node_dir": dir, "public_key": public, "origin": checkpoint::origin_for(&id.public_bytes())}),
+        || {
+            format!(
+                "initialised node at {}\n  public key {public}\n  secret key {} (mode 0600)",
+                dir.display(),
+                dir.join(identity::SECRET_FILE).display()
+            )
+        },
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -109,7 +118,12 @@ pub fn run(cmd: LogCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
             let req = AppendRequest { kind, subject, data, id, expected_seq };
             let a = log.append(req)?;
             out.emit(&json!({"seq": a.seq, "hash": hex::encode(a.hash), "duplicate": a.duplicate}), || {
-                format!("{} seq {} hash {}", if a.duplicate { "already appended at" } else { "appended at" }, a.seq, hex::encode(a.hash))
+                format!(
+                    "{} seq {} hash {}",
+                    if a.duplicate { "already appended at" } else { "appended at" },
+                    a.seq,
+                    hex::encode(a.hash)
+                )
             });
             Ok(ExitCode::SUCCESS)
         }
@@ -174,12 +188,12 @@ fn tail(dir: &Path, out: &Output, lines: u64, follow: bool) -> Result<ExitCode> 
 fn trusted_key(dir: &Path, arg: Option<String>) -> Result<TrustedKey> {
     if let Some(arg) = arg {
         let key = identity::read_public_key(&arg).map_err(anyhow::Error::msg)?;
-        return Ok(TrustedKey::Pinned(key, "--trusted-key".into()));
+        return Ok(TrustedKey::pinned(key, "--trusted-key"));
     }
     let pub_file = dir.join(identity::PUBLIC_FILE);
     if pub_file.is_file() {
         let key = identity::read_public_key(&pub_file.to_string_lossy()).map_err(anyhow::Error::msg)?;
-        return Ok(TrustedKey::Pinned(key, pub_file.display().to_string()));
+        return Ok(TrustedKey::pinned(key, pub_file.display().to_string()));
     }
     Ok(TrustedKey::FromGenesis)
 }

@@ -14,7 +14,9 @@ use std::process::ExitCode;
 #[derive(Subcommand, Debug)]
 pub enum RecipeCommand {
     /// Validate recipe files; every problem is listed as file:line:col path: message.
-    #[command(after_help = "Exit code 0 when every file is valid, 4 otherwise.\n\nExample:\n  mindxtrain recipe check recipes/*.yaml")]
+    #[command(
+        after_help = "Exit code 0 when every file is valid, 4 otherwise.\n\nExample:\n  mindxtrain recipe check recipes/*.yaml"
+    )]
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -23,7 +25,9 @@ pub enum RecipeCommand {
     #[command(after_help = "Example:\n  mindxtrain recipe show recipes/tiny_cpu_lora.yaml --json")]
     Show { file: PathBuf },
     /// Validate and record recipes in the node's log (`recipe.registered`, with the BLAKE3 of the bytes).
-    #[command(after_help = "Registering the same bytes twice returns the original event.\n\nExample:\n  mindxtrain recipe register recipes/tiny_cpu_lora.yaml")]
+    #[command(
+        after_help = "Registering the same bytes twice returns the original event.\n\nExample:\n  mindxtrain recipe register recipes/tiny_cpu_lora.yaml"
+    )]
     Register {
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -64,7 +68,8 @@ fn check(files: &[PathBuf], out: &Output) -> Result<ExitCode> {
                 all_ok = false;
                 text.push(format!("invalid {} ({} problem(s))", f.display(), errs.len()));
                 text.extend(errs.iter().map(|e| format!("  {e}")));
-                results.push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
+                results
+                    .push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
             }
         }
     }
@@ -108,7 +113,8 @@ fn register(files: &[PathBuf], dir: &Path, out: &Output) -> Result<ExitCode> {
                 all_ok = false;
                 text.push(format!("not registered {}: invalid", f.display()));
                 text.extend(errs.iter().map(|e| format!("  {e}")));
-                results.push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
+                results
+                    .push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
             }
             Err(e) => return Err(e.into()),
         }

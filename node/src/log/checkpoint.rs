@@ -86,7 +86,10 @@ impl Checkpoint {
         let mut lines = body.lines();
         let origin = lines.next().filter(|l| !l.is_empty()).ok_or_else(|| bad("missing origin line"))?.to_string();
         let size_line = lines.next().ok_or_else(|| bad("missing tree size line"))?;
-        if size_line.is_empty() || !size_line.bytes().all(|b| b.is_ascii_digit()) || (size_line.len() > 1 && size_line.starts_with('0')) {
+        if size_line.is_empty()
+            || !size_line.bytes().all(|b| b.is_ascii_digit())
+            || (size_line.len() > 1 && size_line.starts_with('0'))
+        {
             return Err(bad("tree size is not a decimal number"));
         }
         let size: u64 = size_line.parse().map_err(|_| bad("tree size out of range"))?;

@@ -184,7 +184,7 @@ impl Index {
             }
         }
         for (k, bits) in postings {
-            self.db.merge(k, bits.to_vec())?;
+            self.db.merge(k, bits)?;
         }
         if let Some(h) = entries.last().and_then(|l| hashes.get(&l.seq).map(|h| (l.seq, h))) {
             let mut v = h.0.to_be_bytes().to_vec();

@@ -229,7 +229,12 @@ impl EventLog {
         };
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
         if lock.try_lock().is_err() {
             return Err(OpenError::Locked(dir));
         }
@@ -240,14 +245,15 @@ impl EventLog {
             tracing::warn!(segment = %torn.segment.display(), offset = torn.offset, bytes = torn.bytes, reason = %torn.reason, "truncated a torn tail");
         }
         let public_hex = hex::encode(key.public_bytes());
-        if let Some(log_key) = &scan.genesis_key {
-            if *log_key != public_hex {
-                return Err(OpenError::KeyMismatch { log_key: log_key.clone(), node_key: public_hex });
-            }
+        if let Some(log_key) = &scan.genesis_key
+            && *log_key != public_hex
+        {
+            return Err(OpenError::KeyMismatch { log_key: log_key.clone(), node_key: public_hex });
         }
         if scan.segments.is_empty() {
             let path = dir.join(segment::segment_name(0));
-            let file = std::fs::OpenOptions::new().create_new(true).read(true).append(true).open(&path).map_err(io(&path))?;
+            let file =
+                std::fs::OpenOptions::new().create_new(true).read(true).append(true).open(&path).map_err(io(&path))?;
             fsutil::sync_dir(&dir).map_err(io(&dir))?;
             scan.segments.push(Arc::new(ReadSegment { first_seq: 0, path, file: Arc::new(file) }));
             scan.last_len = 0;
@@ -290,7 +296,7 @@ impl EventLog {
         let log = Self { shared, tx: Some(tx), threads, index, public_key: key.public_bytes(), _lock: lock };
         report.events = log.len();
         report.segments = scan.segments.len();
-        if log.len() == 0 {
+        if log.is_empty() {
             let data = serde_json::json!({
                 "public_key": public_hex,
                 "algorithm": "ed25519",
@@ -307,10 +313,10 @@ impl EventLog {
     pub fn submit(&self, req: AppendRequest) -> oneshot::Receiver<Result<Appended, AppendError>> {
         let (reply, rx) = oneshot::channel();
         let request = writer::Request { req, reply };
-        if let Some(tx) = &self.tx {
-            if let Err(mpsc::SendError(r)) = tx.send(request) {
-                let _ = r.reply.send(Err(AppendError::Stopped("log is closed".into())));
-            }
+        if let Some(tx) = &self.tx
+            && let Err(mpsc::SendError(r)) = tx.send(request)
+        {
+            let _ = r.reply.send(Err(AppendError::Stopped("log is closed".into())));
         }
         rx
     }
@@ -363,7 +369,8 @@ impl EventLog {
         let (m, cv) = &self.shared.indexed;
         let mut done = m.lock().unwrap_or_else(|e| e.into_inner());
         while *done < target {
-            let (g, timeout) = cv.wait_timeout(done, std::time::Duration::from_secs(10)).unwrap_or_else(|e| e.into_inner());
+            let (g, timeout) =
+                cv.wait_timeout(done, std::time::Duration::from_secs(10)).unwrap_or_else(|e| e.into_inner());
             done = g;
             if timeout.timed_out() {
                 return Err(index::IndexError::Lagging { indexed: *done, wanted: target });

@@ -105,9 +105,9 @@ pub enum DecodeError {
 pub fn validate_kind(kind: &str) -> Result<(), EncodeError> {
     let ok = !kind.is_empty()
         && kind.len() <= 64
-        && kind.split('.').all(|w| {
-            !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        });
+        && kind
+            .split('.')
+            .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
     if ok { Ok(()) } else { Err(EncodeError::BadKind(kind.to_string())) }
 }
 

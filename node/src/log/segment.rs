@@ -111,7 +111,10 @@ pub fn scan_more(dir: &Path, scan: &mut Scan, open_for_write: bool) -> Result<()
     let listed = list_segments(dir)?;
     let known = scan.segments.len();
     if listed.len() < known {
-        return Err(ScanError::BadSegment { segment: dir.to_path_buf(), reason: "segments disappeared while reading".into() });
+        return Err(ScanError::BadSegment {
+            segment: dir.to_path_buf(),
+            reason: "segments disappeared while reading".into(),
+        });
     }
     let count = listed.len();
     for (i, (first_seq, path)) in listed.into_iter().enumerate() {
@@ -127,7 +130,9 @@ pub fn scan_more(dir: &Path, scan: &mut Scan, open_for_write: bool) -> Result<()
             if first_seq != expected_first {
                 return Err(ScanError::BadSegment {
                     segment: path,
-                    reason: format!("starts at seq {first_seq} but the segments before it end before seq {expected_first}"),
+                    reason: format!(
+                        "starts at seq {first_seq} but the segments before it end before seq {expected_first}"
+                    ),
                 });
             }
             let file = std::fs::OpenOptions::new().read(true).append(open_for_write).open(&path).map_err(io)?;
@@ -150,7 +155,14 @@ fn read_from(file: &File, start: u64) -> std::io::Result<Vec<u8>> {
 
 /// Scans one segment's bytes (read from file offset `base`); returns the length of
 /// their valid prefix.
-fn scan_segment(bytes: &[u8], base: u64, path: &Path, seg: u32, is_last: bool, scan: &mut Scan) -> Result<u64, ScanError> {
+fn scan_segment(
+    bytes: &[u8],
+    base: u64,
+    path: &Path,
+    seg: u32,
+    is_last: bool,
+    scan: &mut Scan,
+) -> Result<u64, ScanError> {
     let mut off = 0usize;
     while off < bytes.len() {
         let seq = scan.hashes.len() as u64;
@@ -202,7 +214,10 @@ fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> ScanError {
 /// Why `ev` cannot follow an event with hash `prev` at position `seq`, if it cannot.
 pub fn link_problem(ev: &Event, seq: u64, prev: &Hash) -> Option<String> {
     if ev.envelope.seq != seq {
-        return Some(format!("record carries seq {} where seq {seq} belongs (reordered, duplicated or missing event)", ev.envelope.seq));
+        return Some(format!(
+            "record carries seq {} where seq {seq} belongs (reordered, duplicated or missing event)",
+            ev.envelope.seq
+        ));
     }
     if ev.envelope.prev != record::hash_hex(prev) {
         return Some(format!(
@@ -225,7 +240,10 @@ pub fn frame_at(bytes: &[u8], off: usize) -> Result<&[u8], String> {
         return Err(format!("record length {len} is outside {MIN_BODY}..={MAX_BODY}"));
     }
     if rest.len() < HEADER_LEN + len {
-        return Err(format!("record of {len} bytes runs past the end of the file ({} bytes left)", rest.len() - HEADER_LEN));
+        return Err(format!(
+            "record of {len} bytes runs past the end of the file ({} bytes left)",
+            rest.len() - HEADER_LEN
+        ));
     }
     let body = &rest[HEADER_LEN..HEADER_LEN + len];
     let actual = crc32c::crc32c(body);

@@ -20,7 +20,7 @@ fn fill(log: &EventLog, n: u64) {
 }
 
 fn pinned() -> TrustedKey {
-    TrustedKey::Pinned(key().verifying_key(), "test".into())
+    TrustedKey::pinned(key().verifying_key(), "test")
 }
 
 fn segments(dir: &Path) -> Vec<PathBuf> {
@@ -74,7 +74,8 @@ fn retried_id_returns_original_seq_and_conflicting_reuse_is_refused() {
     }
     // Ids survive a restart: they live in the signed records, not only in memory.
     let (log, _) = open(dir.path(), LogOptions::default());
-    let again = log.append(AppendRequest::new("pay.x", "s", json!({"n": 1})).with_id("req-1").expecting_seq(99)).unwrap();
+    let again =
+        log.append(AppendRequest::new("pay.x", "s", json!({"n": 1})).with_id("req-1").expecting_seq(99)).unwrap();
     assert_eq!(again.seq, first.seq);
     assert_eq!(log.len(), 2);
 }
@@ -197,7 +198,11 @@ fn copy_dir(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let target = to.join(e.file_name());
-        if e.path().is_dir() { copy_dir(&e.path(), &target) } else { std::fs::copy(e.path(), target).unwrap(); }
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target)
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
     }
 }
 
@@ -286,7 +291,7 @@ fn flipping_any_byte_fails_verify_and_names_the_record() {
         std::fs::write(&seg, &t).unwrap();
         let report = verify::verify(dir.path(), pinned()).unwrap();
         assert!(!report.ok(), "flip at byte {pos} undetected");
-        let owner = *starts.iter().filter(|&&s| s <= pos as u64).last().unwrap();
+        let owner = *starts.iter().rfind(|&&s| s <= pos as u64).unwrap();
         assert!(report.problems.iter().any(|p| p.offset == owner), "flip at {pos}: {:?}", report.problems);
     }
 }
@@ -336,7 +341,7 @@ fn resigned_reordered_and_deleted_events_are_detected() {
     check(v.concat(), "seq");
     // An entire log re-signed by another key is caught against the pinned key.
     std::fs::write(&seg, &bytes).unwrap();
-    let report = verify::verify(dir.path(), TrustedKey::Pinned(other.verifying_key(), "pinned".into())).unwrap();
+    let report = verify::verify(dir.path(), TrustedKey::pinned(other.verifying_key(), "pinned")).unwrap();
     assert!(report.problems.iter().any(|p| p.what.contains("trusted key")));
 }
 

@@ -54,9 +54,15 @@ impl Report {
 /// Which key the signatures must verify under.
 pub enum TrustedKey {
     /// A key pinned by the caller (`--trusted-key`, or the node's `node.pub`).
-    Pinned(VerifyingKey, String),
+    Pinned(Box<VerifyingKey>, String),
     /// Whatever the genesis event declares (checks internal consistency only).
     FromGenesis,
+}
+
+impl TrustedKey {
+    pub fn pinned(key: VerifyingKey, source: impl Into<String>) -> Self {
+        Self::Pinned(Box::new(key), source.into())
+    }
 }
 
 /// Audits the log under `node_dir`.
@@ -85,14 +91,24 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
                     match record::decode_body(body, true) {
                         Ok(ev) => {
                             if let Some(what) = segment::link_problem(&ev, expected_seq, &prev) {
-                                problems.push(Problem { segment: path.clone(), offset: off as u64, seq: ev.envelope.seq, what });
+                                problems.push(Problem {
+                                    segment: path.clone(),
+                                    offset: off as u64,
+                                    seq: ev.envelope.seq,
+                                    what,
+                                });
                             }
                             expected_seq = ev.envelope.seq + 1;
                             prev = ev.hash;
                             events.push((path.clone(), off as u64, ev));
                         }
                         Err(e) => {
-                            problems.push(Problem { segment: path.clone(), offset: off as u64, seq: expected_seq, what: e.to_string() });
+                            problems.push(Problem {
+                                segment: path.clone(),
+                                offset: off as u64,
+                                seq: expected_seq,
+                                what: e.to_string(),
+                            });
                         }
                     }
                     off += len;
@@ -121,7 +137,7 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
             .collect();
         problems.extend(bad);
     }
-    problems.sort_by(|a, b| (a.seq, a.offset).cmp(&(b.seq, b.offset)));
+    problems.sort_by_key(|p| (p.seq, p.offset));
     let leaves: Vec<Hash> = events.iter().map(|(_, _, e)| merkle::leaf_hash(&e.hash)).collect();
     Ok(Report {
         events: events.len() as u64,
@@ -155,17 +171,17 @@ fn resolve_key(
     match (trusted, declared) {
         (TrustedKey::Pinned(k, source), declared) => {
             let pinned = hex::encode(k.to_bytes());
-            if let (Some(d), Some((seg, off, _))) = (&declared, genesis) {
-                if *d != pinned {
-                    problems.push(Problem {
-                        segment: seg.clone(),
-                        offset: *off,
-                        seq: 0,
-                        what: format!("genesis declares key {d}, but the trusted key ({source}) is {pinned}"),
-                    });
-                }
+            if let (Some(d), Some((seg, off, _))) = (&declared, genesis)
+                && *d != pinned
+            {
+                problems.push(Problem {
+                    segment: seg.clone(),
+                    offset: *off,
+                    seq: 0,
+                    what: format!("genesis declares key {d}, but the trusted key ({source}) is {pinned}"),
+                });
             }
-            (Some(k), source)
+            (Some(*k), source)
         }
         (TrustedKey::FromGenesis, Some(d)) => match identity::read_public_key(&d) {
             Ok(k) => (Some(k), "genesis event".into()),

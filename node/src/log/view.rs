@@ -4,9 +4,9 @@
 //! same view built read-only from the files, for commands that must not take the
 //! writer's lock (another process may be serving the node).
 
+use super::LOG_DIR;
 use super::record::{Event, Hash};
 use super::segment::{self, Position, ReadSegment, Scan, ScanError, TornTail};
-use super::LOG_DIR;
 use mindxtrain_chain::merkle::{self, ProofError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -93,10 +93,10 @@ impl Sequencer {
                 }
                 continue;
             }
-            if let Some(batch) = self.prepare(reqs) {
-                if to_syncer.send(batch).is_err() {
-                    return;
-                }
+            if let Some(batch) = self.prepare(reqs)
+                && to_syncer.send(batch).is_err()
+            {
+                return;
             }
         }
     }
@@ -179,10 +179,10 @@ impl Sequencer {
             }
             None => random_id(),
         };
-        if let Some(expected) = req.expected_seq {
-            if expected != self.next_seq {
-                return Err(AppendError::SeqMismatch { expected, next: self.next_seq });
-            }
+        if let Some(expected) = req.expected_seq
+            && expected != self.next_seq
+        {
+            return Err(AppendError::SeqMismatch { expected, next: self.next_seq });
         }
         let seq = self.next_seq;
         let envelope = record::canonical_envelope(

@@ -27,8 +27,12 @@ fn main() -> anyhow::Result<()> {
             std::thread::spawn(move || {
                 for i in 0u64.. {
                     let id = format!("c{cycle}-t{t}-{i}");
-                    let req = AppendRequest::new("crash.test", format!("t{t}"), serde_json::json!({"i": i, "pad": "x".repeat((i % 200) as usize)}))
-                        .with_id(id.clone());
+                    let req = AppendRequest::new(
+                        "crash.test",
+                        format!("t{t}"),
+                        serde_json::json!({"i": i, "pad": "x".repeat((i % 200) as usize)}),
+                    )
+                    .with_id(id.clone());
                     match log.append(req) {
                         Ok(a) => {
                             let mut out = stdout.lock().unwrap_or_else(|e| e.into_inner());

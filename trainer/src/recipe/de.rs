@@ -56,20 +56,12 @@ impl fmt::Display for DeError {
 impl std::error::Error for DeError {}
 
 fn one_of(names: &'static [&'static str]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
 }
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError {
-            message: msg.to_string(),
-            missing: None,
-            at: None,
-        }
+        DeError { message: msg.to_string(), missing: None, at: None }
     }
 
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
@@ -85,30 +77,18 @@ impl de::Error for DeError {
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
-        Self::custom(format_args!(
-            "unknown value `{variant}`; expected one of {}",
-            one_of(expected)
-        ))
+        Self::custom(format_args!("unknown value `{variant}`; expected one of {}", one_of(expected)))
     }
 
     fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
         if expected.is_empty() {
-            return Self::custom(format_args!(
-                "unknown field `{field}`; this section takes no fields"
-            ));
+            return Self::custom(format_args!("unknown field `{field}`; this section takes no fields"));
         }
-        Self::custom(format_args!(
-            "unknown field `{field}`; expected one of {}",
-            one_of(expected)
-        ))
+        Self::custom(format_args!("unknown field `{field}`; expected one of {}", one_of(expected)))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        DeError {
-            message: format!("missing field `{field}`"),
-            missing: Some(field),
-            at: None,
-        }
+        DeError { message: format!("missing field `{field}`"), missing: Some(field), at: None }
     }
 
     fn duplicate_field(field: &'static str) -> Self {
@@ -144,12 +124,7 @@ pub(crate) struct De<'a> {
 
 impl<'a> De<'a> {
     pub(crate) fn root(node: &'a Node, path: &'a PathStack<'a>) -> Self {
-        De {
-            node,
-            loc: node.loc,
-            path,
-            skip_tag: false,
-        }
+        De { node, loc: node.loc, path, skip_tag: false }
     }
 
     fn err(&self, message: String) -> DeError {
@@ -184,9 +159,7 @@ impl<'a> De<'a> {
     fn int(&self, lo: i128, hi: i128) -> Result<i128, DeError> {
         match self.resolved() {
             Some(Resolved::Int(i)) if (lo..=hi).contains(&i) => Ok(i),
-            Some(Resolved::Int(i)) => {
-                Err(self.err(format!("expected integer {lo}..={hi}, found {i}")))
-            }
+            Some(Resolved::Int(i)) => Err(self.err(format!("expected integer {lo}..={hi}, found {i}"))),
             _ => Err(self.expected("an integer")),
         }
     }
@@ -203,12 +176,10 @@ impl<'a> De<'a> {
 macro_rules! int_method {
     ($method:ident, $ty:ty, $visit:ident, $wide:ty) => {
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-            let r = self
-                .int(<$ty>::MIN as i128, <$ty>::MAX as i128)
-                .and_then(|i| {
-                    // The range check above makes the narrowing exact.
-                    visitor.$visit(i as $wide)
-                });
+            let r = self.int(<$ty>::MIN as i128, <$ty>::MAX as i128).and_then(|i| {
+                // The range check above makes the narrowing exact.
+                visitor.$visit(i as $wide)
+            });
             self.finish(r)
         }
     };
@@ -271,10 +242,8 @@ impl<'de> Deserializer<'de> for De<'_> {
             (Some(Resolved::Str(s)), _) => visitor.visit_str(s),
             (Some(Resolved::Null), _) => Err(self.expected("a string")),
             // A plain `1` or `true` is not text under YAML 1.2; say how to make it text.
-            (Some(_), NodeKind::Scalar { text, .. }) => Err(self.err(format!(
-                "expected a string, found {}; quote it (\"{text}\") if text is meant",
-                self.describe()
-            ))),
+            (Some(_), NodeKind::Scalar { text, .. }) => Err(self
+                .err(format!("expected a string, found {}; quote it (\"{text}\") if text is meant", self.describe()))),
             _ => Err(self.expected("a string")),
         };
         self.finish(r)
@@ -310,52 +279,29 @@ impl<'de> Deserializer<'de> for De<'_> {
         self.finish(r)
     }
 
-    fn deserialize_unit_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, DeError> {
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, DeError> {
         self.deserialize_unit(visitor)
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, DeError> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, visitor: V) -> Result<V::Value, DeError> {
         let (loc, path) = (self.loc, self.path);
-        visitor
-            .visit_newtype_struct(self)
-            .map_err(|e| e.located(loc, path))
+        visitor.visit_newtype_struct(self).map_err(|e| e.located(loc, path))
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         let r = match &self.node.kind {
-            NodeKind::Seq(items) => visitor.visit_seq(SeqAcc {
-                items,
-                next: 0,
-                path: self.path,
-            }),
+            NodeKind::Seq(items) => visitor.visit_seq(SeqAcc { items, next: 0, path: self.path }),
             _ => Err(self.expected("a list")),
         };
         self.finish(r)
     }
 
-    fn deserialize_tuple<V: Visitor<'de>>(
-        self,
-        len: usize,
-        visitor: V,
-    ) -> Result<V::Value, DeError> {
+    fn deserialize_tuple<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, DeError> {
         let r = match &self.node.kind {
-            NodeKind::Seq(items) if items.len() == len => visitor.visit_seq(SeqAcc {
-                items,
-                next: 0,
-                path: self.path,
-            }),
-            NodeKind::Seq(items) => Err(self.err(format!(
-                "expected a list of {len} items, found {} items",
-                items.len()
-            ))),
+            NodeKind::Seq(items) if items.len() == len => visitor.visit_seq(SeqAcc { items, next: 0, path: self.path }),
+            NodeKind::Seq(items) => {
+                Err(self.err(format!("expected a list of {len} items, found {} items", items.len())))
+            }
             _ => Err(self.expected(&format!("a list of {len} items"))),
         };
         self.finish(r)
@@ -404,10 +350,7 @@ impl<'de> Deserializer<'de> for De<'_> {
                 Some(tag) => visitor.visit_enum(TaggedEnum { de: &self, tag }),
                 None => Err(de::Error::missing_field(TAG_KEY)),
             },
-            (_, true) => Err(self.expected(&format!(
-                "a mapping with `kind: <one of {}>`",
-                variants.join(" | ")
-            ))),
+            (_, true) => Err(self.expected(&format!("a mapping with `kind: <one of {}>`", variants.join(" | ")))),
             (_, false) => Err(self.expected(&format!("one of {}", one_of(variants)))),
         };
         self.finish(r)
@@ -435,23 +378,15 @@ struct SeqAcc<'a> {
 impl<'de> de::SeqAccess<'de> for SeqAcc<'_> {
     type Error = DeError;
 
-    fn next_element_seed<T: DeserializeSeed<'de>>(
-        &mut self,
-        seed: T,
-    ) -> Result<Option<T::Value>, DeError> {
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
         let Some(node) = self.items.get(self.next) else {
             return Ok(None);
         };
         let path = PathStack::Index(self.path, self.next);
         self.next += 1;
-        seed.deserialize(De {
-            node,
-            loc: node.loc,
-            path: &path,
-            skip_tag: false,
-        })
-        .map(Some)
-        .map_err(|e| e.located(node.loc, &path))
+        seed.deserialize(De { node, loc: node.loc, path: &path, skip_tag: false })
+            .map(Some)
+            .map_err(|e| e.located(node.loc, &path))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -468,22 +403,14 @@ struct MapAcc<'a> {
 
 impl<'a> MapAcc<'a> {
     fn new(entries: &'a [Entry], path: &'a PathStack<'a>, skip_tag: bool) -> Self {
-        MapAcc {
-            entries: entries.iter(),
-            current: None,
-            path,
-            skip_tag,
-        }
+        MapAcc { entries: entries.iter(), current: None, path, skip_tag }
     }
 }
 
 impl<'de> de::MapAccess<'de> for MapAcc<'_> {
     type Error = DeError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
         let entry = loop {
             match self.entries.next() {
                 Some(e) if self.skip_tag && e.key == TAG_KEY => continue,
@@ -494,9 +421,7 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
         self.current = Some(entry);
         let path = PathStack::Key(self.path, &entry.key);
         let key: de::value::StrDeserializer<'_, DeError> = entry.key.as_str().into_deserializer();
-        seed.deserialize(key)
-            .map(Some)
-            .map_err(|e| e.located(entry.key_loc, &path))
+        seed.deserialize(key).map(Some).map_err(|e| e.located(entry.key_loc, &path))
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
@@ -506,13 +431,8 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
         let path = PathStack::Key(self.path, &entry.key);
         // Errors a Deserialize impl raises after reading its value (a bad amount, a refused
         // policy) have not met a node yet; this is the field they belong to.
-        seed.deserialize(De {
-            node: &entry.value,
-            loc: entry.key_loc,
-            path: &path,
-            skip_tag: false,
-        })
-        .map_err(|e| e.located(entry.key_loc, &path))
+        seed.deserialize(De { node: &entry.value, loc: entry.key_loc, path: &path, skip_tag: false })
+            .map_err(|e| e.located(entry.key_loc, &path))
     }
 
     fn size_hint(&self) -> Option<usize> {

@@ -32,9 +32,7 @@ pub fn mandatory_rocm_env_keys() -> &'static [&'static str] {
 /// `[A-Z_][A-Z0-9_]*`: portable across shells and what ROCm/CUDA variables look like.
 pub(crate) fn is_env_key(key: &str) -> bool {
     let mut bytes = key.bytes();
-    bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_uppercase() || b == b'_')
+    bytes.next().is_some_and(|b| b.is_ascii_uppercase() || b == b'_')
         && bytes.all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 

@@ -33,13 +33,7 @@ pub(crate) struct FieldPath(pub(crate) Vec<Seg>);
 impl FieldPath {
     /// Builds a path of keys from a dotted string; validation code names fields this way.
     pub(crate) fn keys(dotted: &str) -> FieldPath {
-        FieldPath(
-            dotted
-                .split('.')
-                .filter(|s| !s.is_empty())
-                .map(|s| Seg::Key(s.to_owned()))
-                .collect(),
-        )
+        FieldPath(dotted.split('.').filter(|s| !s.is_empty()).map(|s| Seg::Key(s.to_owned())).collect())
     }
 
     pub(crate) fn key(mut self, key: &str) -> FieldPath {
@@ -60,11 +54,7 @@ impl FieldPath {
     /// The path up to and including its last key: a list item is dropped together with the
     /// list, since removing one item would shift the indices that later errors name.
     pub(crate) fn up_to_last_key(&self) -> FieldPath {
-        let end = self
-            .0
-            .iter()
-            .rposition(|s| matches!(s, Seg::Key(_)))
-            .map_or(0, |i| i + 1);
+        let end = self.0.iter().rposition(|s| matches!(s, Seg::Key(_))).map_or(0, |i| i + 1);
         FieldPath(self.0[..end].to_vec())
     }
 
@@ -185,11 +175,7 @@ impl RecipeError {
 impl fmt::Display for RecipeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.location {
-            Some(loc) => write!(
-                f,
-                "{}:{} {}: {}",
-                self.source_name, loc, self.path, self.message
-            ),
+            Some(loc) => write!(f, "{}:{} {}: {}", self.source_name, loc, self.path, self.message),
             None => write!(f, "{}: {}", self.source_name, self.message),
         }
     }
@@ -238,11 +224,7 @@ impl RecipeErrors {
 
 impl From<RecipeErrors> for RecipeError {
     fn from(errors: RecipeErrors) -> Self {
-        errors
-            .0
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| RecipeError::io("<recipe>", "no error".into()))
+        errors.0.into_iter().next().unwrap_or_else(|| RecipeError::io("<recipe>", "no error".into()))
     }
 }
 
@@ -271,9 +253,7 @@ impl fmt::Display for RecipeErrors {
 #[non_exhaustive]
 pub enum EnvOverrideError {
     /// The plan tried to unset a key the hardware requires.
-    #[error(
-        "plan removes mandatory ROCm env key {key}: a plan may change its value, never drop it"
-    )]
+    #[error("plan removes mandatory ROCm env key {key}: a plan may change its value, never drop it")]
     RemovesMandatoryKey { key: String },
     /// The plan set a required key to the empty string, which ROCm reads as unset.
     #[error("plan sets mandatory ROCm env key {key} to an empty value, which ROCm treats as unset")]

@@ -113,20 +113,13 @@ impl FromStr for Usdc {
             return Err(bad());
         }
         if frac.len() > Self::DECIMALS as usize {
-            return Err(format!(
-                "amount {s:?} has {} decimals; at most 6 are allowed",
-                frac.len()
-            ));
+            return Err(format!("amount {s:?} has {} decimals; at most 6 are allowed", frac.len()));
         }
         let too_big = || format!("amount {s:?} is too large");
         let whole: u64 = int.parse().map_err(|_| too_big())?;
         let padded = format!("{frac:0<6}");
         let part: u64 = padded.parse().map_err(|_| bad())?;
-        whole
-            .checked_mul(1_000_000)
-            .and_then(|w| w.checked_add(part))
-            .map(Usdc)
-            .ok_or_else(too_big)
+        whole.checked_mul(1_000_000).and_then(|w| w.checked_add(part)).map(Usdc).ok_or_else(too_big)
     }
 }
 
@@ -160,13 +153,8 @@ pub struct Network {
     chain_id: u64,
 }
 
-const NAMED_NETWORKS: &[(&str, u64)] = &[
-    ("base", 8453),
-    ("base-sepolia", 84532),
-    ("anvil", 31337),
-    ("ethereum", 1),
-    ("sepolia", 11_155_111),
-];
+const NAMED_NETWORKS: &[(&str, u64)] =
+    &[("base", 8453), ("base-sepolia", 84532), ("anvil", 31337), ("ethereum", 1), ("sepolia", 11_155_111)];
 
 impl Network {
     pub fn chain_id(self) -> u64 {
@@ -179,10 +167,7 @@ impl Network {
 
     /// The shorthand name, when the chain has one.
     pub fn name(self) -> Option<&'static str> {
-        NAMED_NETWORKS
-            .iter()
-            .find(|(_, id)| *id == self.chain_id)
-            .map(|(n, _)| *n)
+        NAMED_NETWORKS.iter().find(|(_, id)| *id == self.chain_id).map(|(n, _)| *n)
     }
 }
 
@@ -200,13 +185,10 @@ impl FromStr for Network {
             )
         };
         let id = s.strip_prefix("eip155:").ok_or_else(not_evm)?;
-        let canonical =
-            !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && !id.starts_with('0');
+        let canonical = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && !id.starts_with('0');
         match id.parse::<u64>() {
             Ok(chain_id) if canonical => Ok(Network { chain_id }),
-            _ => Err(format!(
-                "`{s}`: the chain id after `eip155:` must be a positive integer without leading zeros"
-            )),
+            _ => Err(format!("`{s}`: the chain id after `eip155:` must be a positive integer without leading zeros")),
         }
     }
 }
@@ -291,9 +273,7 @@ impl FromStr for Asset {
             "USDC" => Ok(Asset::Usdc),
             "EURC" => Ok(Asset::Eurc),
             _ if s.starts_with("0x") => s.parse().map(Asset::Token),
-            _ => Err(format!(
-                "unknown asset {s:?}; expected USDC, EURC or a token address `0x...`"
-            )),
+            _ => Err(format!("unknown asset {s:?}; expected USDC, EURC or a token address `0x...`")),
         }
     }
 }
@@ -330,26 +310,10 @@ mod tests {
         assert_eq!("0.0002".parse::<Usdc>(), Ok(Usdc(200)));
         assert_eq!("12".parse::<Usdc>(), Ok(Usdc(12_000_000)));
         assert_eq!("1.000001".parse::<Usdc>(), Ok(Usdc(1_000_001)));
-        for bad in [
-            "",
-            ".5",
-            "5.",
-            "-1",
-            "+1",
-            "1e-3",
-            " 1",
-            "1,0",
-            "0.0000001",
-            "99999999999999999999",
-        ] {
+        for bad in ["", ".5", "5.", "-1", "+1", "1e-3", " 1", "1,0", "0.0000001", "99999999999999999999"] {
             assert!(bad.parse::<Usdc>().is_err(), "{bad:?} accepted");
         }
-        assert!(
-            "0.0000001"
-                .parse::<Usdc>()
-                .unwrap_err()
-                .contains("at most 6")
-        );
+        assert!("0.0000001".parse::<Usdc>().unwrap_err().contains("at most 6"));
     }
 
     #[test]
@@ -361,25 +325,11 @@ mod tests {
 
     #[test]
     fn networks_are_evm_only() {
-        assert_eq!(
-            "base".parse::<Network>().map(Network::caip2),
-            Ok("eip155:8453".into())
-        );
-        assert_eq!(
-            "base-sepolia".parse::<Network>().map(Network::chain_id),
-            Ok(84532)
-        );
+        assert_eq!("base".parse::<Network>().map(Network::caip2), Ok("eip155:8453".into()));
+        assert_eq!("base-sepolia".parse::<Network>().map(Network::chain_id), Ok(84532));
         assert_eq!("anvil".parse::<Network>().map(Network::chain_id), Ok(31337));
-        assert_eq!(
-            "eip155:10".parse::<Network>().map(Network::chain_id),
-            Ok(10)
-        );
-        assert!(
-            "algorand"
-                .parse::<Network>()
-                .unwrap_err()
-                .contains("not an EVM network")
-        );
+        assert_eq!("eip155:10".parse::<Network>().map(Network::chain_id), Ok(10));
+        assert!("algorand".parse::<Network>().unwrap_err().contains("not an EVM network"));
         assert!("solana:mainnet".parse::<Network>().is_err());
         assert!("eip155:0".parse::<Network>().is_err());
         assert!("eip155:".parse::<Network>().is_err());
@@ -387,15 +337,9 @@ mod tests {
 
     #[test]
     fn addresses_and_assets() {
-        let a: Address = "0x00000000000000000000000000000000000000Aa"
-            .parse()
-            .unwrap();
+        let a: Address = "0x00000000000000000000000000000000000000Aa".parse().unwrap();
         assert_eq!(a.to_string(), "0x00000000000000000000000000000000000000aa");
-        assert!(
-            "0x0000000000000000000000000000000000000000"
-                .parse::<Address>()
-                .is_err()
-        );
+        assert!("0x0000000000000000000000000000000000000000".parse::<Address>().is_err());
         assert!("0x12".parse::<Address>().is_err());
         assert_eq!("USDC".parse::<Asset>(), Ok(Asset::Usdc));
         assert!("usdc".parse::<Asset>().is_err());

@@ -108,10 +108,7 @@ impl HardwareName {
         match self {
             HardwareName::Cpu => Vendor::Cpu,
             HardwareName::H100 | HardwareName::H200 | HardwareName::B200 => Vendor::Nvidia,
-            HardwareName::Mi300x
-            | HardwareName::Mi325x
-            | HardwareName::Mi350x
-            | HardwareName::Mi355x => Vendor::Amd,
+            HardwareName::Mi300x | HardwareName::Mi325x | HardwareName::Mi350x | HardwareName::Mi355x => Vendor::Amd,
         }
     }
 
@@ -157,12 +154,7 @@ impl Autotune {
 
 impl Default for Autotune {
     fn default() -> Self {
-        Autotune {
-            enabled: true,
-            policy: AutotunePolicy::AotOnly,
-            budget_seconds: 60,
-            plan: None,
-        }
+        Autotune { enabled: true, policy: AutotunePolicy::AotOnly, budget_seconds: 60, plan: None }
     }
 }
 
@@ -369,10 +361,7 @@ pub struct Dedupe {
 
 impl Default for Dedupe {
     fn default() -> Self {
-        Dedupe {
-            exact: true,
-            near_threshold: None,
-        }
+        Dedupe { exact: true, near_threshold: None }
     }
 }
 
@@ -425,10 +414,7 @@ impl Holdout {
 
 impl Default for Holdout {
     fn default() -> Self {
-        Holdout {
-            fraction: Holdout::default_fraction(),
-            max_samples: None,
-        }
+        Holdout { fraction: Holdout::default_fraction(), max_samples: None }
     }
 }
 
@@ -465,12 +451,7 @@ impl Quantize {
 
 impl Default for Quantize {
     fn default() -> Self {
-        Quantize {
-            enabled: false,
-            scheme: QuantScheme::Fp8,
-            per_channel: true,
-            calibration_samples: 512,
-        }
+        Quantize { enabled: false, scheme: QuantScheme::Fp8, per_channel: true, calibration_samples: 512 }
     }
 }
 
@@ -555,10 +536,7 @@ pub struct Receipt {
 
 impl Default for Receipt {
     fn default() -> Self {
-        Receipt {
-            output: None,
-            include: ReceiptItem::all(),
-        }
+        Receipt { output: None, include: ReceiptItem::all() }
     }
 }
 
@@ -584,16 +562,6 @@ pub enum ReceiptItem {
 impl ReceiptItem {
     pub fn all() -> Vec<ReceiptItem> {
         use ReceiptItem::*;
-        vec![
-            RecipeHash,
-            DatasetHashes,
-            CodeVersion,
-            Hardware,
-            Plan,
-            EvalReport,
-            EnergyKwh,
-            EventLog,
-            Checkpoints,
-        ]
+        vec![RecipeHash, DatasetHashes, CodeVersion, Hardware, Plan, EvalReport, EnergyKwh, EventLog, Checkpoints]
     }
 }

@@ -75,9 +75,7 @@ pub enum MethodKind {
     Gspo,
 }
 
-const METHOD_KINDS: &[&str] = &[
-    "full", "cpt", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "gspo",
-];
+const METHOD_KINDS: &[&str] = &["full", "cpt", "lora", "qlora", "dpo", "orpo", "kto", "grpo", "gspo"];
 
 impl Method {
     pub fn kind(&self) -> MethodKind {
@@ -185,13 +183,7 @@ impl Lora {
 
 impl Default for Lora {
     fn default() -> Self {
-        Lora {
-            r: 16,
-            alpha: 32,
-            dropout: 0.0,
-            target_modules: TargetModule::all(),
-            rslora: false,
-        }
+        Lora { r: 16, alpha: 32, dropout: 0.0, target_modules: TargetModule::all(), rslora: false }
     }
 }
 
@@ -229,13 +221,8 @@ impl QloraFields {
 
 impl From<QloraFields> for Qlora {
     fn from(f: QloraFields) -> Self {
-        let lora = Lora {
-            r: f.r,
-            alpha: f.alpha,
-            dropout: f.dropout,
-            target_modules: f.target_modules,
-            rslora: f.rslora,
-        };
+        let lora =
+            Lora { r: f.r, alpha: f.alpha, dropout: f.dropout, target_modules: f.target_modules, rslora: f.rslora };
         Qlora { lora, bits: f.bits }
     }
 }
@@ -470,12 +457,7 @@ impl Schedule {
 
 impl Default for Schedule {
     fn default() -> Self {
-        Schedule {
-            kind: ScheduleKind::Cosine,
-            warmup_ratio: 0.03,
-            min_lr_ratio: 0.0,
-            decay_ratio: 0.1,
-        }
+        Schedule { kind: ScheduleKind::Cosine, warmup_ratio: 0.03, min_lr_ratio: 0.0, decay_ratio: 0.1 }
     }
 }
 
@@ -503,10 +485,7 @@ pub struct Budget {
 
 impl Default for Budget {
     fn default() -> Self {
-        Budget {
-            epochs: Some(1),
-            max_steps: None,
-        }
+        Budget { epochs: Some(1), max_steps: None }
     }
 }
 
@@ -527,10 +506,7 @@ impl Batch {
 
 impl Default for Batch {
     fn default() -> Self {
-        Batch {
-            per_device: 1,
-            grad_accum: 1,
-        }
+        Batch { per_device: 1, grad_accum: 1 }
     }
 }
 
@@ -563,9 +539,6 @@ impl Checkpoint {
 
 impl Default for Checkpoint {
     fn default() -> Self {
-        Checkpoint {
-            every_steps: None,
-            keep_last: 2,
-        }
+        Checkpoint { every_steps: None, keep_last: 2 }
     }
 }

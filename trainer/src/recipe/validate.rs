@@ -55,14 +55,8 @@ impl Checks {
         let above = if lo_open { v > lo } else { v >= lo };
         let below = if hi_open { v < hi } else { v <= hi };
         if !(above && below) {
-            let (open, close) = (
-                if lo_open { '(' } else { '[' },
-                if hi_open { ')' } else { ']' },
-            );
-            self.fail(
-                path,
-                format!("expected a number in {open}{lo}, {hi}{close}, found {v:?}"),
-            );
+            let (open, close) = (if lo_open { '(' } else { '[' }, if hi_open { ')' } else { ']' });
+            self.fail(path, format!("expected a number in {open}{lo}, {hi}{close}, found {v:?}"));
         }
     }
 
@@ -95,8 +89,7 @@ impl Checks {
         for (i, item) in items.iter().enumerate() {
             if !seen.insert(item) {
                 let p = FieldPath::keys(path).index(i);
-                self.0
-                    .push((p, format!("{} is listed twice", name_of(item))));
+                self.0.push((p, format!("{} is listed twice", name_of(item))));
             }
         }
     }
@@ -107,12 +100,7 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     let mut c = Checks::default();
     meta(&mut c, r);
     hardware(&mut c, r);
-    c.int(
-        "autotune.budget_seconds",
-        r.autotune.budget_seconds.into(),
-        1,
-        3600,
-    );
+    c.int("autotune.budget_seconds", r.autotune.budget_seconds.into(), 1, 3600);
     c.opt_text("autotune.plan", r.autotune.plan.as_ref());
     model(&mut c, r);
     data(&mut c, r);
@@ -121,19 +109,11 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     eval(&mut c, r);
     serve(&mut c, r);
     publish(&mut c, r);
-    c.int(
-        "quantize.calibration_samples",
-        r.quantize.calibration_samples.into(),
-        1,
-        1_000_000,
-    );
+    c.int("quantize.calibration_samples", r.quantize.calibration_samples.into(), 1, 1_000_000);
     let include = &r.receipt.include;
     c.unique("receipt.include", include);
     if !include.contains(&super::schema::ReceiptItem::RecipeHash) {
-        c.fail(
-            "receipt.include",
-            "must include recipe_hash: the receipt is what binds a run to its recipe",
-        );
+        c.fail("receipt.include", "must include recipe_hash: the receipt is what binds a run to its recipe");
     }
     c.opt_text("receipt.output", r.receipt.output.as_ref());
     c.0
@@ -143,15 +123,11 @@ fn meta(c: &mut Checks, r: &Recipe) {
     c.text("meta.project", &r.meta.project);
     c.text("meta.license", &r.meta.license);
     let name = &r.meta.run_name;
-    let ok = name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let ok = name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if name.is_empty() || name.len() > 128 || !ok || name.starts_with('.') {
         c.fail(
             "meta.run_name",
-            format!(
-                "expected 1-128 characters of [A-Za-z0-9._-] not starting with '.', found {name:?}"
-            ),
+            format!("expected 1-128 characters of [A-Za-z0-9._-] not starting with '.', found {name:?}"),
         );
     }
 }
@@ -160,10 +136,7 @@ fn hardware(c: &mut Checks, r: &Recipe) {
     let hw = &r.hardware;
     let gpus = hw.gpus;
     match hw.name.vendor() {
-        Vendor::Cpu if gpus != 0 => c.fail(
-            "hardware.gpus",
-            format!("expected 0 for `cpu`, found {gpus}"),
-        ),
+        Vendor::Cpu if gpus != 0 => c.fail("hardware.gpus", format!("expected 0 for `cpu`, found {gpus}")),
         Vendor::Nvidia => c.int("hardware.gpus", gpus.into(), 0, 8),
         Vendor::Amd if ![0, 1, 8].contains(&gpus) => c.fail(
             "hardware.gpus",
@@ -184,19 +157,13 @@ fn hardware(c: &mut Checks, r: &Recipe) {
             HardwareName::Cpu => "native, x86_64 or aarch64",
             name => name.default_arch(),
         };
-        c.fail(
-            "hardware.arch",
-            format!("expected {want} for this hardware, found {:?}", hw.arch),
-        );
+        c.fail("hardware.arch", format!("expected {want} for this hardware, found {:?}", hw.arch));
     }
     if let Some(gb) = hw.memory_gb {
         c.int("hardware.memory_gb", gb.into(), 1, 4096);
     }
     for key in r.train.env.keys().filter(|k| !is_env_key(k)) {
-        c.0.push((
-            FieldPath::keys("train.env").key(key),
-            "expected an env name matching [A-Z_][A-Z0-9_]*".into(),
-        ));
+        c.0.push((FieldPath::keys("train.env").key(key), "expected an env name matching [A-Z_][A-Z0-9_]*".into()));
     }
     if !hw.name.is_mi300_class() {
         return;
@@ -204,15 +171,10 @@ fn hardware(c: &mut Checks, r: &Recipe) {
     for key in mandatory_rocm_env_keys() {
         let path = FieldPath::keys("train.env").key(key);
         match r.train.env.get(*key) {
-            None => c.0.push((
-                path,
-                format!(
-                    "missing mandatory ROCm env key {key}: every MI300-class recipe must set it"
-                ),
-            )),
-            Some(v) if v.trim().is_empty() => {
-                c.0.push((path, "mandatory ROCm env key must not be empty".into()))
+            None => {
+                c.0.push((path, format!("missing mandatory ROCm env key {key}: every MI300-class recipe must set it")))
             }
+            Some(v) if v.trim().is_empty() => c.0.push((path, "mandatory ROCm env key must not be empty".into())),
             Some(_) => {}
         }
     }
@@ -220,10 +182,7 @@ fn hardware(c: &mut Checks, r: &Recipe) {
         && !archs.is_empty()
         && !archs.split(';').any(|a| a.trim() == hw.arch)
     {
-        c.fail(
-            "train.env.PYTORCH_ROCM_ARCH",
-            format!("must include {} (hardware.arch), found {archs:?}", hw.arch),
-        );
+        c.fail("train.env.PYTORCH_ROCM_ARCH", format!("must include {} (hardware.arch), found {archs:?}", hw.arch));
     }
 }
 
@@ -247,64 +206,27 @@ fn model(c: &mut Checks, r: &Recipe) {
         c.int(&format!("model.config.{field}"), v.into(), 1, hi);
     }
     if cfg.num_kv_heads > 0 && cfg.num_heads % cfg.num_kv_heads != 0 {
-        c.fail(
-            "model.config.num_kv_heads",
-            format!("must divide num_heads ({})", cfg.num_heads),
-        );
+        c.fail("model.config.num_kv_heads", format!("must divide num_heads ({})", cfg.num_heads));
     }
     if cfg.head_dim % 2 != 0 {
-        c.fail(
-            "model.config.head_dim",
-            "must be even: rotary embeddings rotate pairs of dimensions",
-        );
+        c.fail("model.config.head_dim", "must be even: rotary embeddings rotate pairs of dimensions");
     }
-    c.int(
-        "model.config.max_position_embeddings",
-        cfg.max_position_embeddings.into(),
-        16,
-        1_048_576,
-    );
+    c.int("model.config.max_position_embeddings", cfg.max_position_embeddings.into(), 16, 1_048_576);
     if r.data.seq_len > cfg.max_position_embeddings {
         c.fail(
             "data.seq_len",
-            format!(
-                "exceeds model.config.max_position_embeddings ({})",
-                cfg.max_position_embeddings
-            ),
+            format!("exceeds model.config.max_position_embeddings ({})", cfg.max_position_embeddings),
         );
     }
     c.positive("model.config.rope_theta", cfg.rope_theta);
-    c.num(
-        "model.config.rms_norm_eps",
-        cfg.rms_norm_eps,
-        0.0,
-        1.0,
-        "()",
-    );
+    c.num("model.config.rms_norm_eps", cfg.rms_norm_eps, 0.0, 1.0, "()");
     match (&cfg.moe, m.family) {
         (Some(moe), _) => {
-            c.int(
-                "model.config.moe.num_experts",
-                moe.num_experts.into(),
-                2,
-                1024,
-            );
-            c.int(
-                "model.config.moe.experts_per_token",
-                moe.experts_per_token.into(),
-                1,
-                moe.num_experts.max(1).into(),
-            );
-            c.int(
-                "model.config.moe.expert_intermediate_size",
-                moe.expert_intermediate_size.into(),
-                1,
-                1 << 20,
-            );
+            c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
+            c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
+            c.int("model.config.moe.expert_intermediate_size", moe.expert_intermediate_size.into(), 1, 1 << 20);
         }
-        (None, ModelFamily::Qwen3Moe) => {
-            c.fail("model.config.moe", "required for family qwen3_moe")
-        }
+        (None, ModelFamily::Qwen3Moe) => c.fail("model.config.moe", "required for family qwen3_moe"),
         (None, _) => {}
     }
     match m.tokenizer.as_deref() {
@@ -312,10 +234,9 @@ fn model(c: &mut Checks, r: &Recipe) {
             "model.tokenizer",
             "required for an inline model without weights: `byte` or a path to tokenizer.json",
         ),
-        Some("byte") if cfg.vocab_size < 256 => c.fail(
-            "model.config.vocab_size",
-            "the byte tokenizer needs vocab_size >= 256",
-        ),
+        Some("byte") if cfg.vocab_size < 256 => {
+            c.fail("model.config.vocab_size", "the byte tokenizer needs vocab_size >= 256")
+        }
         _ => {}
     }
 }
@@ -324,16 +245,10 @@ fn data(c: &mut Checks, r: &Recipe) {
     let d = &r.data;
     let source = d.source;
     let only_for = |c: &mut Checks, field: &str, allowed: DataSource| {
-        c.fail(
-            &format!("data.{field}"),
-            format!("only allowed with `source: {}`", name_of(&allowed)),
-        );
+        c.fail(&format!("data.{field}"), format!("only allowed with `source: {}`", name_of(&allowed)));
     };
     if source == DataSource::Jsonl && d.paths.is_empty() {
-        c.fail(
-            "data.paths",
-            "required with `source: jsonl`: at least one JSONL file",
-        );
+        c.fail("data.paths", "required with `source: jsonl`: at least one JSONL file");
     }
     if source == DataSource::Generated && !d.paths.is_empty() {
         only_for(c, "paths", DataSource::Jsonl);
@@ -343,30 +258,21 @@ fn data(c: &mut Checks, r: &Recipe) {
         (Some(id), DataSource::Hf) if !id.contains('/') || id.trim() != id => {
             c.fail("data.hf_id", format!("expected `owner/name`, found {id:?}"));
         }
-        (Some(_), DataSource::Jsonl | DataSource::Generated) => {
-            only_for(c, "hf_id", DataSource::Hf)
-        }
+        (Some(_), DataSource::Jsonl | DataSource::Generated) => only_for(c, "hf_id", DataSource::Hf),
         _ => {}
     }
     if d.revision.is_some() && source != DataSource::Hf {
         only_for(c, "revision", DataSource::Hf);
     }
     match (&d.generator, source) {
-        (None, DataSource::Generated) => {
-            c.fail("data.generator", "required with `source: generated`")
-        }
-        (Some(g), DataSource::Generated) => {
-            c.int("data.generator.count", g.count.into(), 1, 10_000_000)
-        }
+        (None, DataSource::Generated) => c.fail("data.generator", "required with `source: generated`"),
+        (Some(g), DataSource::Generated) => c.int("data.generator.count", g.count.into(), 1, 10_000_000),
         (Some(_), _) => only_for(c, "generator", DataSource::Generated),
         (None, _) => {}
     }
     for (i, p) in d.paths.iter().enumerate() {
         if p.trim().is_empty() {
-            c.0.push((
-                FieldPath::keys("data.paths").index(i),
-                "must not be empty".into(),
-            ));
+            c.0.push((FieldPath::keys("data.paths").index(i), "must not be empty".into()));
         }
     }
     c.text("data.split", &d.split);
@@ -379,25 +285,16 @@ fn data(c: &mut Checks, r: &Recipe) {
     }
     let kind = r.train.method.kind();
     let (wanted, why): (&[DataFormat], &str) = match &r.train.method {
-        Method::Dpo(_) | Method::Orpo(_) | Method::Kto(_) => {
-            (&[DataFormat::Preference], "preference methods")
-        }
+        Method::Dpo(_) | Method::Orpo(_) | Method::Kto(_) => (&[DataFormat::Preference], "preference methods"),
         Method::Cpt => (&[DataFormat::Text], "continued pretraining"),
-        Method::Grpo(_) | Method::Gspo(_) => (
-            &[DataFormat::Chat, DataFormat::Instruction],
-            "RL methods, which need prompts with reference answers",
-        ),
-        _ => (
-            &[DataFormat::Chat, DataFormat::Instruction, DataFormat::Text],
-            "supervised methods",
-        ),
+        Method::Grpo(_) | Method::Gspo(_) => {
+            (&[DataFormat::Chat, DataFormat::Instruction], "RL methods, which need prompts with reference answers")
+        }
+        _ => (&[DataFormat::Chat, DataFormat::Instruction, DataFormat::Text], "supervised methods"),
     };
     if !wanted.contains(&d.format) {
         let list = wanted.iter().map(name_of).collect::<Vec<_>>().join(" or ");
-        c.fail(
-            "data.format",
-            format!("`kind: {}` needs {list} data ({why})", name_of(&kind)),
-        );
+        c.fail("data.format", format!("`kind: {}` needs {list} data ({why})", name_of(&kind)));
     }
 }
 
@@ -412,9 +309,7 @@ fn eval(c: &mut Checks, r: &Recipe) {
     }
     for (i, task) in e.tasks.iter().enumerate() {
         let ok = !task.is_empty()
-            && task
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_:.-".contains(&b));
+            && task.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_:.-".contains(&b));
         if !ok {
             c.0.push((
                 FieldPath::keys("eval.tasks").index(i),
@@ -425,33 +320,18 @@ fn eval(c: &mut Checks, r: &Recipe) {
     c.unique("eval.tasks", &e.tasks);
     c.int("eval.fewshot", e.fewshot.into(), 0, 32);
     if e.enabled && e.tasks.is_empty() && e.holdout.fraction == 0.0 {
-        c.fail(
-            "eval.tasks",
-            "nothing to evaluate: list tasks or keep a holdout fraction above 0",
-        );
+        c.fail("eval.tasks", "nothing to evaluate: list tasks or keep a holdout fraction above 0");
     }
     if let Some(reg) = &e.regression {
         c.text("eval.regression.baseline", &reg.baseline);
-        c.num(
-            "eval.regression.threshold_pct",
-            reg.threshold_pct,
-            0.0,
-            100.0,
-            "[]",
-        );
+        c.num("eval.regression.threshold_pct", reg.threshold_pct, 0.0, 100.0, "[]");
     }
 }
 
 fn serve(c: &mut Checks, r: &Recipe) {
     let s = &r.serve;
     if s.host.parse::<IpAddr>().is_err() {
-        c.fail(
-            "serve.host",
-            format!(
-                "expected an IP address such as 127.0.0.1, found {:?}",
-                s.host
-            ),
-        );
+        c.fail("serve.host", format!("expected an IP address such as 127.0.0.1, found {:?}", s.host));
     }
     c.int("serve.port", s.port.into(), 1024, 65_535);
     c.int("serve.max_model_len", s.max_model_len.into(), 16, 1_048_576);
@@ -460,10 +340,7 @@ fn serve(c: &mut Checks, r: &Recipe) {
     {
         c.fail(
             "serve.max_model_len",
-            format!(
-                "exceeds model.config.max_position_embeddings ({})",
-                cfg.max_position_embeddings
-            ),
+            format!("exceeds model.config.max_position_embeddings ({})", cfg.max_position_embeddings),
         );
     }
     c.int("serve.max_batch", s.max_batch.into(), 1, 4096);
@@ -487,39 +364,20 @@ fn publish(c: &mut Checks, r: &Recipe) {
     if let Some(hf) = &p.hf {
         let parts: Vec<&str> = hf.repo.split('/').collect();
         if parts.len() != 2 || parts.iter().any(|s| s.is_empty() || s.trim() != *s) {
-            c.fail(
-                "publish.hf.repo",
-                format!("expected `owner/name`, found {:?}", hf.repo),
-            );
+            c.fail("publish.hf.repo", format!("expected `owner/name`, found {:?}", hf.repo));
         }
     }
     let Some(x) = &p.billing.x402 else { return };
     if !r.serve.enabled {
-        c.fail(
-            "publish.billing.x402",
-            "billing sells the served model, but serve.enabled is false",
-        );
+        c.fail("publish.billing.x402", "billing sells the served model, but serve.enabled is false");
     }
     pricing(c, &x.pricing);
     if let Some(rental) = &x.rental {
         positive_amount(c, "publish.billing.x402.rental.per_hour", rental.per_hour);
-        c.int(
-            "publish.billing.x402.rental.min_minutes",
-            rental.min_minutes.into(),
-            1,
-            1440,
-        );
-        c.int(
-            "publish.billing.x402.rental.max_hours",
-            rental.max_hours.into(),
-            1,
-            720,
-        );
+        c.int("publish.billing.x402.rental.min_minutes", rental.min_minutes.into(), 1, 1440);
+        c.int("publish.billing.x402.rental.max_hours", rental.max_hours.into(), 1, 720);
         if u64::from(rental.min_minutes) > u64::from(rental.max_hours) * 60 {
-            c.fail(
-                "publish.billing.x402.rental.min_minutes",
-                "exceeds max_hours",
-            );
+            c.fail("publish.billing.x402.rental.min_minutes", "exceeds max_hours");
         }
     }
 }
@@ -533,10 +391,7 @@ fn positive_amount(c: &mut Checks, path: &str, a: Usdc) {
 fn pricing(c: &mut Checks, p: &Pricing) {
     let at = "publish.billing.x402.pricing";
     match (p.per_call, p.per_1k_tokens, p.max_charge) {
-        (Some(_), Some(_), _) => c.fail(
-            &format!("{at}.per_1k_tokens"),
-            "set per_call or per_1k_tokens, not both",
-        ),
+        (Some(_), Some(_), _) => c.fail(&format!("{at}.per_1k_tokens"), "set per_call or per_1k_tokens, not both"),
         (None, None, _) => c.fail(at, "set per_call, or per_1k_tokens with max_charge"),
         (Some(call), None, max) => {
             positive_amount(c, &format!("{at}.per_call"), call);
@@ -554,10 +409,7 @@ fn pricing(c: &mut Checks, p: &Pricing) {
         (None, Some(rate), Some(max)) => {
             positive_amount(c, &format!("{at}.per_1k_tokens"), rate);
             if max < rate {
-                c.fail(
-                    &format!("{at}.max_charge"),
-                    format!("must be at least per_1k_tokens ({rate})"),
-                );
+                c.fail(&format!("{at}.max_charge"), format!("must be at least per_1k_tokens ({rate})"));
             }
         }
     }

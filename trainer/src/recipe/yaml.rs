@@ -75,9 +75,7 @@ pub(crate) fn resolve(text: &str, plain: bool) -> Resolved<'_> {
     }
     let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
     if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
-        return text
-            .parse::<i128>()
-            .map_or(Resolved::HugeInt, Resolved::Int);
+        return text.parse::<i128>().map_or(Resolved::HugeInt, Resolved::Int);
     }
     if is_core_float(unsigned)
         && let Ok(f) = text.parse::<f64>()
@@ -106,22 +104,12 @@ fn is_core_float(s: &str) -> bool {
 }
 
 fn loc_of(span: &Span) -> Location {
-    Location {
-        line: span.start.line().max(1),
-        column: span.start.col() + 1,
-    }
+    Location { line: span.start.line().max(1), column: span.start.col() + 1 }
 }
 
 enum Frame {
-    Seq {
-        loc: Location,
-        items: Vec<Node>,
-    },
-    Map {
-        loc: Location,
-        entries: Vec<Entry>,
-        key: Option<(String, Location)>,
-    },
+    Seq { loc: Location, items: Vec<Node> },
+    Map { loc: Location, entries: Vec<Entry>, key: Option<(String, Location)> },
 }
 
 struct Builder {
@@ -136,9 +124,7 @@ impl Builder {
         for frame in &self.stack {
             match frame {
                 Frame::Seq { items, .. } => path = path.index(items.len()),
-                Frame::Map {
-                    key: Some((k, _)), ..
-                } => path = path.key(k),
+                Frame::Map { key: Some((k, _)), .. } => path = path.key(k),
                 Frame::Map { key: None, .. } => {}
             }
         }
@@ -146,11 +132,7 @@ impl Builder {
     }
 
     fn fail(&self, loc: Location, message: impl Into<String>) -> SyntaxError {
-        SyntaxError {
-            loc,
-            path: self.path(),
-            message: message.into(),
-        }
+        SyntaxError { loc, path: self.path(), message: message.into() }
     }
 
     fn in_key_position(&self) -> bool {
@@ -159,10 +141,7 @@ impl Builder {
 
     fn open(&mut self, frame: Frame, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
-            return Err(self.fail(
-                loc,
-                "mapping keys must be plain strings, not lists or mappings",
-            ));
+            return Err(self.fail(loc, "mapping keys must be plain strings, not lists or mappings"));
         }
         if self.stack.len() >= MAX_DEPTH {
             return Err(self.fail(loc, format!("nesting deeper than {MAX_DEPTH} levels")));
@@ -173,14 +152,8 @@ impl Builder {
 
     fn close(&mut self) -> Result<(), SyntaxError> {
         let node = match self.stack.pop() {
-            Some(Frame::Seq { loc, items }) => Node {
-                loc,
-                kind: NodeKind::Seq(items),
-            },
-            Some(Frame::Map { loc, entries, .. }) => Node {
-                loc,
-                kind: NodeKind::Map(entries),
-            },
+            Some(Frame::Seq { loc, items }) => Node { loc, kind: NodeKind::Seq(items) },
+            Some(Frame::Map { loc, entries, .. }) => Node { loc, kind: NodeKind::Map(entries) },
             None => return Ok(()),
         };
         self.attach(node)
@@ -189,16 +162,11 @@ impl Builder {
     fn scalar(&mut self, text: String, plain: bool, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
             let duplicate = match self.stack.last() {
-                Some(Frame::Map { entries, .. }) => {
-                    entries.iter().find(|e| e.key == text).map(|e| e.key_loc)
-                }
+                Some(Frame::Map { entries, .. }) => entries.iter().find(|e| e.key == text).map(|e| e.key_loc),
                 _ => None,
             };
             if let Some(first) = duplicate {
-                let mut err = self.fail(
-                    loc,
-                    format!("duplicate key (first defined at line {})", first.line),
-                );
+                let mut err = self.fail(loc, format!("duplicate key (first defined at line {})", first.line));
                 err.path = err.path.key(&text);
                 return Err(err);
             }
@@ -207,10 +175,7 @@ impl Builder {
             }
             return Ok(());
         }
-        self.attach(Node {
-            loc,
-            kind: NodeKind::Scalar { text, plain },
-        })
+        self.attach(Node { loc, kind: NodeKind::Scalar { text, plain } })
     }
 
     fn attach(&mut self, node: Node) -> Result<(), SyntaxError> {
@@ -218,11 +183,7 @@ impl Builder {
             Some(Frame::Seq { items, .. }) => items.push(node),
             Some(Frame::Map { entries, key, .. }) => {
                 if let Some((key, key_loc)) = key.take() {
-                    entries.push(Entry {
-                        key,
-                        key_loc,
-                        value: node,
-                    });
+                    entries.push(Entry { key, key_loc, value: node });
                 }
             }
             None => self.root = Some(node),
@@ -247,20 +208,14 @@ fn end_of(src: &str) -> Location {
 /// Parses one YAML document into a located tree.
 pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
     let mut parser = Parser::new_from_str(src);
-    let mut b = Builder {
-        stack: Vec::new(),
-        root: None,
-    };
+    let mut b = Builder { stack: Vec::new(), root: None };
     let mut documents = 0usize;
     // The scanner may place an unexpected end, or an implicit empty value, one line past the
     // text; clamping keeps every location inside the file.
     let end = end_of(src);
     while let Some(next) = parser.next_event() {
         let (event, span) = next.map_err(|e| {
-            let loc = Location {
-                line: e.marker().line().max(1),
-                column: e.marker().col() + 1,
-            };
+            let loc = Location { line: e.marker().line().max(1), column: e.marker().col() + 1 };
             let loc = loc.min(end);
             b.fail(loc, format!("invalid YAML: {}", e.info()))
         })?;
@@ -270,57 +225,28 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
             Event::DocumentStart(_) => {
                 documents += 1;
                 if documents > 1 {
-                    return Err(b.fail(
-                        loc,
-                        "a recipe holds exactly one YAML document; found a second `---`",
-                    ));
+                    return Err(b.fail(loc, "a recipe holds exactly one YAML document; found a second `---`"));
                 }
             }
             Event::Alias(_) => {
-                return Err(b.fail(
-                    loc,
-                    "YAML aliases (*name) are not supported in recipes; write the value out",
-                ));
+                return Err(b.fail(loc, "YAML aliases (*name) are not supported in recipes; write the value out"));
             }
-            Event::Scalar(_, _, id, _)
-            | Event::SequenceStart(id, _)
-            | Event::MappingStart(id, _)
-                if anchored(id) =>
-            {
-                return Err(b.fail(
-                    loc,
-                    "YAML anchors (&name) are not supported in recipes; write the value out",
-                ));
+            Event::Scalar(_, _, id, _) | Event::SequenceStart(id, _) | Event::MappingStart(id, _) if anchored(id) => {
+                return Err(b.fail(loc, "YAML anchors (&name) are not supported in recipes; write the value out"));
             }
             Event::Scalar(_, _, _, Some(tag))
             | Event::SequenceStart(_, Some(tag))
             | Event::MappingStart(_, Some(tag)) => {
-                return Err(b.fail(
-                    loc,
-                    format!(
-                        "YAML tags ({tag}) are not supported in recipes; quote the value instead"
-                    ),
-                ));
+                return Err(
+                    b.fail(loc, format!("YAML tags ({tag}) are not supported in recipes; quote the value instead"))
+                );
             }
             Event::Scalar(text, style, _, None) => {
                 b.scalar(text.into_owned(), style == ScalarStyle::Plain, loc)?;
             }
-            Event::SequenceStart(_, None) => b.open(
-                Frame::Seq {
-                    loc,
-                    items: Vec::new(),
-                },
-                loc,
-            )?,
+            Event::SequenceStart(_, None) => b.open(Frame::Seq { loc, items: Vec::new() }, loc)?,
             Event::MappingStart(_, None) => {
-                b.open(
-                    Frame::Map {
-                        loc,
-                        entries: Vec::new(),
-                        key: None,
-                    },
-                    loc,
-                )?;
+                b.open(Frame::Map { loc, entries: Vec::new(), key: None }, loc)?;
             }
             Event::SequenceEnd | Event::MappingEnd => b.close()?,
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
@@ -329,9 +255,7 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
     b.root.ok_or_else(|| SyntaxError {
         loc: Location::START,
         path: FieldPath::default(),
-        message:
-            "empty recipe: expected a mapping with sections meta, hardware, model, data, train"
-                .into(),
+        message: "empty recipe: expected a mapping with sections meta, hardware, model, data, train".into(),
     })
 }
 
@@ -350,10 +274,9 @@ impl Node {
         let mut loc = self.loc;
         for seg in &path.0 {
             let next = match (seg, &node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => entries
-                    .iter()
-                    .find(|e| &e.key == k)
-                    .map(|e| (e.key_loc, &e.value)),
+                (Seg::Key(k), NodeKind::Map(entries)) => {
+                    entries.iter().find(|e| &e.key == k).map(|e| (e.key_loc, &e.value))
+                }
                 (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|n| (n.loc, n)),
                 _ => None,
             };
@@ -376,10 +299,7 @@ impl Node {
         let mut node = self;
         for seg in parents {
             let next = match (seg, &mut node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => entries
-                    .iter_mut()
-                    .find(|e| &e.key == k)
-                    .map(|e| &mut e.value),
+                (Seg::Key(k), NodeKind::Map(entries)) => entries.iter_mut().find(|e| &e.key == k).map(|e| &mut e.value),
                 (Seg::Index(i), NodeKind::Seq(items)) => items.get_mut(*i),
                 _ => None,
             };
@@ -416,10 +336,7 @@ mod tests {
         assert_eq!(resolve("", true), Resolved::Null);
         assert_eq!(resolve("1e", true), Resolved::Str("1e"));
         assert_eq!(resolve(".", true), Resolved::Str("."));
-        assert_eq!(
-            resolve("99999999999999999999999999999999999999999", true),
-            Resolved::HugeInt
-        );
+        assert_eq!(resolve("99999999999999999999999999999999999999999", true), Resolved::HugeInt);
     }
 
     #[test]
@@ -431,18 +348,8 @@ mod tests {
 
     #[test]
     fn aliases_and_extra_documents_are_refused() {
-        assert!(
-            parse("a: &x 1\nb: *x\n")
-                .unwrap_err()
-                .message
-                .contains("anchors")
-        );
-        assert!(
-            parse("a: 1\n---\nb: 2\n")
-                .unwrap_err()
-                .message
-                .contains("one YAML document")
-        );
+        assert!(parse("a: &x 1\nb: *x\n").unwrap_err().message.contains("anchors"));
+        assert!(parse("a: 1\n---\nb: 2\n").unwrap_err().message.contains("one YAML document"));
         assert!(parse("a: !!str 1\n").unwrap_err().message.contains("tags"));
     }
 

@@ -16,12 +16,7 @@ impl<'de> de::EnumAccess<'de> for UnitEnum<'_, '_> {
     type Variant = Self;
 
     fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self), DeError> {
-        let de = De {
-            node: self.de.node,
-            loc: self.de.loc,
-            path: self.de.path,
-            skip_tag: false,
-        };
+        let de = De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: false };
         Ok((seed.deserialize(de)?, self))
     }
 }
@@ -62,12 +57,7 @@ impl<'de> de::EnumAccess<'de> for TaggedEnum<'_, '_> {
 
     fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self), DeError> {
         let path = PathStack::Key(self.de.path, TAG_KEY);
-        let de = De {
-            node: &self.tag.value,
-            loc: self.tag.key_loc,
-            path: &path,
-            skip_tag: false,
-        };
+        let de = De { node: &self.tag.value, loc: self.tag.key_loc, path: &path, skip_tag: false };
         let value = match de.node.kind {
             NodeKind::Scalar { .. } => seed.deserialize(de)?,
             _ => return Err(de.expected("a method name").located(de.loc, &path)),
@@ -84,52 +74,26 @@ impl<'de> de::VariantAccess<'de> for TaggedEnum<'_, '_> {
             NodeKind::Scalar { text, .. } => text.as_str(),
             _ => "",
         };
-        match self
-            .de
-            .entries()
-            .and_then(|e| e.iter().find(|e| e.key != TAG_KEY))
-        {
+        match self.de.entries().and_then(|e| e.iter().find(|e| e.key != TAG_KEY)) {
             Some(extra) => {
                 let path = PathStack::Key(self.de.path, &extra.key);
-                let message = format!(
-                    "unknown field `{}`; `kind: {kind}` takes no other fields",
-                    extra.key
-                );
-                Err(DeError {
-                    message,
-                    missing: None,
-                    at: None,
-                }
-                .located(extra.key_loc, &path))
+                let message = format!("unknown field `{}`; `kind: {kind}` takes no other fields", extra.key);
+                Err(DeError { message, missing: None, at: None }.located(extra.key_loc, &path))
             }
             None => Ok(()),
         }
     }
 
     fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, DeError> {
-        seed.deserialize(De {
-            node: self.de.node,
-            loc: self.de.loc,
-            path: self.de.path,
-            skip_tag: true,
-        })
+        seed.deserialize(De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: true })
     }
 
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, _visitor: V) -> Result<V::Value, DeError> {
         Err(self.de.expected("a list"))
     }
 
-    fn struct_variant<V: Visitor<'de>>(
-        self,
-        fields: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, DeError> {
-        let de = De {
-            node: self.de.node,
-            loc: self.de.loc,
-            path: self.de.path,
-            skip_tag: true,
-        };
+    fn struct_variant<V: Visitor<'de>>(self, fields: &'static [&'static str], visitor: V) -> Result<V::Value, DeError> {
+        let de = De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: true };
         de.deserialize_struct("", fields, visitor)
     }
 }

@@ -8,10 +8,7 @@ fn lora(c: &mut Checks, at: &str, l: &Lora) {
     c.int(&format!("{at}.alpha"), l.alpha.into(), 1, 1024);
     c.num(&format!("{at}.dropout"), l.dropout, 0.0, 1.0, "[]");
     if l.target_modules.is_empty() {
-        c.fail(
-            &format!("{at}.target_modules"),
-            "must list at least one projection",
-        );
+        c.fail(&format!("{at}.target_modules"), "must list at least one projection");
     }
     c.unique(&format!("{at}.target_modules"), &l.target_modules);
 }
@@ -25,21 +22,12 @@ pub(super) fn method(c: &mut Checks, r: &Recipe) {
         Method::Qlora(q) => {
             lora(c, m, &q.lora);
             if ![4, 8].contains(&q.bits) {
-                c.fail(
-                    "train.method.bits",
-                    format!("expected 4 or 8, found {}", q.bits),
-                );
+                c.fail("train.method.bits", format!("expected 4 or 8, found {}", q.bits));
             }
         }
         Method::Dpo(d) => {
             c.positive("train.method.beta", d.beta);
-            c.num(
-                "train.method.label_smoothing",
-                d.label_smoothing,
-                0.0,
-                0.5,
-                "[)",
-            );
+            c.num("train.method.label_smoothing", d.label_smoothing, 0.0, 0.5, "[)");
         }
         Method::Orpo(o) => c.positive("train.method.beta", o.beta),
         Method::Kto(k) => {
@@ -48,21 +36,11 @@ pub(super) fn method(c: &mut Checks, r: &Recipe) {
             c.positive("train.method.undesirable_weight", k.undesirable_weight);
         }
         Method::Grpo(g) => {
-            rl(
-                c,
-                [g.num_generations, g.max_new_tokens],
-                [g.kl_coef, g.clip_epsilon, g.temperature],
-                seq_len,
-            );
+            rl(c, [g.num_generations, g.max_new_tokens], [g.kl_coef, g.clip_epsilon, g.temperature], seq_len);
             c.unique("train.method.rewards", &g.rewards);
         }
         Method::Gspo(g) => {
-            rl(
-                c,
-                [g.num_generations, g.max_new_tokens],
-                [g.kl_coef, g.clip_epsilon, g.temperature],
-                seq_len,
-            );
+            rl(c, [g.num_generations, g.max_new_tokens], [g.kl_coef, g.clip_epsilon, g.temperature], seq_len);
             c.unique("train.method.rewards", &g.rewards);
         }
     }
@@ -80,12 +58,7 @@ pub(super) fn method(c: &mut Checks, r: &Recipe) {
     }
 }
 
-fn rl(
-    c: &mut Checks,
-    [generations, new_tokens]: [u32; 2],
-    [kl, clip, temperature]: [f64; 3],
-    seq_len: u32,
-) {
+fn rl(c: &mut Checks, [generations, new_tokens]: [u32; 2], [kl, clip, temperature]: [f64; 3], seq_len: u32) {
     c.int("train.method.num_generations", generations.into(), 2, 64);
     c.non_negative("train.method.kl_coef", kl);
     c.num("train.method.clip_epsilon", clip, 0.0, 1.0, "()");
@@ -102,10 +75,7 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     let t = &r.train;
     let o = &t.optimizer;
     if !(o.lr > 0.0 && o.lr <= 1.0) {
-        c.fail(
-            "train.optimizer.lr",
-            format!("expected a number in (0, 1], found {:?}", o.lr),
-        );
+        c.fail("train.optimizer.lr", format!("expected a number in (0, 1], found {:?}", o.lr));
     }
     for (i, b) in o.betas.iter().enumerate() {
         if !(0.0..1.0).contains(b) {
@@ -119,26 +89,11 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     c.non_negative("train.optimizer.weight_decay", o.weight_decay);
     c.non_negative("train.optimizer.grad_clip", o.grad_clip);
     let s = &t.schedule;
-    c.num(
-        "train.schedule.warmup_ratio",
-        s.warmup_ratio,
-        0.0,
-        1.0,
-        "[]",
-    );
-    c.num(
-        "train.schedule.min_lr_ratio",
-        s.min_lr_ratio,
-        0.0,
-        1.0,
-        "[]",
-    );
+    c.num("train.schedule.warmup_ratio", s.warmup_ratio, 0.0, 1.0, "[]");
+    c.num("train.schedule.min_lr_ratio", s.min_lr_ratio, 0.0, 1.0, "[]");
     c.num("train.schedule.decay_ratio", s.decay_ratio, 0.0, 1.0, "[]");
     if s.kind == ScheduleKind::Wsd && s.warmup_ratio + s.decay_ratio > 1.0 {
-        c.fail(
-            "train.schedule.decay_ratio",
-            "warmup_ratio + decay_ratio must not exceed 1",
-        );
+        c.fail("train.schedule.decay_ratio", "warmup_ratio + decay_ratio must not exceed 1");
     }
     match (t.budget.epochs, t.budget.max_steps) {
         (None, None) => c.fail("train.budget", "set epochs, max_steps, or both"),
@@ -155,30 +110,14 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     c.int("train.batch.grad_accum", t.batch.grad_accum.into(), 1, 4096);
     let gpus = r.hardware.gpus;
     if gpus == 0 && t.precision == Precision::Fp8 {
-        c.fail(
-            "train.precision",
-            "fp8 needs an accelerator; hardware.gpus is 0 (use bf16 or fp32)",
-        );
+        c.fail("train.precision", "fp8 needs an accelerator; hardware.gpus is 0 (use bf16 or fp32)");
     }
     if t.fsdp && gpus < 2 {
-        c.fail(
-            "train.fsdp",
-            format!("needs at least 2 GPUs to shard over; hardware.gpus is {gpus}"),
-        );
+        c.fail("train.fsdp", format!("needs at least 2 GPUs to shard over; hardware.gpus is {gpus}"));
     }
     if let Some(n) = t.checkpoint.every_steps {
         c.int("train.checkpoint.every_steps", n, 1, u64::MAX);
     }
-    c.int(
-        "train.checkpoint.keep_last",
-        t.checkpoint.keep_last.into(),
-        1,
-        1000,
-    );
-    c.int(
-        "train.log_every_steps",
-        t.log_every_steps.into(),
-        1,
-        1_000_000,
-    );
+    c.int("train.checkpoint.keep_last", t.checkpoint.keep_last.into(), 1, 1000);
+    c.int("train.log_every_steps", t.log_every_steps.into(), 1, 1_000_000);
 }
