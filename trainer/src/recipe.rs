@@ -38,7 +38,7 @@
 //! assert_eq!(ok.recipe.hardware.arch, "native"); // filled from hardware.name
 //! ```
 //!
-//! The schema, field by field, is in the crate's RECIPES.md.
+//! The schema, field by field, is in docs/recipes.md.
 
 mod de;
 mod env;

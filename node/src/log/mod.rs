@@ -172,6 +172,9 @@ pub(crate) struct Shared {
     notify: watch::Sender<u64>,
     syncs: AtomicU64,
     indexed: (Mutex<u64>, Condvar),
+    /// Test hook: the next fdatasync reports this error instead of syncing.
+    #[cfg(test)]
+    pub(crate) inject_sync_error: Mutex<Option<std::io::ErrorKind>>,
 }
 
 impl Shared {
@@ -268,6 +271,8 @@ impl EventLog {
             notify,
             syncs: AtomicU64::new(0),
             indexed: (Mutex::new(0), Condvar::new()),
+            #[cfg(test)]
+            inject_sync_error: Mutex::new(None),
         });
         shared.set_indexed(shared.view.read().unwrap_or_else(|e| e.into_inner()).len());
         let last = scan.segments.last().expect("at least one segment");
@@ -356,6 +361,11 @@ impl EventLog {
 
     pub fn public_key(&self) -> [u8; 32] {
         self.public_key
+    }
+
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self, kind: std::io::ErrorKind) {
+        *self.shared.inject_sync_error.lock().unwrap() = Some(kind);
     }
 
     pub fn stats(&self) -> Stats {

@@ -391,3 +391,27 @@ fn reader_follows_a_live_writer() {
     assert_eq!(reader.refresh().unwrap(), 30);
     assert_eq!(reader.view().event(30).unwrap().envelope.seq, 30);
 }
+
+#[test]
+fn an_fsync_error_stops_the_writer_and_acknowledges_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (log, _) = open(dir.path(), LogOptions::default());
+        fill(&log, 3);
+        log.fail_next_sync(std::io::ErrorKind::Other);
+        let err = log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap_err();
+        assert!(matches!(err, AppendError::Stopped(ref r) if r.contains("fdatasync failed")), "{err}");
+        // Every later append is refused too, even though the disk would now work.
+        let later = log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap_err();
+        assert!(matches!(later, AppendError::Stopped(_)));
+        assert_eq!(log.len(), 4, "nothing past the failed sync is visible");
+    }
+    // A restart recovers from the files: the acknowledged prefix is intact.
+    let (log, _) = open(dir.path(), LogOptions::default());
+    assert!(log.len() >= 4);
+    for seq in 0..4 {
+        log.get(seq).unwrap();
+    }
+    drop(log);
+    assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+}

@@ -263,6 +263,11 @@ pub(crate) fn run_syncer(rx: Receiver<Batch>, shared: Arc<Shared>, to_indexer: S
             if b.events.is_empty() || synced.contains(&ptr) {
                 continue;
             }
+            #[cfg(test)]
+            if let Some(kind) = shared.inject_sync_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                result = Err(std::io::Error::new(kind, "injected fdatasync failure"));
+                break;
+            }
             if let Err(e) = b.file.sync_data() {
                 result = Err(e);
                 break;

@@ -1,7 +1,7 @@
 //! The recipe's sections other than `train` and `publish`.
 //!
 //! Every struct denies unknown fields; defaults are the values a careful operator would pick
-//! and are spelled out in RECIPES.md. Ranges and cross-field rules live in `validate.rs`, so
+//! and are spelled out in docs/recipes.md. Ranges and cross-field rules live in `validate.rs`, so
 //! that all of them can be reported at once.
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::publish::Publish;
 use super::train::Train;
 
-/// A whole recipe. See RECIPES.md for every field, its type, default and range.
+/// A whole recipe. See docs/recipes.md for every field, its type, default and range.
 ///
 /// Load it with [`Recipe::from_path`] or [`Recipe::from_str`]: they check the rules the type
 /// cannot express and read `train.method` by its `kind` tag. Deserializing `Recipe` through
