@@ -153,23 +153,27 @@ impl Index {
         while seq < view.len() {
             let end = (seq + CHUNK).min(view.len());
             let events = view.range(seq, end).map_err(|e| IndexError::Rebuild(e.to_string()))?;
-            let mut hashes = HashMap::new();
             let entries: Vec<IndexEntry> = events
                 .into_iter()
                 .map(|ev| {
-                    hashes.insert(ev.envelope.seq, ev.hash);
                     let run = ev.envelope.data.get("run_id").and_then(|v| v.as_str()).map(str::to_string);
-                    IndexEntry { seq: ev.envelope.seq, kind: ev.envelope.kind, subject: ev.envelope.subject, run }
+                    IndexEntry {
+                        seq: ev.envelope.seq,
+                        hash: ev.hash,
+                        kind: ev.envelope.kind,
+                        subject: ev.envelope.subject,
+                        run,
+                    }
                 })
                 .collect();
-            self.apply(&entries, &hashes)?;
+            self.apply(&entries)?;
             seq = end;
         }
         Ok(view.len().saturating_sub(from))
     }
 
     /// Adds entries (in seq order) and moves the `last` marker to the final one.
-    pub fn apply(&self, entries: &[IndexEntry], hashes: &HashMap<u64, Hash>) -> Result<(), IndexError> {
+    pub fn apply(&self, entries: &[IndexEntry]) -> Result<(), IndexError> {
         let mut postings: HashMap<Vec<u8>, [u8; BUCKET_BYTES]> = HashMap::new();
         for e in entries {
             let mut add = |tag, name: &str| {
@@ -186,9 +190,9 @@ impl Index {
         for (k, bits) in postings {
             self.db.merge(k, bits)?;
         }
-        if let Some(h) = entries.last().and_then(|l| hashes.get(&l.seq).map(|h| (l.seq, h))) {
-            let mut v = h.0.to_be_bytes().to_vec();
-            v.extend_from_slice(h.1);
+        if let Some(last) = entries.last() {
+            let mut v = last.seq.to_be_bytes().to_vec();
+            v.extend_from_slice(&last.hash);
             let mut batch = sled::Batch::default();
             batch.insert(KEY_FORMAT, FORMAT);
             batch.insert(KEY_LAST, v);

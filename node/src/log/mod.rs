@@ -33,7 +33,6 @@ use crate::identity::Identity;
 use record::EncodeError;
 use segment::{Position, ReadSegment, ScanError};
 use serde_json::Value;
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,6 +152,7 @@ pub struct IdEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
     pub seq: u64,
+    pub hash: Hash,
     pub kind: String,
     pub subject: String,
     pub run: Option<String>,
@@ -412,12 +412,7 @@ fn run_indexer(rx: mpsc::Receiver<Vec<IndexEntry>>, shared: Arc<Shared>, index: 
         while let Ok(more) = rx.try_recv() {
             entries.extend(more);
         }
-        let hashes: HashMap<u64, Hash> = shared
-            .view
-            .read()
-            .map(|v| entries.iter().filter_map(|e| v.hash(e.seq).map(|h| (e.seq, h))).collect())
-            .unwrap_or_default();
-        match index.apply(&entries, &hashes) {
+        match index.apply(&entries) {
             Ok(()) => shared.set_indexed(entries.last().map(|e| e.seq + 1).unwrap_or(0)),
             // The index is only an accelerator: on failure it will be rebuilt at the
             // next open; queries report the lag instead of returning partial answers.

@@ -194,7 +194,7 @@ impl Sequencer {
         self.prev = hash;
         self.next_seq += 1;
         let run = req.data.get("run_id").and_then(|v| v.as_str()).map(str::to_string);
-        let index = IndexEntry { seq, kind: req.kind, subject: req.subject, run };
+        let index = IndexEntry { seq, hash, kind: req.kind, subject: req.subject, run };
         Ok(Outcome::New(Sequenced { seq, envelope, hash, index, id }))
     }
 
