@@ -5,5 +5,9 @@
 //! * [`events`]: the [`events::EventSink`] trait through which the trainer reports to
 //!   whoever embeds it (the node writes those reports into its signed log).
 
+pub mod checkpoint;
+pub mod data;
 pub mod events;
+pub mod model;
+pub mod optim;
 pub mod recipe;

@@ -1,0 +1,1 @@
+//! Training data: JSONL readers, tokenization, chat template, packing and the task generator.

@@ -1,0 +1,1 @@
+//! AdamW, gradient clipping and learning-rate schedules.
