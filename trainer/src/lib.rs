@@ -5,6 +5,7 @@
 //! * [`events`]: the [`events::EventSink`] trait through which the trainer reports to
 //!   whoever embeds it (the node writes those reports into its signed log).
 
+pub mod batch;
 pub mod checkpoint;
 pub mod data;
 pub mod events;
