@@ -1,6 +1,20 @@
-//! Fused training kernels for the mindxtrain trainer.
+//! The training kernels of the mindxtrain trainer: one module per op, each with an explicit
+//! `forward` (the output plus exactly the activations its backward needs) and `backward`
+//! (input and parameter gradients).
 //!
-//! Each kernel lives beside the CPU reference the tests compare it with. The GPU builds
-//! (`cuda`, `hip` features) arrive with the GPU trainer; until then this crate holds
-//! nothing the CPU trainer needs, and the workspace keeps its place in the dependency
-//! order `kernels` ← `trainer` ← `node`.
+//! They are written with candle tensor ops, so the same code is the CPU reference and runs on
+//! any candle device; fused GPU kernels replace them op by op later and are tested against
+//! these. Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
+//! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
+//! against central finite differences ([`gradcheck`]).
+
+pub mod attention;
+pub mod cross_entropy;
+pub mod embedding;
+pub mod gradcheck;
+pub mod linear;
+pub mod rmsnorm;
+pub mod rope;
+pub mod swiglu;
+
+pub use candle_core::{Error, Result};

@@ -1,0 +1,110 @@
+//! Rotary position embedding in HF's `rotate_half` convention:
+//! `y = x·cos + rotate_half(x)·sin`, `rotate_half([x₁, x₂]) = [−x₂, x₁]`, with the frequency
+//! table `[f, f]` (each half repeats the `head_dim/2` frequencies). Positions come per token,
+//! so packed documents can each restart at 0.
+
+use candle_core::{D, DType, Device, Result, Tensor};
+
+/// `cos` and `sin` tables `[positions.len(), head_dim]` for `inv_freq_i = θ^(−2i/head_dim)`.
+/// In f64 they are computed in f64 (for gradient checks); otherwise in f32 as HF computes
+/// them, then cast, so logits match transformers closely.
+pub fn tables(
+    positions: &[u32],
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    if head_dim % 2 != 0 {
+        candle_core::bail!("rope: head_dim {head_dim} is odd");
+    }
+    let half = head_dim / 2;
+    let n = positions.len();
+    let (cos, sin) = if dtype == DType::F64 {
+        let inv: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
+        let mut cos = Vec::with_capacity(n * head_dim);
+        let mut sin = Vec::with_capacity(n * head_dim);
+        for &p in positions {
+            for _ in 0..2 {
+                for f in &inv {
+                    let a = p as f64 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+        }
+        (Tensor::from_vec(cos, (n, head_dim), device)?, Tensor::from_vec(sin, (n, head_dim), device)?)
+    } else {
+        let theta = theta as f32;
+        let inv: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+        let mut cos = Vec::with_capacity(n * head_dim);
+        let mut sin = Vec::with_capacity(n * head_dim);
+        for &p in positions {
+            for _ in 0..2 {
+                for f in &inv {
+                    let a = p as f32 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+        }
+        (Tensor::from_vec(cos, (n, head_dim), device)?, Tensor::from_vec(sin, (n, head_dim), device)?)
+    };
+    Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+}
+
+/// `x`: `[.., head_dim]`; `cos`/`sin` broadcastable to it. Nothing is saved: the backward
+/// needs only the tables.
+pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?
+}
+
+/// The map is linear and orthogonal per pair: `dx = dy·cos + rotate_halfᵀ(dy·sin)` with
+/// `rotate_halfᵀ([g₁, g₂]) = [g₂, −g₁]`.
+pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let g = dy.broadcast_mul(sin)?;
+    let half = g.dim(D::Minus1)? / 2;
+    let rotated = Tensor::cat(&[g.narrow(D::Minus1, half, half)?, g.narrow(D::Minus1, 0, half)?.neg()?], D::Minus1)?;
+    dy.broadcast_mul(cos)? + rotated
+}
+
+fn rotate_half(x: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    Tensor::cat(&[x.narrow(D::Minus1, half, half)?.neg()?, x.narrow(D::Minus1, 0, half)?], D::Minus1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gradcheck::{check, random};
+
+    #[test]
+    fn gradients_match_finite_differences() -> Result<()> {
+        let dev = Device::Cpu;
+        // [batch 1, tokens 3, heads 2, head_dim 4], positions restart like a packed row.
+        let x = random(&[1, 3, 2, 4], 1, &dev)?;
+        let dy = random(&[1, 3, 2, 4], 2, &dev)?;
+        let (cos, sin) = tables(&[0, 1, 0], 4, 10_000.0, DType::F64, &dev)?;
+        let (cos, sin) = (cos.reshape((1, 3, 1, 4))?, sin.reshape((1, 3, 1, 4))?);
+        let dx = backward(&dy, &cos, &sin)?;
+        check(|t: &[Tensor]| forward(&t[0], &cos, &sin), &[x], &dy, &[dx])
+    }
+
+    #[test]
+    fn position_zero_is_identity_and_rotation_preserves_norm() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = random(&[2, 6], 3, &dev)?;
+        let (cos, sin) = tables(&[0, 7], 6, 1e6, DType::F64, &dev)?;
+        let y = forward(&x, &cos, &sin)?;
+        let (x0, y0) = (x.get(0)?.to_vec1::<f64>()?, y.get(0)?.to_vec1::<f64>()?);
+        assert_eq!(x0, y0);
+        let n = |t: &Tensor| -> Result<f64> { t.get(1)?.sqr()?.sum_all()?.to_scalar::<f64>() };
+        assert!((n(&x)? - n(&y)?).abs() < 1e-12);
+        // HF pairs element i with i + head_dim/2 and repeats the frequencies: at position 7
+        // element 0 and element 3 rotate by the same angle 7·θ⁰ = 7 rad.
+        let (c, s) = (cos.to_vec2::<f64>()?, sin.to_vec2::<f64>()?);
+        assert!((c[1][0] - 7f64.cos()).abs() < 1e-15 && (c[1][3] - 7f64.cos()).abs() < 1e-15);
+        assert!((s[1][1] - (7.0 / 1e6f64.powf(2.0 / 6.0)).sin()).abs() < 1e-15);
+        Ok(())
+    }
+}
