@@ -1,0 +1,66 @@
+//! The dataset manifest: what went into a run's data, precisely enough to check it later.
+
+use serde::{Deserialize, Serialize};
+
+use super::jsonl::{FileDigest, SkippedLine};
+use crate::recipe::{DataFormat, DataSource, GeneratorKind};
+
+/// Bumped when a field's meaning changes.
+pub const MANIFEST_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetManifest {
+    pub version: u32,
+    pub source: DataSource,
+    pub format: DataFormat,
+    /// Every input with its BLAKE3; a generated corpus appears as `generated:<kind>` with the
+    /// digest of the JSONL it generated.
+    pub files: Vec<FileDigest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<GeneratorInfo>,
+    /// `byte-v1` or the BLAKE3 of the `tokenizer.json`.
+    pub tokenizer: String,
+    pub seq_len: u32,
+    pub packing: bool,
+    /// Records parsed from the inputs, before anything was removed.
+    pub read_examples: u64,
+    pub skipped_lines: u64,
+    /// The first skipped lines, with the reason for each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedLine>,
+    pub duplicates_removed: u64,
+    /// Examples beyond `data.max_samples`.
+    pub over_max_samples: u64,
+    pub train_examples: u64,
+    pub holdout_examples: u64,
+    /// Examples that left nothing to learn within `seq_len` (e.g. a prompt longer than the row).
+    pub dropped_no_target: u64,
+    /// Examples longer than `seq_len`, cut at the end.
+    pub truncated: u64,
+    /// Tokens of the training documents after cutting, and how many of them carry a label.
+    pub train_tokens: u64,
+    pub train_target_tokens: u64,
+    pub holdout_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GeneratorInfo {
+    pub kind: GeneratorKind,
+    pub seed: u64,
+    pub count: u32,
+    pub version: u32,
+    pub multi_arg_tools: bool,
+}
+
+impl DatasetManifest {
+    /// BLAKE3 (hex) of the manifest's JSON: one value that pins the whole dataset.
+    pub fn digest(&self) -> String {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+
+    /// The manifest with its digest, as written beside a run.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"manifest": self, "blake3": self.digest()})
+    }
+}

@@ -1,0 +1,231 @@
+//! One tokenizer type over two implementations: the built-in byte tokenizer (for the tiny
+//! from-scratch models: no file, no download) and a Hugging Face `tokenizer.json`.
+//!
+//! Both know Qwen3's special tokens by name. They fall into two kinds, as in Qwen3's own
+//! tokenizer: *control* tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, pad) that only
+//! the chat template emits, and *markup* tokens (`<think>`, `<tool_call>`, ...) that are
+//! ordinary text the model writes. [`Tokenizer::encode`] recognises markup but keeps control
+//! strings as literal text, so a user message that contains `<|im_end|>` cannot end its turn
+//! early; [`Tokenizer::encode_with_specials`] recognises both.
+
+mod byte;
+
+use std::path::{Path, PathBuf};
+
+use super::error::DataError;
+use crate::recipe::Model;
+
+pub use byte::BYTE_VOCAB_SIZE;
+
+/// Qwen3's special tokens, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Special {
+    EndOfText,
+    ImStart,
+    ImEnd,
+    Pad,
+    ToolCallStart,
+    ToolCallEnd,
+    ThinkStart,
+    ThinkEnd,
+    ToolResponseStart,
+    ToolResponseEnd,
+}
+
+impl Special {
+    pub const ALL: [Special; 10] = [
+        Special::EndOfText,
+        Special::ImStart,
+        Special::ImEnd,
+        Special::Pad,
+        Special::ToolCallStart,
+        Special::ToolCallEnd,
+        Special::ThinkStart,
+        Special::ThinkEnd,
+        Special::ToolResponseStart,
+        Special::ToolResponseEnd,
+    ];
+
+    pub const fn text(self) -> &'static str {
+        match self {
+            Special::EndOfText => "<|endoftext|>",
+            Special::ImStart => "<|im_start|>",
+            Special::ImEnd => "<|im_end|>",
+            Special::Pad => "<|pad|>",
+            Special::ToolCallStart => "<tool_call>",
+            Special::ToolCallEnd => "</tool_call>",
+            Special::ThinkStart => "<think>",
+            Special::ThinkEnd => "</think>",
+            Special::ToolResponseStart => "<tool_response>",
+            Special::ToolResponseEnd => "</tool_response>",
+        }
+    }
+
+    /// Control tokens structure the conversation and are never produced from message text.
+    pub const fn is_control(self) -> bool {
+        matches!(self, Special::EndOfText | Special::ImStart | Special::ImEnd | Special::Pad)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: Inner,
+    identity: String,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Byte,
+    Hf(Box<HfTokenizer>),
+}
+
+#[derive(Debug, Clone)]
+struct HfTokenizer {
+    /// Control specials are matched as text (`encode_special_tokens = true`).
+    literal: tokenizers::Tokenizer,
+    with_specials: tokenizers::Tokenizer,
+    specials: Vec<(Special, u32)>,
+    vocab_size: usize,
+    origin: String,
+}
+
+impl Tokenizer {
+    /// The built-in byte tokenizer: ids 0..=255 are bytes, then Qwen3's specials.
+    pub fn byte() -> Tokenizer {
+        Tokenizer { inner: Inner::Byte, identity: "byte-v1".into() }
+    }
+
+    /// Reads a Hugging Face `tokenizer.json`.
+    pub fn from_file(path: &Path) -> Result<Tokenizer, DataError> {
+        let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.to_owned(), source })?;
+        Self::from_json_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parses the contents of a `tokenizer.json`; `origin` names it in errors.
+    pub fn from_json_bytes(bytes: &[u8], origin: &str) -> Result<Tokenizer, DataError> {
+        let err = |message: String| DataError::Tokenizer { origin: origin.to_owned(), message };
+        let with_specials = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| err(e.to_string()))?;
+        let mut literal = with_specials.clone();
+        literal.set_encode_special_tokens(true);
+        let specials: Vec<(Special, u32)> =
+            Special::ALL.iter().filter_map(|&s| with_specials.token_to_id(s.text()).map(|id| (s, id))).collect();
+        for required in [Special::EndOfText, Special::ImStart, Special::ImEnd] {
+            if !specials.iter().any(|(s, _)| *s == required) {
+                return Err(err(format!("has no `{}` token, which the Qwen3 chat template needs", required.text())));
+            }
+        }
+        let vocab_size = with_specials.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
+        let identity = format!("hf-blake3:{}", blake3::hash(bytes).to_hex());
+        let hf = HfTokenizer { literal, with_specials, specials, vocab_size, origin: origin.to_owned() };
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(hf)), identity })
+    }
+
+    /// The tokenizer a recipe names: `byte`, a `tokenizer.json` path (or a directory holding
+    /// one), or, unset, the one stored beside the weights in `model.path`. Relative paths are
+    /// taken from `base_dir`.
+    pub fn from_recipe(model: &Model, base_dir: &Path) -> Result<Tokenizer, DataError> {
+        let spec = match (&model.tokenizer, &model.path) {
+            (Some(t), _) if t == "byte" => return Ok(Tokenizer::byte()),
+            (Some(t), _) => t.clone(),
+            (None, Some(weights)) => weights.clone(),
+            (None, None) => {
+                return Err(DataError::Config(
+                    "model.tokenizer is unset and there is no model.path to find tokenizer.json in".into(),
+                ));
+            }
+        };
+        let mut path: PathBuf = base_dir.join(spec);
+        if path.is_dir() {
+            path = path.join("tokenizer.json");
+        }
+        Tokenizer::from_file(&path)
+    }
+
+    /// A stable name for the vocabulary: `byte-v1`, or the BLAKE3 of the `tokenizer.json`.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// One past the largest id this tokenizer produces.
+    pub fn vocab_size(&self) -> usize {
+        match &self.inner {
+            Inner::Byte => BYTE_VOCAB_SIZE,
+            Inner::Hf(hf) => hf.vocab_size,
+        }
+    }
+
+    pub fn special(&self, special: Special) -> Option<u32> {
+        match &self.inner {
+            Inner::Byte => Some(byte::special_id(special)),
+            Inner::Hf(hf) => hf.specials.iter().find(|(s, _)| *s == special).map(|(_, id)| *id),
+        }
+    }
+
+    /// `<|endoftext|>`: ends every document.
+    pub fn eos_id(&self) -> u32 {
+        self.required(Special::EndOfText)
+    }
+    pub fn im_start_id(&self) -> u32 {
+        self.required(Special::ImStart)
+    }
+    /// `<|im_end|>`: ends a turn, and so a generated answer.
+    pub fn im_end_id(&self) -> u32 {
+        self.required(Special::ImEnd)
+    }
+    /// The padding id; Qwen3's tokenizer has none and pads with `<|endoftext|>`.
+    pub fn pad_id(&self) -> u32 {
+        self.special(Special::Pad).unwrap_or_else(|| self.eos_id())
+    }
+
+    fn required(&self, special: Special) -> u32 {
+        // Both constructors guarantee the three required specials exist.
+        self.special(special).unwrap_or(0)
+    }
+
+    /// Encodes message text: markup tokens are recognised, control tokens stay literal text.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match &self.inner {
+            Inner::Byte => Ok(byte::encode(text, false)),
+            Inner::Hf(hf) => hf.encode(&hf.literal, text),
+        }
+    }
+
+    /// Encodes text in which every special token string is recognised.
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match &self.inner {
+            Inner::Byte => Ok(byte::encode(text, true)),
+            Inner::Hf(hf) => hf.encode(&hf.with_specials, text),
+        }
+    }
+
+    /// Decodes ids to text. `skip_control` drops control tokens (as HF's
+    /// `skip_special_tokens` does for Qwen3); markup tokens are always written out.
+    pub fn decode(&self, ids: &[u32], skip_control: bool) -> Result<String, DataError> {
+        match &self.inner {
+            Inner::Byte => byte::decode(ids, skip_control).map_err(|message| DataError::Tokenizer {
+                origin: self.identity.clone(),
+                message,
+            }),
+            Inner::Hf(hf) => {
+                let err = |message: String| DataError::Tokenizer { origin: hf.origin.clone(), message };
+                if let Some(bad) = ids.iter().find(|&&id| id as usize >= hf.vocab_size) {
+                    return Err(err(format!("id {bad} is outside the vocabulary of {}", hf.vocab_size)));
+                }
+                hf.with_specials.decode(ids, skip_control).map_err(|e| err(e.to_string()))
+            }
+        }
+    }
+}
+
+impl HfTokenizer {
+    fn encode(&self, tk: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, DataError> {
+        // No post-processor specials: the chat template places every special itself.
+        let encoding = tk
+            .encode(text, false)
+            .map_err(|e| DataError::Tokenizer { origin: self.origin.clone(), message: e.to_string() })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
