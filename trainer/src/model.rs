@@ -1,1 +1,52 @@
 //! Qwen3 with an explicit forward/backward per layer, LoRA and full fine-tuning.
+//!
+//! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
+//! in f64); this module wires them into the Qwen3 architecture with HF/PEFT tensor names.
+//!
+//! * [`Qwen3Config`]: the shape, from and to HF `config.json`.
+//! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
+//!   token loss and gradients), [`Qwen3::logits`], [`Qwen3::generate`].
+//! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
+//! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`].
+//! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
+
+mod block;
+mod config;
+mod lora;
+mod nf4;
+mod params;
+pub mod preference;
+mod qwen3;
+mod rng;
+#[cfg(test)]
+mod tests;
+
+pub use config::Qwen3Config;
+pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
+pub use nf4::Nf4Tensor;
+pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
+pub use preference::{PreferenceLoss, PreferenceOutput};
+pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
+
+use candle_core::DType;
+
+/// Why the model could not be built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model config: {0}")]
+    Config(String),
+    #[error("missing parameter {0}")]
+    MissingParam(String),
+    #[error("unexpected parameter {0}")]
+    UnexpectedParam(String),
+    #[error("parameter {name}: shape {got:?}, expected {expected:?}")]
+    Shape { name: String, expected: Vec<usize>, got: Vec<usize> },
+    #[error("parameter {name}: dtype {got:?}, expected {expected:?}")]
+    DType { name: String, expected: DType, got: DType },
+    #[error("batch: {0}")]
+    Batch(String),
+    #[error("lora: {0}")]
+    Lora(String),
+    #[error("tensor op: {0}")]
+    Tensor(#[from] candle_core::Error),
+}

@@ -1,0 +1,290 @@
+//! One Qwen3 decoder block: explicit forward (saving a [`BlockTape`]) and backward.
+//!
+//! `x → +attn(norm₁ x) → +mlp(norm₂ ·)`. Attention: q/k/v projections, per-head RMSNorm of q
+//! and k, RoPE, GQA attention with the packing mask, o projection. MLP: SwiGLU. Every
+//! projection may carry a LoRA adapter (`y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ`).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use candle_core::{Result, Tensor};
+use mindxtrain_kernels::{attention, linear, rmsnorm, rope, swiglu};
+
+use super::lora::{Adapters, adapter_name};
+use super::params::{Norm, Proj, base_weight_name, norm_name};
+use super::qwen3::Qwen3;
+use super::rng::{SplitMix64, name_id};
+
+/// Everything one step shares across blocks.
+pub(super) struct StepCtx<'a> {
+    pub model: &'a Qwen3,
+    pub adapters: Option<&'a Adapters>,
+    /// Compute gradients of base weights (full fine-tuning).
+    pub base_grads: bool,
+    /// Compute gradients of adapter weights.
+    pub adapter_grads: bool,
+    /// Seed of this step's LoRA dropout masks; `None` turns dropout off (evaluation).
+    pub dropout_seed: Option<u64>,
+    pub batch: usize,
+    pub seq: usize,
+    /// RoPE tables shaped `[B, T, 1, head_dim]`.
+    pub cos: Tensor,
+    pub sin: Tensor,
+    /// Attention mask bias `[B, 1, T, T]`.
+    pub bias: Tensor,
+}
+
+/// Gradients by parameter name, summed where a name is reached twice (tied embeddings).
+pub(super) type Grads = BTreeMap<String, Tensor>;
+
+pub(super) fn accumulate(grads: &mut Grads, name: String, g: Tensor) -> Result<()> {
+    match grads.remove(&name) {
+        Some(prev) => grads.insert(name, (prev + g)?),
+        None => grads.insert(name, g),
+    };
+    Ok(())
+}
+
+/// What a LoRA branch keeps for its backward.
+pub(super) struct LoraTape {
+    /// The dropout mask already divided by the keep probability (absent without dropout).
+    mask: Option<Tensor>,
+    /// `drop(x)`, the input `A` saw (absent without dropout: it is then `x`).
+    dropped: Option<Tensor>,
+    /// `drop(x)·Aᵀ`, the input `B` saw.
+    xa: Tensor,
+}
+
+/// The activations a block's backward reads.
+pub(super) struct BlockTape {
+    x: Tensor,
+    rstd1: Tensor,
+    h1: Tensor,
+    q_pre: Tensor,
+    rstd_q: Tensor,
+    k_pre: Tensor,
+    rstd_k: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    probs: Tensor,
+    attn: Tensor,
+    x2: Tensor,
+    rstd2: Tensor,
+    h2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    m: Tensor,
+    lora: BTreeMap<Proj, LoraTape>,
+}
+
+impl StepCtx<'_> {
+    fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>> {
+        self.model.weight(name).map_err(|e| candle_core::Error::Msg(e.to_string()))
+    }
+
+    fn dropout_mask(&self, layer: usize, proj: Proj, x: &Tensor) -> Result<Option<Tensor>> {
+        let (Some(seed), Some(ad)) = (self.dropout_seed, self.adapters) else { return Ok(None) };
+        let p = ad.config.dropout;
+        if p == 0.0 {
+            return Ok(None);
+        }
+        let mut rng = SplitMix64::derive(seed, &[layer as u64, name_id(proj.path())]);
+        let keep = 1.0 / (1.0 - p);
+        let mask: Vec<f32> = (0..x.elem_count()).map(|_| if rng.unit() < p { 0.0 } else { keep as f32 }).collect();
+        Ok(Some(Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?))
+    }
+
+    /// `x·Wᵀ` plus the LoRA branch when this projection is adapted.
+    fn proj_forward(
+        &self,
+        layer: usize,
+        proj: Proj,
+        x: &Tensor,
+        tape: Option<&mut BTreeMap<Proj, LoraTape>>,
+    ) -> Result<Tensor> {
+        let w = self.weight(&base_weight_name(layer, proj))?;
+        let y = linear::forward(x, &w)?;
+        let Some((a, b)) = self.adapters.and_then(|ad| ad.pair(layer, proj)) else { return Ok(y) };
+        let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
+        let mask = self.dropout_mask(layer, proj, x)?;
+        let dropped = match &mask {
+            Some(m) => Some((x * m)?),
+            None => None,
+        };
+        let xa = linear::forward(dropped.as_ref().unwrap_or(x), a)?;
+        let y = (y + (linear::forward(&xa, b)? * scale)?)?;
+        if let Some(tape) = tape {
+            tape.insert(proj, LoraTape { mask, dropped, xa });
+        }
+        Ok(y)
+    }
+
+    /// Accumulates this projection's parameter gradients; returns `dx` when asked.
+    fn proj_backward(
+        &self,
+        layer: usize,
+        proj: Proj,
+        dy: &Tensor,
+        x: &Tensor,
+        tape: &BlockTape,
+        grads: &mut Grads,
+        want_dx: bool,
+    ) -> Result<Option<Tensor>> {
+        let mut dx = if want_dx {
+            let w = self.weight(&base_weight_name(layer, proj))?;
+            Some(linear::backward(dy, x, &w, false)?.0)
+        } else {
+            None
+        };
+        if self.base_grads {
+            accumulate(grads, base_weight_name(layer, proj), linear::weight_grad(dy, x)?)?;
+        }
+        if let (Some(lt), Some((a, b))) = (tape.lora.get(&proj), self.adapters.and_then(|ad| ad.pair(layer, proj))) {
+            let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
+            let dy_s = (dy * scale)?;
+            let (dxa, db) = linear::backward(&dy_s, &lt.xa, b, self.adapter_grads)?;
+            if let Some(db) = db {
+                accumulate(grads, adapter_name(layer, proj, 'B'), db)?;
+            }
+            if self.adapter_grads {
+                accumulate(
+                    grads,
+                    adapter_name(layer, proj, 'A'),
+                    linear::weight_grad(&dxa, lt.dropped.as_ref().unwrap_or(x))?,
+                )?;
+            }
+            if let Some(dx) = dx.as_mut() {
+                let mut d = linear::forward(&dxa, &a.t()?)?;
+                if let Some(m) = &lt.mask {
+                    d = (d * m)?;
+                }
+                *dx = (&*dx + d)?;
+            }
+        }
+        Ok(dx)
+    }
+
+    /// Runs block `layer` on `x` (`[N, hidden]`); with `save`, also returns its tape.
+    pub fn block_forward(&self, layer: usize, x: &Tensor, save: bool) -> Result<(Tensor, Option<BlockTape>)> {
+        let c = &self.model.config;
+        let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        let mut lora = BTreeMap::new();
+        let (h1, rstd1) = rmsnorm::forward(x, &*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
+        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(&mut lora))?.reshape((b, t, nh, hd))?;
+        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(&mut lora))?.reshape((b, t, nkv, hd))?;
+        let v = self.proj_forward(layer, Proj::V, &h1, Some(&mut lora))?.reshape((b, t, nkv, hd))?;
+        let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(layer, Norm::Q))?, eps)?;
+        let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(layer, Norm::K))?, eps)?;
+        let q = rope::forward(&qn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
+        let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (o, probs) = attention::forward(&q, &k, &v, &self.bias, scale)?;
+        let attn = o.transpose(1, 2)?.reshape((b * t, nh * hd))?;
+        let x2 = (x + self.proj_forward(layer, Proj::O, &attn, Some(&mut lora))?)?;
+        let (h2, rstd2) = rmsnorm::forward(&x2, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
+        let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(&mut lora))?;
+        let up = self.proj_forward(layer, Proj::Up, &h2, Some(&mut lora))?;
+        let m = swiglu::forward(&gate, &up)?;
+        let out = (&x2 + self.proj_forward(layer, Proj::Down, &m, Some(&mut lora))?)?;
+        let tape = save.then(|| BlockTape {
+            x: x.clone(),
+            rstd1,
+            h1,
+            q_pre,
+            rstd_q,
+            k_pre,
+            rstd_k,
+            q,
+            k,
+            v,
+            probs,
+            attn,
+            x2,
+            rstd2,
+            h2,
+            gate,
+            up,
+            m,
+            lora,
+        });
+        Ok((out, tape))
+    }
+
+    /// Backward of block `layer`: accumulates parameter gradients and returns `dx` when
+    /// `want_dx` (the first block of a LoRA run has no one to pass it to).
+    pub fn block_backward(
+        &self,
+        layer: usize,
+        dout: &Tensor,
+        tape: &BlockTape,
+        grads: &mut Grads,
+        want_dx: bool,
+    ) -> Result<Option<Tensor>> {
+        let c = &self.model.config;
+        let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let n = b * t;
+        let base = self.base_grads;
+        // MLP
+        let dm = self.grad_of(layer, Proj::Down, dout, &tape.m, tape, grads)?;
+        let (dgate, dup) = swiglu::backward(&dm, &tape.gate, &tape.up)?;
+        let dh2 = (self.grad_of(layer, Proj::Gate, &dgate, &tape.h2, tape, grads)?
+            + self.grad_of(layer, Proj::Up, &dup, &tape.h2, tape, grads)?)?;
+        let ln2 = norm_name(layer, Norm::PostAttention);
+        let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.x2, &*self.weight(&ln2)?, &tape.rstd2, base)?;
+        let dx2 = (dout + dx2)?;
+        if let Some(g) = dln2 {
+            accumulate(grads, ln2, g)?;
+        }
+        // Attention
+        let dattn = self.grad_of(layer, Proj::O, &dx2, &tape.attn, tape, grads)?;
+        let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (dq, dk, dv) = attention::backward(&dout_heads, &tape.q, &tape.k, &tape.v, &tape.probs, scale)?;
+        let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?;
+        let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?;
+        let (qn_name, kn_name) = (norm_name(layer, Norm::Q), norm_name(layer, Norm::K));
+        let (dq_pre, dqnorm) = rmsnorm::backward(&dqn, &tape.q_pre, &*self.weight(&qn_name)?, &tape.rstd_q, base)?;
+        let (dk_pre, dknorm) = rmsnorm::backward(&dkn, &tape.k_pre, &*self.weight(&kn_name)?, &tape.rstd_k, base)?;
+        if let (Some(gq), Some(gk)) = (dqnorm, dknorm) {
+            accumulate(grads, qn_name, gq)?;
+            accumulate(grads, kn_name, gk)?;
+        }
+        let dv = dv.transpose(1, 2)?.reshape((n, nkv * hd))?;
+        let dq_pre = dq_pre.reshape((n, nh * hd))?;
+        let dk_pre = dk_pre.reshape((n, nkv * hd))?;
+        let want = want_dx || base;
+        let dh1 = [(Proj::Q, &dq_pre), (Proj::K, &dk_pre), (Proj::V, &dv)].into_iter().try_fold(
+            None::<Tensor>,
+            |acc, (proj, dy)| -> Result<Option<Tensor>> {
+                let d = self.proj_backward(layer, proj, dy, &tape.h1, tape, grads, want)?;
+                Ok(match (acc, d) {
+                    (Some(a), Some(d)) => Some((a + d)?),
+                    (a, d) => a.or(d),
+                })
+            },
+        )?;
+        let ln1 = norm_name(layer, Norm::Input);
+        let Some(dh1) = dh1 else { return Ok(None) };
+        let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.rstd1, base)?;
+        if let Some(g) = dln1 {
+            accumulate(grads, ln1, g)?;
+        }
+        Ok(if want_dx { Some((dx2 + dx)?) } else { None })
+    }
+
+    fn grad_of(
+        &self,
+        layer: usize,
+        proj: Proj,
+        dy: &Tensor,
+        x: &Tensor,
+        tape: &BlockTape,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        self.proj_backward(layer, proj, dy, x, tape, grads, true)?
+            .ok_or_else(|| candle_core::Error::Msg("input gradient not computed".into()))
+    }
+}

@@ -1,0 +1,206 @@
+//! The Qwen3 shape, read from and written to HF `config.json` field names.
+
+use serde::{Deserialize, Serialize};
+
+use super::ModelError;
+use crate::recipe::ModelConfig;
+
+/// The dense Qwen3 architecture's hyper-parameters. Unknown `config.json` fields (HF writes
+/// many: `bos_token_id`, `use_cache`, …) are ignored on read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Qwen3Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    1_000_000.0
+}
+fn default_max_positions() -> usize {
+    40_960
+}
+
+impl Qwen3Config {
+    /// Parses an HF `config.json` and checks the shape is one this engine runs.
+    pub fn from_hf_json(json: &str) -> Result<Qwen3Config, ModelError> {
+        let raw: serde_json::Value = serde_json::from_str(json).map_err(|e| ModelError::Config(e.to_string()))?;
+        if let Some(t) = raw.get("model_type").and_then(|v| v.as_str())
+            && t != "qwen3"
+        {
+            return Err(ModelError::Config(format!("model_type {t:?} is not qwen3")));
+        }
+        let mut config: Qwen3Config =
+            serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        // Newer transformers write rope_theta under `rope_parameters`.
+        if let Some(theta) = raw.pointer("/rope_parameters/rope_theta").and_then(|v| v.as_f64()) {
+            config.rope_theta = theta;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// `config.json` as transformers writes it for `Qwen3ForCausalLM`. `torch_dtype` names the
+    /// dtype the weights are saved in (`float32`, `bfloat16`, `float16`).
+    pub fn to_hf_json(&self, torch_dtype: &str) -> String {
+        let value = serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "torch_dtype": torch_dtype,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_sliding_window": false,
+            "rope_scaling": null,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    }
+
+    /// Rejects shapes the engine cannot run: zero sizes, heads that do not group, odd head_dim.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(ModelError::Config(format!("{name} is 0")));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(ModelError::Config(format!("head_dim {} is odd (RoPE rotates pairs)", self.head_dim)));
+        }
+        if !(self.rms_norm_eps >= 0.0 && self.rope_theta > 0.0) {
+            return Err(ModelError::Config("rms_norm_eps must be ≥ 0 and rope_theta > 0".into()));
+        }
+        Ok(())
+    }
+
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}
+
+impl From<&ModelConfig> for Qwen3Config {
+    fn from(c: &ModelConfig) -> Self {
+        Qwen3Config {
+            vocab_size: c.vocab_size as usize,
+            hidden_size: c.hidden_size as usize,
+            intermediate_size: c.intermediate_size as usize,
+            num_hidden_layers: c.num_layers as usize,
+            num_attention_heads: c.num_heads as usize,
+            num_key_value_heads: c.num_kv_heads as usize,
+            head_dim: c.head_dim as usize,
+            rms_norm_eps: c.rms_norm_eps,
+            rope_theta: c.rope_theta,
+            tie_word_embeddings: c.tie_word_embeddings,
+            max_position_embeddings: c.max_position_embeddings as usize,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_an_hf_config_and_writes_it_back() {
+        let hf = r#"{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","vocab_size":151936,
+            "hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,"num_attention_heads":16,
+            "num_key_value_heads":8,"head_dim":128,"rms_norm_eps":1e-6,"rope_theta":1000000,
+            "tie_word_embeddings":true,"max_position_embeddings":40960,"bos_token_id":151643,"use_cache":true}"#;
+        let c = Qwen3Config::from_hf_json(hf).unwrap();
+        assert_eq!((c.hidden_size, c.num_hidden_layers, c.kv_groups(), c.head_dim), (1024, 28, 2, 128));
+        assert!(c.tie_word_embeddings);
+        let out = c.to_hf_json("bfloat16");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["model_type"], "qwen3");
+        assert_eq!(v["architectures"][0], "Qwen3ForCausalLM");
+        assert_eq!(v["torch_dtype"], "bfloat16");
+        assert_eq!(Qwen3Config::from_hf_json(&out).unwrap(), c);
+    }
+
+    #[test]
+    fn rejects_other_models_and_bad_shapes() {
+        let c = Qwen3Config::from_hf_json(&tiny().to_hf_json("float32")).unwrap();
+        assert_eq!(c, tiny());
+        let llama = tiny().to_hf_json("float32").replace("\"qwen3\"", "\"llama\"");
+        assert!(matches!(Qwen3Config::from_hf_json(&llama), Err(ModelError::Config(_))));
+        let bad = Qwen3Config { num_key_value_heads: 3, ..tiny() };
+        assert!(bad.validate().is_err());
+        assert!(Qwen3Config::from_hf_json("{}").is_err());
+    }
+
+    #[test]
+    fn converts_the_recipe_shape() {
+        let m = ModelConfig {
+            hidden_size: 64,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            intermediate_size: 128,
+            vocab_size: 512,
+            max_position_embeddings: 1024,
+            rope_theta: 1e6,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: true,
+            moe: None,
+        };
+        let c = Qwen3Config::from(&m);
+        assert_eq!((c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads), (2, 4, 2));
+        assert!(c.tie_word_embeddings && c.validate().is_ok());
+    }
+
+    pub(crate) fn tiny() -> Qwen3Config {
+        Qwen3Config {
+            vocab_size: 11,
+            hidden_size: 8,
+            intermediate_size: 12,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            tie_word_embeddings: false,
+            max_position_embeddings: 64,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! NF4 storage for QLoRA's frozen base weights: blocks of 64 consecutive values, each block
+//! scaled by its absmax and every value rounded to the nearest of the 16 NormalFloat4 levels
+//! (the quantiles of a standard normal from the QLoRA paper, as in bitsandbytes). The scales
+//! stay f32 (no double quantisation). Weights are dequantised when a forward or backward
+//! needs them and never stored dense.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::ModelError;
+
+pub const BLOCK: usize = 64;
+
+/// The 16 NF4 code values, ascending.
+pub const LEVELS: [f32; 16] = [
+    -1.0,
+    -0.696_192_8,
+    -0.525_073_05,
+    -0.394_917_5,
+    -0.284_441_38,
+    -0.184_773_43,
+    -0.091_050_036,
+    0.0,
+    0.079_580_3,
+    0.160_930_2,
+    0.246_112_3,
+    0.337_915_24,
+    0.440_709_83,
+    0.562_617,
+    0.722_956_84,
+    1.0,
+];
+
+/// A tensor in NF4: two 4-bit codes per byte (low nibble first) and one scale per block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nf4Tensor {
+    pub shape: Vec<usize>,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl Nf4Tensor {
+    pub fn quantize(t: &Tensor) -> Result<Nf4Tensor, ModelError> {
+        let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut codes = vec![0u8; values.len().div_ceil(2)];
+        let mut scales = Vec::with_capacity(values.len().div_ceil(BLOCK));
+        for (b, block) in values.chunks(BLOCK).enumerate() {
+            let absmax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            scales.push(absmax);
+            let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
+            for (j, &v) in block.iter().enumerate() {
+                let code = nearest_level(v * inv);
+                let i = b * BLOCK + j;
+                codes[i / 2] |= code << (4 * (i % 2));
+            }
+        }
+        Ok(Nf4Tensor { shape: t.dims().to_vec(), codes, scales })
+    }
+
+    pub fn dequantize(&self, dtype: DType, device: &Device) -> Result<Tensor, ModelError> {
+        let n: usize = self.shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|i| LEVELS[((self.codes[i / 2] >> (4 * (i % 2))) & 0xF) as usize] * self.scales[i / BLOCK])
+            .collect();
+        Ok(Tensor::from_vec(values, self.shape.as_slice(), device)?.to_dtype(dtype)?)
+    }
+
+    /// Bytes held: half a byte per value plus four per block.
+    pub fn storage_bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len()
+    }
+}
+
+fn nearest_level(x: f32) -> u8 {
+    // LEVELS is sorted: the nearest level is one of the two around the insertion point.
+    let i = LEVELS.partition_point(|&l| l < x);
+    if i == 0 {
+        0
+    } else if i == LEVELS.len() {
+        15
+    } else if (x - LEVELS[i - 1]) <= (LEVELS[i] - x) {
+        (i - 1) as u8
+    } else {
+        i as u8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::rng::SplitMix64;
+
+    #[test]
+    fn round_trip_error_is_bounded_by_half_the_level_gap() -> Result<(), ModelError> {
+        let mut rng = SplitMix64::new(9);
+        let (rows, cols) = (7, 50); // 350 values: the last block is partial
+        let v: Vec<f32> = (0..rows * cols).map(|_| (0.02 * rng.normal()) as f32).collect();
+        let t = Tensor::from_vec(v.clone(), (rows, cols), &Device::Cpu)?;
+        let q = Nf4Tensor::quantize(&t)?;
+        assert_eq!((q.codes.len(), q.scales.len()), (175, 6));
+        let back = q.dequantize(DType::F32, &Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        let max_gap = LEVELS.windows(2).map(|w| w[1] - w[0]).fold(0f32, f32::max);
+        let (mut err2, mut sig2) = (0f64, 0f64);
+        for (i, (&a, &b)) in v.iter().zip(&back).enumerate() {
+            let scale = q.scales[i / BLOCK];
+            assert!((a - b).abs() <= scale * max_gap / 2.0 + 1e-7, "value {i}: {a} vs {b}");
+            err2 += ((a - b) as f64).powi(2);
+            sig2 += (a as f64).powi(2);
+        }
+        // Gaussian weights are what NF4 is built for: about 10% relative RMS error.
+        assert!((err2 / sig2).sqrt() < 0.12, "relative rms error {}", (err2 / sig2).sqrt());
+        // The block absmax itself and exact levels come back exactly.
+        let exact = Tensor::new(&[[0.5f32, -0.5, 0.0, 0.281_308_5]], &Device::Cpu)?;
+        let back = Nf4Tensor::quantize(&exact)?.dequantize(DType::F32, &Device::Cpu)?.to_vec2::<f32>()?;
+        assert_eq!(&back[0][..3], &[0.5, -0.5, 0.0]);
+        assert!((back[0][3] - 0.281_308_5).abs() < 1e-6);
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Parameter names (exactly HF's), their shapes, and the seeded random init.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::rng::{SplitMix64, name_id};
+use super::{ModelError, Qwen3Config};
+use crate::recipe::TargetModule;
+
+/// Parameters by HF tensor name.
+pub type Params = BTreeMap<String, Tensor>;
+
+pub const EMBED: &str = "model.embed_tokens.weight";
+pub const FINAL_NORM: &str = "model.norm.weight";
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// The seven linear projections of a block, the units LoRA adapts and NF4 stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Proj {
+    pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
+
+    /// The module path inside a layer, as HF and PEFT name it.
+    pub fn path(self) -> &'static str {
+        match self {
+            Proj::Q => "self_attn.q_proj",
+            Proj::K => "self_attn.k_proj",
+            Proj::V => "self_attn.v_proj",
+            Proj::O => "self_attn.o_proj",
+            Proj::Gate => "mlp.gate_proj",
+            Proj::Up => "mlp.up_proj",
+            Proj::Down => "mlp.down_proj",
+        }
+    }
+
+    pub fn target_module(self) -> TargetModule {
+        match self {
+            Proj::Q => TargetModule::QProj,
+            Proj::K => TargetModule::KProj,
+            Proj::V => TargetModule::VProj,
+            Proj::O => TargetModule::OProj,
+            Proj::Gate => TargetModule::GateProj,
+            Proj::Up => TargetModule::UpProj,
+            Proj::Down => TargetModule::DownProj,
+        }
+    }
+
+    /// `(out, in)` of the weight.
+    pub fn shape(self, c: &Qwen3Config) -> (usize, usize) {
+        let (h, q, kv, f) = (
+            c.hidden_size,
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        match self {
+            Proj::Q => (q, h),
+            Proj::K | Proj::V => (kv, h),
+            Proj::O => (h, q),
+            Proj::Gate | Proj::Up => (f, h),
+            Proj::Down => (h, f),
+        }
+    }
+}
+
+pub fn base_weight_name(layer: usize, proj: Proj) -> String {
+    format!("model.layers.{layer}.{}.weight", proj.path())
+}
+
+/// The per-layer norms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    Input,
+    PostAttention,
+    Q,
+    K,
+}
+
+pub fn norm_name(layer: usize, norm: Norm) -> String {
+    let path = match norm {
+        Norm::Input => "input_layernorm",
+        Norm::PostAttention => "post_attention_layernorm",
+        Norm::Q => "self_attn.q_norm",
+        Norm::K => "self_attn.k_norm",
+    };
+    format!("model.layers.{layer}.{path}.weight")
+}
+
+/// Every parameter name with its shape; `lm_head.weight` only when the head is untied.
+pub fn expected_shapes(c: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
+    let mut m = BTreeMap::new();
+    m.insert(EMBED.to_string(), vec![c.vocab_size, c.hidden_size]);
+    m.insert(FINAL_NORM.to_string(), vec![c.hidden_size]);
+    if !c.tie_word_embeddings {
+        m.insert(LM_HEAD.to_string(), vec![c.vocab_size, c.hidden_size]);
+    }
+    for layer in 0..c.num_hidden_layers {
+        for proj in Proj::ALL {
+            let (o, i) = proj.shape(c);
+            m.insert(base_weight_name(layer, proj), vec![o, i]);
+        }
+        m.insert(norm_name(layer, Norm::Input), vec![c.hidden_size]);
+        m.insert(norm_name(layer, Norm::PostAttention), vec![c.hidden_size]);
+        m.insert(norm_name(layer, Norm::Q), vec![c.head_dim]);
+        m.insert(norm_name(layer, Norm::K), vec![c.head_dim]);
+    }
+    m
+}
+
+/// Every expected name present with its shape, nothing else, one dtype throughout.
+pub fn check_names_and_shapes(
+    expected: &BTreeMap<String, Vec<usize>>,
+    got: &BTreeMap<String, Tensor>,
+) -> Result<(), ModelError> {
+    if let Some(name) = expected.keys().find(|n| !got.contains_key(*n)) {
+        return Err(ModelError::MissingParam(name.clone()));
+    }
+    if let Some(name) = got.keys().find(|n| !expected.contains_key(*n)) {
+        return Err(ModelError::UnexpectedParam(name.clone()));
+    }
+    let mut dtype = None;
+    for (name, t) in got {
+        let want = &expected[name];
+        if t.dims() != want.as_slice() {
+            return Err(ModelError::Shape { name: name.clone(), expected: want.clone(), got: t.dims().to_vec() });
+        }
+        match dtype {
+            None => dtype = Some(t.dtype()),
+            Some(d) if d != t.dtype() => {
+                return Err(ModelError::DType { name: name.clone(), expected: d, got: t.dtype() });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// HF's `_init_weights` for Qwen3: linear and embedding weights `N(0, 0.02²)`, norms 1.
+/// Each tensor draws from its own stream of `seed`, so adding layers never shifts others.
+pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Params, ModelError> {
+    let mut params = Params::new();
+    for (name, shape) in expected_shapes(c) {
+        let n: usize = shape.iter().product();
+        let t = if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
+            Tensor::ones(shape.as_slice(), dtype, device)?
+        } else {
+            let mut rng = SplitMix64::derive(seed, &[name_id(&name)]);
+            let v: Vec<f64> = (0..n).map(|_| 0.02 * rng.normal()).collect();
+            Tensor::from_vec(v, shape.as_slice(), device)?.to_dtype(dtype)?
+        };
+        params.insert(name, t);
+    }
+    Ok(params)
+}

@@ -1,0 +1,170 @@
+//! Preference losses on a [`PreferenceBatch`]: DPO (sigmoid, with label smoothing) and ORPO.
+//!
+//! Chosen and rejected rows run as one batch of `2B` rows. Each row's log-probability is the
+//! sum over its target tokens, so the loss reaches the tokens through per-token weights on
+//! the cross-entropy backward and the same engine serves SFT and preferences.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Tensor};
+
+use super::ModelError;
+use super::lora::Adapters;
+use super::qwen3::{Qwen3, StepOptions, Trainable};
+use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
+
+/// Which preference objective, with its strength.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PreferenceLoss {
+    /// `−(1−ε)·log σ(z) − ε·log σ(−z)`, `z = β·((π_c − ref_c) − (π_r − ref_r))` with sequence
+    /// log-probs summed over response tokens (TRL's sigmoid loss).
+    Dpo { beta: f64, label_smoothing: f64 },
+    /// `nll_c − λ·log σ(log odds(ā_c) − log odds(ā_r))` with `ā` the per-token mean log-prob of
+    /// a response and `odds(p) = p / (1 − p)` (TRL's ORPO). `nll_c = −ā_c` is the chosen
+    /// response's per-token mean NLL; TRL averages it over the batch's tokens instead, which
+    /// weighs long responses more.
+    Orpo { lambda: f64 },
+}
+
+/// The result of one preference micro-batch.
+#[derive(Debug, Clone)]
+pub struct PreferenceOutput {
+    /// Sum over pairs of the pair loss (the caller divides by `pairs` across micro-batches).
+    pub loss_sum: f64,
+    pub pairs: usize,
+    /// Policy sequence log-probs of each chosen and rejected row.
+    pub chosen_logps: Vec<f64>,
+    pub rejected_logps: Vec<f64>,
+    /// Gradients of `loss_scale · loss_sum`.
+    pub grads: BTreeMap<String, Tensor>,
+}
+
+impl Qwen3 {
+    /// The log-probability of each row's labelled tokens (a sum), without gradients.
+    pub fn sequence_logps(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Vec<f64>, ModelError> {
+        let losses = self.token_losses(batch, adapters)?.to_dtype(DType::F64)?.sum(1)?.to_vec1::<f64>()?;
+        Ok(losses.into_iter().map(|l| -l).collect())
+    }
+
+    /// One preference micro-batch. DPO's reference log-probs are `reference` (per pair:
+    /// chosen, rejected) or, when `None`, this model with adapters off (the frozen base), which
+    /// only makes sense when training adapters.
+    pub fn forward_backward_preference(
+        &self,
+        batch: &PreferenceBatch,
+        loss: PreferenceLoss,
+        reference: Option<&[(f64, f64)]>,
+        trainable: Trainable,
+        adapters: Option<&Adapters>,
+        opts: &StepOptions,
+    ) -> Result<PreferenceOutput, ModelError> {
+        let pairs = batch.chosen.batch;
+        if batch.rejected.batch != pairs {
+            return Err(ModelError::Batch(format!("{pairs} chosen rows but {} rejected", batch.rejected.batch)));
+        }
+        let both = stack_rows(&batch.chosen, &batch.rejected)?;
+        let ctx = self.step_ctx(&both, trainable, adapters, Some(opts.dropout_seed))?;
+        let (tape, losses) = self.forward_tape(&ctx, &both, opts.activation_checkpointing)?;
+        let t = both.seq_len;
+        let row_loss = losses.to_dtype(DType::F64)?.reshape((2 * pairs, t))?.sum(1)?.to_vec1::<f64>()?;
+        let logps: Vec<f64> = row_loss.iter().map(|l| -l).collect();
+        let (chosen, rejected) = logps.split_at(pairs);
+        // d loss / d row log-prob, per row, then spread over the row's tokens (d logp/d token loss = −1).
+        let mut d_logp = vec![0.0; 2 * pairs];
+        let mut loss_sum = 0.0;
+        match loss {
+            PreferenceLoss::Dpo { beta, label_smoothing: eps } => {
+                let refs = match reference {
+                    Some(r) => r.to_vec(),
+                    None => {
+                        if trainable != Trainable::Adapters {
+                            return Err(ModelError::Lora(
+                                "DPO without reference log-probs needs adapters to train".into(),
+                            ));
+                        }
+                        let base = self.sequence_logps(&both, None)?;
+                        (0..pairs).map(|i| (base[i], base[pairs + i])).collect()
+                    }
+                };
+                if refs.len() != pairs {
+                    return Err(ModelError::Batch(format!("{} reference pairs for {pairs} rows", refs.len())));
+                }
+                for i in 0..pairs {
+                    let z = beta * ((chosen[i] - refs[i].0) - (rejected[i] - refs[i].1));
+                    loss_sum += -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z);
+                    let dz = -(1.0 - eps) * sigmoid(-z) + eps * sigmoid(z);
+                    d_logp[i] = dz * beta;
+                    d_logp[pairs + i] = -dz * beta;
+                }
+            }
+            PreferenceLoss::Orpo { lambda } => {
+                let counts = row_counts(&both.labels, t);
+                for i in 0..pairs {
+                    let (nc, nr) = (counts[i], counts[pairs + i]);
+                    if nc == 0 || nr == 0 {
+                        return Err(ModelError::Batch(format!("pair {i} has a response without target tokens")));
+                    }
+                    let (ac, ar) = (chosen[i] / nc as f64, rejected[i] / nr as f64);
+                    // log odds(a) = a − log(1 − e^a); 1 − e^a = −expm1(a) keeps precision near a = 0.
+                    let log_odds = (ac - ar) - ((-ac.exp_m1()).ln() - (-ar.exp_m1()).ln());
+                    loss_sum += -ac - lambda * log_sigmoid(log_odds);
+                    let s = sigmoid(-log_odds);
+                    let d_ac = -1.0 - lambda * s / (-ac.exp_m1());
+                    let d_ar = lambda * s / (-ar.exp_m1());
+                    d_logp[i] = d_ac / nc as f64;
+                    d_logp[pairs + i] = d_ar / nr as f64;
+                }
+            }
+        }
+        let d_tokens: Vec<f64> = d_logp.iter().flat_map(|&d| std::iter::repeat_n(-d * opts.loss_scale, t)).collect();
+        let d_tokens = Tensor::from_vec(d_tokens, 2 * pairs * t, self.device())?.to_dtype(self.dtype())?;
+        let grads = self.backward_tape(&ctx, &tape, &d_tokens)?;
+        Ok(PreferenceOutput {
+            loss_sum,
+            pairs,
+            chosen_logps: chosen.to_vec(),
+            rejected_logps: rejected.to_vec(),
+            grads,
+        })
+    }
+}
+
+fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 { 1.0 / (1.0 + (-x).exp()) } else { x.exp() / (1.0 + x.exp()) }
+}
+
+fn log_sigmoid(x: f64) -> f64 {
+    if x >= 0.0 { -(-x).exp().ln_1p() } else { x - x.exp().ln_1p() }
+}
+
+fn row_counts(labels: &[i64], t: usize) -> Vec<usize> {
+    labels.chunks(t).map(|row| row.iter().filter(|&&l| l != IGNORE).count()).collect()
+}
+
+/// `a` then `b` as one batch, the shorter rows padded (segment 0, ignored labels).
+fn stack_rows(a: &PackedBatch, b: &PackedBatch) -> Result<PackedBatch, ModelError> {
+    let t = a.seq_len.max(b.seq_len);
+    let mut out = PackedBatch {
+        batch: a.batch + b.batch,
+        seq_len: t,
+        input_ids: Vec::new(),
+        position_ids: Vec::new(),
+        segment_ids: Vec::new(),
+        labels: Vec::new(),
+    };
+    for p in [a, b] {
+        let n = p.batch * p.seq_len;
+        if [p.input_ids.len(), p.position_ids.len(), p.segment_ids.len(), p.labels.len()].iter().any(|&l| l != n) {
+            return Err(ModelError::Batch("preference rows with inconsistent lengths".into()));
+        }
+        for r in 0..p.batch {
+            let span = r * p.seq_len..(r + 1) * p.seq_len;
+            let pad = t - p.seq_len;
+            out.input_ids.extend(p.input_ids[span.clone()].iter().copied().chain(std::iter::repeat_n(0, pad)));
+            out.position_ids.extend(p.position_ids[span.clone()].iter().copied().chain(std::iter::repeat_n(0, pad)));
+            out.segment_ids.extend(p.segment_ids[span.clone()].iter().copied().chain(std::iter::repeat_n(0, pad)));
+            out.labels.extend(p.labels[span].iter().copied().chain(std::iter::repeat_n(IGNORE, pad)));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,364 @@
+//! The Qwen3 model: parameters, the training step (forward with a tape, explicit backward),
+//! logits for evaluation and greedy generation.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor};
+use mindxtrain_kernels::cross_entropy::{self, Labels};
+use mindxtrain_kernels::{attention, embedding, linear, rmsnorm, rope};
+
+use super::block::{BlockTape, Grads, StepCtx, accumulate};
+use super::lora::Adapters;
+use super::nf4::Nf4Tensor;
+use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
+use super::{ModelError, Qwen3Config};
+use crate::batch::{IGNORE, PackedBatch};
+
+/// Which weights a step computes gradients for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trainable {
+    /// Every base parameter (full fine-tuning, pretraining). Adapters, if passed, are applied
+    /// but frozen.
+    Full,
+    /// Only the adapters; the base is frozen and no base gradient is computed.
+    Adapters,
+}
+
+/// Switches of one training step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOptions {
+    /// Keep only each block's input in the forward and recompute the block in the backward.
+    pub activation_checkpointing: bool,
+    /// Seed of this step's LoRA dropout masks (derive it from the run seed and step).
+    pub dropout_seed: u64,
+    /// Multiplies the loss before differentiation: gradients are those of
+    /// `loss_scale · loss_sum`. Pass `1 / total target tokens of the optimizer step` to get
+    /// the per-token mean's gradient accumulated across micro-batches directly; `loss_sum`
+    /// itself is reported unscaled.
+    pub loss_scale: f64,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions { activation_checkpointing: false, dropout_seed: 0, loss_scale: 1.0 }
+    }
+}
+
+/// The result of one forward/backward on a micro-batch.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Sum of the token losses (natural log), unscaled.
+    pub loss_sum: f64,
+    /// Tokens that carried a loss.
+    pub target_tokens: usize,
+    /// Gradients of `loss_scale · loss_sum` by parameter (HF or PEFT name).
+    pub grads: BTreeMap<String, Tensor>,
+}
+
+/// Qwen3 dense decoder with HF-named parameters.
+#[derive(Debug, Clone)]
+pub struct Qwen3 {
+    pub(super) config: Qwen3Config,
+    params: Params,
+    /// Linear weights held in NF4 (QLoRA); absent from `params` then.
+    quantized: BTreeMap<String, Nf4Tensor>,
+    device: Device,
+    dtype: DType,
+}
+
+/// A block's saved state: the full tape, or only its input when checkpointing.
+enum Saved {
+    Tape(BlockTape),
+    Input(Tensor),
+}
+
+/// What the forward keeps for the backward, beyond the blocks.
+pub(super) struct Tape {
+    ids: Tensor,
+    blocks: Vec<Saved>,
+    x_last: Tensor,
+    rstd_f: Tensor,
+    xf: Tensor,
+    logits: Tensor,
+    lse: Tensor,
+    pub(super) labels: Labels,
+    checkpointing: bool,
+}
+
+impl Qwen3 {
+    /// A model from named parameters; every HF name must be present with its shape, one
+    /// floating dtype throughout, nothing extra.
+    pub fn new(config: Qwen3Config, params: Params, device: &Device) -> Result<Qwen3, ModelError> {
+        config.validate()?;
+        params::check_names_and_shapes(&params::expected_shapes(&config), &params)?;
+        let dtype = params.get(EMBED).map(|t| t.dtype()).ok_or_else(|| ModelError::MissingParam(EMBED.into()))?;
+        if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
+            return Err(ModelError::DType { name: EMBED.into(), expected: DType::F32, got: dtype });
+        }
+        let params =
+            params.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect::<Result<_, ModelError>>()?;
+        Ok(Qwen3 { config, params, quantized: BTreeMap::new(), device: device.clone(), dtype })
+    }
+
+    /// Seeded HF-like init (std 0.02, norms 1): same seed, same weights.
+    pub fn init_random(config: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+        config.validate()?;
+        Qwen3::new(config.clone(), params::init_random(config, seed, dtype, device)?, device)
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.config
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dense parameters (without NF4-quantised weights).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// For the optimizer's in-place updates; replacing a tensor with another shape or dtype
+    /// breaks the model (the next step errors).
+    pub fn params_mut(&mut self) -> &mut Params {
+        &mut self.params
+    }
+
+    /// QLoRA storage: moves every block projection into NF4; they are dequantised when used.
+    /// Embeddings, norms and the head stay dense, as in QLoRA.
+    pub fn quantize_nf4(&mut self) -> Result<(), ModelError> {
+        for layer in 0..self.config.num_hidden_layers {
+            for proj in Proj::ALL {
+                let name = base_weight_name(layer, proj);
+                if let Some(w) = self.params.remove(&name) {
+                    self.quantized.insert(name, Nf4Tensor::quantize(&w)?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_quantized(&self) -> bool {
+        !self.quantized.is_empty()
+    }
+
+    pub(super) fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>, ModelError> {
+        if let Some(t) = self.params.get(name) {
+            return Ok(Cow::Borrowed(t));
+        }
+        match self.quantized.get(name) {
+            Some(q) => Ok(Cow::Owned(q.dequantize(self.dtype, &self.device)?)),
+            None => Err(ModelError::MissingParam(name.to_string())),
+        }
+    }
+
+    fn head_name(&self) -> &'static str {
+        if self.config.tie_word_embeddings { EMBED } else { LM_HEAD }
+    }
+
+    /// One micro-batch: the summed token loss, its token count and the gradients of
+    /// `opts.loss_scale · loss_sum` for the trainable weights.
+    pub fn forward_backward(
+        &self,
+        batch: &PackedBatch,
+        trainable: Trainable,
+        adapters: Option<&Adapters>,
+        opts: &StepOptions,
+    ) -> Result<StepOutput, ModelError> {
+        let ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed))?;
+        let (tape, losses) = self.forward_tape(&ctx, batch, opts.activation_checkpointing)?;
+        let loss_sum = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        let d_losses = Tensor::full(opts.loss_scale, losses.shape(), &self.device)?.to_dtype(self.dtype)?;
+        let grads = self.backward_tape(&ctx, &tape, &d_losses)?;
+        Ok(StepOutput { loss_sum, target_tokens: tape.labels.count, grads })
+    }
+
+    /// Logits `[B, T, vocab]` (no dropout, nothing saved).
+    pub fn logits(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
+        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
+        let xf = self.final_hidden(&ctx, batch)?;
+        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
+        Ok(logits.reshape((batch.batch, batch.seq_len, self.config.vocab_size))?)
+    }
+
+    /// Per-token losses `[B, T]` (0 where the label is ignored), without gradients.
+    pub fn token_losses(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
+        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
+        let xf = self.final_hidden(&ctx, batch)?;
+        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
+        let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
+        let (losses, _) = cross_entropy::forward(&logits, &labels)?;
+        Ok(losses.reshape((batch.batch, batch.seq_len))?)
+    }
+
+    /// Greedy decoding of up to `max_new` tokens after `prompt`, stopping after the first
+    /// token in `stop` (which is included). Recomputes the prefix each token (no KV cache).
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        stop: &[u32],
+        adapters: Option<&Adapters>,
+    ) -> Result<Vec<u32>, ModelError> {
+        if prompt.is_empty() {
+            return Err(ModelError::Batch("generation needs at least one prompt token".into()));
+        }
+        let mut tokens = prompt.to_vec();
+        let mut out = Vec::new();
+        for _ in 0..max_new {
+            let n = tokens.len();
+            let batch = PackedBatch {
+                batch: 1,
+                seq_len: n,
+                input_ids: tokens.clone(),
+                position_ids: (0..n as u32).collect(),
+                segment_ids: vec![1; n],
+                labels: vec![IGNORE; n],
+            };
+            let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None)?;
+            let xf = self.final_hidden(&ctx, &batch)?;
+            let last = linear::forward(&xf.narrow(0, n - 1, 1)?, &*self.weight(self.head_name())?)?;
+            let next = last.flatten_all()?.argmax(0)?.to_scalar::<u32>()?;
+            tokens.push(next);
+            out.push(next);
+            if stop.contains(&next) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn step_ctx<'a>(
+        &'a self,
+        batch: &PackedBatch,
+        trainable: Trainable,
+        adapters: Option<&'a Adapters>,
+        dropout_seed: Option<u64>,
+    ) -> Result<StepCtx<'a>, ModelError> {
+        self.check_batch(batch)?;
+        if trainable == Trainable::Adapters && dropout_seed.is_some() && adapters.is_none() {
+            return Err(ModelError::Lora("training adapters needs adapters".into()));
+        }
+        if trainable == Trainable::Full && dropout_seed.is_some() && self.is_quantized() {
+            return Err(ModelError::Lora("an NF4-quantised base is frozen: train adapters (qlora)".into()));
+        }
+        let c = &self.config;
+        let (b, t) = (batch.batch, batch.seq_len);
+        let (cos, sin) = rope::tables(&batch.position_ids, c.head_dim, c.rope_theta, self.dtype, &self.device)?;
+        Ok(StepCtx {
+            model: self,
+            adapters,
+            base_grads: trainable == Trainable::Full,
+            adapter_grads: trainable == Trainable::Adapters && adapters.is_some(),
+            dropout_seed,
+            batch: b,
+            seq: t,
+            cos: cos.reshape((b, t, 1, c.head_dim))?,
+            sin: sin.reshape((b, t, 1, c.head_dim))?,
+            bias: attention::mask_bias(&batch.segment_ids, b, t, self.dtype, &self.device)?,
+        })
+    }
+
+    fn check_batch(&self, batch: &PackedBatch) -> Result<(), ModelError> {
+        let n = batch.batch * batch.seq_len;
+        if n == 0 {
+            return Err(ModelError::Batch("empty batch".into()));
+        }
+        let lens = [batch.input_ids.len(), batch.position_ids.len(), batch.segment_ids.len(), batch.labels.len()];
+        if lens.iter().any(|&l| l != n) {
+            return Err(ModelError::Batch(format!(
+                "{}×{} batch with ids/positions/segments/labels of lengths {lens:?}",
+                batch.batch, batch.seq_len
+            )));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some((i, id)) = batch.input_ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+            return Err(ModelError::Batch(format!("token {i}: id {id} is outside the vocabulary of {vocab}")));
+        }
+        if let Some((i, l)) =
+            batch.labels.iter().enumerate().find(|&(_, &l)| l != IGNORE && (l < 0 || l as usize >= vocab))
+        {
+            return Err(ModelError::Batch(format!("token {i}: label {l} is neither {IGNORE} nor in the vocabulary")));
+        }
+        Ok(())
+    }
+
+    fn final_hidden(&self, ctx: &StepCtx<'_>, batch: &PackedBatch) -> Result<Tensor, ModelError> {
+        let ids = Tensor::new(batch.input_ids.as_slice(), &self.device)?;
+        let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
+        for layer in 0..self.config.num_hidden_layers {
+            x = ctx.block_forward(layer, &x, false)?.0;
+        }
+        Ok(rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?.0)
+    }
+
+    /// Forward keeping what the backward needs; returns per-token losses `[N]`.
+    pub(super) fn forward_tape(
+        &self,
+        ctx: &StepCtx<'_>,
+        batch: &PackedBatch,
+        checkpointing: bool,
+    ) -> Result<(Tape, Tensor), ModelError> {
+        let ids = Tensor::new(batch.input_ids.as_slice(), &self.device)?;
+        let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
+        let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
+        let mut blocks = Vec::with_capacity(self.config.num_hidden_layers);
+        for layer in 0..self.config.num_hidden_layers {
+            let (y, tape) = ctx.block_forward(layer, &x, !checkpointing)?;
+            blocks.push(match tape {
+                Some(t) => Saved::Tape(t),
+                None => Saved::Input(x),
+            });
+            x = y;
+        }
+        let (xf, rstd_f) = rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
+        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
+        let (losses, lse) = cross_entropy::forward(&logits, &labels)?;
+        let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, logits, lse, labels, checkpointing };
+        Ok((tape, losses))
+    }
+
+    /// Backward from per-token loss weights `d_losses` (`[N]`).
+    pub(super) fn backward_tape(&self, ctx: &StepCtx<'_>, tape: &Tape, d_losses: &Tensor) -> Result<Grads, ModelError> {
+        let mut grads = Grads::new();
+        let base = ctx.base_grads;
+        let dlogits = cross_entropy::backward(d_losses, &tape.logits, &tape.lse, &tape.labels)?;
+        let head = self.weight(self.head_name())?;
+        let (dxf, dhead) = linear::backward(&dlogits, &tape.xf, &head, base)?;
+        if let Some(g) = dhead {
+            accumulate(&mut grads, self.head_name().to_string(), g)?;
+        }
+        let norm = self.weight(FINAL_NORM)?;
+        let (mut dx, dnorm) = rmsnorm::backward(&dxf, &tape.x_last, &norm, &tape.rstd_f, base)?;
+        if let Some(g) = dnorm {
+            accumulate(&mut grads, FINAL_NORM.to_string(), g)?;
+        }
+        for layer in (0..self.config.num_hidden_layers).rev() {
+            let recomputed;
+            let block_tape = match &tape.blocks[layer] {
+                Saved::Tape(t) => t,
+                Saved::Input(x) => {
+                    recomputed = ctx.block_forward(layer, x, true)?.1;
+                    recomputed.as_ref().ok_or_else(|| ModelError::Batch("block tape missing".into()))?
+                }
+            };
+            let want_dx = layer > 0 || base;
+            match ctx.block_backward(layer, &dx, block_tape, &mut grads, want_dx)? {
+                Some(d) => dx = d,
+                None => break,
+            }
+        }
+        debug_assert!(tape.checkpointing || tape.blocks.iter().all(|b| matches!(b, Saved::Tape(_))));
+        if base {
+            let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+            accumulate(&mut grads, EMBED.to_string(), embedding::backward(&dx, &tape.ids, (v, h))?)?;
+        }
+        Ok(grads)
+    }
+}
