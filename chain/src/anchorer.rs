@@ -211,10 +211,14 @@ impl Anchorer {
     /// The registry's record of `root`, or `None` if it was never anchored.
     pub async fn lookup(&self, root: B256) -> Result<Option<AnchorRecord>, ChainError> {
         let policy = &self.cfg.retry;
-        rpc::with_retry(policy, |_, _| {}, || async {
-            self.preflight_once().await?;
-            self.lookup_once(root).await
-        })
+        rpc::with_retry(
+            policy,
+            |_, _| {},
+            || async {
+                self.preflight_once().await?;
+                self.lookup_once(root).await
+            },
+        )
         .await
     }
 
@@ -260,12 +264,15 @@ impl Anchorer {
         let mut sent: Option<B256> = None;
         let mut attempt = 1u32;
         loop {
-            let outcome =
-                match tokio::time::timeout(self.cfg.mined_timeout + policy.call_timeout, self.attempt(root, sent)).await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(ChainError::Transport { attempts: attempt, message: "anchoring timed out".into() }),
-                };
+            let outcome = match tokio::time::timeout(
+                self.cfg.mined_timeout + policy.call_timeout,
+                self.attempt(root, sent),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(ChainError::Transport { attempts: attempt, message: "anchoring timed out".into() }),
+            };
             match outcome {
                 Ok(Attempt::Done(a)) => return Ok(a),
                 Ok(Attempt::Sent(tx)) => {
@@ -331,7 +338,11 @@ impl Anchorer {
         let _guard = self.nonce_lock.lock().await;
         let nonce = timed(policy, self.provider.get_transaction_count(from).pending().into_future()).await?;
         let input = Bytes::from(Registry::anchorCall { root }.abi_encode());
-        let req = TransactionRequest::default().with_from(from).with_to(self.cfg.registry).with_input(input).with_nonce(nonce);
+        let req = TransactionRequest::default()
+            .with_from(from)
+            .with_to(self.cfg.registry)
+            .with_input(input)
+            .with_nonce(nonce);
         match timed(policy, self.provider.send_transaction(req)).await {
             Ok(pending) => Ok(*pending.tx_hash()),
             Err(e) => Err(self.classify_send_error(e, from)),
@@ -366,7 +377,12 @@ impl Anchorer {
                 return match self.lookup_once(root).await? {
                     Some(rec) => {
                         let confirmations = self.wait_confirmations(rec.block).await?;
-                        Ok(Attempt::Done(Anchored { record: rec, already_anchored: true, gas_used: None, confirmations }))
+                        Ok(Attempt::Done(Anchored {
+                            record: rec,
+                            already_anchored: true,
+                            gas_used: None,
+                            confirmations,
+                        }))
                     }
                     None => Err(ChainError::Reverted { tx: Some(tx), reason: "status 0 in the receipt".into() }),
                 };
@@ -391,8 +407,7 @@ impl Anchorer {
                 return Ok(seen);
             }
             if self.cfg.chain_id == ANVIL.chain_id {
-                let _: String =
-                    timed(&self.cfg.retry, self.provider.raw_request("evm_mine".into(), ())).await?;
+                let _: String = timed(&self.cfg.retry, self.provider.raw_request("evm_mine".into(), ())).await?;
                 continue;
             }
             if Instant::now() > deadline {

@@ -75,11 +75,8 @@ impl Batch {
 
     /// The proof for `digest`, once the root is anchored at `at`.
     pub fn proof(&self, digest: &Hash, at: &AnchorPlace) -> Result<BatchProof, BatchError> {
-        let index = self
-            .digests
-            .iter()
-            .position(|d| d == digest)
-            .ok_or_else(|| BatchError::NotInBatch(hex::encode(digest)))?;
+        let index =
+            self.digests.iter().position(|d| d == digest).ok_or_else(|| BatchError::NotInBatch(hex::encode(digest)))?;
         let path = merkle::inclusion_proof(&self.leaves, index as u64).expect("index is inside the batch");
         Ok(BatchProof {
             v: PROOF_VERSION,
@@ -230,7 +227,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn place() -> AnchorPlace {
-        AnchorPlace { chain_id: 31337, registry: Address::repeat_byte(7), tx: B256::repeat_byte(9), block: 5, timestamp: 77 }
+        AnchorPlace {
+            chain_id: 31337,
+            registry: Address::repeat_byte(7),
+            tx: B256::repeat_byte(9),
+            block: 5,
+            timestamp: 77,
+        }
     }
 
     #[test]

@@ -51,7 +51,8 @@ pub async fn deploy_x402_receiver(
     beneficiary: Address,
     settler: Address,
 ) -> Result<Deployment, ChainError> {
-    let args = X402Receiver::constructorCall { token_: token, beneficiary_: beneficiary, settler_: settler }.abi_encode();
+    let args =
+        X402Receiver::constructorCall { token_: token, beneficiary_: beneficiary, settler_: settler }.abi_encode();
     deploy(rpc_url, key, None, [X402Receiver::BYTECODE.as_ref(), &args].concat()).await
 }
 
@@ -104,9 +105,11 @@ pub async fn wait_receipt(
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut pause = Duration::from_millis(20);
     loop {
-        let r = rpc::with_retry(policy, |_, _| {}, || async {
-            provider.get_transaction_receipt(tx).await.map_err(from_transport)
-        })
+        let r = rpc::with_retry(
+            policy,
+            |_, _| {},
+            || async { provider.get_transaction_receipt(tx).await.map_err(from_transport) },
+        )
         .await?;
         if let Some(r) = r {
             return Ok(r);

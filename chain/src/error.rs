@@ -9,7 +9,9 @@ use thiserror::Error;
 pub enum ChainError {
     #[error("the RPC endpoint serves chain id {actual}, but {expected} was expected (check --rpc-url / --network)")]
     WrongChainId { expected: u64, actual: u64 },
-    #[error("no contract code at {address}: the registry is not deployed on this chain (run `mindxtrain chain deploy`)")]
+    #[error(
+        "no contract code at {address}: the registry is not deployed on this chain (run `mindxtrain chain deploy`)"
+    )]
     ContractMissing { address: Address },
     #[error("account {address} cannot pay for the transaction: {message}")]
     InsufficientFunds { address: Address, message: String },

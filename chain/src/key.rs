@@ -23,9 +23,7 @@ const ANVIL_DEV_KEY: &str = "ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae7
 pub enum KeyError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error(
-        "{path} has mode {mode:o}: a key file must not be readable by group or others (run `chmod 600 {path}`)"
-    )]
+    #[error("{path} has mode {mode:o}: a key file must not be readable by group or others (run `chmod 600 {path}`)")]
     InsecurePermissions { path: PathBuf, mode: u32 },
     #[error("{source_name}: not a secp256k1 private key (expected 64 hex digits, optionally prefixed by 0x)")]
     Malformed { source_name: String },
@@ -75,7 +73,8 @@ impl AnchorKey {
             return Err(KeyError::InsecurePermissions { path: path.to_path_buf(), mode });
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        let signer = parse_secret(&text).ok_or_else(|| KeyError::Malformed { source_name: path.display().to_string() })?;
+        let signer =
+            parse_secret(&text).ok_or_else(|| KeyError::Malformed { source_name: path.display().to_string() })?;
         Ok(Self { signer, origin: KeyOrigin::File(path.to_path_buf()) })
     }
 

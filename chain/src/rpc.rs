@@ -74,7 +74,9 @@ where
                 attempt += 1;
                 tokio::time::sleep(policy.backoff(attempt)).await;
             }
-            Err(ChainError::Transport { message, .. }) => return Err(ChainError::Transport { attempts: attempt, message }),
+            Err(ChainError::Transport { message, .. }) => {
+                return Err(ChainError::Transport { attempts: attempt, message });
+            }
             other => return other,
         }
     }
@@ -124,30 +126,40 @@ mod tests {
     #[tokio::test]
     async fn transient_errors_are_retried_until_success_and_definite_ones_are_not() {
         let calls = AtomicU32::new(0);
-        let got = with_retry(&fast(), |_, _| {}, || async {
-            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
-                Err(ChainError::Transport { attempts: 1, message: "refused".into() })
-            } else {
-                Ok(7)
-            }
-        })
+        let got = with_retry(
+            &fast(),
+            |_, _| {},
+            || async {
+                if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(ChainError::Transport { attempts: 1, message: "refused".into() })
+                } else {
+                    Ok(7)
+                }
+            },
+        )
         .await;
         assert_eq!(got.unwrap(), 7);
         assert_eq!(calls.load(Ordering::SeqCst), 3);
 
         let calls = AtomicU32::new(0);
-        let err = with_retry(&fast(), |_, _| {}, || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err::<(), _>(ChainError::Rpc("nonce too low".into()))
-        })
+        let err = with_retry(
+            &fast(),
+            |_, _| {},
+            || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(ChainError::Rpc("nonce too low".into()))
+            },
+        )
         .await
         .unwrap_err();
         assert!(matches!(err, ChainError::Rpc(_)));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-        let err = with_retry(&fast(), |_, _| {}, || async {
-            Err::<(), _>(ChainError::Transport { attempts: 1, message: "down".into() })
-        })
+        let err = with_retry(
+            &fast(),
+            |_, _| {},
+            || async { Err::<(), _>(ChainError::Transport { attempts: 1, message: "down".into() }) },
+        )
         .await
         .unwrap_err();
         assert!(matches!(err, ChainError::Transport { attempts: 4, .. }), "{err:?}");
