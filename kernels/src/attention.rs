@@ -36,13 +36,16 @@ pub fn mask_bias(segment_ids: &[u32], batch: usize, seq: usize, dtype: DType, de
 pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> Result<(Tensor, Tensor)> {
     let (b, heads, t, hd) = q.dims4()?;
     let kv = k.dim(1)?;
-    if kv == 0 || heads % kv != 0 {
+    if kv == 0 || !heads.is_multiple_of(kv) {
         candle_core::bail!("attention: {heads} query heads do not group over {kv} kv heads");
     }
     let g = heads / kv;
-    let qg = q.reshape((b, kv, g * t, hd))?;
-    let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((b, kv, g, t, t))?;
-    let scores = scores.broadcast_add(&bias.reshape((b, 1, 1, t, t))?)?;
+    // Scaling q (T·hd values per head) is cheaper than scaling the T·T scores.
+    let qg = (q * scale)?.reshape((b, kv, g * t, hd))?;
+    let scores = qg.matmul(&k.t()?)?.reshape((b, kv, g, t, t))?;
+    // candle's CPU add is fastest on two contiguous operands, so the mask is expanded once.
+    let bias = bias.reshape((b, 1, 1, t, t))?.broadcast_as((b, kv, g, t, t))?.contiguous()?;
+    let scores = (scores + bias)?;
     let max = scores.max_keepdim(D::Minus1)?;
     let e = scores.broadcast_sub(&max)?.exp()?;
     let probs = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?.reshape((b, kv, g * t, t))?;
@@ -66,9 +69,10 @@ pub fn backward(
     let dv = probs.t()?.matmul(&dog)?;
     let dp = dog.matmul(&v.t()?)?;
     let row_dot = (&dp * probs)?.sum_keepdim(D::Minus1)?;
-    let ds = (dp.broadcast_sub(&row_dot)? * probs)?.affine(scale, 0.0)?;
-    let dq = ds.matmul(k)?.reshape((b, heads, t, hd))?;
-    let dk = ds.t()?.matmul(&q.reshape((b, kv, g * t, hd))?)?;
+    // The softmax-input gradient is left unscaled; the scale lands on the smaller dq and dk.
+    let ds = (dp.broadcast_sub(&row_dot)? * probs)?;
+    let dq = (ds.matmul(k)? * scale)?.reshape((b, heads, t, hd))?;
+    let dk = (ds.t()?.matmul(&q.reshape((b, kv, g * t, hd))?)? * scale)?;
     Ok((dq, dk, dv))
 }
 

@@ -62,7 +62,9 @@ where
     for &(i, j) in probes {
         let numerical = numerical_grad(&f, inputs, i, j, tol.eps)?;
         let a = flat[i][j];
-        if !((a - numerical).abs() <= tol.atol + tol.rtol * numerical.abs()) {
+        // Written so that a NaN on either side fails.
+        let close = (a - numerical).abs() <= tol.atol + tol.rtol * numerical.abs();
+        if !close {
             failures.push(format!("input {i} element {j}: analytic {a:e}, numerical {numerical:e}"));
         }
     }

@@ -15,7 +15,7 @@ pub fn tables(
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
-    if head_dim % 2 != 0 {
+    if !head_dim.is_multiple_of(2) {
         candle_core::bail!("rope: head_dim {head_dim} is odd");
     }
     let half = head_dim / 2;

@@ -121,6 +121,7 @@ impl StepCtx<'_> {
     }
 
     /// Accumulates this projection's parameter gradients; returns `dx` when asked.
+    #[allow(clippy::too_many_arguments)]
     fn proj_backward(
         &self,
         layer: usize,

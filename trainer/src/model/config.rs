@@ -97,13 +97,13 @@ impl Qwen3Config {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return Err(ModelError::Config(format!("{name} is 0")));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(ModelError::Config(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ModelError::Config(format!("head_dim {} is odd (RoPE rotates pairs)", self.head_dim)));
         }
         if !(self.rms_norm_eps >= 0.0 && self.rope_theta > 0.0) {

@@ -5,6 +5,7 @@
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }

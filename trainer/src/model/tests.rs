@@ -545,3 +545,60 @@ fn step_timing() {
         }
     }
 }
+
+/// Per-kernel times at the tiny recipe shape, to see where a step goes.
+#[test]
+#[ignore = "timing, not a check"]
+fn op_timing() {
+    use mindxtrain_kernels::{attention, cross_entropy, linear, rmsnorm, rope, swiglu};
+    let dev = Device::Cpu;
+    let (b, t, h, nh, nkv, hd, f, v) = (8usize, 128usize, 64usize, 4usize, 2usize, 16usize, 128usize, 512usize);
+    let n = b * t;
+    let r = |shape: &[usize], seed: u64| {
+        mindxtrain_kernels::gradcheck::random(shape, seed, &dev).unwrap().to_dtype(DType::F32).unwrap()
+    };
+    let time = |label: &str, f: &mut dyn FnMut()| {
+        f();
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            f();
+        }
+        println!("{label}: {:.3} ms", start.elapsed().as_secs_f64() * 1e3 / 20.0);
+    };
+    let x = r(&[n, h], 1);
+    let w = r(&[f, h], 2);
+    let dy = r(&[n, f], 3);
+    time("linear fwd 1024x64→128", &mut || drop(linear::forward(&x, &w).unwrap()));
+    time("linear bwd dx+dw", &mut || drop(linear::backward(&dy, &x, &w, true).unwrap()));
+    let nw = r(&[h], 4);
+    time("rmsnorm fwd", &mut || drop(rmsnorm::forward(&x, &nw, 1e-6).unwrap()));
+    let (_, rstd) = rmsnorm::forward(&x, &nw, 1e-6).unwrap();
+    time("rmsnorm bwd", &mut || drop(rmsnorm::backward(&x, &x, &nw, &rstd, true).unwrap()));
+    let q = r(&[b, nh, t, hd], 5);
+    let k = r(&[b, nkv, t, hd], 6);
+    let vv = r(&[b, nkv, t, hd], 7);
+    let bias = attention::mask_bias(&vec![1; n], b, t, DType::F32, &dev).unwrap();
+    time("mask_bias", &mut || drop(attention::mask_bias(&vec![1; n], b, t, DType::F32, &dev).unwrap()));
+    time("attention fwd", &mut || drop(attention::forward(&q, &k, &vv, &bias, 0.25).unwrap()));
+    let (_, probs) = attention::forward(&q, &k, &vv, &bias, 0.25).unwrap();
+    time("attention bwd", &mut || drop(attention::backward(&q, &q, &k, &vv, &probs, 0.25).unwrap()));
+    let pos: Vec<u32> = (0..n as u32).map(|i| i % t as u32).collect();
+    time("rope tables", &mut || drop(rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap()));
+    let (cos, sin) = rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap();
+    let (cos, sin) = (cos.reshape((b, t, 1, hd)).unwrap(), sin.reshape((b, t, 1, hd)).unwrap());
+    let qx = r(&[b, t, nh, hd], 8);
+    time("rope fwd", &mut || drop(rope::forward(&qx, &cos, &sin).unwrap()));
+    time("rope bwd", &mut || drop(rope::backward(&qx, &cos, &sin).unwrap()));
+    let g = r(&[n, f], 9);
+    time("swiglu fwd", &mut || drop(swiglu::forward(&g, &dy).unwrap()));
+    time("swiglu bwd", &mut || drop(swiglu::backward(&g, &g, &dy).unwrap()));
+    let logits = r(&[n, v], 10);
+    let labels: Vec<i64> = (0..n as i64).map(|i| i % v as i64).collect();
+    let labels = cross_entropy::Labels::new(&labels, v, DType::F32, &dev).unwrap();
+    time("ce fwd", &mut || drop(cross_entropy::forward(&logits, &labels).unwrap()));
+    let (losses, lse) = cross_entropy::forward(&logits, &labels).unwrap();
+    let ones = losses.ones_like().unwrap();
+    time("ce bwd", &mut || drop(cross_entropy::backward(&ones, &logits, &lse, &labels).unwrap()));
+    let qt = qx.transpose(1, 2).unwrap();
+    time("transpose+contiguous q", &mut || drop(qt.contiguous().unwrap()));
+}
