@@ -1,0 +1,74 @@
+//! Run manifests: an in-toto Statement v1 (SLSA Provenance v1 predicate) in a DSSE
+//! envelope signed with the node's key. docs/formats.md ("Manifest") is the contract.
+//!
+//! * [`digest`]: SHA-256 and BLAKE3 of big files in one pass (mmap, rayon);
+//! * [`dsse`]: the envelope, PAE, signing and verification;
+//! * [`statement`]: the statement and provenance types;
+//! * [`seal`](mod@seal): [`RunFacts`] → signed manifest on disk + `manifest.sealed` event +
+//!   an anchoring request for the manifest's BLAKE3.
+//!
+//! The digest that is anchored ("the manifest digest") is the BLAKE3 of the manifest
+//! file's bytes, which are the RFC 8785 canonical JSON of the envelope.
+
+pub mod digest;
+pub mod dsse;
+pub mod seal;
+pub mod statement;
+
+pub use digest::{Digests, HashOptions};
+pub use dsse::Envelope;
+pub use seal::{EventRange, NamedBytes, NamedFile, RunFacts, Sealed, SourceRef, seal};
+pub use statement::Statement;
+
+use crate::log::AppendError;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Kind of the event recording a sealed manifest (subject: the run id).
+pub const KIND_SEALED: &str = "manifest.sealed";
+/// Sub-directory of the node dir holding manifests, named `<blake3 hex>.json`.
+pub const MANIFEST_DIR: &str = "manifests";
+
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot seal: {0}")]
+    Invalid(String),
+    #[error("event log: {0}")]
+    Log(String),
+    #[error(transparent)]
+    Envelope(#[from] dsse::DsseError),
+    #[error("the payload is not an in-toto statement of mindxtrain provenance: {0}")]
+    Statement(String),
+}
+
+impl From<AppendError> for ManifestError {
+    fn from(e: AppendError) -> Self {
+        ManifestError::Log(e.to_string())
+    }
+}
+
+/// Where the manifest with BLAKE3 `digest` lives in a node directory.
+pub fn manifest_path(node_dir: &Path, digest: &[u8; 32]) -> PathBuf {
+    node_dir.join(MANIFEST_DIR).join(format!("{}.json", hex::encode(digest)))
+}
+
+/// The statement inside verified payload bytes, checked to be ours: in-toto v1, SLSA
+/// provenance v1, mindxtrain's build type.
+pub fn parse_statement(payload: &[u8]) -> Result<Statement, ManifestError> {
+    let s: Statement = serde_json::from_slice(payload).map_err(|e| ManifestError::Statement(e.to_string()))?;
+    if s.type_ != statement::STATEMENT_TYPE {
+        return Err(ManifestError::Statement(format!("_type is {:?}", s.type_)));
+    }
+    if s.predicate_type != statement::SLSA_PROVENANCE_V1 {
+        return Err(ManifestError::Statement(format!("predicateType is {:?}", s.predicate_type)));
+    }
+    if s.predicate.build_definition.build_type != statement::BUILD_TYPE {
+        return Err(ManifestError::Statement(format!("buildType is {:?}", s.predicate.build_definition.build_type)));
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
