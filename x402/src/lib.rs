@@ -1,3 +1,42 @@
 //! x402 paid HTTP for mindxtrain: wire types (v2, v1 compatible), the EIP-3009 `exact`
-//! scheme, the facilitator and the axum layer. The protocol lands with paid inference;
-//! the crate exists now so the workspace's dependency order is fixed from day one.
+//! scheme, facilitators (in-process over alloy, or remote over HTTP, and the routes that
+//! serve one) and [`PaidRoute`], the axum layer that sells any handler.
+//!
+//! * [`wire`], [`header`]: the JSON messages and their size-limited base64 headers;
+//! * [`network`]: CAIP-2 networks and USDC/TestUSDC presets;
+//! * [`eip712`]: `TransferWithAuthorization` typed data, signing and recovery;
+//! * [`exact`]: offer matching and the checks that need no chain;
+//! * [`facilitator`], [`local`], [`remote`]: verify/settle/supported;
+//! * [`paid`]: the layer; [`events`]: what it reports; [`pricing`]: what a call costs;
+//! * [`idempotency`]: the payment-identifier extension; [`key`]: the settling key.
+//!
+//! This crate knows nothing of the node or the trainer: prices arrive as plain numbers
+//! and payment events leave through [`PaymentEvents`].
+
+pub mod eip712;
+pub mod events;
+pub mod exact;
+pub mod facilitator;
+pub mod header;
+pub mod idempotency;
+pub mod key;
+pub mod local;
+pub mod network;
+pub mod paid;
+pub mod pricing;
+pub mod reason;
+pub mod remote;
+pub mod wire;
+
+/// The alloy version these APIs speak.
+pub use alloy;
+pub use events::{NoEvents, PaymentEvents, PaymentFacts};
+pub use exact::Offer;
+pub use facilitator::Facilitator;
+pub use key::SettlerKey;
+pub use local::{LocalFacilitator, LocalFacilitatorConfig, SettleVia};
+pub use network::{Asset, Network};
+pub use paid::{PaidRoute, PaidRouteConfig, VerifiedPayment};
+pub use pricing::Pricing;
+pub use reason::RejectReason;
+pub use remote::{HttpFacilitator, facilitator_routes};

@@ -1,0 +1,48 @@
+//! The facilitator interface (verify, settle, supported) and the `exact` answers built
+//! from a [`RejectReason`].
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::reason::RejectReason;
+use crate::wire::{PaymentPayload, PaymentRequirements, SettlementResponse, SupportedResponse, VerifyResponse};
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Verifies and settles payments. Failures are answers, not errors: an unreachable
+/// facilitator is `isValid: false` / `success: false` with `facilitator_unavailable`.
+pub trait Facilitator: Send + Sync + 'static {
+    fn verify<'a>(&'a self, payload: &'a PaymentPayload, req: &'a PaymentRequirements)
+    -> BoxFuture<'a, VerifyResponse>;
+    fn settle<'a>(
+        &'a self,
+        payload: &'a PaymentPayload,
+        req: &'a PaymentRequirements,
+    ) -> BoxFuture<'a, SettlementResponse>;
+    fn supported(&self) -> BoxFuture<'_, SupportedResponse>;
+}
+
+pub fn verify_ok(payer: &str) -> VerifyResponse {
+    VerifyResponse { is_valid: true, invalid_reason: None, invalid_message: None, payer: Some(payer.into()) }
+}
+
+pub fn verify_rejected(reason: &RejectReason, payer: Option<String>, message: Option<String>) -> VerifyResponse {
+    VerifyResponse { is_valid: false, invalid_reason: Some(reason.code().into()), invalid_message: message, payer }
+}
+
+pub fn settle_failed(
+    reason: &RejectReason,
+    req: &PaymentRequirements,
+    payer: Option<String>,
+    message: Option<String>,
+) -> SettlementResponse {
+    SettlementResponse {
+        success: false,
+        error_reason: Some(reason.code().into()),
+        error_message: message,
+        payer,
+        transaction: String::new(),
+        network: req.network.clone(),
+        amount: None,
+    }
+}

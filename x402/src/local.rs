@@ -1,0 +1,351 @@
+//! The in-process facilitator: verifies against the chain and settles with a funded key
+//! over alloy.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use alloy::network::EthereumWallet;
+use alloy::primitives::{Address, B256, Bytes, U256, keccak256};
+use alloy::providers::{DynProvider, Provider, ProviderBuilder};
+use thiserror::Error;
+
+use crate::exact::{CheckedPayment, check_offline, now_secs};
+use crate::facilitator::{BoxFuture, Facilitator, settle_failed, verify_ok, verify_rejected};
+use crate::key::SettlerKey;
+use crate::network::Network;
+use crate::reason::RejectReason;
+use crate::wire::{
+    PaymentPayload, PaymentRequirements, SettlementResponse, SupportedKind, SupportedResponse, VerifyResponse,
+};
+
+alloy::sol! {
+    #[sol(rpc)]
+    interface IEip3009 {
+        function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
+        function balanceOf(address account) external view returns (uint256);
+        function transferWithAuthorization(address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
+    }
+
+    #[sol(rpc)]
+    interface IX402Receiver {
+        function settleTransferAndRecord(bytes32 id, address from, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
+    }
+
+    #[sol(rpc)]
+    interface IErc1271 {
+        function isValidSignature(bytes32 hash, bytes signature) external view returns (bytes4);
+    }
+}
+
+const ERC1271_MAGIC: [u8; 4] = [0x16, 0x26, 0xba, 0x7e];
+
+/// Where settlement transactions go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleVia {
+    /// `token.transferWithAuthorization(…)`.
+    Token,
+    /// `X402Receiver.settleTransferAndRecord(id, …)` at this address (which must be the
+    /// `payTo`): the payment is recorded on chain in the same transaction.
+    Receiver(Address),
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalFacilitatorConfig {
+    pub rpc_url: String,
+    pub network: Network,
+    pub settle_via: SettleVia,
+    /// Simulate the transfer with `eth_call` during verify (what the reference does).
+    pub simulate: bool,
+    /// How long to wait for a settlement's receipt.
+    pub receipt_timeout: Duration,
+}
+
+impl LocalFacilitatorConfig {
+    pub fn new(rpc_url: impl Into<String>, network: Network) -> Self {
+        Self {
+            rpc_url: rpc_url.into(),
+            network,
+            settle_via: SettleVia::Token,
+            simulate: true,
+            receipt_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum FacilitatorError {
+    #[error("bad RPC URL {0}")]
+    Url(String),
+    #[error("RPC endpoint unreachable: {0}")]
+    Rpc(String),
+    #[error("RPC endpoint serves chain {actual}, configured for {expected}")]
+    WrongChain { expected: u64, actual: u64 },
+}
+
+type AuthKey = (Address, Address, B256);
+
+pub struct LocalFacilitator {
+    provider: DynProvider,
+    settler: Address,
+    config: LocalFacilitatorConfig,
+    /// Authorizations being settled right now: a second settle of one is refused.
+    settling: Mutex<HashSet<AuthKey>>,
+    /// Settled authorizations → their result, so a retried `/settle` answers the same.
+    settled: Mutex<HashMap<AuthKey, SettlementResponse>>,
+    /// One sender at a time: account nonces stay in order without a nonce cache.
+    send_lock: tokio::sync::Mutex<()>,
+}
+
+const SETTLED_MEMORY: usize = 100_000;
+
+impl LocalFacilitator {
+    /// Connects and checks the endpoint's chain id against the configured network.
+    pub async fn connect(config: LocalFacilitatorConfig, key: SettlerKey) -> Result<Self, FacilitatorError> {
+        let url = config.rpc_url.parse().map_err(|_| FacilitatorError::Url(config.rpc_url.clone()))?;
+        let provider =
+            ProviderBuilder::new().wallet(EthereumWallet::from(key.signer().clone())).connect_http(url).erased();
+        let actual = provider.get_chain_id().await.map_err(|e| FacilitatorError::Rpc(e.to_string()))?;
+        if actual != config.network.chain_id {
+            return Err(FacilitatorError::WrongChain { expected: config.network.chain_id, actual });
+        }
+        Ok(Self {
+            provider,
+            settler: key.address(),
+            config,
+            settling: Mutex::new(HashSet::new()),
+            settled: Mutex::new(HashMap::new()),
+            send_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn settler(&self) -> Address {
+        self.settler
+    }
+
+    fn check(&self, payload: &PaymentPayload, req: &PaymentRequirements) -> Result<CheckedPayment, RejectReason> {
+        if req.network != self.config.network.caip2() || payload.accepted.network != req.network {
+            return Err(RejectReason::NetworkMismatch);
+        }
+        check_offline(&payload.payload, req, now_secs())
+    }
+
+    async fn verify_on_chain(&self, p: &CheckedPayment) -> Result<(), (RejectReason, Option<String>)> {
+        let token = IEip3009::new(p.asset.address, &self.provider);
+        let m = &p.auth.message;
+        let used = token.authorizationState(m.from, m.nonce);
+        let balance = token.balanceOf(m.from);
+        let simulate = async {
+            if !self.config.simulate {
+                return Ok(());
+            }
+            self.settle_call_data(p).from(self.settler).call().await.map(|_| ())
+        };
+        let (used, balance, simulated) = tokio::join!(used.call(), balance.call(), simulate);
+        let rpc = |e: alloy::contract::Error| (RejectReason::FacilitatorUnavailable, Some(e.to_string()));
+        if used.map_err(rpc)? {
+            return Err((RejectReason::NonceAlreadyUsed, None));
+        }
+        if balance.map_err(rpc)? < m.value {
+            return Err((RejectReason::InsufficientBalance, None));
+        }
+        if !p.ecdsa_ok && !self.erc1271_accepts(p).await? {
+            return Err((RejectReason::InvalidSignature, None));
+        }
+        if let Err(e) = simulated {
+            return Err(revert_reason(&e));
+        }
+        Ok(())
+    }
+
+    /// A contract wallet `from` accepting the signature through ERC-1271.
+    async fn erc1271_accepts(&self, p: &CheckedPayment) -> Result<bool, (RejectReason, Option<String>)> {
+        let from = p.from();
+        let code = self
+            .provider
+            .get_code_at(from)
+            .await
+            .map_err(|e| (RejectReason::FacilitatorUnavailable, Some(e.to_string())))?;
+        if code.is_empty() {
+            return Ok(false);
+        }
+        let wallet = IErc1271::new(from, &self.provider);
+        Ok(
+            matches!(wallet.isValidSignature(p.digest, p.auth.signature.clone()).call().await, Ok(v) if v.0 == ERC1271_MAGIC),
+        )
+    }
+
+    /// The settlement call (token or receiver), unsent: simulated in verify, sent in settle.
+    fn settle_call_data(&self, p: &CheckedPayment) -> alloy::contract::RawCallBuilder<&DynProvider> {
+        use alloy::sol_types::SolCall;
+        let m = &p.auth.message;
+        let signature: Bytes = p.auth.signature.clone();
+        let (target, input) = match self.config.settle_via {
+            SettleVia::Token => {
+                let call = IEip3009::transferWithAuthorizationCall {
+                    from: m.from,
+                    to: m.to,
+                    value: m.value,
+                    validAfter: m.validAfter,
+                    validBefore: m.validBefore,
+                    nonce: m.nonce,
+                    signature,
+                };
+                (p.asset.address, call.abi_encode())
+            }
+            SettleVia::Receiver(receiver) => {
+                let call = IX402Receiver::settleTransferAndRecordCall {
+                    id: payment_record_id(p.asset.address, m.from, m.nonce),
+                    from: m.from,
+                    value: m.value,
+                    validAfter: m.validAfter,
+                    validBefore: m.validBefore,
+                    nonce: m.nonce,
+                    signature,
+                };
+                (receiver, call.abi_encode())
+            }
+        };
+        alloy::contract::RawCallBuilder::new_raw(&self.provider, input.into()).to(target)
+    }
+
+    async fn send_and_wait(&self, p: &CheckedPayment) -> Result<B256, (RejectReason, Option<String>)> {
+        let pending = {
+            let _one_sender = self.send_lock.lock().await;
+            self.settle_call_data(p).from(self.settler).send().await.map_err(|e| revert_reason(&e))?
+        };
+        let tx = *pending.tx_hash();
+        let deadline = Instant::now() + self.config.receipt_timeout;
+        loop {
+            match self.provider.get_transaction_receipt(tx).await {
+                Ok(Some(r)) if r.status() => return Ok(tx),
+                Ok(Some(_)) => {
+                    return Err((RejectReason::SettlementFailed, Some(format!("transaction {tx} reverted"))));
+                }
+                Ok(None) | Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
+                Ok(None) => return Err((RejectReason::SettlementFailed, Some(format!("no receipt for {tx}")))),
+                Err(e) => return Err((RejectReason::SettlementFailed, Some(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// The X402Receiver record id of an authorization: unique per (token, payer, nonce).
+pub fn payment_record_id(asset: Address, from: Address, nonce: B256) -> B256 {
+    keccak256([asset.as_slice(), from.as_slice(), nonce.as_slice()].concat())
+}
+
+/// The reason a token call reverted, from FiatToken's revert strings.
+fn revert_reason(e: &alloy::contract::Error) -> (RejectReason, Option<String>) {
+    let text = e
+        .as_revert_data()
+        .and_then(|d| <alloy::sol_types::Revert as alloy::sol_types::SolError>::abi_decode(&d).ok())
+        .map(|r| r.reason)
+        .unwrap_or_else(|| e.to_string());
+    let reason = if text.contains("authorization is used or canceled") {
+        RejectReason::NonceAlreadyUsed
+    } else if text.contains("exceeds balance") {
+        RejectReason::InsufficientBalance
+    } else if text.contains("invalid signature") || text.contains("ECRecover") {
+        RejectReason::InvalidSignature
+    } else if text.contains("not yet valid") {
+        RejectReason::ValidAfterInFuture
+    } else if text.contains("authorization is expired") {
+        RejectReason::ValidBeforeExpired
+    } else if e.as_revert_data().is_none() && !text.contains("revert") {
+        RejectReason::FacilitatorUnavailable
+    } else {
+        RejectReason::SimulationFailed
+    };
+    (reason, Some(text))
+}
+
+impl Facilitator for LocalFacilitator {
+    fn verify<'a>(
+        &'a self,
+        payload: &'a PaymentPayload,
+        req: &'a PaymentRequirements,
+    ) -> BoxFuture<'a, VerifyResponse> {
+        Box::pin(async move {
+            let payer = Some(payload.payload.authorization.from.clone());
+            let checked = match self.check(payload, req) {
+                Ok(c) => c,
+                Err(r) => return verify_rejected(&r, payer, None),
+            };
+            match self.verify_on_chain(&checked).await {
+                Ok(()) => verify_ok(&checked.from().to_checksum(None)),
+                Err((r, msg)) => verify_rejected(&r, payer, msg),
+            }
+        })
+    }
+
+    fn settle<'a>(
+        &'a self,
+        payload: &'a PaymentPayload,
+        req: &'a PaymentRequirements,
+    ) -> BoxFuture<'a, SettlementResponse> {
+        Box::pin(async move {
+            let payer = Some(payload.payload.authorization.from.clone());
+            let checked = match self.check(payload, req) {
+                Ok(c) => c,
+                Err(r) => return settle_failed(&r, req, payer, None),
+            };
+            let key = (checked.asset.address, checked.from(), checked.nonce());
+            if let Some(done) = lock(&self.settled).get(&key) {
+                return done.clone();
+            }
+            if !lock(&self.settling).insert(key) {
+                return settle_failed(&RejectReason::NonceInFlight, req, payer, None);
+            }
+            let outcome = self.send_and_wait(&checked).await;
+            lock(&self.settling).remove(&key);
+            match outcome {
+                Ok(tx) => {
+                    let done = SettlementResponse {
+                        success: true,
+                        error_reason: None,
+                        error_message: None,
+                        payer: Some(checked.from().to_checksum(None)),
+                        transaction: tx.to_string(),
+                        network: req.network.clone(),
+                        amount: Some(checked.value().to_string()),
+                    };
+                    let mut settled = lock(&self.settled);
+                    if settled.len() >= SETTLED_MEMORY {
+                        settled.clear();
+                    }
+                    settled.insert(key, done.clone());
+                    done
+                }
+                Err((r, msg)) => settle_failed(&r, req, payer, msg),
+            }
+        })
+    }
+
+    fn supported(&self) -> BoxFuture<'_, SupportedResponse> {
+        Box::pin(async move {
+            let n = self.config.network;
+            let kind = |v: u32, network: String| SupportedKind {
+                x402_version: v,
+                scheme: "exact".into(),
+                network,
+                extra: None,
+            };
+            let mut signers = serde_json::Map::new();
+            signers.insert("eip155:*".into(), serde_json::json!([self.settler.to_checksum(None)]));
+            SupportedResponse { kinds: vec![kind(2, n.caip2()), kind(1, n.v1_name())], extensions: vec![], signers }
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A value of `U256` as u64 when it fits (amounts in events).
+pub fn u256_to_u64(v: U256) -> Option<u64> {
+    u64::try_from(v).ok()
+}
+
+/// For callers that hold the facilitator behind the trait.
+pub type SharedFacilitator = Arc<dyn Facilitator>;
