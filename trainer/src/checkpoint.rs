@@ -1,1 +1,27 @@
 //! Weights in and out: HF safetensors (single and sharded), PEFT adapters, training state.
+//!
+//! * [`WeightFiles`] reads an HF model directory (`model.safetensors` or a sharded
+//!   `model.safetensors.index.json`), converting bf16/f16/f32 to the dtype asked for.
+//! * A checkpoint is written into a [`StagedDir`] and appears at its final path only when
+//!   [`StagedDir::commit`] has synced every file and renamed the directory: after a crash at
+//!   any point a checkpoint directory is either complete or absent. [`publish_latest`] moves
+//!   the `latest` pointer the same way.
+//! * Every file written is listed with its size and BLAKE3 ([`FileDigest`]), for the
+//!   `checkpoint.saved` event; safetensors output is byte-deterministic (sorted names, fixed
+//!   metadata), so identical weights give identical digests.
+
+mod durable;
+mod error;
+mod hf;
+mod peft;
+mod safetensors_file;
+mod state;
+
+pub use durable::{FileDigest, StagedDir, latest, prune, publish_latest};
+pub use error::CheckpointError;
+pub use hf::{
+    CONFIG_FILE, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, WeightFiles, load_hf_weights, save_hf_model,
+};
+pub use peft::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterConfig, load_peft_adapter, save_peft_adapter};
+pub use safetensors_file::{read_safetensors, safetensors_bytes};
+pub use state::{OPTIMIZER_FILE, STATE_FILE, TrainingState, load_training_state, save_training_state};

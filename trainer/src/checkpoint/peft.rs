@@ -1,0 +1,270 @@
+//! LoRA adapters in PEFT's layout: `adapter_config.json` + `adapter_model.safetensors`, tensor
+//! names `base_model.model.<module>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
+//! (`[out, r]`), without the `.default` adapter name PEFT uses in memory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::CheckpointError;
+use super::durable::StagedDir;
+use super::error::io;
+use super::safetensors_file::{read_safetensors, write_safetensors};
+use crate::recipe::{Lora, TargetModule};
+
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+const PREFIX: &str = "base_model.model.";
+
+/// The fields of PEFT's `LoraConfig` that describe our adapters; the rest are written with
+/// PEFT's defaults so PEFT loads the file unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterConfig {
+    pub peft_type: String,
+    pub task_type: String,
+    pub base_model_name_or_path: Option<String>,
+    pub r: u32,
+    pub lora_alpha: u32,
+    pub lora_dropout: f64,
+    /// Module names (`q_proj`, ...), sorted.
+    pub target_modules: Vec<String>,
+    pub bias: String,
+    #[serde(default)]
+    pub use_rslora: bool,
+    #[serde(default)]
+    pub use_dora: bool,
+    #[serde(default)]
+    pub fan_in_fan_out: bool,
+    #[serde(default)]
+    pub inference_mode: bool,
+    #[serde(default)]
+    pub modules_to_save: Option<Vec<String>>,
+    #[serde(default)]
+    pub layers_to_transform: Option<serde_json::Value>,
+    #[serde(default)]
+    pub layers_pattern: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rank_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub alpha_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default = "yes")]
+    pub init_lora_weights: serde_json::Value,
+    #[serde(default)]
+    pub revision: Option<String>,
+}
+
+fn yes() -> serde_json::Value {
+    serde_json::Value::Bool(true)
+}
+
+pub(crate) fn module_name(m: TargetModule) -> &'static str {
+    match m {
+        TargetModule::QProj => "q_proj",
+        TargetModule::KProj => "k_proj",
+        TargetModule::VProj => "v_proj",
+        TargetModule::OProj => "o_proj",
+        TargetModule::GateProj => "gate_proj",
+        TargetModule::UpProj => "up_proj",
+        TargetModule::DownProj => "down_proj",
+    }
+}
+
+impl AdapterConfig {
+    pub fn from_recipe(lora: &Lora, base_model_name_or_path: Option<String>) -> Self {
+        let mut target_modules: Vec<String> = lora.target_modules.iter().map(|m| module_name(*m).to_string()).collect();
+        target_modules.sort();
+        target_modules.dedup();
+        AdapterConfig {
+            peft_type: "LORA".into(),
+            task_type: "CAUSAL_LM".into(),
+            base_model_name_or_path,
+            r: lora.r,
+            lora_alpha: lora.alpha,
+            lora_dropout: lora.dropout,
+            target_modules,
+            bias: "none".into(),
+            use_rslora: lora.rslora,
+            use_dora: false,
+            fan_in_fan_out: false,
+            inference_mode: true,
+            modules_to_save: None,
+            layers_to_transform: None,
+            layers_pattern: None,
+            rank_pattern: BTreeMap::new(),
+            alpha_pattern: BTreeMap::new(),
+            init_lora_weights: yes(),
+            revision: None,
+        }
+    }
+
+    /// The factor on `B A x`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA (PEFT's `scaling`).
+    pub fn scaling(&self) -> f64 {
+        let r = self.r as f64;
+        self.lora_alpha as f64 / if self.use_rslora { r.sqrt() } else { r }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let unsupported = [
+            (self.peft_type != "LORA", "peft_type must be LORA"),
+            (self.bias != "none", "only bias \"none\" is supported"),
+            (self.use_dora, "DoRA is not supported"),
+            (self.fan_in_fan_out, "fan_in_fan_out is not supported"),
+            (!self.rank_pattern.is_empty() || !self.alpha_pattern.is_empty(), "rank/alpha patterns are not supported"),
+            (self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()), "modules_to_save is not supported"),
+            (self.r == 0, "r must be > 0"),
+        ];
+        match unsupported.iter().find(|(bad, _)| *bad) {
+            Some((_, why)) => Err(why.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks names and shapes of adapter tensors: every module has an A `[r, in]` and a B
+/// `[out, r]`, its projection is a target module, and no name carries `.default`.
+fn check_tensors(config: &AdapterConfig, tensors: &BTreeMap<String, Tensor>) -> Result<(), CheckpointError> {
+    let bad = |name: &str, reason: String| Err(CheckpointError::BadAdapterTensor { name: name.to_string(), reason });
+    let r = config.r as usize;
+    let mut a_modules = BTreeSet::new();
+    let mut b_modules = BTreeSet::new();
+    for (name, t) in tensors {
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            return bad(name, format!("does not start with `{PREFIX}`"));
+        };
+        if rest.split('.').any(|part| part == "default") {
+            return bad(name, "saved names carry no adapter name (`.default`)".into());
+        }
+        let (module, is_a) = if let Some(m) = rest.strip_suffix(".lora_A.weight") {
+            (m, true)
+        } else if let Some(m) = rest.strip_suffix(".lora_B.weight") {
+            (m, false)
+        } else {
+            return bad(name, "is neither `.lora_A.weight` nor `.lora_B.weight`".into());
+        };
+        let projection = module.rsplit('.').next().unwrap_or(module);
+        if !config.target_modules.iter().any(|m| m == projection) {
+            return bad(name, format!("`{projection}` is not in target_modules {:?}", config.target_modules));
+        }
+        let dims = t.dims();
+        let ok = dims.len() == 2 && if is_a { dims[0] == r } else { dims[1] == r };
+        if !ok {
+            let want = if is_a { format!("[{r}, in]") } else { format!("[out, {r}]") };
+            return bad(name, format!("shape {dims:?}, expected {want}"));
+        }
+        if is_a {
+            a_modules.insert(module)
+        } else {
+            b_modules.insert(module)
+        };
+    }
+    if let Some(m) = a_modules.symmetric_difference(&b_modules).next() {
+        return bad(&format!("{PREFIX}{m}"), "has only one of lora_A / lora_B".into());
+    }
+    Ok(())
+}
+
+/// Writes the adapter in PEFT layout into `dir` (tensors in their own dtype).
+pub fn save_peft_adapter(
+    dir: &mut StagedDir,
+    config: &AdapterConfig,
+    tensors: &BTreeMap<String, Tensor>,
+) -> Result<(), CheckpointError> {
+    let path = dir.target_path().join(ADAPTER_CONFIG_FILE);
+    config.check().map_err(|reason| CheckpointError::BadAdapterConfig { path, reason })?;
+    check_tensors(config, tensors)?;
+    let mut text = serde_json::to_string_pretty(config).expect("config always serializes");
+    text.push('\n');
+    dir.write_file(ADAPTER_CONFIG_FILE, text.as_bytes())?;
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    dir.write_with(ADAPTER_WEIGHTS_FILE, |w| write_safetensors(w, &list, None, &meta).map(|_| ()))
+}
+
+/// Reads a PEFT adapter directory (ours or PEFT's), tensors as f32 on `device`.
+pub fn load_peft_adapter(
+    dir: &Path,
+    device: &Device,
+) -> Result<(AdapterConfig, BTreeMap<String, Tensor>), CheckpointError> {
+    let path = dir.join(ADAPTER_CONFIG_FILE);
+    let text = std::fs::read(&path).map_err(io(&path))?;
+    let config: AdapterConfig = serde_json::from_slice(&text)
+        .map_err(|e| CheckpointError::BadAdapterConfig { path: path.clone(), reason: e.to_string() })?;
+    config.check().map_err(|reason| CheckpointError::BadAdapterConfig { path, reason })?;
+    let tensors = read_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), Some(DType::F32), device)?;
+    check_tensors(&config, &tensors)?;
+    Ok((config, tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(r: usize) -> BTreeMap<String, Tensor> {
+        let t = |rows: usize, cols: usize, s: f32| {
+            Tensor::from_vec((0..rows * cols).map(|i| i as f32 * s).collect(), (rows, cols), &Device::Cpu).unwrap()
+        };
+        let m = "base_model.model.model.layers.0.self_attn.q_proj";
+        BTreeMap::from([(format!("{m}.lora_A.weight"), t(r, 8, 0.01)), (format!("{m}.lora_B.weight"), t(8, r, -0.02))])
+    }
+
+    fn config(r: u32) -> AdapterConfig {
+        AdapterConfig::from_recipe(&Lora { r, alpha: 16, ..Lora::default() }, Some("tiny-qwen3".into()))
+    }
+
+    #[test]
+    fn round_trip_and_peft_fields() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = StagedDir::create(&root.path().join("a")).unwrap();
+        save_peft_adapter(&mut dir, &config(4), &adapter(4)).unwrap();
+        let files = dir.commit().unwrap();
+        assert_eq!(
+            files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE]
+        );
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.path().join("a").join(ADAPTER_CONFIG_FILE)).unwrap()).unwrap();
+        assert_eq!(json["peft_type"], "LORA");
+        assert_eq!(json["task_type"], "CAUSAL_LM");
+        assert_eq!(json["bias"], "none");
+        assert_eq!(json["r"], 4);
+        assert_eq!(json["target_modules"][0], "down_proj");
+        let (cfg, tensors) = load_peft_adapter(&root.path().join("a"), &Device::Cpu).unwrap();
+        assert_eq!(cfg, config(4));
+        assert_eq!(cfg.scaling(), 4.0);
+        for (name, t) in adapter(4) {
+            assert_eq!(tensors[&name].to_vec2::<f32>().unwrap(), t.to_vec2::<f32>().unwrap());
+        }
+    }
+
+    #[test]
+    fn malformed_adapters_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = StagedDir::create(&root.path().join("a")).unwrap();
+        let wrong_rank = save_peft_adapter(&mut dir, &config(2), &adapter(4));
+        assert!(matches!(wrong_rank, Err(CheckpointError::BadAdapterTensor { .. })));
+        let mut lonely = adapter(4);
+        lonely.retain(|k, _| k.ends_with("lora_A.weight"));
+        assert!(save_peft_adapter(&mut dir, &config(4), &lonely).is_err());
+        let with_default: BTreeMap<_, _> =
+            adapter(4).into_iter().map(|(k, v)| (k.replace("lora_A.weight", "lora_A.default.weight"), v)).collect();
+        assert!(save_peft_adapter(&mut dir, &config(4), &with_default).is_err());
+        let mut untargeted = config(4);
+        untargeted.target_modules = vec!["v_proj".into()];
+        assert!(save_peft_adapter(&mut dir, &untargeted, &adapter(4)).is_err());
+        let mut dora = config(4);
+        dora.use_dora = true;
+        assert!(matches!(
+            save_peft_adapter(&mut dir, &dora, &adapter(4)),
+            Err(CheckpointError::BadAdapterConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn rslora_scaling() {
+        let mut c = config(16);
+        c.use_rslora = true;
+        assert_eq!(c.scaling(), 4.0);
+    }
+}

@@ -1,0 +1,234 @@
+//! AdamW with decoupled weight decay, step for step the arithmetic of `torch.optim.AdamW`
+//! (the single-tensor path PyTorch takes on CPU), in f32 like a float32 parameter there.
+//!
+//! Weight decay rule: only parameters of rank >= 2 (projection matrices, embeddings,
+//! `lm_head`, LoRA A/B) decay; rank-0/1 parameters (RMSNorm gains, biases) do not. This is
+//! what HF `Trainer` does through `get_decay_parameter_names` (it excludes norms and biases
+//! by name); bare `torch.optim.AdamW` decays every parameter it is given, which equals this
+//! rule whenever only matrices are trained, as in LoRA.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::OptimError;
+use crate::recipe::Optimizer;
+
+/// Hyperparameters other than the learning rate, which comes from the schedule per step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamWConfig {
+    pub fn from_recipe(optimizer: &Optimizer) -> Self {
+        AdamWConfig { betas: optimizer.betas, eps: optimizer.eps, weight_decay: optimizer.weight_decay }
+    }
+}
+
+/// Whether weight decay applies to a parameter of this shape (see the module doc).
+pub fn decays(shape: &[usize]) -> bool {
+    shape.len() >= 2
+}
+
+const STEP_KEY: &str = "step";
+const EXP_AVG: &str = "exp_avg.";
+const EXP_AVG_SQ: &str = "exp_avg_sq.";
+
+/// AdamW state: the number of updates taken and, per parameter, the first and second moments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamW {
+    config: AdamWConfig,
+    step: u64,
+    moments: BTreeMap<String, Moments>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Moments {
+    shape: Vec<usize>,
+    exp_avg: Vec<f32>,
+    exp_avg_sq: Vec<f32>,
+}
+
+impl AdamW {
+    pub fn new(config: AdamWConfig) -> Self {
+        AdamW { config, step: 0, moments: BTreeMap::new() }
+    }
+
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// Updates taken so far (torch's `state["step"]`).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// One update of every parameter in `params` with learning rate `lr`. Each parameter needs a
+    /// gradient of its shape; a gradient without a parameter is an error too (a name mismatch
+    /// would otherwise silently freeze a weight). Parameters keep their dtype and device; the
+    /// arithmetic is f32.
+    pub fn step(
+        &mut self,
+        params: &mut BTreeMap<String, Tensor>,
+        grads: &BTreeMap<String, Tensor>,
+        lr: f64,
+    ) -> Result<(), OptimError> {
+        if let Some(name) = grads.keys().find(|n| !params.contains_key(*n)) {
+            return Err(OptimError::State(format!("gradient `{name}` has no parameter")));
+        }
+        for (name, p) in params.iter() {
+            let g = grads.get(name).ok_or_else(|| OptimError::MissingGrad(name.clone()))?;
+            if g.dims() != p.dims() {
+                return Err(OptimError::ShapeMismatch {
+                    name: name.clone(),
+                    param: p.dims().to_vec(),
+                    grad: g.dims().to_vec(),
+                });
+            }
+            if let Some(m) = self.moments.get(name)
+                && m.shape != p.dims()
+            {
+                return Err(OptimError::State(format!(
+                    "moments of `{name}` have shape {:?}, parameter has {:?}",
+                    m.shape,
+                    p.dims()
+                )));
+            }
+        }
+
+        self.step += 1;
+        let k = Coefficients::new(&self.config, lr, self.step);
+        for (name, p) in params.iter_mut() {
+            let grad = to_f32_vec(&grads[name])?;
+            let mut value = to_f32_vec(p)?;
+            let m = self.moments.entry(name.clone()).or_insert_with(|| Moments {
+                shape: p.dims().to_vec(),
+                exp_avg: vec![0.0; value.len()],
+                exp_avg_sq: vec![0.0; value.len()],
+            });
+            let decay = (self.config.weight_decay != 0.0 && decays(p.dims())).then_some(k.decay);
+            update(&k, decay, &mut value, &grad, &mut m.exp_avg, &mut m.exp_avg_sq);
+            *p = Tensor::from_vec(value, p.dims(), p.device())?.to_dtype(p.dtype())?;
+        }
+        Ok(())
+    }
+
+    /// The state as tensors for a checkpoint: `step` (i64 scalar) and per parameter
+    /// `exp_avg.{name}` / `exp_avg_sq.{name}` (f32, the parameter's shape).
+    pub fn state_tensors(&self) -> Result<BTreeMap<String, Tensor>, OptimError> {
+        let mut out = BTreeMap::new();
+        let step = i64::try_from(self.step).map_err(|_| OptimError::State("step overflows i64".into()))?;
+        out.insert(STEP_KEY.to_string(), Tensor::new(step, &Device::Cpu)?);
+        for (name, m) in &self.moments {
+            out.insert(format!("{EXP_AVG}{name}"), Tensor::from_slice(&m.exp_avg, m.shape.as_slice(), &Device::Cpu)?);
+            out.insert(
+                format!("{EXP_AVG_SQ}{name}"),
+                Tensor::from_slice(&m.exp_avg_sq, m.shape.as_slice(), &Device::Cpu)?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Rebuilds the optimizer from [`AdamW::state_tensors`] output.
+    pub fn from_state_tensors(config: AdamWConfig, state: &BTreeMap<String, Tensor>) -> Result<Self, OptimError> {
+        let step_t = state.get(STEP_KEY).ok_or_else(|| OptimError::State("missing `step`".into()))?;
+        let step = step_t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
+        let step = match step.as_slice() {
+            [s] if *s >= 0 => *s as u64,
+            other => return Err(OptimError::State(format!("`step` must be one non-negative integer, got {other:?}"))),
+        };
+        let mut moments = BTreeMap::new();
+        for (key, t) in state {
+            if key == STEP_KEY {
+                continue;
+            }
+            let Some(name) = key.strip_prefix(EXP_AVG_SQ) else {
+                if key.strip_prefix(EXP_AVG).is_none() {
+                    return Err(OptimError::State(format!("unexpected tensor `{key}`")));
+                }
+                continue;
+            };
+            let avg = state
+                .get(&format!("{EXP_AVG}{name}"))
+                .ok_or_else(|| OptimError::State(format!("`{key}` without `{EXP_AVG}{name}`")))?;
+            if avg.dims() != t.dims() {
+                return Err(OptimError::State(format!(
+                    "moments of `{name}` disagree in shape: {:?} vs {:?}",
+                    avg.dims(),
+                    t.dims()
+                )));
+            }
+            moments.insert(
+                name.to_string(),
+                Moments { shape: t.dims().to_vec(), exp_avg: to_f32_vec(avg)?, exp_avg_sq: to_f32_vec(t)? },
+            );
+        }
+        for key in state.keys() {
+            if let Some(name) = key.strip_prefix(EXP_AVG)
+                && !moments.contains_key(name)
+            {
+                return Err(OptimError::State(format!("`{key}` without `{EXP_AVG_SQ}{name}`")));
+            }
+        }
+        Ok(AdamW { config, step, moments })
+    }
+}
+
+/// The per-step scalars, computed in f64 as Python computes them and rounded to f32 where
+/// torch passes them to a float32 kernel.
+struct Coefficients {
+    decay: f32,
+    lerp_weight: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    neg_step_size: f32,
+}
+
+impl Coefficients {
+    fn new(c: &AdamWConfig, lr: f64, step: u64) -> Self {
+        let [beta1, beta2] = c.betas;
+        let step = step as f64;
+        let bias_correction1 = 1.0 - beta1.powf(step);
+        let bias_correction2 = 1.0 - beta2.powf(step);
+        Coefficients {
+            decay: (1.0 - lr * c.weight_decay) as f32,
+            lerp_weight: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            // Python's `x ** 0.5`, i.e. pow, not sqrt.
+            bias_correction2_sqrt: bias_correction2.powf(0.5) as f32,
+            eps: c.eps as f32,
+            neg_step_size: (-(lr / bias_correction1)) as f32,
+        }
+    }
+}
+
+fn update(k: &Coefficients, decay: Option<f32>, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    for i in 0..p.len() {
+        if let Some(d) = decay {
+            p[i] *= d; // param.mul_(1 - lr * weight_decay)
+        }
+        // exp_avg.lerp_(grad, 1 - beta1): ATen's two-sided lerp formula.
+        let w = k.lerp_weight;
+        m[i] = if w.abs() < 0.5 { m[i] + w * (g[i] - m[i]) } else { g[i] - (g[i] - m[i]) * (1.0 - w) };
+        // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        v[i] *= k.beta2;
+        v[i] += k.one_minus_beta2 * g[i] * g[i];
+        // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        let denom = v[i].sqrt() / k.bias_correction2_sqrt + k.eps;
+        // param.addcdiv_(exp_avg, denom, value=-step_size)
+        p[i] += k.neg_step_size * m[i] / denom;
+    }
+}
+
+pub(super) fn to_f32_vec(t: &Tensor) -> Result<Vec<f32>, candle_core::Error> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+#[cfg(test)]
+mod tests;
