@@ -17,6 +17,9 @@ Rust tests read it with serde_json. Commands:
   bench       --config CFG.json --batch B --seq S --threads T [--steps N] [--warmup W] [--r R] [--alpha A]
               CPU training tok/s of transformers + PEFT (LoRA on all seven projections, AdamW)
 
+  multi       JOBS.json   runs each argv list of JOBS.json ([["logits", "--model", ...], ...]) in this one
+              process: interpreter start and imports cost seconds on a busy 2-core machine
+
 IDS.json is [[token, ...], ...]; BATCH.json is {"input_ids": [[...]], "labels": [[...]]}.
 """
 
@@ -208,9 +211,22 @@ def main() -> None:
     b.add_argument("--alpha", type=int, default=32)
     b.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
 
+    u = sub.add_parser("multi")
+    u.add_argument("jobs")
+
+    commands = {"make-model": cmd_make_model, "logits": cmd_logits, "make-adapter": cmd_make_adapter,
+                "lora-step": cmd_lora_step, "bench": cmd_bench}
     a = p.parse_args()
-    {"make-model": cmd_make_model, "logits": cmd_logits, "make-adapter": cmd_make_adapter,
-     "lora-step": cmd_lora_step, "bench": cmd_bench}[a.cmd](a)
+    if a.cmd == "multi":
+        with open(a.jobs) as f:
+            jobs = json.load(f)
+        for argv in jobs:
+            job = p.parse_args(argv)
+            if job.cmd == "multi":
+                raise SystemExit("multi does not nest")
+            commands[job.cmd](job)
+    else:
+        commands[a.cmd](a)
 
 
 if __name__ == "__main__":
