@@ -259,7 +259,8 @@ mod tests {
     fn batches_are_full_and_cross_into_the_next_epoch() {
         let docs = docs(10);
         let mut it = BatchIter::new(&docs, layout(false), 4, DataCursor::default()).unwrap();
-        let epoch_rows = plan_rows(&docs.iter().map(|d| d.ids.len()).collect::<Vec<_>>(), &(0..10).collect::<Vec<_>>(), 16, true);
+        let epoch_rows =
+            plan_rows(&docs.iter().map(|d| d.ids.len()).collect::<Vec<_>>(), &(0..10).collect::<Vec<_>>(), 16, true);
         let mut epochs_seen = 0;
         for _ in 0..10 {
             let b = it.next_batch();
@@ -282,7 +283,8 @@ mod tests {
     #[test]
     fn preference_rows_pair_up_and_resume() {
         let d = docs(9);
-        let pairs: Vec<(Encoded, Encoded)> = d.chunks(3).flat_map(|c| [(c[0].clone(), c[1].clone()), (c[1].clone(), c[2].clone())]).collect();
+        let pairs: Vec<(Encoded, Encoded)> =
+            d.chunks(3).flat_map(|c| [(c[0].clone(), c[1].clone()), (c[1].clone(), c[2].clone())]).collect();
         let mut it = PreferenceIter::new(&pairs, layout(true), 2, DataCursor::default()).unwrap();
         let first = it.next_batch();
         assert_eq!(first.chosen.batch, 2);

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::batches::{BatchIter, DataCursor, Layout, PreferenceIter, single_pass};
+use super::batches::{BatchIter, DataCursor, Layout, PreferenceIter, epoch_order, single_pass};
 use super::error::DataError;
 use super::example::{Example, Message, Role};
 use super::generator::{GENERATOR_VERSION, TaskParams, generate_jsonl};
@@ -104,8 +104,11 @@ impl Dataset {
                 let text = generate_jsonl(&params, record_format);
                 let name = "generated:tasks";
                 for (i, line) in text.lines().enumerate() {
-                    let example = parse_line(line.as_bytes(), record_format)
-                        .map_err(|reason| DataError::BadLine { path: name.into(), line: i as u64 + 1, reason })?;
+                    let example = parse_line(line.as_bytes(), record_format).map_err(|reason| DataError::BadLine {
+                        path: name.into(),
+                        line: i as u64 + 1,
+                        reason,
+                    })?;
                     read.examples.extend(example);
                 }
                 read.files.push(FileDigest {
@@ -178,16 +181,20 @@ impl Dataset {
             seed: recipe.meta.seed,
             pad_id: tokenizer.pad_id(),
         };
-        Ok(Dataset {
-            manifest,
-            train,
-            holdout,
-            template,
-            train_docs,
-            holdout_docs,
-            layout,
-            eos_id: tokenizer.eos_id(),
-        })
+        Ok(Dataset { manifest, train, holdout, template, train_docs, holdout_docs, layout, eos_id: tokenizer.eos_id() })
+    }
+
+    /// Rows one epoch of training data fills (packed rows, or preference pairs); sets the
+    /// step count of recipes that give `epochs` instead of `max_steps`.
+    pub fn train_rows_per_epoch(&self) -> usize {
+        match &self.train_docs {
+            Docs::Sft(docs) => {
+                let lens: Vec<usize> = docs.iter().map(|d| d.ids.len()).collect();
+                let order = epoch_order(lens.len(), self.layout.seed, 0, self.layout.shuffle);
+                super::pack::plan_rows(&lens, &order, self.layout.seq_len, self.layout.packing).len()
+            }
+            Docs::Preference(pairs) => pairs.len(),
+        }
     }
 
     pub fn is_preference(&self) -> bool {
@@ -269,7 +276,12 @@ struct Stats {
 
 impl Stats {
     fn kept(&self, examples: Vec<Example>) -> Vec<Example> {
-        examples.into_iter().enumerate().filter(|(i, _)| self.dropped.binary_search(i).is_err()).map(|(_, e)| e).collect()
+        examples
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| self.dropped.binary_search(i).is_err())
+            .map(|(_, e)| e)
+            .collect()
     }
 
     /// Records a document; false when it has no learned token within `seq_len`.

@@ -81,8 +81,7 @@ impl Answer {
             Answer::Text(t) => Message::new(Role::Assistant, t.clone()),
             Answer::ToolCall { name, arguments } => {
                 let mut m = Message::new(Role::Assistant, "");
-                m.tool_calls =
-                    vec![ToolCall { name: name.clone(), arguments: ToolArguments::Json(arguments.clone()) }];
+                m.tool_calls = vec![ToolCall { name: name.clone(), arguments: ToolArguments::Json(arguments.clone()) }];
                 m
             }
         }

@@ -76,7 +76,12 @@ impl ReadOutcome {
                 Err(reason) => return Err(DataError::BadLine { path: name.into(), line: line_no, reason }),
             }
         }
-        self.files.push(FileDigest { path: name.to_owned(), blake3: hasher.finalize().to_hex().to_string(), bytes, lines: line_no });
+        self.files.push(FileDigest {
+            path: name.to_owned(),
+            blake3: hasher.finalize().to_hex().to_string(),
+            bytes,
+            lines: line_no,
+        });
         Ok(())
     }
 }

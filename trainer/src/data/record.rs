@@ -92,10 +92,8 @@ fn messages_at(value: &Json, name: &str) -> Result<Vec<Message>, String> {
     if items.is_empty() {
         return Err(format!("{name}: is empty"));
     }
-    let messages = items.iter().enumerate().map(|(i, m)| message(m, &format!("{name}[{i}]"))).collect::<Result<
-        Vec<_>,
-        _,
-    >>()?;
+    let messages =
+        items.iter().enumerate().map(|(i, m)| message(m, &format!("{name}[{i}]"))).collect::<Result<Vec<_>, _>>()?;
     if let Some(i) = messages.iter().skip(1).position(|m| m.role == Role::System) {
         return Err(format!("{name}[{}].role: a system message may only come first", i + 1));
     }

@@ -69,11 +69,26 @@ mod tests {
     fn tool_calls_compare_as_parsed_json() {
         let reference = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
         assert!(answers_match(reference, reference));
-        assert!(answers_match(reference, "<tool_call>{\"arguments\":{\"city\":\"Oslo\"},\"name\":\"get_weather\"}</tool_call>"));
-        assert!(!answers_match(reference, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
-        assert!(!answers_match(reference, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}\n</tool_call>"));
-        assert!(!answers_match(reference, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
-        assert!(!answers_match(reference, "Sure. <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"));
+        assert!(answers_match(
+            reference,
+            "<tool_call>{\"arguments\":{\"city\":\"Oslo\"},\"name\":\"get_weather\"}</tool_call>"
+        ));
+        assert!(!answers_match(
+            reference,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"
+        ));
+        assert!(!answers_match(
+            reference,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}\n</tool_call>"
+        ));
+        assert!(!answers_match(
+            reference,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"
+        ));
+        assert!(!answers_match(
+            reference,
+            "Sure. <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"
+        ));
         assert!(!answers_match(reference, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
         assert!(!answers_match("Oslo", reference));
     }

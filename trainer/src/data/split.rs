@@ -25,7 +25,8 @@ pub fn holdout_split(
     seed: u64,
 ) -> (Vec<Example>, Vec<Example>) {
     let n = examples.len();
-    let wanted = if fraction.is_finite() && fraction > 0.0 { (fraction.min(1.0) * n as f64).floor() as usize } else { 0 };
+    let wanted =
+        if fraction.is_finite() && fraction > 0.0 { (fraction.min(1.0) * n as f64).floor() as usize } else { 0 };
     let k = wanted.min(max_samples.map_or(usize::MAX, |m| m as usize)).min(n.saturating_sub(1));
     if k == 0 {
         return (examples, Vec::new());

@@ -220,7 +220,8 @@ fn last_query_index(messages: &[Message]) -> usize {
     messages
         .iter()
         .rposition(|m| {
-            m.role == Role::User && !(m.content.starts_with("<tool_response>") && m.content.ends_with("</tool_response>"))
+            m.role == Role::User
+                && !(m.content.starts_with("<tool_response>") && m.content.ends_with("</tool_response>"))
         })
         .unwrap_or(messages.len().saturating_sub(1))
 }

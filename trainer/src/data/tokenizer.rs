@@ -202,10 +202,8 @@ impl Tokenizer {
     /// `skip_special_tokens` does for Qwen3); markup tokens are always written out.
     pub fn decode(&self, ids: &[u32], skip_control: bool) -> Result<String, DataError> {
         match &self.inner {
-            Inner::Byte => byte::decode(ids, skip_control).map_err(|message| DataError::Tokenizer {
-                origin: self.identity.clone(),
-                message,
-            }),
+            Inner::Byte => byte::decode(ids, skip_control)
+                .map_err(|message| DataError::Tokenizer { origin: self.identity.clone(), message }),
             Inner::Hf(hf) => {
                 let err = |message: String| DataError::Tokenizer { origin: hf.origin.clone(), message };
                 if let Some(bad) = ids.iter().find(|&&id| id as usize >= hf.vocab_size) {

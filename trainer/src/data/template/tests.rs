@@ -14,7 +14,11 @@ fn learned_text(tokenizer: &Tokenizer, pieces: &[Piece]) -> String {
 #[test]
 fn renders_qwen3_chatml_with_empty_think_block() {
     let conv = Conversation {
-        messages: vec![msg(Role::System, "You are terse."), msg(Role::User, "What is 2 + 3?"), msg(Role::Assistant, "5")],
+        messages: vec![
+            msg(Role::System, "You are terse."),
+            msg(Role::User, "What is 2 + 3?"),
+            msg(Role::Assistant, "5"),
+        ],
         tools: vec![],
     };
     let pieces = ChatTemplate::QWEN3.render(&conv, Targets::AssistantFrom(0));
@@ -35,7 +39,12 @@ fn renders_qwen3_chatml_with_empty_think_block() {
 fn only_the_answer_and_its_im_end_are_learned() {
     let t = Tokenizer::byte();
     let conv = Conversation {
-        messages: vec![msg(Role::User, "Q1"), msg(Role::Assistant, "A1"), msg(Role::User, "Q2"), msg(Role::Assistant, "A2")],
+        messages: vec![
+            msg(Role::User, "Q1"),
+            msg(Role::Assistant, "A1"),
+            msg(Role::User, "Q2"),
+            msg(Role::Assistant, "A2"),
+        ],
         tools: vec![],
     };
     let pieces = ChatTemplate::QWEN3.render(&conv, Targets::AssistantFrom(0));
@@ -95,8 +104,7 @@ fn reasoning_is_kept_only_after_the_last_query_and_is_learned() {
     old.reasoning = None;
     let mut last = msg(Role::Assistant, "A2");
     last.reasoning = Some("\nnew thoughts\n".into());
-    let conv =
-        Conversation { messages: vec![msg(Role::User, "Q1"), old, msg(Role::User, "Q2"), last], tools: vec![] };
+    let conv = Conversation { messages: vec![msg(Role::User, "Q1"), old, msg(Role::User, "Q2"), last], tools: vec![] };
     let pieces = ChatTemplate::QWEN3.render(&conv, Targets::AssistantFrom(0));
     assert_eq!(
         pieces_to_string(&pieces),
@@ -111,7 +119,10 @@ fn reasoning_is_kept_only_after_the_last_query_and_is_learned() {
 fn generation_prompt_ends_where_the_learned_answer_starts() {
     let messages = vec![msg(Role::User, "Hi")];
     let prompt = ChatTemplate::QWEN3.generation_prompt(&messages, &[]);
-    assert_eq!(pieces_to_string(&prompt), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    assert_eq!(
+        pieces_to_string(&prompt),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
     assert!(prompt.iter().all(|p| !p.target));
     // Prompt + learned answer tokens = the full rendering, token for token.
     let t = Tokenizer::byte();
