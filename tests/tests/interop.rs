@@ -56,7 +56,9 @@ fn python() -> Option<PathBuf> {
 }
 
 fn run_python(python: &Path, jobs: &[Vec<String>], work: &Path) {
-    let file = work.join(format!("jobs-{}.json", blake3::hash(format!("{jobs:?}").as_bytes()).to_hex()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = work.join(format!("jobs-{n}.json"));
     std::fs::write(&file, serde_json::to_string(jobs).unwrap()).unwrap();
     let script = repo_root().join("tests/python/qwen3_tiny.py");
     let out = Command::new(python).arg(script).arg("multi").arg(&file).output().expect("run python");
