@@ -11,4 +11,6 @@ pub mod data;
 pub mod events;
 pub mod model;
 pub mod optim;
+pub mod plan;
 pub mod recipe;
+pub mod run;

@@ -1,0 +1,240 @@
+//! The ahead-of-time (AOT) autotune plan: measured once before training, replayed verbatim.
+//!
+//! `mindxtrain bench` times candidate [`Choices`] on the real machine with the recipe's
+//! shapes, inside `autotune.budget_seconds`, and writes the fastest as a [`Plan`]. A run
+//! reads that file, checks it was made for the same recipe bytes, and uses its choices as
+//! they are: nothing is re-tuned during training, so two runs of one recipe and plan do
+//! the same arithmetic. The run records the plan's BLAKE3 (of the exact file bytes).
+//!
+//! ```
+//! use mindxtrain_trainer::plan::{Choices, Plan};
+//! let choices = Choices { threads: 2, micro_batch: 8, activation_checkpointing: false };
+//! let plan = Plan::new([7; 32], "cpu", choices, vec![], 10, 1234, false);
+//! let bytes = plan.to_bytes();
+//! let back = Plan::from_bytes(&bytes, "plan.json").unwrap();
+//! assert_eq!(back, plan);
+//! ```
+
+mod measure;
+
+pub use measure::{Candidate, MeasureError, Measured, Probe, candidates, measure};
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use thiserror::Error;
+
+/// Plan format version written by this build.
+pub const PLAN_VERSION: u32 = 1;
+
+/// What the plan decides. Every field changes speed or memory, never the result beyond
+/// floating-point summation order (`micro_batch` changes how a step's rows are split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Choices {
+    /// Worker threads for the CPU kernels (rayon pool and matmul parallelism).
+    pub threads: usize,
+    /// Rows per forward/backward pass; a step of `per_device` rows runs
+    /// `per_device / micro_batch` passes and sums their gradients.
+    pub micro_batch: usize,
+    /// Recompute each block's activations in the backward pass instead of keeping them.
+    pub activation_checkpointing: bool,
+}
+
+/// One timed candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    pub choices: Choices,
+    /// Median wall time of the timed steps, in microseconds; `None` when it failed.
+    pub step_us: Option<u64>,
+    pub steps_timed: u32,
+    /// Why the candidate has no time (error, or skipped for lack of budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The machine the plan was measured on; a plan replayed elsewhere still runs, but the
+/// run records the mismatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Machine {
+    pub device: String,
+    pub cpu: String,
+    pub logical_cpus: usize,
+    pub os: String,
+}
+
+impl Machine {
+    pub fn this(device: &str) -> Machine {
+        Machine {
+            device: device.to_string(),
+            cpu: cpu_model().unwrap_or_else(|| "unknown".into()),
+            logical_cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+        }
+    }
+}
+
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub v: u32,
+    /// BLAKE3 (hex) of the recipe bytes the plan was measured for.
+    pub recipe_blake3: String,
+    pub machine: Machine,
+    pub choices: Choices,
+    pub measurements: Vec<Measurement>,
+    pub budget_seconds: u32,
+    pub elapsed_ms: u64,
+    /// True when the budget ran out before every candidate was timed.
+    pub truncated: bool,
+    pub software: String,
+}
+
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("{path}: cannot read the plan: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: not a valid plan: {message}")]
+    Invalid { path: String, message: String },
+    #[error("{path}: plan version {found} is not supported (this build reads {PLAN_VERSION})")]
+    Version { path: String, found: u32 },
+    #[error("{path}: the plan was measured for recipe {plan} but this recipe is {recipe}; run `mindxtrain bench` again")]
+    WrongRecipe { path: String, plan: String, recipe: String },
+}
+
+impl Plan {
+    pub fn new(
+        recipe_blake3: [u8; 32],
+        device: &str,
+        choices: Choices,
+        measurements: Vec<Measurement>,
+        budget_seconds: u32,
+        elapsed_ms: u64,
+        truncated: bool,
+    ) -> Plan {
+        Plan {
+            v: PLAN_VERSION,
+            recipe_blake3: hex(&recipe_blake3),
+            machine: Machine::this(device),
+            choices,
+            measurements,
+            budget_seconds,
+            elapsed_ms,
+            truncated,
+            software: concat!("mindxtrain-trainer/", env!("CARGO_PKG_VERSION")).to_string(),
+        }
+    }
+
+    /// The file form: pretty JSON with a final newline. The plan's identity is the BLAKE3
+    /// of these exact bytes, so the file is never rewritten after it is measured.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
+    pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Plan, PlanError> {
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| PlanError::Invalid { path: path.to_string(), message: e.to_string() })?;
+        let found = value.get("v").and_then(|v| v.as_u64()).unwrap_or(0);
+        if found != u64::from(PLAN_VERSION) {
+            return Err(PlanError::Version { path: path.to_string(), found: found as u32 });
+        }
+        let plan: Plan = serde_json::from_value(value)
+            .map_err(|e| PlanError::Invalid { path: path.to_string(), message: e.to_string() })?;
+        let c = plan.choices;
+        if c.threads == 0 || c.micro_batch == 0 {
+            return Err(PlanError::Invalid {
+                path: path.to_string(),
+                message: "choices.threads and choices.micro_batch must be at least 1".into(),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Reads a plan and returns it with the BLAKE3 of its bytes.
+    pub fn read(path: &Path) -> Result<(Plan, [u8; 32]), PlanError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| PlanError::Read { path: shown.clone(), source })?;
+        let plan = Plan::from_bytes(&bytes, &shown)?;
+        Ok((plan, *blake3::hash(&bytes).as_bytes()))
+    }
+
+    /// Refuses a plan measured for other recipe bytes: its choices were never timed
+    /// with these shapes.
+    pub fn check_recipe(&self, recipe_blake3: &[u8; 32], path: &str) -> Result<(), PlanError> {
+        let recipe = hex(recipe_blake3);
+        if self.recipe_blake3 != recipe {
+            return Err(PlanError::WrongRecipe { path: path.to_string(), plan: self.recipe_blake3.clone(), recipe });
+        }
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        let c = Choices { threads: 2, micro_batch: 4, activation_checkpointing: true };
+        let m = vec![Measurement { choices: c, step_us: Some(1500), steps_timed: 3, note: None }];
+        Plan::new([1; 32], "cpu", c, m, 10, 900, false)
+    }
+
+    #[test]
+    fn round_trips_byte_for_byte() {
+        let p = plan();
+        let bytes = p.to_bytes();
+        let back = Plan::from_bytes(&bytes, "p.json").unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.to_bytes(), bytes);
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_versions_and_zero_choices() {
+        let mut v = serde_json::to_value(plan()).unwrap();
+        v["extra"] = 1.into();
+        let err = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap_err();
+        assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+
+        let mut v = serde_json::to_value(plan()).unwrap();
+        v["v"] = 9.into();
+        assert!(matches!(Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p"), Err(PlanError::Version { .. })));
+
+        let mut v = serde_json::to_value(plan()).unwrap();
+        v["choices"]["threads"] = 0.into();
+        let err = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap_err();
+        assert!(err.to_string().contains("at least 1"), "{err}");
+
+        let err = Plan::from_bytes(b"{not json", "p.json").unwrap_err();
+        assert!(err.to_string().starts_with("p.json: not a valid plan"), "{err}");
+    }
+
+    #[test]
+    fn a_plan_for_other_recipe_bytes_is_refused() {
+        let p = plan();
+        assert!(p.check_recipe(&[1; 32], "p").is_ok());
+        let err = p.check_recipe(&[2; 32], "p").unwrap_err();
+        assert!(matches!(err, PlanError::WrongRecipe { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_digest_is_of_the_exact_file_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.json");
+        let bytes = plan().to_bytes();
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, digest) = Plan::read(&path).unwrap();
+        assert_eq!(digest, *blake3::hash(&bytes).as_bytes());
+    }
+}

@@ -1,0 +1,180 @@
+//! Timing candidate choices inside a hard time budget.
+
+use super::{Choices, Measurement};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Timed steps per candidate once warmed up (fewer when the budget is short).
+const TIMED_STEPS: u32 = 3;
+
+/// One configuration to time.
+pub type Candidate = Choices;
+
+/// Runs one training step (forward, backward, optimizer) with the given choices.
+pub trait Probe {
+    fn step(&mut self, choices: &Choices) -> Result<(), String>;
+}
+
+impl<F: FnMut(&Choices) -> Result<(), String>> Probe for F {
+    fn step(&mut self, choices: &Choices) -> Result<(), String> {
+        self(choices)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum MeasureError {
+    #[error("no candidate completed a step within the {budget_s} s budget: {reasons}")]
+    NothingMeasured { budget_s: f64, reasons: String },
+}
+
+/// The outcome of [`measure`].
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub best: Choices,
+    pub measurements: Vec<Measurement>,
+    pub elapsed: Duration,
+    pub truncated: bool,
+}
+
+/// Every candidate for a CPU run: thread counts up to the machine's, micro-batches that
+/// divide `per_device`, and activation checkpointing off and on. Ordered so the
+/// likeliest winners are timed first when the budget is short.
+pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
+    let mut threads: Vec<usize> = std::iter::successors(Some(1usize), |t| Some(t * 2))
+        .take_while(|&t| t < logical_cpus)
+        .chain(std::iter::once(logical_cpus.max(1)))
+        .collect();
+    threads.dedup();
+    threads.reverse();
+    let mut micro: Vec<usize> = [1, 2, 4].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device % m == 0).collect();
+    micro.dedup();
+    let mut out = Vec::new();
+    for activation_checkpointing in [false, true] {
+        for &threads in &threads {
+            for &micro_batch in &micro {
+                out.push(Choices { threads, micro_batch, activation_checkpointing });
+            }
+        }
+    }
+    out
+}
+
+/// Times each candidate (one warm-up step, then up to [`TIMED_STEPS`]) and picks the one
+/// with the lowest median step time; ties keep the earlier candidate. No candidate
+/// starts once the budget is spent, and none is given more than an even share of what
+/// is left, so the whole measurement ends within the budget plus one step.
+pub fn measure(candidates: &[Candidate], budget: Duration, probe: &mut impl Probe) -> Result<Measured, MeasureError> {
+    let start = Instant::now();
+    let mut measurements = Vec::with_capacity(candidates.len());
+    let mut truncated = false;
+    for (i, choices) in candidates.iter().enumerate() {
+        let left = budget.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            truncated = true;
+            measurements.push(skipped(choices, "not timed: the autotune budget was spent"));
+            continue;
+        }
+        let share = left / (candidates.len() - i) as u32;
+        measurements.push(time_one(choices, share, probe));
+    }
+    let best = measurements
+        .iter()
+        .filter_map(|m| m.step_us.map(|t| (t, m.choices)))
+        .min_by_key(|(t, _)| *t)
+        .map(|(_, c)| c);
+    match best {
+        Some(best) => Ok(Measured { best, measurements, elapsed: start.elapsed(), truncated }),
+        None => Err(MeasureError::NothingMeasured {
+            budget_s: budget.as_secs_f64(),
+            reasons: measurements.iter().filter_map(|m| m.note.clone()).collect::<Vec<_>>().join("; "),
+        }),
+    }
+}
+
+fn time_one(choices: &Choices, share: Duration, probe: &mut impl Probe) -> Measurement {
+    let t0 = Instant::now();
+    if let Err(e) = probe.step(choices) {
+        return skipped(choices, &format!("failed: {e}"));
+    }
+    let warm = t0.elapsed();
+    let mut times = Vec::new();
+    while times.len() < TIMED_STEPS as usize && t0.elapsed() + warm.min(share) <= share {
+        let t = Instant::now();
+        if let Err(e) = probe.step(choices) {
+            return skipped(choices, &format!("failed: {e}"));
+        }
+        times.push(t.elapsed());
+    }
+    if times.is_empty() {
+        // The warm-up alone used the share: its time is the only honest number we have.
+        times.push(warm);
+    }
+    times.sort();
+    Measurement {
+        choices: *choices,
+        step_us: Some(times[times.len() / 2].as_micros() as u64),
+        steps_timed: times.len() as u32,
+        note: None,
+    }
+}
+
+fn skipped(choices: &Choices, why: &str) -> Measurement {
+    Measurement { choices: *choices, step_us: None, steps_timed: 0, note: Some(why.to_string()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_cover_threads_micro_batches_and_checkpointing() {
+        let c = candidates(2, 8);
+        assert_eq!(c.len(), 2 * 3 * 2);
+        assert_eq!(c[0], Choices { threads: 2, micro_batch: 8, activation_checkpointing: false });
+        assert!(c.contains(&Choices { threads: 1, micro_batch: 2, activation_checkpointing: true }));
+        assert_eq!(candidates(1, 1).len(), 2);
+        assert!(candidates(6, 3).iter().all(|c| 3 % c.micro_batch == 0 && c.threads <= 6));
+    }
+
+    #[test]
+    fn picks_the_fastest_and_records_everything() {
+        let cands = candidates(2, 4);
+        let mut probe = |c: &Choices| {
+            // Fake work proportional to a cost model: 2 threads and micro 4 win.
+            let cost = 200 / c.threads as u64 + 100 / c.micro_batch as u64 + u64::from(c.activation_checkpointing) * 50;
+            std::thread::sleep(Duration::from_micros(cost * 10));
+            Ok(())
+        };
+        let m = measure(&cands, Duration::from_secs(5), &mut probe).unwrap();
+        assert_eq!(m.best, Choices { threads: 2, micro_batch: 4, activation_checkpointing: false });
+        assert_eq!(m.measurements.len(), cands.len());
+        assert!(!m.truncated);
+    }
+
+    #[test]
+    fn the_budget_is_enforced() {
+        let cands = candidates(2, 8);
+        let mut probe = |_: &Choices| {
+            std::thread::sleep(Duration::from_millis(40));
+            Ok(())
+        };
+        let t = Instant::now();
+        let m = measure(&cands, Duration::from_millis(200), &mut probe).unwrap();
+        // Budget plus at most one step of overrun.
+        assert!(t.elapsed() < Duration::from_millis(200 + 45 + 40), "{:?}", t.elapsed());
+        assert!(m.truncated);
+        assert!(m.measurements.iter().any(|x| x.step_us.is_none()));
+    }
+
+    #[test]
+    fn failures_are_recorded_and_all_failing_is_an_error() {
+        let cands = candidates(2, 2);
+        let mut probe = |c: &Choices| if c.threads == 1 { Err("boom".to_string()) } else { Ok(()) };
+        let m = measure(&cands, Duration::from_secs(2), &mut probe).unwrap();
+        assert_eq!(m.best.threads, 2);
+        assert!(m.measurements.iter().any(|x| x.note.as_deref() == Some("failed: boom")));
+        let mut fail = |_: &Choices| Err("no memory".to_string());
+        let err = measure(&cands, Duration::from_secs(1), &mut fail).unwrap_err();
+        assert!(err.to_string().contains("no memory"), "{err}");
+    }
+}

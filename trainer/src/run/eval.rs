@@ -1,0 +1,154 @@
+//! Held-out evaluation: loss, perplexity and exact-match accuracy on generated answers.
+//!
+//! Written as `eval.json`; a recipe's `eval.regression` compares it with a baseline file
+//! and fails the run when accuracy drops by more than the threshold.
+
+use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
+use crate::model::{Adapters, ModelError, Qwen3};
+use candle_core::DType;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use thiserror::Error;
+
+/// Tokens generated at most per answer: the task answers are short.
+pub const MAX_ANSWER_TOKENS: usize = 96;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalReport {
+    pub v: u32,
+    /// Training step the weights come from (0 = before training).
+    pub step: u64,
+    pub holdout_examples: usize,
+    pub loss: Option<f64>,
+    pub perplexity: Option<f64>,
+    pub target_tokens: usize,
+    /// Prompts scored by exact match, and how many were right.
+    pub exact_match_total: usize,
+    pub exact_match_correct: usize,
+    pub exact_match: Option<f64>,
+    /// A few generated answers beside their references, for humans.
+    pub samples: Vec<EvalSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSample {
+    pub reference: String,
+    pub output: String,
+    pub correct: bool,
+}
+
+#[derive(Debug, Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    #[error("tensor: {0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("{path}: {message}")]
+    Baseline { path: String, message: String },
+    #[error(
+        "eval regression: exact match {now:.4} vs baseline {baseline:.4} ({path}) is {drop_pct:.2}% lower, over the {threshold_pct}% threshold"
+    )]
+    Regression { now: f64, baseline: f64, drop_pct: f64, threshold_pct: f64, path: String },
+}
+
+/// Evaluates `model` (with `adapters` when given) on the dataset's holdout. `max_prompts`
+/// bounds the generation part, which dominates the time.
+pub fn evaluate(
+    model: &Qwen3,
+    adapters: Option<&Adapters>,
+    dataset: &Dataset,
+    tokenizer: &Tokenizer,
+    per_device: usize,
+    max_prompts: usize,
+    step: u64,
+) -> Result<EvalReport, EvalError> {
+    let mut loss_sum = 0.0;
+    let mut target_tokens = 0;
+    for batch in dataset.holdout_batches(per_device) {
+        let losses = model.token_losses(&batch, adapters)?;
+        loss_sum += losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        target_tokens += batch.target_tokens();
+    }
+    let loss = (target_tokens > 0).then(|| loss_sum / target_tokens as f64);
+    let prompts: Vec<PromptItem> = dataset.holdout_prompts(tokenizer)?.into_iter().take(max_prompts).collect();
+    let stop = [tokenizer.im_end_id(), tokenizer.eos_id()];
+    let mut correct = 0;
+    let mut samples = Vec::new();
+    for item in &prompts {
+        let ids = model.generate(&item.prompt_ids, MAX_ANSWER_TOKENS, &stop, adapters)?;
+        let output = tokenizer.decode(&ids, true)?;
+        let ok = answers_match(&item.reference, &output);
+        correct += usize::from(ok);
+        if samples.len() < 5 {
+            samples.push(EvalSample { reference: item.reference.clone(), output, correct: ok });
+        }
+    }
+    Ok(EvalReport {
+        v: 1,
+        step,
+        holdout_examples: dataset.holdout.len(),
+        loss,
+        perplexity: loss.map(f64::exp),
+        target_tokens,
+        exact_match_total: prompts.len(),
+        exact_match_correct: correct,
+        exact_match: (!prompts.is_empty()).then(|| correct as f64 / prompts.len() as f64),
+        samples,
+    })
+}
+
+/// Fails when exact match fell more than `threshold_pct` percent (relative) below the
+/// baseline report at `baseline`.
+pub fn check_regression(report: &EvalReport, baseline: &Path, threshold_pct: f64) -> Result<(), EvalError> {
+    let path = baseline.display().to_string();
+    let bytes = std::fs::read(baseline).map_err(|e| EvalError::Baseline { path: path.clone(), message: e.to_string() })?;
+    let base: EvalReport = serde_json::from_slice(&bytes)
+        .map_err(|e| EvalError::Baseline { path: path.clone(), message: format!("not an eval.json: {e}") })?;
+    let (Some(now), Some(then)) = (report.exact_match, base.exact_match) else {
+        return Err(EvalError::Baseline { path, message: "no exact-match score to compare".into() });
+    };
+    let drop_pct = if then > 0.0 { (then - now) / then * 100.0 } else { 0.0 };
+    if drop_pct > threshold_pct {
+        return Err(EvalError::Regression { now, baseline: then, drop_pct, threshold_pct, path });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(em: Option<f64>) -> EvalReport {
+        EvalReport {
+            v: 1,
+            step: 10,
+            holdout_examples: 4,
+            loss: Some(1.0),
+            perplexity: Some(1.0f64.exp()),
+            target_tokens: 10,
+            exact_match_total: 4,
+            exact_match_correct: 2,
+            exact_match: em,
+            samples: vec![],
+        }
+    }
+
+    #[test]
+    fn regression_threshold_is_relative_to_the_baseline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eval.json");
+        std::fs::write(&path, serde_json::to_vec(&report(Some(0.5))).unwrap()).unwrap();
+        assert!(check_regression(&report(Some(0.48)), &path, 5.0).is_ok());
+        let err = check_regression(&report(Some(0.40)), &path, 5.0).unwrap_err();
+        assert!(matches!(err, EvalError::Regression { .. }), "{err}");
+        assert!(err.to_string().contains("20.00% lower"), "{err}");
+        assert!(check_regression(&report(None), &path, 5.0).is_err());
+        std::fs::write(&path, b"{}").unwrap();
+        let err = check_regression(&report(Some(0.5)), &path, 5.0).unwrap_err();
+        assert!(err.to_string().contains("not an eval.json"), "{err}");
+    }
+}

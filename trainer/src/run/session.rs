@@ -1,0 +1,531 @@
+//! One run from preparation to the last checkpoint.
+
+use super::eval::{EvalReport, check_regression, evaluate};
+use super::layout::{OutDir, RunRecord};
+use super::method::MethodPlan;
+use super::microbatch::{accumulate, split, split_pairs};
+use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
+use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
+use crate::data::{DataCursor, Dataset, Tokenizer};
+use crate::events::{EventSink, TrainerEvent};
+use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions, Trainable};
+use crate::optim::{AdamW, AdamWConfig, LrSchedule, clip_grad_norm};
+use crate::recipe::Dtype;
+use candle_core::{DType, Device};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// A prepared run: everything loaded, positioned at `step`.
+pub struct Session<'a> {
+    spec: &'a RunSpec,
+    out: OutDir,
+    record: RunRecord,
+    method: MethodPlan,
+    tokenizer: Tokenizer,
+    dataset: Dataset,
+    model: Qwen3,
+    adapters: Option<Adapters>,
+    optimizer: AdamW,
+    schedule: LrSchedule,
+    step: u64,
+    total_steps: u64,
+    cursor: DataCursor,
+    base_files: Vec<SavedFile>,
+    /// DPO's reference policy when all weights train: a frozen copy of the starting
+    /// weights (with adapters, the reference is the base with adapters off).
+    reference: Option<Qwen3>,
+}
+
+fn emit(sink: &mut impl EventSink, kind: &str, run_id: &str, data: Value) -> Result<(), RunError> {
+    sink.emit(TrainerEvent { kind: kind.to_string(), subject: run_id.to_string(), data })
+        .map_err(|e| RunError::Events(e.to_string()))
+}
+
+fn hex(b: &[u8; 32]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub(super) fn dtype_of(d: Dtype) -> DType {
+    match d {
+        Dtype::Fp32 => DType::F32,
+        Dtype::Bf16 => DType::BF16,
+        Dtype::Fp16 => DType::F16,
+    }
+}
+
+/// Loads the base model: `--init-from`, else `model.path`, else random init from the seed.
+fn load_base(spec: &RunSpec, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
+    let recipe = &spec.recipe.recipe;
+    let dtype = dtype_of(recipe.model.dtype);
+    let dir = spec.init_from.clone().or_else(|| recipe.model.path.as_ref().map(|p| spec.recipe_dir.join(p)));
+    match dir {
+        Some(dir) => {
+            let (model, files) = load_hf(&dir, dtype, device)?;
+            Ok((model, files))
+        }
+        None => {
+            let config = recipe.model.config.as_ref().ok_or_else(|| {
+                RunError::Recipe("model: give model.path (HF checkpoint) or model.config (random init)".into())
+            })?;
+            Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
+        }
+    }
+}
+
+
+/// An HF model directory: config.json and its weights, with the digests of its files.
+fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
+    let config_path = dir.join(checkpoint::CONFIG_FILE);
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| RunError::Io { path: config_path.display().to_string(), message: e.to_string() })?;
+    let config = Qwen3Config::from_hf_json(&text)?;
+    let params = checkpoint::load_hf_weights(dir, dtype, device)?;
+    let mut files = vec![digest_file(&config_path, dir)?];
+    for f in checkpoint::WeightFiles::open(dir)?.files() {
+        files.push(digest_file(&f, dir)?);
+    }
+    Ok((Qwen3::new(config, params, device)?, files))
+}
+
+/// Size and BLAKE3 of `path`, named relative to `root`.
+pub(super) fn digest_file(path: &Path, root: &Path) -> Result<SavedFile, RunError> {
+    let err = |e: std::io::Error| RunError::Io { path: path.display().to_string(), message: e.to_string() };
+    let mut h = blake3::Hasher::new();
+    h.update_mmap_rayon(path).map_err(err)?;
+    let bytes = std::fs::metadata(path).map_err(err)?.len();
+    let rel = path.strip_prefix(root).unwrap_or(path).to_string_lossy().replace('\\', "/");
+    Ok(SavedFile { path: rel, bytes, blake3: h.finalize().to_hex().to_string() })
+}
+
+fn torch_dtype(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    }
+}
+
+impl<'a> Session<'a> {
+    /// Prepares the run, resuming when asked, and records `run.started`.
+    pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
+        let recipe = &spec.recipe.recipe;
+        let out = OutDir::new(&spec.out_dir);
+        std::fs::create_dir_all(out.root()).map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
+        let method = MethodPlan::from_recipe(&recipe.train.method)?;
+        let device = Device::Cpu;
+        let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
+        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
+        out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
+        let (mut model, base_files) = load_base(spec, &device)?;
+        let mut adapters = match &method.lora {
+            Some(l) => Some(Adapters::init(model.config(), l, recipe.meta.seed, model.dtype(), &device)?),
+            None => None,
+        };
+        if method.nf4_base {
+            model.quantize_nf4()?;
+        }
+        let reference = match (method.preference, &adapters) {
+            (Some(crate::model::PreferenceLoss::Dpo { .. }), None) => Some(model.clone()),
+            _ => None,
+        };
+        let total_steps = total_steps(spec, &dataset)?;
+        let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
+        let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
+        let mut optimizer = AdamW::new(adam.clone());
+        let (mut step, mut cursor) = (0, DataCursor::default());
+
+        let existing = out.read_record()?;
+        let resume_from = if spec.resume { checkpoint::latest(&out.checkpoints_root())? } else { None };
+        let record = match (&existing, &resume_from) {
+            (Some(r), Some(_)) => r.clone(),
+            _ => RunRecord {
+                run_id: new_run_id(spec),
+                recipe_blake3: hex(&spec.recipe.bytes_blake3),
+                plan_blake3: hex(&spec.plan_blake3),
+                method: method.name.to_string(),
+                seed: recipe.meta.seed,
+            },
+        };
+        if let Some(dir) = &resume_from {
+            let state = checkpoint::load_training_state(dir)?;
+            if state.recipe_hash != hex(&spec.recipe.bytes_blake3) || state.plan_hash != hex(&spec.plan_blake3) {
+                return Err(RunError::Recipe(format!(
+                    "--resume: checkpoint {} was made with recipe {} and plan {}, not this recipe and plan",
+                    dir.display(),
+                    state.recipe_hash,
+                    state.plan_hash
+                )));
+            }
+            optimizer = AdamW::from_state_tensors(adam, &state.optimizer)?;
+            step = state.step;
+            cursor = serde_json::from_value(state.data_cursor)
+                .map_err(|e| RunError::Io { path: dir.display().to_string(), message: format!("data cursor: {e}") })?;
+            match adapters.as_mut() {
+                Some(a) => a.tensors = load_adapter_tensors(dir, model.dtype(), &device)?,
+                None => *model.params_mut() = checkpoint::load_hf_weights(dir, model.dtype(), &device)?,
+            }
+        } else if spec.resume {
+            return Err(RunError::Io {
+                path: out.root().display().to_string(),
+                message: "--resume: no complete checkpoint to resume from".into(),
+            });
+        }
+        out.write_json(&out.run_json(), &record)?;
+        let session = Session {
+            spec,
+            out,
+            record,
+            method,
+            tokenizer,
+            dataset,
+            model,
+            adapters,
+            optimizer,
+            schedule,
+            step,
+            total_steps,
+            cursor,
+            base_files,
+            reference,
+        };
+        emit(sink, if session.step > 0 { "run.resumed" } else { "run.started" }, &session.record.run_id, session.started_data())?;
+        Ok(session)
+    }
+
+    fn started_data(&self) -> Value {
+        let recipe = &self.spec.recipe.recipe;
+        json!({
+            "run_id": self.record.run_id,
+            "recipe_blake3": self.record.recipe_blake3,
+            "recipe_file": self.spec.recipe.source_name,
+            "plan_blake3": self.record.plan_blake3,
+            "plan": self.spec.plan.choices,
+            "method": self.method.name,
+            "model": recipe.model.name,
+            "dataset_blake3": self.dataset.manifest.digest(),
+            "base_files": self.base_files,
+            "seed": recipe.meta.seed,
+            "start_step": self.step,
+            "total_steps": self.total_steps,
+            "out_dir": self.out.root().display().to_string(),
+        })
+    }
+
+    /// Steps to the end; on error records `run.failed` before returning it.
+    pub fn run(mut self, sink: &mut impl EventSink, observer: &mut dyn Observer) -> Result<RunSummary, RunError> {
+        match self.steps(sink, observer) {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                let data = json!({"run_id": self.record.run_id, "step": self.step, "error": e.to_string()});
+                // The run's own error is the one to report; a failing sink was already
+                // the cause if this emit fails too.
+                let _ = emit(sink, "run.failed", &self.record.run_id, data);
+                Err(e)
+            }
+        }
+    }
+
+    fn steps(&mut self, sink: &mut impl EventSink, observer: &mut dyn Observer) -> Result<RunSummary, RunError> {
+        let train = &self.spec.recipe.recipe.train;
+        let started = Instant::now();
+        let mut tokens = 0u64;
+        let mut last_loss = None;
+        let log_every = u64::from(train.log_every_steps.max(1));
+        observer.started(self.step, self.total_steps);
+        while self.step < self.total_steps {
+            let t0 = Instant::now();
+            let (loss, n_tokens, grad_norm, lr) = self.one_step()?;
+            if !loss.is_finite() {
+                return Err(RunError::Diverged { step: self.step, value: loss });
+            }
+            tokens += n_tokens;
+            last_loss = Some(loss);
+            let report = StepReport {
+                step: self.step,
+                total_steps: self.total_steps,
+                loss,
+                lr,
+                grad_norm,
+                tokens_per_s: n_tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+                elapsed_s: started.elapsed().as_secs_f64(),
+            };
+            observer.step(&report);
+            if self.step % log_every == 0 || self.step == self.total_steps {
+                let data = json!({
+                    "run_id": self.record.run_id, "step": self.step, "total_steps": self.total_steps,
+                    "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                    "tokens_per_s": tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
+                });
+                emit(sink, "train.progress", &self.record.run_id, data)?;
+            }
+            if let Some(every) = train.checkpoint.every_steps
+                && self.step % every.max(1) == 0
+                && self.step < self.total_steps
+            {
+                self.save_checkpoint(sink)?;
+            }
+            if let Some(every) = self.spec.recipe.recipe.eval.every_steps
+                && self.spec.recipe.recipe.eval.enabled
+                && self.step % every.max(1) == 0
+                && self.step < self.total_steps
+            {
+                let report = self.evaluate()?;
+                observer.note(&eval_line(&report));
+                emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+            }
+        }
+        self.save_checkpoint(sink)?;
+        let files = self.save_final()?;
+        let eval = if self.spec.recipe.recipe.eval.enabled {
+            let report = self.evaluate()?;
+            let eval_file = self.write_eval(&report)?;
+            emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, Some(&eval_file)))?;
+            if let Some(reg) = &self.spec.recipe.recipe.eval.regression {
+                check_regression(&report, &self.spec.recipe_dir.join(&reg.baseline), reg.threshold_pct)?;
+            }
+            Some(report)
+        } else {
+            None
+        };
+        let summary = RunSummary {
+            run_id: self.record.run_id.clone(),
+            steps: self.step,
+            final_loss: last_loss,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+            final_dir: self.out.final_dir(),
+            files,
+            eval,
+            dataset_digest: self.dataset.manifest.digest(),
+        };
+        emit(
+            sink,
+            "run.finished",
+            &self.record.run_id,
+            json!({
+                "run_id": summary.run_id, "steps": summary.steps, "final_loss": summary.final_loss,
+                "tokens": summary.tokens, "seconds": summary.seconds,
+                "final_dir": summary.final_dir.display().to_string(), "files": summary.files,
+                "exact_match": summary.eval.as_ref().and_then(|e| e.exact_match),
+            }),
+        )?;
+        Ok(summary)
+    }
+
+    /// One optimizer step over `grad_accum` batches of `per_device` rows, split into the
+    /// plan's micro-batches. Returns (mean token loss, tokens, pre-clip grad norm, lr).
+    fn one_step(&mut self) -> Result<(f64, u64, f64, f64), RunError> {
+        let train = &self.spec.recipe.recipe.train;
+        let per_device = train.batch.per_device as usize;
+        let micro = self.spec.plan.choices.micro_batch.min(per_device).max(1);
+        let opts = |loss_scale| StepOptions {
+            activation_checkpointing: self.spec.plan.choices.activation_checkpointing,
+            dropout_seed: self.spec.recipe.recipe.meta.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            loss_scale,
+        };
+        let trainable = self.method.trainable;
+        let mut grads = BTreeMap::new();
+        let (mut loss_sum, mut tokens) = (0.0, 0u64);
+        let mut denominator = 0.0;
+        if let Some(loss) = self.method.preference {
+            let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            self.cursor = it.cursor();
+            let pairs: usize = batches.iter().map(|b| b.chosen.batch).sum();
+            for b in &batches {
+                for mb in split_pairs(b, micro) {
+                    let reference = match &self.reference {
+                        Some(frozen) => Some(reference_logps(frozen, &mb)?),
+                        None => None,
+                    };
+                    let o = opts(1.0 / pairs as f64);
+                    let out = self.model.forward_backward_preference(&mb, loss, reference.as_deref(), trainable, self.adapters.as_ref(), &o)?;
+                    loss_sum += out.loss_sum;
+                    tokens += (mb.chosen.input_ids.len() + mb.rejected.input_ids.len()) as u64;
+                    accumulate(&mut grads, out.grads)?;
+                }
+            }
+            denominator = pairs as f64;
+        } else {
+            let mut it = self.dataset.batches(per_device, self.cursor)?;
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            self.cursor = it.cursor();
+            let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
+            let scale = 1.0 / targets.max(1) as f64;
+            for b in &batches {
+                tokens += b.segment_ids.iter().filter(|&&s| s != 0).count() as u64;
+                for mb in split(b, micro) {
+                    let out = self.model.forward_backward(&mb, trainable, self.adapters.as_ref(), &opts(scale))?;
+                    loss_sum += out.loss_sum;
+                    accumulate(&mut grads, out.grads)?;
+                }
+            }
+            denominator += targets.max(1) as f64;
+        }
+        let grad_norm = if train.optimizer.grad_clip > 0.0 {
+            clip_grad_norm(&mut grads, train.optimizer.grad_clip)?
+        } else {
+            crate::optim::global_grad_norm(&grads)?
+        };
+        let lr = self.schedule.lr(self.step);
+        match (trainable, self.adapters.as_mut()) {
+            (Trainable::Adapters, Some(a)) => self.optimizer.step(&mut a.tensors, &grads, lr)?,
+            _ => self.optimizer.step(self.model.params_mut(), &grads, lr)?,
+        }
+        self.step += 1;
+        Ok((loss_sum / denominator, tokens, grad_norm, lr))
+    }
+
+    fn weights_to(&self, dir: &mut StagedDir) -> Result<(), RunError> {
+        let recipe = &self.spec.recipe.recipe;
+        match (&self.adapters, recipe.train.method.adapter()) {
+            (Some(a), Some(lora)) => {
+                let config = checkpoint::AdapterConfig::from_recipe(lora, Some(recipe.model.name.clone()));
+                checkpoint::save_peft_adapter(dir, &config, &a.tensors)?;
+            }
+            _ => {
+                let dtype = self.model.dtype();
+                let config: Value = serde_json::from_str(&self.model.config().to_hf_json(torch_dtype(dtype)))
+                    .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
+                checkpoint::save_hf_model(dir, &config, self.model.params(), dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save_checkpoint(&mut self, sink: &mut impl EventSink) -> Result<(), RunError> {
+        let dir = self.out.checkpoint_dir(self.step);
+        if dir.exists() {
+            return Ok(());
+        }
+        let state = TrainingState {
+            step: self.step,
+            optimizer: self.optimizer.state_tensors()?,
+            // Every random draw derives from (seed, step) or (seed, epoch): the seed is the
+            // whole RNG state.
+            rng: self.spec.recipe.recipe.meta.seed.to_le_bytes().to_vec(),
+            data_cursor: serde_json::to_value(self.cursor).unwrap_or(Value::Null),
+            recipe_hash: self.record.recipe_blake3.clone(),
+            plan_hash: self.record.plan_blake3.clone(),
+        };
+        let root = self.out.checkpoints_root();
+        std::fs::create_dir_all(&root).map_err(|e| RunError::Io { path: root.display().to_string(), message: e.to_string() })?;
+        let mut staged = StagedDir::create(&dir)?;
+        self.weights_to(&mut staged)?;
+        checkpoint::save_training_state(&mut staged, &state)?;
+        let files = staged.commit()?;
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        checkpoint::publish_latest(&root, &name)?;
+        checkpoint::prune(&root, "step-", self.spec.recipe.recipe.train.checkpoint.keep_last as usize)?;
+        emit(
+            sink,
+            "checkpoint.saved",
+            &self.record.run_id,
+            json!({"run_id": self.record.run_id, "step": self.step, "dir": dir.display().to_string(), "files": files}),
+        )
+    }
+
+    fn save_final(&self) -> Result<Vec<SavedFile>, RunError> {
+        let dir = self.out.final_dir();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| RunError::Io { path: dir.display().to_string(), message: e.to_string() })?;
+        }
+        let mut staged = StagedDir::create(&dir)?;
+        self.weights_to(&mut staged)?;
+        Ok(staged.commit()?)
+    }
+
+    fn evaluate(&self) -> Result<EvalReport, RunError> {
+        let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
+        Ok(evaluate(&self.model, self.adapters.as_ref(), &self.dataset, &self.tokenizer, per_device, self.spec.eval_prompts, self.step)?)
+    }
+
+    fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
+        let path = self.out.eval_json();
+        self.out.write_json(&path, report)?;
+        digest_file(&path, self.out.root())
+    }
+}
+
+fn eval_line(r: &EvalReport) -> String {
+    format!(
+        "eval @ step {}: loss {} exact-match {}/{}",
+        r.step,
+        r.loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into()),
+        r.exact_match_correct,
+        r.exact_match_total
+    )
+}
+
+fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
+    json!({
+        "run_id": run_id, "step": r.step, "loss": r.loss, "perplexity": r.perplexity,
+        "exact_match": r.exact_match, "exact_match_correct": r.exact_match_correct,
+        "exact_match_total": r.exact_match_total, "file": file,
+    })
+}
+
+/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows.
+fn total_steps(spec: &RunSpec, dataset: &Dataset) -> Result<u64, RunError> {
+    let train = &spec.recipe.recipe.train;
+    if let Some(n) = train.budget.max_steps {
+        return Ok(n);
+    }
+    let epochs = u64::from(train.budget.epochs.unwrap_or(1));
+    let rows_per_step = u64::from(train.batch.per_device) * u64::from(train.batch.grad_accum);
+    let rows = dataset.train_rows_per_epoch() as u64;
+    if rows == 0 {
+        return Err(RunError::Recipe("data: no training examples".into()));
+    }
+    Ok((epochs * rows).div_ceil(rows_per_step.max(1)))
+}
+
+/// A run id unique to this start: recipe, plan and the clock.
+fn new_run_id(spec: &RunSpec) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let mut h = blake3::Hasher::new();
+    h.update(&spec.recipe.bytes_blake3);
+    h.update(&spec.plan_blake3);
+    h.update(&nanos.to_le_bytes());
+    format!("run-{}", &h.finalize().to_hex()[..16])
+}
+
+/// Evaluates a finished checkpoint directory (`mindxtrain eval`): base weights from the
+/// recipe (or `init_from`), plus the adapter when the directory holds one.
+pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<EvalReport, RunError> {
+    let pool = super::apply_threads(spec.plan.choices.threads)?;
+    pool.install(|| {
+        let recipe = &spec.recipe.recipe;
+        let device = Device::Cpu;
+        let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
+        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
+        let dtype = dtype_of(recipe.model.dtype);
+        let (model, adapters) = if checkpoint_dir.join(checkpoint::ADAPTER_CONFIG_FILE).exists() {
+            let (model, _) = load_base(spec, &device)?;
+            let method = MethodPlan::from_recipe(&recipe.train.method)?;
+            let lora = method.lora.ok_or_else(|| RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into()))?;
+            let tensors = load_adapter_tensors(checkpoint_dir, dtype, &device)?;
+            let adapters = Adapters::new(model.config(), lora, tensors)?;
+            (model, Some(adapters))
+        } else {
+            (load_hf(checkpoint_dir, dtype, &device)?.0, None)
+        };
+        let per_device = recipe.train.batch.per_device as usize;
+        Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)
+    })
+}
+
+/// A PEFT adapter's tensors in the model's dtype.
+fn load_adapter_tensors(dir: &Path, dtype: DType, device: &Device) -> Result<BTreeMap<String, candle_core::Tensor>, RunError> {
+    let (_, tensors) = checkpoint::load_peft_adapter(dir, device)?;
+    Ok(tensors.into_iter().map(|(k, t)| Ok((k, t.to_dtype(dtype)?))).collect::<Result<_, candle_core::Error>>()?)
+}
+
+/// Sequence log-probs of chosen and rejected answers under a frozen reference model.
+fn reference_logps(frozen: &Qwen3, batch: &crate::batch::PreferenceBatch) -> Result<Vec<(f64, f64)>, RunError> {
+    let chosen = frozen.sequence_logps(&batch.chosen, None)?;
+    let rejected = frozen.sequence_logps(&batch.rejected, None)?;
+    Ok(chosen.into_iter().zip(rejected).collect())
+}

@@ -1,0 +1,19 @@
+//! Applying the plan's thread count to every CPU kernel.
+
+use super::RunError;
+
+/// Builds the rayon pool the run executes in and points candle's matmul at the same
+/// count. candle sizes its GEMM parallelism from `RAYON_NUM_THREADS` on every call, so
+/// the variable is set too; summation order in candle's kernels does not depend on the
+/// thread count, which keeps results bitwise equal across choices.
+pub fn apply_threads(threads: usize) -> Result<rayon::ThreadPool, RunError> {
+    let threads = threads.max(1);
+    // SAFETY: called before the run starts any kernel; the only concurrent readers of the
+    // environment would be candle ops, and none is running on any thread at this point.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("mindxtrain-cpu-{i}"))
+        .build()
+        .map_err(|e| RunError::Io { path: "thread pool".into(), message: e.to_string() })
+}
