@@ -6,13 +6,17 @@
 //! * [`identity`]: the node's ed25519 key;
 //! * [`canonical`]: RFC 8785 canonical JSON, which every hash and signature covers;
 //! * [`node`]: a node directory and what lives in it;
-//! * [`recipes`]: validating and registering recipes.
+//! * [`recipes`]: validating and registering recipes;
+//! * [`manifest`]: sealing a run into a signed in-toto/SLSA manifest (DSSE);
+//! * [`receipt`]: the self-contained receipt bundle and its verifier.
 
 pub mod canonical;
 pub mod fsutil;
 pub mod identity;
 pub mod log;
+pub mod manifest;
 pub mod node;
+pub mod receipt;
 pub mod recipes;
 
 /// `mindxtrain/<version>`, recorded in genesis events and manifests.

@@ -2,7 +2,9 @@
 
 mod demo;
 mod log_cmd;
+mod manifest_cmd;
 mod output;
+mod receipt_cmd;
 mod recipe_cmd;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +48,11 @@ pub enum Command {
     /// Validate, inspect and register YAML recipes.
     #[command(subcommand)]
     Recipe(recipe_cmd::RecipeCommand),
+    /// Seal a run into a signed in-toto/SLSA manifest; show one; hash files (sha256 + blake3, one pass).
+    #[command(subcommand)]
+    Manifest(manifest_cmd::ManifestCommand),
+    /// Export a run's receipt bundle, or verify one (or a bare manifest) without the node.
+    Receipt(receipt_cmd::ReceiptArgs),
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
@@ -71,6 +78,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init => log_cmd::init(&cli.node_dir, &out),
         Command::Log(cmd) => log_cmd::run(cmd, &cli.node_dir, &out),
         Command::Recipe(cmd) => recipe_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Manifest(cmd) => manifest_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Receipt(args) => receipt_cmd::run(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
     }
 }
