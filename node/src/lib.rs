@@ -7,9 +7,11 @@
 //! * [`canonical`]: RFC 8785 canonical JSON, which every hash and signature covers;
 //! * [`node`]: a node directory and what lives in it;
 //! * [`recipes`]: validating and registering recipes;
+//! * [`anchor`]: anchoring checkpoints and digests on chain, every step an event;
 //! * [`manifest`]: sealing a run into a signed in-toto/SLSA manifest (DSSE);
 //! * [`receipt`]: the self-contained receipt bundle and its verifier.
 
+pub mod anchor;
 pub mod canonical;
 pub mod fsutil;
 pub mod identity;

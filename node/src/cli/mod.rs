@@ -1,5 +1,7 @@
 //! Argument definitions and dispatch.
 
+mod anchor_cmd;
+mod chain_cmd;
 mod demo;
 mod log_cmd;
 mod manifest_cmd;
@@ -15,6 +17,7 @@ use std::process::ExitCode;
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_VERIFY_FAILED: u8 = 3;
 pub const EXIT_INVALID_INPUT: u8 = 4;
+pub const EXIT_CHAIN_UNREACHABLE: u8 = 5;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -48,6 +51,15 @@ pub enum Command {
     /// Validate, inspect and register YAML recipes.
     #[command(subcommand)]
     Recipe(recipe_cmd::RecipeCommand),
+    /// Deploy the registry and check the chain (embedded anvil by default, or --rpc-url / --network).
+    #[command(subcommand)]
+    Chain(chain_cmd::ChainCommand),
+    /// Anchor pending items (a fresh log checkpoint, requested digests) on chain; `anchor verify` proves one.
+    #[command(after_help = "Examples:\n  mindxtrain anchor\n  mindxtrain anchor --batch --confirmations 2\n  mindxtrain anchor --digest <64 hex> --label manifest --batch\n  mindxtrain anchor verify <64 hex digest>")]
+    Anchor(anchor_cmd::AnchorArgs),
+    /// List anchored roots (with their items), pending items and failures, from the log.
+    #[command(after_help = "Example:\n  mindxtrain anchors --json")]
+    Anchors,
     /// Seal a run into a signed in-toto/SLSA manifest; show one; hash files (sha256 + blake3, one pass).
     #[command(subcommand)]
     Manifest(manifest_cmd::ManifestCommand),
@@ -80,6 +92,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Recipe(cmd) => recipe_cmd::run(cmd, &cli.node_dir, &out),
         Command::Manifest(cmd) => manifest_cmd::run(cmd, &cli.node_dir, &out),
         Command::Receipt(args) => receipt_cmd::run(args, &cli.node_dir, &out),
+        Command::Chain(cmd) => chain_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Anchor(args) => anchor_cmd::run(args, &cli.node_dir, &out),
+        Command::Anchors => anchor_cmd::list(&cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
     }
 }
