@@ -20,6 +20,7 @@ pub mod manifest;
 pub mod node;
 pub mod receipt;
 pub mod recipes;
+pub mod training;
 
 /// `mindxtrain/<version>`, recorded in genesis events and manifests.
 pub const SOFTWARE: &str = concat!("mindxtrain/", env!("CARGO_PKG_VERSION"));

@@ -104,7 +104,9 @@ pub enum PlanError {
     Invalid { path: String, message: String },
     #[error("{path}: plan version {found} is not supported (this build reads {PLAN_VERSION})")]
     Version { path: String, found: u32 },
-    #[error("{path}: the plan was measured for recipe {plan} but this recipe is {recipe}; run `mindxtrain bench` again")]
+    #[error(
+        "{path}: the plan was measured for recipe {plan} but this recipe is {recipe}; run `mindxtrain bench` again"
+    )]
     WrongRecipe { path: String, plan: String, recipe: String },
 }
 

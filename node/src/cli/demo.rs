@@ -46,11 +46,11 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         }
     };
 
-    say(format!("[1/4] initialising a node in {}", dir.display()));
+    say(format!("[1/5] initialising a node in {}", dir.display()));
     node::init(&dir)?;
     let (log, id, _) = node::open(&dir)?;
 
-    say(format!("[2/4] registering {} embedded recipes", EMBEDDED_RECIPES.len()));
+    say(format!("[2/5] registering {} embedded recipes", EMBEDDED_RECIPES.len()));
     let mut registered = Vec::new();
     for (name, src) in EMBEDDED_RECIPES {
         let r = recipes::register(&log, name, src).with_context(|| format!("registering embedded recipe {name}"))?;
@@ -58,7 +58,11 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         registered.push((name.to_string(), r.seq));
     }
 
-    say("[3/4] signing a checkpoint of the log and recording it".into());
+    say("[3/5] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval".into());
+    let work = dir.join("runs");
+    let training = super::train_cmd::demo_step(&log, &work, &say)?;
+
+    say("[4/5] signing a checkpoint of the log and recording it".into());
     let size = log.len();
     let root = log.read(|v| v.root(size))?;
     let cp = Checkpoint { origin: checkpoint::origin_for(&id.public_bytes()), size, root };
@@ -75,7 +79,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     let stats = log.stats();
     drop(log);
 
-    say("[4/4] auditing the log read-only and proving every recipe against the checkpoint".into());
+    say("[5/5] auditing the log read-only and proving every recipe against the checkpoint".into());
     let report = verify::verify(&dir, TrustedKey::pinned(id.verifying_key(), "node.pub"))?;
     ensure!(report.ok(), "log audit failed: {:?}", report.problems);
     let reader = LogReader::open(&dir)?;
@@ -104,6 +108,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         "inclusion_proofs_verified": registered.len(),
         "consistency_verified": {"from": size, "to": final_size},
         "anchor": anchored,
+        "training": training,
         "seconds": elapsed,
     });
     out.emit(&summary, || {

@@ -8,6 +8,7 @@ mod manifest_cmd;
 mod output;
 mod receipt_cmd;
 mod recipe_cmd;
+mod train_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -55,7 +56,9 @@ pub enum Command {
     #[command(subcommand)]
     Chain(chain_cmd::ChainCommand),
     /// Anchor pending items (a fresh log checkpoint, requested digests) on chain; `anchor verify` proves one.
-    #[command(after_help = "Examples:\n  mindxtrain anchor\n  mindxtrain anchor --batch --confirmations 2\n  mindxtrain anchor --digest <64 hex> --label manifest --batch\n  mindxtrain anchor verify <64 hex digest>")]
+    #[command(
+        after_help = "Examples:\n  mindxtrain anchor\n  mindxtrain anchor --batch --confirmations 2\n  mindxtrain anchor --digest <64 hex> --label manifest --batch\n  mindxtrain anchor verify <64 hex digest>"
+    )]
     Anchor(anchor_cmd::AnchorArgs),
     /// List anchored roots (with their items), pending items and failures, from the log.
     #[command(after_help = "Example:\n  mindxtrain anchors --json")]
@@ -65,6 +68,21 @@ pub enum Command {
     Manifest(manifest_cmd::ManifestCommand),
     /// Export a run's receipt bundle, or verify one (or a bare manifest) without the node.
     Receipt(receipt_cmd::ReceiptArgs),
+    /// Measure the AOT autotune plan for a recipe on this machine (within autotune.budget_seconds).
+    #[command(
+        after_help = "The plan is written once and never overwritten; `train` replays it verbatim.\n\nExample:\n  mindxtrain bench recipes/tiny_cpu_lora.yaml --out plan.json"
+    )]
+    Bench(train_cmd::BenchArgs),
+    /// Train a recipe with its plan; every step of the run is an event in the log.
+    #[command(
+        after_help = "Examples:\n  mindxtrain train recipes/tiny_cpu_pretrain.yaml --plan plan.json --out runs/pre\n  mindxtrain train recipes/tiny_cpu_lora.yaml --plan lora-plan.json --init-from runs/pre/final --out runs/lora\n  mindxtrain train recipes/tiny_cpu_lora.yaml --plan lora-plan.json --out runs/lora --resume"
+    )]
+    Train(train_cmd::TrainArgs),
+    /// Held-out loss, perplexity and exact-match accuracy of a checkpoint (eval.json format).
+    #[command(
+        after_help = "Example:\n  mindxtrain eval recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --init-from runs/pre/final"
+    )]
+    Eval(train_cmd::EvalArgs),
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
@@ -90,11 +108,14 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init => log_cmd::init(&cli.node_dir, &out),
         Command::Log(cmd) => log_cmd::run(cmd, &cli.node_dir, &out),
         Command::Recipe(cmd) => recipe_cmd::run(cmd, &cli.node_dir, &out),
-        Command::Manifest(cmd) => manifest_cmd::run(cmd, &cli.node_dir, &out),
-        Command::Receipt(args) => receipt_cmd::run(args, &cli.node_dir, &out),
         Command::Chain(cmd) => chain_cmd::run(cmd, &cli.node_dir, &out),
         Command::Anchor(args) => anchor_cmd::run(args, &cli.node_dir, &out),
         Command::Anchors => anchor_cmd::list(&cli.node_dir, &out),
+        Command::Manifest(cmd) => manifest_cmd::run(cmd, &cli.node_dir, &out),
+        Command::Receipt(args) => receipt_cmd::run(args, &cli.node_dir, &out),
+        Command::Bench(args) => train_cmd::bench(args, &cli.node_dir, &out),
+        Command::Train(args) => train_cmd::train(args, &cli.node_dir, &out),
+        Command::Eval(args) => train_cmd::eval(args, &out),
         Command::Demo(args) => demo::run(args, &out),
     }
 }

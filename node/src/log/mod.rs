@@ -287,6 +287,7 @@ impl EventLog {
             max_segment: opts.max_segment_bytes.max(1),
             dir: dir.clone(),
             shared: shared.clone(),
+            ids_rng: writer::IdRng::from_os(),
         };
         let index = Arc::new(index);
         let (tx, rx) = mpsc::channel();
@@ -317,6 +318,13 @@ impl EventLog {
     /// Queues an append; the receiver resolves once it is durable (or failed).
     pub fn submit(&self, req: AppendRequest) -> oneshot::Receiver<Result<Appended, AppendError>> {
         let (reply, rx) = oneshot::channel();
+        let req = match writer::Encoded::new(req) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return rx;
+            }
+        };
         let request = writer::Request { req, reply };
         if let Some(tx) = &self.tx
             && let Err(mpsc::SendError(r)) = tx.send(request)

@@ -15,6 +15,8 @@ use super::segment::{self, Position};
 use super::{AppendError, AppendRequest, Appended, IdEntry, IndexEntry, ReadSegment, Shared};
 use crate::fsutil;
 use crate::identity::Identity;
+use rand_chacha::ChaCha12Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -32,8 +34,44 @@ const PARALLEL_SIGN_MIN: usize = 16;
 pub(crate) type Reply = oneshot::Sender<Result<Appended, AppendError>>;
 
 pub(crate) struct Request {
-    pub req: AppendRequest,
+    pub req: Encoded,
     pub reply: Reply,
+}
+
+/// An append request checked and encoded on the appender's own thread, so that the
+/// single sequencer thread only assigns seqs, chains hashes and writes.
+pub(crate) struct Encoded {
+    kind: String,
+    subject: String,
+    data: Vec<u8>,
+    fingerprint: Hash,
+    run: Option<String>,
+    id: Option<String>,
+    expected_seq: Option<u64>,
+}
+
+impl Encoded {
+    pub fn new(req: AppendRequest) -> Result<Encoded, AppendError> {
+        record::validate_kind(&req.kind)?;
+        if req.subject.len() > 256 {
+            return Err(EncodeError::SubjectTooLong(req.subject.len()).into());
+        }
+        if let Some(id) = &req.id {
+            record::validate_id(id)?;
+        }
+        let data = record::canonical_data(&req.data)?;
+        let fingerprint = record::fingerprint(&req.kind, &req.subject, &data);
+        let run = req.data.get("run_id").and_then(|v| v.as_str()).map(str::to_string);
+        Ok(Encoded {
+            kind: req.kind,
+            subject: req.subject,
+            data,
+            fingerprint,
+            run,
+            id: req.id,
+            expected_seq: req.expected_seq,
+        })
+    }
 }
 
 /// Written, not yet synced.
@@ -56,6 +94,30 @@ pub(crate) struct Sequencer {
     pub max_segment: u64,
     pub dir: PathBuf,
     pub shared: Arc<Shared>,
+    pub ids_rng: IdRng,
+}
+
+/// Random 128-bit ids for appends that bring none: a CSPRNG seeded once from the OS,
+/// instead of a system call per event.
+pub(crate) struct IdRng(ChaCha12Rng);
+
+impl IdRng {
+    pub fn from_os() -> IdRng {
+        let mut seed = [0u8; 32];
+        // An OS without randomness cannot run a node; fall back to time-derived bytes
+        // rather than panic, since ids only need to be unique per log.
+        if getrandom::fill(&mut seed).is_err() {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            seed[..16].copy_from_slice(&t.as_nanos().to_le_bytes());
+        }
+        IdRng(ChaCha12Rng::from_seed(seed))
+    }
+
+    fn next_id(&mut self) -> String {
+        let mut b = [0u8; 16];
+        self.0.fill_bytes(&mut b);
+        hex::encode(b)
+    }
 }
 
 /// A request that passed validation and got its seq, waiting to be signed.
@@ -121,10 +183,11 @@ impl Sequencer {
         if pending.is_empty() && replies.is_empty() {
             return None;
         }
-        let sigs: Vec<[u8; 64]> = if pending.len() >= PARALLEL_SIGN_MIN {
-            pending.par_iter().map(|p| self.key.sign(&record::signing_message(&p.ev.hash))).collect()
+        let seal = |p: &Pending| record::frame(&p.ev.envelope, &self.key.sign(&record::signing_message(&p.ev.hash)));
+        let framed: Vec<Vec<u8>> = if pending.len() >= PARALLEL_SIGN_MIN {
+            pending.par_iter().map(seal).collect()
         } else {
-            pending.iter().map(|p| self.key.sign(&record::signing_message(&p.ev.hash))).collect()
+            pending.iter().map(seal).collect()
         };
         let new_segment = match self.rotate_if_full(start_seq, !pending.is_empty()) {
             Ok(s) => s,
@@ -133,13 +196,12 @@ impl Sequencer {
                 return Some(self.fail_batch(pending, replies, format!("cannot start a new segment: {e}")));
             }
         };
-        let mut buf = Vec::with_capacity(pending.iter().map(|p| p.ev.envelope.len() + 80).sum());
+        let mut buf = Vec::with_capacity(framed.iter().map(Vec::len).sum());
         let mut events = Vec::with_capacity(pending.len());
-        for (p, sig) in pending.iter().zip(&sigs) {
+        for (p, record) in pending.iter().zip(&framed) {
             let offset = self.seg_len + buf.len() as u64;
-            let framed = record::frame(&p.ev.envelope, sig);
-            events.push((p.ev.hash, Position { segment: self.seg_index, offset, len: framed.len() as u32 }));
-            buf.extend_from_slice(&framed);
+            events.push((p.ev.hash, Position { segment: self.seg_index, offset, len: record.len() as u32 }));
+            buf.extend_from_slice(record);
         }
         if let Err(e) = (&*self.file).write_all(&buf) {
             // Undo a partial write so the file ends on a record boundary again; if even
@@ -159,16 +221,10 @@ impl Sequencer {
         Some(Batch { file: self.file.clone(), new_segment, events, index, replies })
     }
 
-    fn sequence(&mut self, req: AppendRequest, time: &str) -> Result<Outcome, AppendError> {
-        record::validate_kind(&req.kind)?;
-        if req.subject.len() > 256 {
-            return Err(EncodeError::SubjectTooLong(req.subject.len()).into());
-        }
-        let data = record::canonical_data(&req.data)?;
-        let fp = record::fingerprint(&req.kind, &req.subject, &data);
+    fn sequence(&mut self, req: Encoded, time: &str) -> Result<Outcome, AppendError> {
+        let fp = req.fingerprint;
         let id = match req.id {
             Some(id) => {
-                record::validate_id(&id)?;
                 if let Some(orig) = self.ids.get(&id) {
                     if orig.fingerprint != fp {
                         return Err(AppendError::IdConflict { id, seq: orig.seq });
@@ -177,7 +233,7 @@ impl Sequencer {
                 }
                 id
             }
-            None => random_id(),
+            None => self.ids_rng.next_id(),
         };
         if let Some(expected) = req.expected_seq
             && expected != self.next_seq
@@ -187,14 +243,13 @@ impl Sequencer {
         let seq = self.next_seq;
         let envelope = record::canonical_envelope(
             &EnvelopeParts { seq, prev: &self.prev, time, kind: &req.kind, subject: &req.subject, id: &id },
-            &data,
+            &req.data,
         );
         let hash = *blake3::hash(&envelope).as_bytes();
         self.ids.insert(id.clone(), IdEntry { seq, fingerprint: fp, hash });
         self.prev = hash;
         self.next_seq += 1;
-        let run = req.data.get("run_id").and_then(|v| v.as_str()).map(str::to_string);
-        let index = IndexEntry { seq, hash, kind: req.kind, subject: req.subject, run };
+        let index = IndexEntry { seq, hash, kind: req.kind, subject: req.subject, run: req.run };
         Ok(Outcome::New(Sequenced { seq, envelope, hash, index, id }))
     }
 
@@ -234,17 +289,6 @@ impl Sequencer {
         self.seg_len = 0;
         Ok(Some(Arc::new(ReadSegment { first_seq, path, file })))
     }
-}
-
-fn random_id() -> String {
-    let mut b = [0u8; 16];
-    // An OS without randomness cannot run a node; fall back to time-derived bytes
-    // rather than panic, since ids only need to be unique per log.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        b.copy_from_slice(&t.as_nanos().to_le_bytes());
-    }
-    hex::encode(b)
 }
 
 /// Syncs written batches and answers their appenders.

@@ -46,7 +46,8 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
         .collect();
     threads.dedup();
     threads.reverse();
-    let mut micro: Vec<usize> = [1, 2, 4].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device % m == 0).collect();
+    let mut micro: Vec<usize> =
+        [1, 2, 4].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device % m == 0).collect();
     micro.dedup();
     let mut out = Vec::new();
     for activation_checkpointing in [false, true] {
@@ -77,11 +78,8 @@ pub fn measure(candidates: &[Candidate], budget: Duration, probe: &mut impl Prob
         let share = left / (candidates.len() - i) as u32;
         measurements.push(time_one(choices, share, probe));
     }
-    let best = measurements
-        .iter()
-        .filter_map(|m| m.step_us.map(|t| (t, m.choices)))
-        .min_by_key(|(t, _)| *t)
-        .map(|(_, c)| c);
+    let best =
+        measurements.iter().filter_map(|m| m.step_us.map(|t| (t, m.choices))).min_by_key(|(t, _)| *t).map(|(_, c)| c);
     match best {
         Some(best) => Ok(Measured { best, measurements, elapsed: start.elapsed(), truncated }),
         None => Err(MeasureError::NothingMeasured {

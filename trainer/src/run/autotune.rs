@@ -25,7 +25,8 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         (Some(c), _) => Qwen3Config::from(c),
         (None, Some(p)) => {
             let path = recipe_dir.join(p).join("config.json");
-            let bytes = std::fs::read_to_string(&path).map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
+            let bytes = std::fs::read_to_string(&path)
+                .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
             Qwen3Config::from_hf_json(&bytes)?
         }
         (None, None) => return Err(RunError::Recipe("model: give model.path or model.config".into())),
@@ -50,10 +51,15 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let mut probe = |c: &Choices| -> Result<(), String> {
         let pool = super::apply_threads(c.threads).map_err(|e| e.to_string())?;
         pool.install(|| {
-            let opts = StepOptions { activation_checkpointing: c.activation_checkpointing, dropout_seed: 1, loss_scale: scale };
+            let opts = StepOptions {
+                activation_checkpointing: c.activation_checkpointing,
+                dropout_seed: 1,
+                loss_scale: scale,
+            };
             let mut grads = BTreeMap::new();
             for mb in split(&batch, c.micro_batch) {
-                let out = model.forward_backward(&mb, trainable, adapters.as_ref(), &opts).map_err(|e| e.to_string())?;
+                let out =
+                    model.forward_backward(&mb, trainable, adapters.as_ref(), &opts).map_err(|e| e.to_string())?;
                 accumulate(&mut grads, out.grads).map_err(|e| e.to_string())?;
             }
             Ok(())

@@ -105,7 +105,8 @@ pub fn evaluate(
 /// baseline report at `baseline`.
 pub fn check_regression(report: &EvalReport, baseline: &Path, threshold_pct: f64) -> Result<(), EvalError> {
     let path = baseline.display().to_string();
-    let bytes = std::fs::read(baseline).map_err(|e| EvalError::Baseline { path: path.clone(), message: e.to_string() })?;
+    let bytes =
+        std::fs::read(baseline).map_err(|e| EvalError::Baseline { path: path.clone(), message: e.to_string() })?;
     let base: EvalReport = serde_json::from_slice(&bytes)
         .map_err(|e| EvalError::Baseline { path: path.clone(), message: format!("not an eval.json: {e}") })?;
     let (Some(now), Some(then)) = (report.exact_match, base.exact_match) else {

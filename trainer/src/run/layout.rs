@@ -95,4 +95,3 @@ impl OutDir {
         self.root.join(CHECKPOINTS)
     }
 }
-

@@ -17,7 +17,8 @@ pub struct MethodPlan {
 
 impl MethodPlan {
     pub fn from_recipe(method: &Method) -> Result<MethodPlan, RunError> {
-        let full = |name| MethodPlan { name, trainable: Trainable::Full, lora: None, nf4_base: false, preference: None };
+        let full =
+            |name| MethodPlan { name, trainable: Trainable::Full, lora: None, nf4_base: false, preference: None };
         let adapters = |name, lora: &crate::recipe::Lora| MethodPlan {
             name,
             trainable: Trainable::Adapters,
@@ -31,7 +32,10 @@ impl MethodPlan {
             Method::Lora(l) => adapters("lora", l),
             Method::Qlora(q) => {
                 if q.bits != 4 {
-                    return Err(RunError::Recipe(format!("train.method.bits: {} is not supported; QLoRA stores the base in 4-bit NF4", q.bits)));
+                    return Err(RunError::Recipe(format!(
+                        "train.method.bits: {} is not supported; QLoRA stores the base in 4-bit NF4",
+                        q.bits
+                    )));
                 }
                 MethodPlan { nf4_base: true, ..adapters("qlora", &q.lora) }
             }

@@ -74,7 +74,6 @@ fn load_base(spec: &RunSpec, device: &Device) -> Result<(Qwen3, Vec<SavedFile>),
     }
 }
 
-
 /// An HF model directory: config.json and its weights, with the digests of its files.
 fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
     let config_path = dir.join(checkpoint::CONFIG_FILE);
@@ -112,7 +111,8 @@ impl<'a> Session<'a> {
     pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
         let recipe = &spec.recipe.recipe;
         let out = OutDir::new(&spec.out_dir);
-        std::fs::create_dir_all(out.root()).map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
+        std::fs::create_dir_all(out.root())
+            .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
         let method = MethodPlan::from_recipe(&recipe.train.method)?;
         let device = Device::Cpu;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
@@ -190,7 +190,12 @@ impl<'a> Session<'a> {
             base_files,
             reference,
         };
-        emit(sink, if session.step > 0 { "run.resumed" } else { "run.started" }, &session.record.run_id, session.started_data())?;
+        emit(
+            sink,
+            if session.step > 0 { "run.resumed" } else { "run.started" },
+            &session.record.run_id,
+            session.started_data(),
+        )?;
         Ok(session)
     }
 
@@ -281,7 +286,12 @@ impl<'a> Session<'a> {
         let eval = if self.spec.recipe.recipe.eval.enabled {
             let report = self.evaluate()?;
             let eval_file = self.write_eval(&report)?;
-            emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, Some(&eval_file)))?;
+            emit(
+                sink,
+                "eval.completed",
+                &self.record.run_id,
+                eval_data(&self.record.run_id, &report, Some(&eval_file)),
+            )?;
             if let Some(reg) = &self.spec.recipe.recipe.eval.regression {
                 check_regression(&report, &self.spec.recipe_dir.join(&reg.baseline), reg.threshold_pct)?;
             }
@@ -341,7 +351,14 @@ impl<'a> Session<'a> {
                         None => None,
                     };
                     let o = opts(1.0 / pairs as f64);
-                    let out = self.model.forward_backward_preference(&mb, loss, reference.as_deref(), trainable, self.adapters.as_ref(), &o)?;
+                    let out = self.model.forward_backward_preference(
+                        &mb,
+                        loss,
+                        reference.as_deref(),
+                        trainable,
+                        self.adapters.as_ref(),
+                        &o,
+                    )?;
                     loss_sum += out.loss_sum;
                     tokens += (mb.chosen.input_ids.len() + mb.rejected.input_ids.len()) as u64;
                     accumulate(&mut grads, out.grads)?;
@@ -389,7 +406,13 @@ impl<'a> Session<'a> {
                 let dtype = self.model.dtype();
                 let config: Value = serde_json::from_str(&self.model.config().to_hf_json(torch_dtype(dtype)))
                     .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
-                checkpoint::save_hf_model(dir, &config, self.model.params(), dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+                checkpoint::save_hf_model(
+                    dir,
+                    &config,
+                    self.model.params(),
+                    dtype,
+                    checkpoint::DEFAULT_MAX_SHARD_BYTES,
+                )?;
             }
         }
         Ok(())
@@ -411,7 +434,8 @@ impl<'a> Session<'a> {
             plan_hash: self.record.plan_blake3.clone(),
         };
         let root = self.out.checkpoints_root();
-        std::fs::create_dir_all(&root).map_err(|e| RunError::Io { path: root.display().to_string(), message: e.to_string() })?;
+        std::fs::create_dir_all(&root)
+            .map_err(|e| RunError::Io { path: root.display().to_string(), message: e.to_string() })?;
         let mut staged = StagedDir::create(&dir)?;
         self.weights_to(&mut staged)?;
         checkpoint::save_training_state(&mut staged, &state)?;
@@ -430,7 +454,8 @@ impl<'a> Session<'a> {
     fn save_final(&self) -> Result<Vec<SavedFile>, RunError> {
         let dir = self.out.final_dir();
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| RunError::Io { path: dir.display().to_string(), message: e.to_string() })?;
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| RunError::Io { path: dir.display().to_string(), message: e.to_string() })?;
         }
         let mut staged = StagedDir::create(&dir)?;
         self.weights_to(&mut staged)?;
@@ -439,7 +464,15 @@ impl<'a> Session<'a> {
 
     fn evaluate(&self) -> Result<EvalReport, RunError> {
         let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
-        Ok(evaluate(&self.model, self.adapters.as_ref(), &self.dataset, &self.tokenizer, per_device, self.spec.eval_prompts, self.step)?)
+        Ok(evaluate(
+            &self.model,
+            self.adapters.as_ref(),
+            &self.dataset,
+            &self.tokenizer,
+            per_device,
+            self.spec.eval_prompts,
+            self.step,
+        )?)
     }
 
     fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
@@ -505,7 +538,9 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
         let (model, adapters) = if checkpoint_dir.join(checkpoint::ADAPTER_CONFIG_FILE).exists() {
             let (model, _) = load_base(spec, &device)?;
             let method = MethodPlan::from_recipe(&recipe.train.method)?;
-            let lora = method.lora.ok_or_else(|| RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into()))?;
+            let lora = method.lora.ok_or_else(|| {
+                RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into())
+            })?;
             let tensors = load_adapter_tensors(checkpoint_dir, dtype, &device)?;
             let adapters = Adapters::new(model.config(), lora, tensors)?;
             (model, Some(adapters))
@@ -518,7 +553,11 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
 }
 
 /// A PEFT adapter's tensors in the model's dtype.
-fn load_adapter_tensors(dir: &Path, dtype: DType, device: &Device) -> Result<BTreeMap<String, candle_core::Tensor>, RunError> {
+fn load_adapter_tensors(
+    dir: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<BTreeMap<String, candle_core::Tensor>, RunError> {
     let (_, tensors) = checkpoint::load_peft_adapter(dir, device)?;
     Ok(tensors.into_iter().map(|(k, t)| Ok((k, t.to_dtype(dtype)?))).collect::<Result<_, candle_core::Error>>()?)
 }
