@@ -102,13 +102,10 @@ pub fn export(node_dir: &Path, run_id: &str) -> Result<Receipt, ExportError> {
     let view = reader.view();
     let size = view.len();
     let event = find_sealed(&reader, run_id)?;
-    let digest = event
-        .envelope
-        .data
-        .get("blake3")
-        .and_then(|v| v.as_str())
-        .and_then(manifest::digest::parse_hex32)
-        .ok_or_else(|| ExportError::Corrupt(format!("manifest.sealed at seq {} has no blake3", event.envelope.seq)))?;
+    let digest =
+        event.envelope.data.get("blake3").and_then(|v| v.as_str()).and_then(manifest::digest::parse_hex32).ok_or_else(
+            || ExportError::Corrupt(format!("manifest.sealed at seq {} has no blake3", event.envelope.seq)),
+        )?;
     let path = manifest::manifest_path(node_dir, &digest);
     let bytes = std::fs::read(&path).map_err(|source| ExportError::Io { path: path.clone(), source })?;
     if *blake3::hash(&bytes).as_bytes() != digest {
@@ -120,7 +117,14 @@ pub fn export(node_dir: &Path, run_id: &str) -> Result<Receipt, ExportError> {
     let note = Checkpoint { origin: checkpoint::origin_for(&key.public_bytes()), size, root }.sign(&key);
     let inclusion = view.inclusion_proof(event.envelope.seq, size)?.iter().map(hex::encode).collect();
     let anchor = crate::anchor::state_of_reader(&reader)?.proof_of(&digest).map(|(p, _)| p);
-    Ok(Receipt { v: RECEIPT_VERSION, manifest: envelope, event: signed_event(&event)?, checkpoint: note, inclusion, anchor })
+    Ok(Receipt {
+        v: RECEIPT_VERSION,
+        manifest: envelope,
+        event: signed_event(&event)?,
+        checkpoint: note,
+        inclusion,
+        anchor,
+    })
 }
 
 fn find_sealed(reader: &LogReader, run_id: &str) -> Result<Event, ExportError> {

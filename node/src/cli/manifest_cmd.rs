@@ -115,10 +115,7 @@ pub fn run(cmd: ManifestCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
                 recipe: named_bytes(&recipe)?,
                 plan: plan.as_deref().map(named_bytes).transpose()?,
                 output_dir,
-                base_model: base_model
-                    .iter()
-                    .map(|p| NamedFile { name: file_name(p), path: p.clone() })
-                    .collect(),
+                base_model: base_model.iter().map(|p| NamedFile { name: file_name(p), path: p.clone() }).collect(),
                 base_model_uri,
                 dataset,
                 source: source_repo.zip(source_commit).map(|(repository, commit)| SourceRef { repository, commit }),
@@ -164,7 +161,8 @@ fn show(file: &Path, out: &Output) -> Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_INVALID_INPUT));
         }
     };
-    let statement: Value = env.payload_bytes().ok().and_then(|p| serde_json::from_slice(&p).ok()).unwrap_or(Value::Null);
+    let statement: Value =
+        env.payload_bytes().ok().and_then(|p| serde_json::from_slice(&p).ok()).unwrap_or(Value::Null);
     let d = Digests::of_bytes(&env.to_canonical());
     let v = json!({"blake3": hex::encode(d.blake3), "sha256": hex::encode(d.sha256), "payloadType": env.payload_type,
         "keyids": env.signatures.iter().map(|s| s.keyid.clone()).collect::<Vec<_>>(), "statement": statement});
@@ -180,7 +178,14 @@ fn hash(files: &[PathBuf], out: &Output) -> Result<ExitCode> {
     }
     out.emit(&Value::Array(rows.clone()), || {
         rows.iter()
-            .map(|r| format!("sha256:{}  blake3:{}  {}", r["sha256"].as_str().unwrap_or(""), r["blake3"].as_str().unwrap_or(""), r["file"].as_str().unwrap_or("")))
+            .map(|r| {
+                format!(
+                    "sha256:{}  blake3:{}  {}",
+                    r["sha256"].as_str().unwrap_or(""),
+                    r["blake3"].as_str().unwrap_or(""),
+                    r["file"].as_str().unwrap_or("")
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     });

@@ -98,17 +98,20 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
     write_replacing(file, &bytes).with_context(|| format!("writing {}", file.display()))?;
     let digest = hex::encode(r.manifest_digests().blake3);
     let anchored = r.anchor.as_ref().map(|a| json!({"chain_id": a.chain_id, "registry": a.registry, "root": hex::encode(a.root), "tx": a.tx, "block": a.block}));
-    out.emit(&json!({"run_id": run, "file": file, "manifest_blake3": digest, "event_seq": r.event.seq, "anchor": anchored}), || {
-        format!(
-            "wrote {} for run {run}\n  manifest blake3 {digest}\n  manifest.sealed at seq {}\n  {}",
-            file.display(),
-            r.event.seq,
-            match &r.anchor {
-                Some(a) => format!("anchored on chain {} in block {} (tx {:#x})", a.chain_id, a.block, a.tx),
-                None => "not anchored yet: run `mindxtrain anchor`, then export again".into(),
-            }
-        )
-    });
+    out.emit(
+        &json!({"run_id": run, "file": file, "manifest_blake3": digest, "event_seq": r.event.seq, "anchor": anchored}),
+        || {
+            format!(
+                "wrote {} for run {run}\n  manifest blake3 {digest}\n  manifest.sealed at seq {}\n  {}",
+                file.display(),
+                r.event.seq,
+                match &r.anchor {
+                    Some(a) => format!("anchored on chain {} in block {} (tx {:#x})", a.chain_id, a.block, a.tx),
+                    None => "not anchored yet: run `mindxtrain anchor`, then export again".into(),
+                }
+            )
+        },
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -148,7 +151,10 @@ fn verify_file(file: &Path, check: &CheckArgs, out: &Output) -> Result<ExitCode>
                 report.checks.push(verify::Check {
                     name: "receipt.format".into(),
                     status: Status::Fail,
-                    detail: format!("{}: neither a receipt bundle nor a manifest envelope ({receipt_err})", file.display()),
+                    detail: format!(
+                        "{}: neither a receipt bundle nor a manifest envelope ({receipt_err})",
+                        file.display()
+                    ),
                 });
                 return finish(out, &report);
             }
@@ -196,7 +202,9 @@ fn finish(out: &Output, report: &Report) -> Result<ExitCode> {
         Outcome::MissingInput => EXIT_INVALID_INPUT,
         Outcome::ChainUnreachable => EXIT_CHAIN_UNREACHABLE,
     };
-    out.emit(&json!({"ok": report.ok(), "outcome": outcome, "exit_code": code, "report": report}), || human(report, outcome));
+    out.emit(&json!({"ok": report.ok(), "outcome": outcome, "exit_code": code, "report": report}), || {
+        human(report, outcome)
+    });
     Ok(if code == 0 { ExitCode::SUCCESS } else { ExitCode::from(code) })
 }
 

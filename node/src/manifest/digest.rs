@@ -37,7 +37,11 @@ impl Digests {
 
     /// The in-toto `DigestSet`: `{"blake3": hex, "sha256": hex}`.
     pub fn to_set(&self) -> DigestSet {
-        DigestSet { sha256: Some(hex::encode(self.sha256)), blake3: Some(hex::encode(self.blake3)), other: Default::default() }
+        DigestSet {
+            sha256: Some(hex::encode(self.sha256)),
+            blake3: Some(hex::encode(self.blake3)),
+            other: Default::default(),
+        }
     }
 }
 
@@ -100,7 +104,8 @@ pub fn hash_file(path: &Path, opts: HashOptions) -> io::Result<FileDigests> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
     let bar = progress_bar(path, size, opts.progress);
-    let result = if size < MMAP_THRESHOLD { hash_small(file, size, opts) } else { hash_mapped(&file, size, opts, &bar) };
+    let result =
+        if size < MMAP_THRESHOLD { hash_small(file, size, opts) } else { hash_mapped(&file, size, opts, &bar) };
     bar.finish_and_clear();
     result
 }
@@ -149,7 +154,8 @@ fn progress_bar(path: &Path, size: u64, wanted: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}") {
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(format!("hashing {}", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));

@@ -108,7 +108,11 @@ impl Envelope {
             return Err(DsseError::Unsigned);
         }
         let want = hex::encode(key.to_bytes());
-        let sig = self.signatures.iter().find(|s| s.keyid.eq_ignore_ascii_case(&want)).ok_or(DsseError::NoSignatureBy(want.clone()))?;
+        let sig = self
+            .signatures
+            .iter()
+            .find(|s| s.keyid.eq_ignore_ascii_case(&want))
+            .ok_or(DsseError::NoSignatureBy(want.clone()))?;
         let raw: [u8; 64] = B64
             .decode(&sig.sig)
             .ok()
@@ -135,7 +139,10 @@ mod tests {
     #[test]
     fn pae_matches_the_dsse_spec_example() {
         // From the DSSE protocol document.
-        assert_eq!(pae("http://example.com/HelloWorld", b"hello world"), b"DSSEv1 29 http://example.com/HelloWorld 11 hello world");
+        assert_eq!(
+            pae("http://example.com/HelloWorld", b"hello world"),
+            b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+        );
     }
 
     #[test]
@@ -164,7 +171,10 @@ mod tests {
     fn canonical_bytes_are_sorted_and_compact() {
         let env = Envelope::sign("t", b"x", &Identity::from_seed([1; 32]));
         let text = String::from_utf8(env.to_canonical()).unwrap();
-        assert!(text.starts_with("{\"payload\":\"eA==\",\"payloadType\":\"t\",\"signatures\":[{\"keyid\":\""), "{text}");
+        assert!(
+            text.starts_with("{\"payload\":\"eA==\",\"payloadType\":\"t\",\"signatures\":[{\"keyid\":\""),
+            "{text}"
+        );
     }
 
     proptest! {

@@ -99,8 +99,9 @@ pub fn seal(
     opts: HashOptions,
 ) -> Result<Sealed, ManifestError> {
     let statement = build_statement(log, key, facts, opts)?;
-    let payload = canonical::to_vec(&serde_json::to_value(&statement).map_err(|e| ManifestError::Invalid(e.to_string()))?)
-        .map_err(|e| ManifestError::Invalid(format!("statement: {e}")))?;
+    let payload =
+        canonical::to_vec(&serde_json::to_value(&statement).map_err(|e| ManifestError::Invalid(e.to_string()))?)
+            .map_err(|e| ManifestError::Invalid(format!("statement: {e}")))?;
     let envelope = Envelope::sign(IN_TOTO_PAYLOAD_TYPE, &payload, key);
     let bytes = envelope.to_canonical();
     let digests = Digests::of_bytes(&bytes);
@@ -124,7 +125,12 @@ pub fn seal(
     Ok(Sealed { envelope, bytes, digests, path, seq: sealed.seq, statement })
 }
 
-fn build_statement(log: &EventLog, key: &Identity, facts: &RunFacts, opts: HashOptions) -> Result<Statement, ManifestError> {
+fn build_statement(
+    log: &EventLog,
+    key: &Identity,
+    facts: &RunFacts,
+    opts: HashOptions,
+) -> Result<Statement, ManifestError> {
     validate_run_id(&facts.run_id)?;
     if facts.events.first > facts.events.last || facts.events.last >= log.len() {
         return Err(ManifestError::Invalid(format!(
@@ -249,7 +255,9 @@ fn list_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), Mani
 }
 
 fn subject_name(root: &Path, path: &Path) -> Result<String, ManifestError> {
-    let rel = path.strip_prefix(root).map_err(|_| ManifestError::Invalid(format!("{} escapes the output dir", path.display())))?;
+    let rel = path
+        .strip_prefix(root)
+        .map_err(|_| ManifestError::Invalid(format!("{} escapes the output dir", path.display())))?;
     let parts: Option<Vec<&str>> = rel.components().map(|c| c.as_os_str().to_str()).collect();
     parts.map(|p| p.join("/")).ok_or_else(|| ManifestError::Invalid(format!("{} is not a UTF-8 name", path.display())))
 }
@@ -311,7 +319,9 @@ fn write_content_addressed(path: &Path, bytes: &[u8]) -> Result<(), ManifestErro
     match std::fs::read(path) {
         Ok(existing) if existing == bytes => Ok(()),
         Ok(_) => Err(ManifestError::Invalid(format!("{} exists with other bytes", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => crate::fsutil::write_new_durably(path, bytes, 0o644).map_err(io),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::fsutil::write_new_durably(path, bytes, 0o644).map_err(io)
+        }
         Err(e) => Err(io(e)),
     }
 }

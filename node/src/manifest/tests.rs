@@ -1,8 +1,8 @@
 //! Sealing a fake run in a real node directory.
 
 use super::*;
-use crate::log::{AppendRequest, EventLog};
 use crate::identity::Identity;
+use crate::log::{AppendRequest, EventLog};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -62,7 +62,10 @@ pub(crate) fn sealed_run() -> Fixture {
             digest: Some(Digests::of_bytes(b"dataset manifest").to_set()),
             ..Default::default()
         }),
-        source: Some(SourceRef { repository: "git+https://example.invalid/mindxtrain".into(), commit: "ab".repeat(20) }),
+        source: Some(SourceRef {
+            repository: "git+https://example.invalid/mindxtrain".into(),
+            commit: "ab".repeat(20),
+        }),
         eval_json: Some(out.join("eval.json")),
         hardware: json!({"accelerator": "cpu"}),
         started: SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000),
@@ -102,7 +105,10 @@ fn sealing_signs_every_file_and_records_the_digest() {
     assert_eq!(ev.envelope.kind, KIND_SEALED);
     assert_eq!(ev.envelope.data["blake3"], hex::encode(s.digests.blake3));
     let req = f.log.get(s.seq + 1).unwrap();
-    assert_eq!((req.envelope.kind.as_str(), req.envelope.subject.clone()), ("anchor.requested", hex::encode(s.digests.blake3)));
+    assert_eq!(
+        (req.envelope.kind.as_str(), req.envelope.subject.clone()),
+        ("anchor.requested", hex::encode(s.digests.blake3))
+    );
     let pending = crate::anchor::state_of_log(&f.log).unwrap().items;
     assert!(pending.iter().any(|i| i.digest == s.digests.blake3 && i.label == "manifest"));
 }

@@ -14,7 +14,13 @@ fn anchored(f: &Fixture) -> Receipt {
     assert!(r.anchor.is_none(), "nothing was anchored on a chain");
     let d = r.manifest_digests().blake3;
     let batch = Batch::new([[9u8; 32], d, [7u8; 32]]).unwrap();
-    let at = AnchorPlace { chain_id: 31337, registry: Address::repeat_byte(1), tx: B256::repeat_byte(2), block: 7, timestamp: 1_795_000_700 };
+    let at = AnchorPlace {
+        chain_id: 31337,
+        registry: Address::repeat_byte(1),
+        tx: B256::repeat_byte(2),
+        block: 7,
+        timestamp: 1_795_000_700,
+    };
     r.anchor = Some(batch.proof(&d, &at).unwrap());
     r
 }
@@ -25,7 +31,12 @@ fn inputs(f: &Fixture) -> (std::path::PathBuf, std::path::PathBuf, std::path::Pa
 
 /// Statuses of the named checks that did not pass.
 fn failures(report: &Report) -> Vec<(String, Status)> {
-    report.checks.iter().filter(|c| !matches!(c.status, Status::Pass | Status::Skipped)).map(|c| (c.name.clone(), c.status)).collect()
+    report
+        .checks
+        .iter()
+        .filter(|c| !matches!(c.status, Status::Pass | Status::Skipped))
+        .map(|c| (c.name.clone(), c.status))
+        .collect()
 }
 
 fn run_checks(f: &Fixture, r: &Receipt, key: Option<ed25519_dalek::VerifyingKey>) -> Report {
@@ -100,7 +111,11 @@ fn recipe_plan_and_eval_changes_are_caught_and_named() {
     let got = failures(&run_checks(&f, &r, None));
     assert_eq!(
         got,
-        [("file:eval.json".to_string(), Status::Fail), ("recipe".to_string(), Status::Fail), ("plan".to_string(), Status::Fail)]
+        [
+            ("file:eval.json".to_string(), Status::Fail),
+            ("recipe".to_string(), Status::Fail),
+            ("plan".to_string(), Status::Fail)
+        ]
     );
 }
 
@@ -175,7 +190,8 @@ fn proof_hashes_roots_and_checkpoints_are_checked() {
     assert_eq!(failures(&run_checks(&f, &batch_path, None)), [("anchor.batch_proof".to_string(), Status::Fail)]);
 
     let mut note = r.clone();
-    note.checkpoint = note.checkpoint.replacen(&format!("\n{}\n", note.event.seq + 2), &format!("\n{}\n", note.event.seq + 3), 1);
+    note.checkpoint =
+        note.checkpoint.replacen(&format!("\n{}\n", note.event.seq + 2), &format!("\n{}\n", note.event.seq + 3), 1);
     let got = failures(&run_checks(&f, &note, None));
     assert!(got.contains(&("log.checkpoint".into(), Status::Fail)), "{got:?}");
 
@@ -202,7 +218,10 @@ fn verification_needs_nothing_from_the_node() {
     let Fixture { dir, log, .. } = f;
     drop(log);
     drop(dir);
-    let rep = verify_receipt(&r, &VerifyInputs { files: Some(&files), recipe: Some(&recipe), plan: None, trusted_key: Some(pinned) });
+    let rep = verify_receipt(
+        &r,
+        &VerifyInputs { files: Some(&files), recipe: Some(&recipe), plan: None, trusted_key: Some(pinned) },
+    );
     assert!(rep.ok(), "{:#?}", rep.checks);
 }
 

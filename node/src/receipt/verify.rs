@@ -3,12 +3,12 @@
 
 use super::Receipt;
 use crate::canonical;
+use crate::identity;
 use crate::log::checkpoint::{self, Checkpoint};
 use crate::log::record::{Envelope as EventEnvelope, SIGNATURE_CONTEXT};
 use crate::manifest::digest::{self, Digests, HashOptions, parse_hex32};
 use crate::manifest::statement::{Parameter, Statement};
 use crate::manifest::{self, Envelope, KIND_SEALED};
-use crate::identity;
 use ed25519_dalek::VerifyingKey;
 use mindxtrain_chain::batch::BatchProof;
 use mindxtrain_chain::merkle;
@@ -109,7 +109,11 @@ pub struct VerifyInputs<'a> {
 pub fn verify_receipt(receipt: &Receipt, inputs: &VerifyInputs) -> Report {
     let mut report = Report::default();
     if receipt.v != super::RECEIPT_VERSION {
-        report.push("receipt.version", Status::Fail, format!("version {} (this build reads {})", receipt.v, super::RECEIPT_VERSION));
+        report.push(
+            "receipt.version",
+            Status::Fail,
+            format!("version {} (this build reads {})", receipt.v, super::RECEIPT_VERSION),
+        );
     }
     let key = check_manifest(&receipt.manifest, inputs, &mut report);
     let digests = receipt.manifest_digests();
@@ -149,7 +153,11 @@ fn check_manifest(envelope: &Envelope, inputs: &VerifyInputs, report: &mut Repor
     };
     report.signer = key.map(|k| hex::encode(k.to_bytes()));
     if let Some(k) = &key {
-        let how = if report.key_pinned { "pinned by --trusted-key" } else { "key from the envelope; pin it with --trusted-key" };
+        let how = if report.key_pinned {
+            "pinned by --trusted-key"
+        } else {
+            "key from the envelope; pin it with --trusted-key"
+        };
         let r = envelope.verify(k).map(|_| format!("DSSE signature by {} ({how})", hex::encode(k.to_bytes())));
         report.result("manifest.signature", r.map_err(|e| e.to_string()));
     }
@@ -163,7 +171,11 @@ fn check_manifest(envelope: &Envelope, inputs: &VerifyInputs, report: &mut Repor
         .and_then(|p| manifest::parse_statement(&p).map_err(|e| e.to_string()));
     let statement = match statement {
         Ok(s) => {
-            report.push("manifest.statement", Status::Pass, format!("in-toto v1, SLSA provenance v1, run {}", s.run_id()));
+            report.push(
+                "manifest.statement",
+                Status::Pass,
+                format!("in-toto v1, SLSA provenance v1, run {}", s.run_id()),
+            );
             report.run_id = Some(s.run_id().to_string());
             s
         }
@@ -188,9 +200,18 @@ fn check_sealed_checkpoint(s: &Statement, key: Option<&VerifyingKey>, report: &m
             return Err(format!("origin {} is not the signer's log", cp.origin));
         }
         if pos.last_seq >= cp.size || pos.first_seq > pos.last_seq {
-            return Err(format!("run events {}..={} are not inside its {} events", pos.first_seq, pos.last_seq, cp.size));
+            return Err(format!(
+                "run events {}..={} are not inside its {} events",
+                pos.first_seq, pos.last_seq, cp.size
+            ));
         }
-        Ok(format!("events {}..={} in a log of {} events, root {}", pos.first_seq, pos.last_seq, cp.size, hex::encode(cp.root)))
+        Ok(format!(
+            "events {}..={} in a log of {} events, root {}",
+            pos.first_seq,
+            pos.last_seq,
+            cp.size,
+            hex::encode(cp.root)
+        ))
     });
     report.result("manifest.log_checkpoint", r);
 }
@@ -243,8 +264,15 @@ fn check_files(s: &Statement, dir: Option<&Path>, report: &mut Report) {
 fn compare(got: &Digests, want: &Digests) -> Result<(), String> {
     match (got.sha256 == want.sha256, got.blake3 == want.blake3) {
         (true, true) => Ok(()),
-        (false, false) => Err(format!("sha256 {} and blake3 {} differ from the manifest", hex::encode(got.sha256), hex::encode(got.blake3))),
-        (false, true) => Err(format!("sha256 {} differs from the manifest (blake3 matches: a collision attempt?)", hex::encode(got.sha256))),
+        (false, false) => Err(format!(
+            "sha256 {} and blake3 {} differ from the manifest",
+            hex::encode(got.sha256),
+            hex::encode(got.blake3)
+        )),
+        (false, true) => Err(format!(
+            "sha256 {} differs from the manifest (blake3 matches: a collision attempt?)",
+            hex::encode(got.sha256)
+        )),
         (true, false) => Err(format!("blake3 {} differs from the manifest (sha256 matches)", hex::encode(got.blake3))),
     }
 }
@@ -252,17 +280,24 @@ fn compare(got: &Digests, want: &Digests) -> Result<(), String> {
 fn check_parameter(name: &str, param: Option<&Parameter>, given: Option<&Path>, flag: &str, report: &mut Report) {
     match (param, given) {
         (None, None) => report.push(name, Status::Skipped, format!("the run had no {name}")),
-        (None, Some(p)) => report.push(name, Status::Fail, format!("{} given, but the manifest records no {name}", p.display())),
+        (None, Some(p)) => {
+            report.push(name, Status::Fail, format!("{} given, but the manifest records no {name}", p.display()))
+        }
         (Some(param), None) => report.push(
             name,
             Status::Skipped,
-            format!("{} ({}) not compared (pass {flag} FILE)", param.name, param.digest.blake3.as_deref().unwrap_or("?")),
+            format!(
+                "{} ({}) not compared (pass {flag} FILE)",
+                param.name,
+                param.digest.blake3.as_deref().unwrap_or("?")
+            ),
         ),
         (Some(param), Some(path)) => match (std::fs::read(path), param.digest.digests()) {
             (Err(e), _) => report.push(name, Status::Missing, format!("{}: {e}", path.display())),
             (_, None) => report.push(name, Status::Fail, "the manifest lacks its sha256 and blake3"),
             (Ok(bytes), Some(want)) => {
-                let r = compare(&Digests::of_bytes(&bytes), &want).map(|()| format!("{} matches {} byte for byte", path.display(), param.name));
+                let r = compare(&Digests::of_bytes(&bytes), &want)
+                    .map(|()| format!("{} matches {} byte for byte", path.display(), param.name));
                 report.result(name, r);
             }
         },
@@ -270,12 +305,19 @@ fn check_parameter(name: &str, param: Option<&Parameter>, given: Option<&Path>, 
 }
 
 /// Checks the `manifest.sealed` event; returns its hash when it is well formed.
-fn check_event(receipt: &Receipt, key: Option<&VerifyingKey>, digests: &Digests, report: &mut Report) -> Option<[u8; 32]> {
+fn check_event(
+    receipt: &Receipt,
+    key: Option<&VerifyingKey>,
+    digests: &Digests,
+    report: &mut Report,
+) -> Option<[u8; 32]> {
     let ev = &receipt.event;
     let hash = *blake3::hash(ev.envelope.as_bytes()).as_bytes();
     let parsed: Result<EventEnvelope, String> = serde_json::from_str(&ev.envelope).map_err(|e| e.to_string());
     let r = parsed.and_then(|env| {
-        let canon = serde_json::to_value(&env).map_err(|e| e.to_string()).and_then(|v| canonical::to_vec(&v).map_err(|e| e.to_string()))?;
+        let canon = serde_json::to_value(&env)
+            .map_err(|e| e.to_string())
+            .and_then(|v| canonical::to_vec(&v).map_err(|e| e.to_string()))?;
         if canon != ev.envelope.as_bytes() {
             return Err("the event envelope is not in canonical form".into());
         }
@@ -294,7 +336,10 @@ fn check_event(receipt: &Receipt, key: Option<&VerifyingKey>, digests: &Digests,
         Ok(())
     });
     let well_formed = r.is_ok();
-    report.result("event.manifest_digest", r.map(|()| format!("manifest.sealed at seq {} records this manifest", ev.seq)));
+    report.result(
+        "event.manifest_digest",
+        r.map(|()| format!("manifest.sealed at seq {} records this manifest", ev.seq)),
+    );
     if let Some(key) = key {
         let sig: Option<[u8; 64]> = hex::decode(&ev.sig).ok().and_then(|b| b.try_into().ok());
         let mut msg = SIGNATURE_CONTEXT.to_vec();
@@ -336,7 +381,9 @@ fn check_log(receipt: &Receipt, key: Option<&VerifyingKey>, event_hash: Option<[
     let r = match proof {
         None => Err("a proof hash is not 64 hex digits".to_string()),
         Some(p) => merkle::verify_inclusion(&merkle::leaf_hash(&hash), receipt.event.seq, cp.size, &p, &cp.root)
-            .map(|()| format!("event {} is leaf {} of the checkpoint's {}", hex::encode(hash), receipt.event.seq, cp.size))
+            .map(|()| {
+                format!("event {} is leaf {} of the checkpoint's {}", hex::encode(hash), receipt.event.seq, cp.size)
+            })
             .map_err(|e| e.to_string()),
     };
     report.result("log.inclusion", r);
@@ -351,7 +398,16 @@ fn check_anchor_offline(anchor: Option<&BatchProof>, digests: &Digests, report: 
         Err(format!("the batch proof is for digest {}, not this manifest", hex::encode(p.digest)))
     } else {
         p.verify().map_err(|e| e.to_string()).map(|()| {
-            format!("leaf {} of {} under root {} (chain {}, registry {:#x}, block {}, tx {:#x})", p.leaf_index, p.tree_size, hex::encode(p.root), p.chain_id, p.registry, p.block, p.tx)
+            format!(
+                "leaf {} of {} under root {} (chain {}, registry {:#x}, block {}, tx {:#x})",
+                p.leaf_index,
+                p.tree_size,
+                hex::encode(p.root),
+                p.chain_id,
+                p.registry,
+                p.block,
+                p.tx
+            )
         })
     };
     report.anchored = report.result("anchor.batch_proof", r);
@@ -373,7 +429,13 @@ pub async fn check_on_chain(report: &mut Report, anchor: Option<&BatchProof>, rp
     match anchorer.lookup(p.root_b256()).await {
         Ok(record) => {
             let r = p.verify_against(record.as_ref()).map_err(|e| e.to_string()).map(|()| {
-                format!("registry {:#x} on chain {} holds root {} since block {}", p.registry, p.chain_id, hex::encode(p.root), p.block)
+                format!(
+                    "registry {:#x} on chain {} holds root {} since block {}",
+                    p.registry,
+                    p.chain_id,
+                    hex::encode(p.root),
+                    p.block
+                )
             });
             report.result(NAME, r);
         }
