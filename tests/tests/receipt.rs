@@ -17,7 +17,12 @@ fn run(dir: &Path, args: &[&str]) -> Output {
 }
 
 fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "stdout {}\nstderr {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "stdout {}\nstderr {}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
@@ -49,14 +54,32 @@ fn sealed_run(anvil: Option<&LocalAnvil>) -> Run {
     std::fs::copy(repo_root().join("recipes/tiny_cpu_lora.yaml"), &recipe).unwrap();
     let plan = tmp.path().join("plan.json");
     std::fs::write(&plan, br#"{"attention":"sdpa"}"#).unwrap();
-    ok(run(&node, &["log", "append", "--kind", "run.started", "--subject", "run-7", "--data", r#"{"run_id":"run-7"}"#]));
-    ok(run(&node, &["log", "append", "--kind", "run.finished", "--subject", "run-7", "--data", r#"{"run_id":"run-7"}"#]));
+    ok(run(
+        &node,
+        &["log", "append", "--kind", "run.started", "--subject", "run-7", "--data", r#"{"run_id":"run-7"}"#],
+    ));
+    ok(run(
+        &node,
+        &["log", "append", "--kind", "run.finished", "--subject", "run-7", "--data", r#"{"run_id":"run-7"}"#],
+    ));
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let sealed = json(&ok(run(
         &node,
         &[
-            "manifest", "seal", "run-7", "--recipe", &s(&recipe), "--plan", &s(&plan), "--output-dir", &s(&out),
-            "--eval", &s(&out.join("eval.json")), "--hardware", r#"{"accelerator":"cpu"}"#, "--json",
+            "manifest",
+            "seal",
+            "run-7",
+            "--recipe",
+            &s(&recipe),
+            "--plan",
+            &s(&plan),
+            "--output-dir",
+            &s(&out),
+            "--eval",
+            &s(&out.join("eval.json")),
+            "--hardware",
+            r#"{"accelerator":"cpu"}"#,
+            "--json",
         ],
     )));
     assert_eq!(sealed["subjects"], 2);
@@ -97,7 +120,18 @@ impl Clean {
 
     /// `receipt verify` run inside the clean dir, with a node dir that does not exist.
     fn verify(&self, extra: &[&str]) -> Output {
-        let mut args = vec!["receipt", "verify", "receipt.json", "--files", "files", "--config", "run.yaml", "--plan", "plan.json", "--json"];
+        let mut args = vec![
+            "receipt",
+            "verify",
+            "receipt.json",
+            "--files",
+            "files",
+            "--config",
+            "run.yaml",
+            "--plan",
+            "plan.json",
+            "--json",
+        ];
         args.extend_from_slice(extra);
         let o = mindxtrain(&self.path("no-node-here"), &args).current_dir(self.dir.path()).output().unwrap();
         assert!(!self.path("no-node-here").exists(), "verification must not create a node dir");
@@ -139,19 +173,34 @@ fn anchored_receipt_verifies_offline_and_online_from_a_clean_directory() {
     assert_eq!(v["report"]["anchored"], true);
     let online = clean.verify(&["--trusted-key", &r.public_key, "--rpc-url", &anvil.endpoint()]);
     assert_eq!(online.status.code(), Some(0), "{}", String::from_utf8_lossy(&online.stdout));
-    let line = json(&online)["report"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "anchor.on_chain").cloned().unwrap();
+    let line = json(&online)["report"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "anchor.on_chain")
+        .cloned()
+        .unwrap();
     assert_eq!(line["status"], "pass", "{line}");
 
     // Human output names every check.
-    let human = mindxtrain(&clean.path("x"), &["receipt", "verify", "receipt.json", "--files", "files"]).current_dir(clean.dir.path()).output().unwrap();
+    let human = mindxtrain(&clean.path("x"), &["receipt", "verify", "receipt.json", "--files", "files"])
+        .current_dir(clean.dir.path())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&human.stdout);
-    assert!(text.contains("PASS") && text.contains("file:adapter/adapter_model.safetensors") && text.ends_with("VERIFIED\n"), "{text}");
+    assert!(
+        text.contains("PASS")
+            && text.contains("file:adapter/adapter_model.safetensors")
+            && text.ends_with("VERIFIED\n"),
+        "{text}"
+    );
 
     // A root that verifies offline but was never anchored: the chain says no.
     clean.edit_receipt(|v| {
         let d = v["anchor"]["digest"].as_str().unwrap().to_string();
         let other = "ab".repeat(32);
-        let digests = [mindxtrain_chain::batch::parse_hash(&d).unwrap(), mindxtrain_chain::batch::parse_hash(&other).unwrap()];
+        let digests =
+            [mindxtrain_chain::batch::parse_hash(&d).unwrap(), mindxtrain_chain::batch::parse_hash(&other).unwrap()];
         let batch = mindxtrain_chain::Batch::new(digests).unwrap();
         let a = &v["anchor"];
         let at = mindxtrain_chain::AnchorPlace {
@@ -187,26 +236,34 @@ fn every_kind_of_tampering_is_caught_and_named_by_the_cli() {
     assert_eq!(json(&o)["report"]["anchored"], false);
 
     let cases: Vec<(&str, Box<dyn Fn(&Clean)>, Vec<&str>)> = vec![
-        ("weight byte", Box::new(|c| flip_byte(&c.path("files/adapter/adapter_model.safetensors"), 1 << 20)), vec!["file:adapter/adapter_model.safetensors"]),
+        (
+            "weight byte",
+            Box::new(|c| flip_byte(&c.path("files/adapter/adapter_model.safetensors"), 1 << 20)),
+            vec!["file:adapter/adapter_model.safetensors"],
+        ),
         ("recipe", Box::new(|c| flip_byte(&c.path("run.yaml"), 3)), vec!["recipe"]),
         ("plan", Box::new(|c| flip_byte(&c.path("plan.json"), 3)), vec!["plan"]),
         ("eval", Box::new(|c| flip_byte(&c.path("files/eval.json"), 9)), vec!["file:eval.json"]),
         (
             "signature",
-            Box::new(|c| c.edit_receipt(|v| {
-                let s = v["manifest"]["signatures"][0]["sig"].as_str().unwrap();
-                let swapped = if s.starts_with('A') { format!("B{}", &s[1..]) } else { format!("A{}", &s[1..]) };
-                v["manifest"]["signatures"][0]["sig"] = Value::String(swapped);
-            })),
+            Box::new(|c| {
+                c.edit_receipt(|v| {
+                    let s = v["manifest"]["signatures"][0]["sig"].as_str().unwrap();
+                    let swapped = if s.starts_with('A') { format!("B{}", &s[1..]) } else { format!("A{}", &s[1..]) };
+                    v["manifest"]["signatures"][0]["sig"] = Value::String(swapped);
+                })
+            }),
             vec!["manifest.signature"],
         ),
         (
             "proof hash",
-            Box::new(|c| c.edit_receipt(|v| {
-                let h = v["inclusion"][0].as_str().unwrap();
-                let swapped = if h.starts_with('0') { format!("1{}", &h[1..]) } else { format!("0{}", &h[1..]) };
-                v["inclusion"][0] = Value::String(swapped);
-            })),
+            Box::new(|c| {
+                c.edit_receipt(|v| {
+                    let h = v["inclusion"][0].as_str().unwrap();
+                    let swapped = if h.starts_with('0') { format!("1{}", &h[1..]) } else { format!("0{}", &h[1..]) };
+                    v["inclusion"][0] = Value::String(swapped);
+                })
+            }),
             vec!["log.inclusion"],
         ),
     ];
@@ -243,7 +300,8 @@ fn every_kind_of_tampering_is_caught_and_named_by_the_cli() {
 #[test]
 fn the_seeds_form_checks_a_bare_manifest_against_its_recipe() {
     let r = sealed_run(None);
-    let manifests: Vec<PathBuf> = std::fs::read_dir(r.node.join("manifests")).unwrap().map(|e| e.unwrap().path()).collect();
+    let manifests: Vec<PathBuf> =
+        std::fs::read_dir(r.node.join("manifests")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(manifests.len(), 1);
     let m = manifests[0].to_str().unwrap();
     let o = run(&r.node, &["receipt", m, "--config", r.recipe.to_str().unwrap()]);
@@ -278,7 +336,10 @@ fn python_venv() -> Option<PathBuf> {
         std::fs::copy(&reqs, &stamp).unwrap();
         return Some(py);
     }
-    assert!(std::env::var_os("MINDXTRAIN_REQUIRE_PY").is_none(), "MINDXTRAIN_REQUIRE_PY is set but the verifier venv could not be set up");
+    assert!(
+        std::env::var_os("MINDXTRAIN_REQUIRE_PY").is_none(),
+        "MINDXTRAIN_REQUIRE_PY is set but the verifier venv could not be set up"
+    );
     eprintln!("skipping: python3 -m venv / pip install of {} failed", reqs.display());
     None
 }
@@ -293,18 +354,40 @@ fn the_independent_python_verifier_agrees() {
     let verify_py = |c: &Clean| {
         std::process::Command::new(&py)
             .arg(&script)
-            .args(["receipt.json", "--files", "files", "--config", "run.yaml", "--plan", "plan.json", "--json", "--trusted-key", &r.public_key])
+            .args([
+                "receipt.json",
+                "--files",
+                "files",
+                "--config",
+                "run.yaml",
+                "--plan",
+                "plan.json",
+                "--json",
+                "--trusted-key",
+                &r.public_key,
+            ])
             .current_dir(c.dir.path())
             .output()
             .unwrap()
     };
     let o = verify_py(&c);
-    assert_eq!(o.status.code(), Some(0), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let py_report: Value = serde_json::from_slice(&o.stdout).unwrap();
     let rust_report = json(&c.verify(&[]));
     assert_eq!(py_report["manifest_blake3"], rust_report["report"]["manifest_blake3"]);
     let passed = |v: &Value| -> Vec<String> {
-        v.as_array().unwrap().iter().filter(|c| c["status"] == "pass").map(|c| c["name"].as_str().unwrap().to_string()).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["status"] == "pass")
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
     };
     // Every check the Python script passes, Rust passes too (Rust adds none beyond the chain).
     let (py_pass, rust_pass) = (passed(&py_report["checks"]), passed(&rust_report["report"]["checks"]));
@@ -317,7 +400,13 @@ fn the_independent_python_verifier_agrees() {
     let o = verify_py(&c);
     assert_eq!(o.status.code(), Some(3));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let failed: Vec<&str> = v["checks"].as_array().unwrap().iter().filter(|c| c["status"] == "fail").map(|c| c["name"].as_str().unwrap()).collect();
+    let failed: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(failed, ["file:adapter/adapter_model.safetensors"]);
 
     let c = Clean::from(&r);
@@ -327,5 +416,9 @@ fn the_independent_python_verifier_agrees() {
     });
     let o = verify_py(&c);
     assert_eq!(o.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("\"name\": \"anchor.batch_proof\", \"status\": \"fail\""), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"name\": \"anchor.batch_proof\", \"status\": \"fail\""),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }

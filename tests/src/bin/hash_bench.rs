@@ -43,7 +43,8 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let b3sum = args.b3sum.clone().or_else(find_b3sum).context("b3sum not found: cargo install b3sum --root target/tools")?;
+    let b3sum =
+        args.b3sum.clone().or_else(find_b3sum).context("b3sum not found: cargo install b3sum --root target/tools")?;
     let (path, generated) = match &args.file {
         Some(f) => (f.clone(), false),
         None => (generate(&args.dir, (args.size_gib * (1u64 << 30) as f64) as u64)?, true),
@@ -105,7 +106,12 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn run(args: &Args, path: &Path, b3sum: &Path) -> Result<()> {
@@ -124,7 +130,8 @@ fn run(args: &Args, path: &Path, b3sum: &Path) -> Result<()> {
         t_b3sum.push(time_tool(b3sum, path, &b3_hex)?);
         t_b3.push(time_ours(path, Algorithms::Blake3Only)?.0);
     }
-    let (sha_s, b3sum_s, both_s, b3_s) = (median(&mut t_sha), median(&mut t_b3sum), median(&mut t_both), median(&mut t_b3));
+    let (sha_s, b3sum_s, both_s, b3_s) =
+        (median(&mut t_sha), median(&mut t_b3sum), median(&mut t_both), median(&mut t_b3));
     let gbs = |s: f64| size as f64 / s / 1e9;
     let combined_ratio = both_s / sha_s;
     let b3_ratio = gbs(b3_s) / gbs(b3sum_s);
@@ -142,7 +149,12 @@ fn run(args: &Args, path: &Path, b3sum: &Path) -> Result<()> {
         );
         return Ok(());
     }
-    println!("file {} ({:.2} GiB), median of {} rounds, page cache warm", path.display(), size as f64 / (1u64 << 30) as f64, args.rounds);
+    println!(
+        "file {} ({:.2} GiB), median of {} rounds, page cache warm",
+        path.display(),
+        size as f64 / (1u64 << 30) as f64,
+        args.rounds
+    );
     println!("load average before {load_before}, after {load_after}");
     println!("{:<34} {:>9} {:>9}", "pass", "seconds", "GB/s");
     for (name, s) in [
