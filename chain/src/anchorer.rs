@@ -328,7 +328,19 @@ impl Anchorer {
             }
             tracing::warn!(%tx, "the endpoint forgot our anchoring transaction; sending it again");
         }
-        Ok(Attempt::Sent(self.send(root).await?))
+        match self.send(root).await {
+            Ok(tx) => Ok(Attempt::Sent(tx)),
+            // Gas estimation ran `anchor(root)` and it reverted: if another sender anchored the
+            // root since our lookup, that is success; otherwise the revert stands.
+            Err(e @ ChainError::Reverted { tx: None, .. }) => match self.lookup_once(root).await? {
+                Some(rec) => {
+                    let confirmations = self.wait_confirmations(rec.block).await?;
+                    Ok(Attempt::Done(Anchored { record: rec, already_anchored: true, gas_used: None, confirmations }))
+                }
+                None => Err(e),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends `anchor(root)` with the pending nonce, under the nonce lock.
@@ -423,8 +435,24 @@ impl Anchorer {
 
 /// The registry's custom error named in a node's revert message, if it carries data.
 fn decode_revert(message: &str) -> Option<String> {
-    let start = message.find("0x")?;
-    let hex_part: String = message[start + 2..].chars().take_while(|c| c.is_ascii_hexdigit()).collect();
-    let data = hex::decode(hex_part).ok()?;
+    // Nodes word revert messages differently; the revert data is the longest 0x-hex run.
+    let longest = message
+        .match_indices("0x")
+        .map(|(i, _)| message[i + 2..].chars().take_while(char::is_ascii_hexdigit).collect::<String>())
+        .max_by_key(String::len)?;
+    let data = hex::decode(longest).ok()?;
     Registry::RegistryErrors::abi_decode(&data).ok().map(|e| format!("{e:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_errors_are_decoded_from_node_messages() {
+        let msg = "error code 3: execution reverted: custom error 0x30d23813: 5cfd1b8e7a6c18aa93e5c7313048eb49e4722f53881456b028294cf6e3d6df2e, data: \"0x30d238135cfd1b8e7a6c18aa93e5c7313048eb49e4722f53881456b028294cf6e3d6df2e\"";
+        let decoded = decode_revert(msg).expect("decodes");
+        assert!(decoded.contains("AlreadyAnchored"), "{decoded}");
+        assert_eq!(decode_revert("execution reverted"), None);
+    }
 }

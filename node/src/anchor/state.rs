@@ -116,7 +116,7 @@ impl AnchorState {
     /// The latest confirmed batch holding `digest` (on any chain), with its proof.
     pub fn proof_of(&self, digest: &Hash) -> Option<(BatchProof, &Confirmed)> {
         let hexd = hex::encode(digest);
-        let c = self.confirmed.iter().rev().find(|c| c.items.iter().any(|i| *i == hexd))?;
+        let c = self.confirmed.iter().rev().find(|c| c.items.contains(&hexd))?;
         let digests: Vec<Hash> = c.items.iter().filter_map(|i| parse_hash(i)).collect();
         let batch = Batch::new(digests).ok()?;
         if batch.root() != c.root {

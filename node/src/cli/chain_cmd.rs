@@ -114,13 +114,14 @@ fn deploy(dir: &Path, chain: &ChainArgs, force: bool, out: &Output) -> Result<Ex
     let rpc_url = anvil.as_ref().map(|a| a.endpoint()).or_else(|| target.rpc_url.clone()).unwrap_or_default();
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let chain_id = match target.chain_id {
-            Some(id) => id,
-            None => {
-                let p = mindxtrain_chain::rpc::provider(&rpc_url, None)?;
-                mindxtrain_chain::rpc::chain_id(&p, &Default::default()).await?
-            }
-        };
+        // Ask the endpoint first, so that a wrong --network is reported before any key question.
+        let provider = mindxtrain_chain::rpc::provider(&rpc_url, None)?;
+        let chain_id = mindxtrain_chain::rpc::chain_id(&provider, &Default::default()).await?;
+        if let Some(expected) = target.chain_id
+            && expected != chain_id
+        {
+            return Err(ChainError::WrongChainId { expected, actual: chain_id }.into());
+        }
         let key = resolve_key(dir, opts.key_file.as_deref(), chain_id)?.ok_or(ChainError::ReadOnly)?;
         let mut target = target.clone();
         if target.chain_id.is_none() {
