@@ -47,7 +47,7 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
     threads.dedup();
     threads.reverse();
     let mut micro: Vec<usize> =
-        [1, 2, 4].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device % m == 0).collect();
+        [1, 2, 4].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device.is_multiple_of(m)).collect();
     micro.dedup();
     let mut out = Vec::new();
     for activation_checkpointing in [false, true] {

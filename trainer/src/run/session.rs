@@ -133,7 +133,7 @@ impl<'a> Session<'a> {
         let total_steps = total_steps(spec, &dataset)?;
         let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
         let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
-        let mut optimizer = AdamW::new(adam.clone());
+        let mut optimizer = AdamW::new(adam);
         let (mut step, mut cursor) = (0, DataCursor::default());
 
         let existing = out.read_record()?;
@@ -257,7 +257,7 @@ impl<'a> Session<'a> {
                 elapsed_s: started.elapsed().as_secs_f64(),
             };
             observer.step(&report);
-            if self.step % log_every == 0 || self.step == self.total_steps {
+            if self.step.is_multiple_of(log_every) || self.step == self.total_steps {
                 let data = json!({
                     "run_id": self.record.run_id, "step": self.step, "total_steps": self.total_steps,
                     "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -266,14 +266,14 @@ impl<'a> Session<'a> {
                 emit(sink, "train.progress", &self.record.run_id, data)?;
             }
             if let Some(every) = train.checkpoint.every_steps
-                && self.step % every.max(1) == 0
+                && self.step.is_multiple_of(every.max(1))
                 && self.step < self.total_steps
             {
                 self.save_checkpoint(sink)?;
             }
             if let Some(every) = self.spec.recipe.recipe.eval.every_steps
                 && self.spec.recipe.recipe.eval.enabled
-                && self.step % every.max(1) == 0
+                && self.step.is_multiple_of(every.max(1))
                 && self.step < self.total_steps
             {
                 let report = self.evaluate()?;
