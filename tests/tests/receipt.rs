@@ -235,7 +235,8 @@ fn every_kind_of_tampering_is_caught_and_named_by_the_cli() {
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     assert_eq!(json(&o)["report"]["anchored"], false);
 
-    let cases: Vec<(&str, Box<dyn Fn(&Clean)>, Vec<&str>)> = vec![
+    type Tamper = Box<dyn Fn(&Clean)>;
+    let cases: Vec<(&str, Tamper, Vec<&str>)> = vec![
         (
             "weight byte",
             Box::new(|c| flip_byte(&c.path("files/adapter/adapter_model.safetensors"), 1 << 20)),
@@ -249,7 +250,10 @@ fn every_kind_of_tampering_is_caught_and_named_by_the_cli() {
             Box::new(|c| {
                 c.edit_receipt(|v| {
                     let s = v["manifest"]["signatures"][0]["sig"].as_str().unwrap();
-                    let swapped = if s.starts_with('A') { format!("B{}", &s[1..]) } else { format!("A{}", &s[1..]) };
+                    let swapped = match s.strip_prefix('A') {
+                        Some(rest) => format!("B{rest}"),
+                        None => format!("A{}", &s[1..]),
+                    };
                     v["manifest"]["signatures"][0]["sig"] = Value::String(swapped);
                 })
             }),
@@ -260,7 +264,10 @@ fn every_kind_of_tampering_is_caught_and_named_by_the_cli() {
             Box::new(|c| {
                 c.edit_receipt(|v| {
                     let h = v["inclusion"][0].as_str().unwrap();
-                    let swapped = if h.starts_with('0') { format!("1{}", &h[1..]) } else { format!("0{}", &h[1..]) };
+                    let swapped = match h.strip_prefix('0') {
+                        Some(rest) => format!("1{rest}"),
+                        None => format!("0{}", &h[1..]),
+                    };
                     v["inclusion"][0] = Value::String(swapped);
                 })
             }),
