@@ -252,7 +252,7 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
 }
 
 fn invalid(out: &Output, message: &str) -> Result<ExitCode> {
-    out.emit(&json!({"ok": false, "error": message}), || String::new());
+    out.emit(&json!({"ok": false, "error": message}), String::new);
     if !out.json {
         eprintln!("error: {message}");
     }
