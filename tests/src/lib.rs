@@ -17,3 +17,6 @@ pub fn mindxtrain(dir: &Path, args: &[&str]) -> Command {
     c.arg("--node-dir").arg(dir).args(args);
     c
 }
+
+/// The paid test server, chain and signing helpers of the x402 tests and benchmark.
+pub mod x402_env;

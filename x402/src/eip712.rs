@@ -198,7 +198,8 @@ mod tests {
     fn malformed_fields_are_typed() {
         let signer = PrivateKeySigner::random();
         let good = sign_authorization(&signer, &Asset::usdc_base(), &message(signer.address())).unwrap();
-        let cases: Vec<Box<dyn Fn(&mut ExactEvmPayload)>> = vec![
+        type Mutation = Box<dyn Fn(&mut ExactEvmPayload)>;
+        let cases: Vec<Mutation> = vec![
             Box::new(|p| p.authorization.value = "-1".into()),
             Box::new(|p| p.authorization.value = "01".into()),
             Box::new(|p| p.authorization.value = "1e3".into()),

@@ -172,7 +172,8 @@ mod tests {
         let mut lower_case = ok.clone();
         lower_case.asset = lower_case.asset.to_lowercase();
         assert!(match_offer(&lower_case, &offered).is_ok(), "addresses compare by value");
-        let cases: Vec<(fn(&mut PaymentRequirements), RejectReason)> = vec![
+        type Case = (fn(&mut PaymentRequirements), RejectReason);
+        let cases: Vec<Case> = vec![
             (|r| r.scheme = "upto".into(), RejectReason::InvalidScheme),
             (|r| r.network = "eip155:1".into(), RejectReason::NetworkMismatch),
             (|r| r.asset = "0x0000000000000000000000000000000000000009".into(), RejectReason::AssetMismatch),

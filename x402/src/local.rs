@@ -19,24 +19,30 @@ use crate::wire::{
     PaymentPayload, PaymentRequirements, SettlementResponse, SupportedKind, SupportedResponse, VerifyResponse,
 };
 
-alloy::sol! {
-    #[sol(rpc)]
-    interface IEip3009 {
-        function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
-        function balanceOf(address account) external view returns (uint256);
-        function transferWithAuthorization(address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
-    }
+/// The contract calls the facilitator makes (generated methods take one argument per ABI
+/// parameter, hence the lint allowance).
+#[allow(clippy::too_many_arguments)]
+mod abi {
+    alloy::sol! {
+        #[sol(rpc)]
+        interface IEip3009 {
+            function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
+            function balanceOf(address account) external view returns (uint256);
+            function transferWithAuthorization(address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
+        }
 
-    #[sol(rpc)]
-    interface IX402Receiver {
-        function settleTransferAndRecord(bytes32 id, address from, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
-    }
+        #[sol(rpc)]
+        interface IX402Receiver {
+            function settleTransferAndRecord(bytes32 id, address from, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce, bytes signature) external;
+        }
 
-    #[sol(rpc)]
-    interface IErc1271 {
-        function isValidSignature(bytes32 hash, bytes signature) external view returns (bytes4);
+        #[sol(rpc)]
+        interface IErc1271 {
+            function isValidSignature(bytes32 hash, bytes signature) external view returns (bytes4);
+        }
     }
 }
+use abi::{IEip3009, IErc1271, IX402Receiver};
 
 const ERC1271_MAGIC: [u8; 4] = [0x16, 0x26, 0xba, 0x7e];
 

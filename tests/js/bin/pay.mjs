@@ -2,6 +2,9 @@
 // prints one JSON line per request: {status, body, paymentResponse}.
 //
 // usage: X402_PAYER_KEY=0x... node bin/pay.mjs URL [--body JSON] [--repeat N] [--payment-id ID]
+//          [--allow-asset NETWORK:ADDRESS:MAX_ATOMIC]
+// The client refuses tokens outside its default table unless allowed: local TestUSDC needs
+// --allow-asset eip155:31337:0x…:1000000 (a per-payment cap in atomic units).
 import { x402Client, wrapFetchWithPayment } from "@x402/fetch";
 import { decodePaymentResponseHeader } from "@x402/core/http";
 import { ExactEvmScheme } from "@x402/evm/exact/client";
@@ -17,6 +20,7 @@ const opt = (name, dflt) => {
 const body = opt("--body", '{"hello":"x402"}');
 const repeat = Number(opt("--repeat", "1"));
 const paymentId = opt("--payment-id", undefined);
+const allow = opt("--allow-asset", undefined);
 const key = process.env.X402_PAYER_KEY;
 if (!url || !key) {
   console.error("usage: X402_PAYER_KEY=0x... node bin/pay.mjs URL [--body JSON] [--repeat N] [--payment-id ID]");
@@ -25,6 +29,10 @@ if (!url || !key) {
 
 const client = new x402Client();
 client.register("eip155:*", new ExactEvmScheme(privateKeyToAccount(key)));
+if (allow) {
+  const [ns, id, asset, cap] = allow.split(":");
+  client.setSpendControls({ allowedAssets: [{ network: `${ns}:${id}`, asset, maxAmountPerPayment: cap }] });
+}
 if (paymentId) {
   client.onBeforePaymentCreation(async ({ paymentRequired }) => {
     paymentRequired.extensions ??= {};
