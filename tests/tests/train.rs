@@ -1,0 +1,201 @@
+//! Training runs through the `mindxtrain` binary: determinism across runs and kill -9 +
+//! `--resume` continuing bit for bit, for full training (weights, AdamW state, data
+//! cursor) and for LoRA with dropout (the dropout RNG stream as well).
+
+use mindxtrain_tests::mindxtrain;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+const STEPS: u64 = 120;
+
+/// A micro Qwen3 on generated tasks: seconds per run even in a debug build.
+fn recipe(run_name: &str, method: &str) -> String {
+    format!(
+        r#"meta:
+  project: mindxtrain-tests
+  run_name: {run_name}
+  seed: 5
+hardware:
+  name: cpu
+  gpus: 0
+autotune:
+  budget_seconds: 5
+model:
+  name: mindxtrain/micro-qwen3
+  family: qwen3
+  tokenizer: byte
+  dtype: fp32
+  config:
+    hidden_size: 32
+    num_layers: 1
+    num_heads: 2
+    num_kv_heads: 1
+    head_dim: 16
+    intermediate_size: 64
+    vocab_size: 512
+    max_position_embeddings: 128
+    tie_word_embeddings: true
+data:
+  source: generated
+  format: text
+  generator:
+    kind: tasks
+    seed: 5
+    count: 300
+  seq_len: 64
+  packing: true
+train:
+  method:
+{method}
+  optimizer:
+    name: adamw
+    lr: 2.0e-3
+    weight_decay: 0.01
+  schedule:
+    kind: cosine
+    warmup_ratio: 0.1
+  budget:
+    max_steps: {STEPS}
+  batch:
+    per_device: 2
+    grad_accum: 2
+  precision: fp32
+  checkpoint:
+    every_steps: 10
+  log_every_steps: 10
+eval:
+  holdout:
+    fraction: 0.05
+    max_samples: 8
+serve:
+  max_model_len: 128
+"#
+    )
+}
+
+struct Node {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Node {
+    fn new() -> Node {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("node");
+        let o = mindxtrain(&dir, &["init"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Node { _tmp: tmp, dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        mindxtrain(&self.dir, &a).output().unwrap()
+    }
+
+    /// Writes the recipe and measures its plan once; every run of this node reuses both.
+    fn prepare(&self, name: &str, method: &str) -> (String, String) {
+        let recipe_path = self.path(&format!("{name}.yaml"));
+        std::fs::write(&recipe_path, recipe(name, method)).unwrap();
+        let plan_path = self.path(&format!("{name}.plan.json"));
+        let o = self.run(&["bench", s(&recipe_path), "--out", s(&plan_path)]);
+        assert!(o.status.success(), "bench: {}", String::from_utf8_lossy(&o.stdout));
+        (s(&recipe_path).to_string(), s(&plan_path).to_string())
+    }
+
+    fn train_args<'a>(&self, recipe: &'a str, plan: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["train", recipe, "--plan", plan, "--out", out, "--eval-prompts", "2"];
+        a.extend_from_slice(extra);
+        a
+    }
+
+    /// Trains to the end; returns the final files' digests.
+    fn train(&self, recipe: &str, plan: &str, out: &Path, extra: &[&str]) -> Value {
+        let o = self.run(&self.train_args(recipe, plan, s(out), extra));
+        assert!(o.status.success(), "train: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["steps"], STEPS);
+        assert!(!v["files"].as_array().unwrap().is_empty());
+        v["files"].clone()
+    }
+
+    /// Starts a run, kills it with SIGKILL once a checkpoint past `after` is published and
+    /// training is still going, and returns the step it had checkpointed.
+    fn train_and_kill(&self, recipe: &str, plan: &str, out: &Path, extra: &[&str], after: u64) -> u64 {
+        let mut child = mindxtrain(&self.dir, &self.train_args(recipe, plan, s(out), extra))
+            .arg("--json")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let latest = out.join("checkpoints").join("latest");
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let step = loop {
+            assert!(Instant::now() < deadline, "no checkpoint past step {after} within 300 s");
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the run ended ({status}) before it could be killed; raise STEPS");
+            }
+            let step = std::fs::read_to_string(&latest)
+                .ok()
+                .and_then(|t| t.trim().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok()));
+            if let Some(step) = step.filter(|&s| s > after) {
+                break step;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "killed run reported success");
+        assert!(step < STEPS, "killed after the last step; nothing left to resume");
+        step
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs the recipe twice from scratch and once killed then resumed; all three must end on
+/// the same bytes.
+fn deterministic_and_resumable(node: &Node, name: &str, method: &str, extra: &[&str]) {
+    let (recipe, plan) = node.prepare(name, method);
+    let a = node.train(&recipe, &plan, &node.path(&format!("{name}-a")), extra);
+    let b = node.train(&recipe, &plan, &node.path(&format!("{name}-b")), extra);
+    assert_eq!(a, b, "{name}: two runs of one recipe, plan and seed differ");
+
+    let c_dir = node.path(&format!("{name}-c"));
+    let killed_at = node.train_and_kill(&recipe, &plan, &c_dir, extra, 20);
+    let mut resume = extra.to_vec();
+    resume.push("--resume");
+    let c = node.train(&recipe, &plan, &c_dir, &resume);
+    assert_eq!(a, c, "{name}: killed at step {killed_at} and resumed, the final weights differ");
+
+    // The log records the resume.
+    let o = node.run(&["log", "show", "--kind", "run.resumed"]);
+    let resumed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(resumed.as_array().map(Vec::len), Some(1), "{resumed}");
+}
+
+#[test]
+fn full_training_is_deterministic_and_resumes_bitwise_after_kill_9() {
+    let node = Node::new();
+    deterministic_and_resumable(&node, "micro_full", "    kind: full", &[]);
+}
+
+#[test]
+fn lora_with_dropout_is_deterministic_and_resumes_bitwise_after_kill_9() {
+    let node = Node::new();
+    // The base: a short full run, then LoRA with dropout on top of it.
+    let (recipe, plan) = node.prepare("micro_base", "    kind: full");
+    let base = node.path("micro_base-a");
+    node.train(&recipe, &plan, &base, &[]);
+    let method = "    kind: lora\n    r: 4\n    alpha: 8\n    dropout: 0.1\n    target_modules: [q_proj, v_proj, down_proj]";
+    let init = base.join("final");
+    deterministic_and_resumable(&node, "micro_lora", method, &["--init-from", s(&init)]);
+}
