@@ -93,6 +93,22 @@ where
     Ok((at(eps)? - at(-eps)?) / (2.0 * eps))
 }
 
+/// Asserts `|a − b| ≤ tol·(1 + |b|)` elementwise (after casting both to f64), naming the
+/// first element that is off; NaN never passes. For comparing a kernel with its reference.
+pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64) -> Result<()> {
+    if a.dims() != b.dims() {
+        candle_core::bail!("shapes differ: {:?} vs {:?}", a.dims(), b.dims());
+    }
+    let flat = |t: &Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+    for (i, (x, y)) in flat(a)?.into_iter().zip(flat(b)?).enumerate() {
+        let within = (x - y).abs() <= tol * (1.0 + y.abs());
+        if !within {
+            candle_core::bail!("element {i} of {:?}: {x} vs reference {y} (tolerance {tol})", a.dims());
+        }
+    }
+    Ok(())
+}
+
 /// A deterministic f64 tensor with entries uniform in `[-1, 1)` (SplitMix64 of `seed`).
 pub fn random(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
     let n: usize = shape.iter().product();

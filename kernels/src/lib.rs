@@ -2,13 +2,14 @@
 //! `forward` (the output plus exactly the activations its backward needs) and `backward`
 //! (input and parameter gradients).
 //!
-//! They are written with candle tensor ops, so the same code is the CPU reference and runs on
-//! any candle device; fused GPU kernels replace them op by op later and are tested against
-//! these. Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
+//! Each op has a composed form written with candle tensor ops (its `reference` module),
+//! which runs on any candle device, and a fused CPU kernel (module `cpu`) that serves f32/f64 CPU
+//! tensors; tests hold the two together. Fused GPU kernels join them op by op. Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
 //! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
 //! against central finite differences ([`gradcheck`]).
 
 pub mod attention;
+mod cpu;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gradcheck;

@@ -3,6 +3,7 @@
 //! table `[f, f]` (each half repeats the `head_dim/2` frequencies). Positions come per token,
 //! so packed documents can each restart at 0.
 
+use crate::cpu::{self, dispatch};
 use candle_core::{D, DType, Device, Result, Tensor};
 
 /// `cos` and `sin` tables `[positions.len(), head_dim]` for `inv_freq_i = θ^(−2i/head_dim)`.
@@ -56,27 +57,75 @@ pub fn tables(
 /// `x`: `[.., head_dim]`; `cos`/`sin` broadcastable to it. Nothing is saved: the backward
 /// needs only the tables.
 pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?
+    if !per_token_tables(x, cos, sin) {
+        return reference::forward(x, cos, sin);
+    }
+    use cpu::elementwise::rope as fused;
+    dispatch!([x, cos, sin], fused(x, cos, sin, false), reference::forward(x, cos, sin))
 }
 
 /// The map is linear and orthogonal per pair: `dx = dy·cos + rotate_halfᵀ(dy·sin)` with
 /// `rotate_halfᵀ([g₁, g₂]) = [g₂, −g₁]`.
 pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let g = dy.broadcast_mul(sin)?;
-    let half = g.dim(D::Minus1)? / 2;
-    let rotated = Tensor::cat(&[g.narrow(D::Minus1, half, half)?, g.narrow(D::Minus1, 0, half)?.neg()?], D::Minus1)?;
-    dy.broadcast_mul(cos)? + rotated
+    if !per_token_tables(dy, cos, sin) {
+        return reference::backward(dy, cos, sin);
+    }
+    use cpu::elementwise::rope as fused;
+    dispatch!([dy, cos, sin], fused(dy, cos, sin, true), reference::backward(dy, cos, sin))
 }
 
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    Tensor::cat(&[x.narrow(D::Minus1, half, half)?.neg()?, x.narrow(D::Minus1, 0, half)?], D::Minus1)
+/// The fused kernel's case: one table row per token (`x` `[.., heads, hd]` with tables
+/// `[.., 1, hd]`, or the same shape as `x`); other broadcasts take the reference.
+fn per_token_tables(x: &Tensor, cos: &Tensor, sin: &Tensor) -> bool {
+    let (xd, cd) = (x.dims(), cos.dims());
+    let r = xd.len();
+    let heads_shared =
+        r >= 2 && cd.len() == r && cd[r - 2] == 1 && cd[..r - 2] == xd[..r - 2] && cd[r - 1] == xd[r - 1];
+    (heads_shared || cd == xd) && sin.dims() == cd && xd.last().is_some_and(|d| d % 2 == 0)
+}
+
+/// The composed form, on any candle device: the referee of the fused kernel.
+pub mod reference {
+    use super::*;
+
+    pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?
+    }
+
+    pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let g = dy.broadcast_mul(sin)?;
+        let half = g.dim(D::Minus1)? / 2;
+        let rotated =
+            Tensor::cat(&[g.narrow(D::Minus1, half, half)?, g.narrow(D::Minus1, 0, half)?.neg()?], D::Minus1)?;
+        dy.broadcast_mul(cos)? + rotated
+    }
+
+    fn rotate_half(x: &Tensor) -> Result<Tensor> {
+        let half = x.dim(D::Minus1)? / 2;
+        Tensor::cat(&[x.narrow(D::Minus1, half, half)?.neg()?, x.narrow(D::Minus1, 0, half)?], D::Minus1)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gradcheck::{check, random};
+    use crate::gradcheck::{assert_close, check, random};
+
+    #[test]
+    fn fused_kernel_matches_the_reference_in_f64_and_f32() -> Result<()> {
+        let dev = Device::Cpu;
+        let positions: Vec<u32> = (0..2 * 9).map(|i| (i % 9) as u32 * 37).collect();
+        let (cos, sin) = tables(&positions, 8, 1e4, DType::F64, &dev)?;
+        let (cos, sin) = (cos.reshape((2, 9, 1, 8))?, sin.reshape((2, 9, 1, 8))?);
+        let (x, dy) = (random(&[2, 9, 3, 8], 1, &dev)?, random(&[2, 9, 3, 8], 2, &dev)?);
+        let (y_ref, dx_ref) = (reference::forward(&x, &cos, &sin)?, reference::backward(&dy, &cos, &sin)?);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-6)] {
+            let c = |t: &Tensor| t.to_dtype(dtype);
+            assert_close(&forward(&c(&x)?, &c(&cos)?, &c(&sin)?)?, &y_ref, tol)?;
+            assert_close(&backward(&c(&dy)?, &c(&cos)?, &c(&sin)?)?, &dx_ref, tol)?;
+        }
+        Ok(())
+    }
 
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {

@@ -1,28 +1,72 @@
 //! The SwiGLU gate of the MLP: `h = silu(gate) · up`.
 
+use crate::cpu::{self, dispatch};
 use candle_core::{Result, Tensor};
 
 /// Backward needs `gate` and `up`, which the caller keeps; nothing else is saved.
 pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    gate.silu()? * up
+    check(&[gate, up])?;
+    use cpu::elementwise::swiglu_forward as fused;
+    dispatch!([gate, up], fused(gate, up), reference::forward(gate, up))
 }
 
 /// `d_gate = dh·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dh·silu(g)`.
 pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
-    let sig = (gate.neg()?.exp()? + 1.0)?.recip()?;
-    let silu = (gate * &sig)?;
-    // σ(1 + g(1 − σ)) = σ + silu·(1 − σ)
-    let dsilu = (&sig + (&silu * (1.0 - &sig)?)?)?;
-    let d_gate = ((dh * up)? * dsilu)?;
-    let d_up = (dh * silu)?;
-    Ok((d_gate, d_up))
+    check(&[dh, gate, up])?;
+    use cpu::elementwise::swiglu_backward as fused;
+    dispatch!([dh, gate, up], fused(dh, gate, up), reference::backward(dh, gate, up))
+}
+
+fn check(ts: &[&Tensor]) -> Result<()> {
+    if ts.iter().any(|t| t.dims() != ts[0].dims()) {
+        candle_core::bail!("swiglu: shapes differ: {:?}", ts.iter().map(|t| t.dims()).collect::<Vec<_>>());
+    }
+    Ok(())
+}
+
+/// The composed form, on any candle device: the referee of the fused kernel.
+pub mod reference {
+    use candle_core::{Result, Tensor};
+
+    pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        gate.silu()? * up
+    }
+
+    pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
+        let sig = (gate.neg()?.exp()? + 1.0)?.recip()?;
+        let silu = (gate * &sig)?;
+        // σ(1 + g(1 − σ)) = σ + silu·(1 − σ)
+        let dsilu = (&sig + (&silu * (1.0 - &sig)?)?)?;
+        let d_gate = ((dh * up)? * dsilu)?;
+        let d_up = (dh * silu)?;
+        Ok((d_gate, d_up))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gradcheck::{check, random};
-    use candle_core::Device;
+    use crate::gradcheck::{assert_close, check, random};
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn fused_kernel_matches_the_reference_in_f64_and_f32() -> Result<()> {
+        let dev = Device::Cpu;
+        // Larger than one parallel chunk, gates spread over ±12.
+        let n = [3, 7000];
+        let (g, u, dh) = ((random(&n, 1, &dev)? * 12.0)?, random(&n, 2, &dev)?, random(&n, 3, &dev)?);
+        let h_ref = reference::forward(&g, &u)?;
+        let (dg_ref, du_ref) = reference::backward(&dh, &g, &u)?;
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-6)] {
+            let c = |t: &Tensor| t.to_dtype(dtype);
+            assert_close(&forward(&c(&g)?, &c(&u)?)?, &h_ref, tol)?;
+            let (dg, du) = backward(&c(&dh)?, &c(&g)?, &c(&u)?)?;
+            assert_close(&dg, &dg_ref, tol)?;
+            assert_close(&du, &du_ref, tol)?;
+        }
+        assert!(forward(&g, &random(&[3, 6999], 4, &dev)?).is_err());
+        Ok(())
+    }
 
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {

@@ -14,7 +14,7 @@ Rust tests read it with serde_json. Commands:
               [--betas B1,B2] [--eps E] [--weight-decay W] [--max-grad-norm M]
               one torch AdamW step on the adapter (loss: HF causal LM, labels shifted inside, -100
               ignored); saves the updated adapter with save_pretrained and DIR/step.json (loss, grad norm)
-  bench       --config CFG.json --batch B --seq S --threads T [--steps N] [--warmup W] [--r R] [--alpha A]
+  bench       --config CFG.json --batch B --seq S --threads T [--steps N] [--warmup W] [--r R] [--alpha A] [--full]
               CPU training tok/s of transformers + PEFT (LoRA on all seven projections, AdamW)
 
   multi       JOBS.json   runs each argv list of JOBS.json ([["logits", "--model", ...], ...]) in this one
@@ -136,11 +136,12 @@ def cmd_bench(a) -> None:
         config = Qwen3Config(**json.load(f))
     torch.manual_seed(0)
     model = Qwen3ForCausalLM._from_config(config, attn_implementation=a.attn, dtype=torch.float32)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = get_peft_model(model, LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=0.0, target_modules=targets,
-                                             bias="none", task_type="CAUSAL_LM"))
+    if not a.full:
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=0.0, target_modules=targets,
+                                                 bias="none", task_type="CAUSAL_LM"))
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.01)
     ids = torch.randint(0, config.vocab_size, (a.batch, a.seq), generator=torch.Generator().manual_seed(1))
 
     def step() -> None:
@@ -159,7 +160,7 @@ def cmd_bench(a) -> None:
     write_json(None, {
         "engine": "transformers+peft", "torch": torch.__version__, "threads": torch.get_num_threads(),
         "batch": a.batch, "seq": a.seq, "steps": a.steps, "seconds": seconds, "tokens_per_second": tokens / seconds,
-        "attn_implementation": a.attn,
+        "attn_implementation": a.attn, "full": a.full,
     })
 
 
@@ -210,6 +211,7 @@ def main() -> None:
     b.add_argument("--r", type=int, default=16)
     b.add_argument("--alpha", type=int, default=32)
     b.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    b.add_argument("--full", action="store_true", help="train every weight (no PEFT)")
 
     u = sub.add_parser("multi")
     u.add_argument("jobs")

@@ -18,5 +18,10 @@ pub fn mindxtrain(dir: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// Benchmark programs' bodies (the binaries in src/bin parse arguments and call these).
+pub mod bench {
+    pub mod train;
+}
+
 /// The paid test server, chain and signing helpers of the x402 tests and benchmark.
 pub mod x402_env;

@@ -118,7 +118,12 @@ impl Node {
     /// Trains to the end; returns the final files' digests.
     fn train(&self, recipe: &str, plan: &str, out: &Path, extra: &[&str]) -> Value {
         let o = self.run(&self.train_args(recipe, plan, s(out), extra));
-        assert!(o.status.success(), "train: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "train: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["steps"], STEPS);
         assert!(!v["files"].as_array().unwrap().is_empty());
@@ -195,7 +200,8 @@ fn lora_with_dropout_is_deterministic_and_resumes_bitwise_after_kill_9() {
     let (recipe, plan) = node.prepare("micro_base", "    kind: full");
     let base = node.path("micro_base-a");
     node.train(&recipe, &plan, &base, &[]);
-    let method = "    kind: lora\n    r: 4\n    alpha: 8\n    dropout: 0.1\n    target_modules: [q_proj, v_proj, down_proj]";
+    let method =
+        "    kind: lora\n    r: 4\n    alpha: 8\n    dropout: 0.1\n    target_modules: [q_proj, v_proj, down_proj]";
     let init = base.join("final");
     deterministic_and_resumable(&node, "micro_lora", method, &["--init-from", s(&init)]);
 }

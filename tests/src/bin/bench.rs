@@ -3,15 +3,19 @@
 //!
 //! ```text
 //! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR]
+//! mindxtrain-bench train [--threads 1,2] [--steps 30] [--full] [--python target/pyenv/bin/python]
 //! ```
 //! `log`: durable appends per second (acknowledged only after fdatasync) at several
 //! numbers of concurrent appenders, against SQLite (WAL, synchronous=FULL, one row
 //! per event, one transaction per event, the same canonical payload bytes).
+//! `train`: CPU training steps/s of our engine vs PyTorch + transformers + PEFT, same tiny
+//! Qwen3 shape and thread count (see `mindxtrain_tests::bench::train`).
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog, LogOptions};
+use mindxtrain_tests::bench::train;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,11 +46,37 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// CPU training steps/s vs PyTorch + PEFT (same shape, same threads).
+    Train {
+        /// Comma-separated thread counts.
+        #[arg(long, default_value = "1,2", value_delimiter = ',')]
+        threads: Vec<usize>,
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        /// Train every weight instead of LoRA adapters.
+        #[arg(long)]
+        full: bool,
+        /// The Python of the torch venv (scripts/setup-torch builds it).
+        #[arg(long, default_value = "target/pyenv/bin/python")]
+        python: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Log { seconds, appenders, dir, json } => bench_log(seconds, &appenders, dir, json),
+        Cmd::Train { threads, steps, warmup, batch, seq, full, python, json } => {
+            let cfg = train::TrainBench { threads: &threads, steps, warmup, batch, seq, full, python: &python };
+            train::run(&cfg, json)
+        }
     }
 }
 

@@ -30,8 +30,8 @@ pub(super) struct StepCtx<'a> {
     /// RoPE tables shaped `[B, T, 1, head_dim]`.
     pub cos: Tensor,
     pub sin: Tensor,
-    /// Attention mask bias `[B, 1, T, T]`.
-    pub bias: Tensor,
+    /// Which keys each token attends (causal, within its packed document).
+    pub mask: attention::Mask,
 }
 
 /// Gradients by parameter name, summed where a name is reached twice (tied embeddings).
@@ -67,7 +67,8 @@ pub(super) struct BlockTape {
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    probs: Tensor,
+    /// Row log-sum-exp of the attention scores: the backward recomputes the probabilities.
+    lse: Tensor,
     attn: Tensor,
     x2: Tensor,
     rstd2: Tensor,
@@ -182,7 +183,7 @@ impl StepCtx<'_> {
         let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let (o, probs) = attention::forward(&q, &k, &v, &self.bias, scale)?;
+        let (o, lse) = attention::forward(&q, &k, &v, &self.mask, scale)?;
         let attn = o.transpose(1, 2)?.reshape((b * t, nh * hd))?;
         let x2 = (x + self.proj_forward(layer, Proj::O, &attn, Some(&mut lora))?)?;
         let (h2, rstd2) = rmsnorm::forward(&x2, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
@@ -201,7 +202,7 @@ impl StepCtx<'_> {
             q,
             k,
             v,
-            probs,
+            lse,
             attn,
             x2,
             rstd2,
@@ -243,7 +244,7 @@ impl StepCtx<'_> {
         let dattn = self.grad_of(layer, Proj::O, &dx2, &tape.attn, tape, grads)?;
         let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let (dq, dk, dv) = attention::backward(&dout_heads, &tape.q, &tape.k, &tape.v, &tape.probs, scale)?;
+        let (dq, dk, dv) = attention::backward(&dout_heads, &tape.q, &tape.k, &tape.v, &tape.lse, &self.mask, scale)?;
         let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?;
         let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?;
         let (qn_name, kn_name) = (norm_name(layer, Norm::Q), norm_name(layer, Norm::K));

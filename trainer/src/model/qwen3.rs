@@ -261,7 +261,7 @@ impl Qwen3 {
             seq: t,
             cos: cos.reshape((b, t, 1, c.head_dim))?,
             sin: sin.reshape((b, t, 1, c.head_dim))?,
-            bias: attention::mask_bias(&batch.segment_ids, b, t, self.dtype, &self.device)?,
+            mask: attention::Mask::new(&batch.segment_ids, b, t)?,
         })
     }
 

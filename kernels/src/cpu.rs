@@ -1,0 +1,258 @@
+//! Fused CPU kernels: each op in one pass over contiguous slices, parallel over independent
+//! rows with rayon, in f32 (training) and f64 (gradient checks).
+//!
+//! Why: composed from candle ops, a step at the demo's shapes spends most of its time in
+//! allocation, broadcast passes and scalar `expf`, not in arithmetic. Each op module calls
+//! its kernel here for CPU tensors of these dtypes and its composed `reference` otherwise;
+//! tests hold the two together, and the gradient checks run through the kernels.
+//!
+//! Determinism: work is split at fixed boundaries (rows, heads, fixed-size row blocks for
+//! reductions) and every partial is combined in a fixed order, so results do not depend on
+//! the thread count.
+
+pub(crate) mod attention;
+pub(crate) mod cross_entropy;
+pub(crate) mod elementwise;
+pub(crate) mod rmsnorm;
+
+use candle_core::{DType, Device, Result, Shape, Storage, Tensor, WithDType};
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+/// The float types the kernels are written for.
+pub(crate) trait Real:
+    WithDType
+    + Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn of(v: f64) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    /// `e^x` for every element, in place. f32 uses a vectorisable polynomial (below).
+    fn exp_in_place(xs: &mut [Self]);
+}
+
+impl Real for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+    const NEG_INFINITY: f32 = f32::NEG_INFINITY;
+    fn of(v: f64) -> f32 {
+        v as f32
+    }
+    fn ln(self) -> f32 {
+        f32::ln(self)
+    }
+    fn sqrt(self) -> f32 {
+        f32::sqrt(self)
+    }
+    fn exp_in_place(xs: &mut [f32]) {
+        for x in xs {
+            *x = exp_f32(*x);
+        }
+    }
+}
+
+impl Real for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+    const NEG_INFINITY: f64 = f64::NEG_INFINITY;
+    fn of(v: f64) -> f64 {
+        v
+    }
+    fn ln(self) -> f64 {
+        f64::ln(self)
+    }
+    fn sqrt(self) -> f64 {
+        f64::sqrt(self)
+    }
+    fn exp_in_place(xs: &mut [f64]) {
+        for x in xs {
+            *x = x.exp();
+        }
+    }
+}
+
+/// `e^x` in f32 within 2 ulp on the range that matters, written so LLVM vectorises a loop
+/// of it (no calls, no branches, integer ops for the 2ⁿ scale). libm's `expf` is scalar
+/// and was 15% of a training step.
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n·LN2_HI is exact for the n that occur (Cody–Waite).
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5·2²³ rounds to an integer and leaves it in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.0, 88.0);
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    // Minimax polynomial for e^r on |r| ≤ ln2/2 (Cephes expf coefficients).
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let er = p * r * r + r + 1.0;
+    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits(((k + 127) << 23) as u32);
+    let y = er * scale;
+    // Below the clamp the true value is under 2⁻¹²⁵: flush to 0 (−∞ → 0, as expf).
+    if x < -87.0 { 0.0 } else { y }
+}
+
+/// Lanes of the independent partial sums in [`dot`]: a serial float sum cannot be
+/// vectorised (its order is fixed), eight fixed interleaved ones can, and still give the
+/// same result on every run.
+const LANES: usize = 8;
+
+/// `Σ a_i·b_i` in a fixed order of eight interleaved partial sums.
+#[inline]
+pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [T::ZERO; LANES];
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut total = acc.iter().fold(T::ZERO, |s, &x| s + x);
+    for (&x, &y) in ar.iter().zip(br) {
+        total += x * y;
+    }
+    total
+}
+
+/// `Σ x_i` in the same fixed lane order as [`dot`].
+#[inline]
+pub(crate) fn sum<T: Real>(xs: &[T]) -> T {
+    let mut acc = [T::ZERO; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for x in chunks {
+        for l in 0..LANES {
+            acc[l] += x[l];
+        }
+    }
+    rest.iter().fold(acc.iter().fold(T::ZERO, |s, &x| s + x), |s, &x| s + x)
+}
+
+/// `y += a·x`.
+#[inline]
+pub(crate) fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// The largest element (−∞ for none).
+pub(crate) fn max<T: Real>(xs: &[T]) -> T {
+    xs.iter().fold(T::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// Whether the fused CPU kernels serve these tensors, and in which dtype.
+pub(crate) fn dtype_of(ts: &[&Tensor]) -> Option<DType> {
+    let first = ts.first()?;
+    let dt = first.dtype();
+    let ok = matches!(dt, DType::F32 | DType::F64) && ts.iter().all(|t| t.device().is_cpu() && t.dtype() == dt);
+    ok.then_some(dt)
+}
+
+/// Calls `$f::<f32>` or `$f::<f64>` when the fused kernels serve `$ts`, `$fallback` otherwise.
+macro_rules! dispatch {
+    ([$($t:expr),+], $f:ident($($arg:expr),*), $fallback:expr) => {
+        match $crate::cpu::dtype_of(&[$($t),+]) {
+            Some(candle_core::DType::F32) => $f::<f32>($($arg),*),
+            Some(candle_core::DType::F64) => $f::<f64>($($arg),*),
+            _ => $fallback,
+        }
+    };
+}
+pub(crate) use dispatch;
+
+/// A contiguous CPU tensor's elements, borrowed for as long as the view lives.
+pub(crate) struct View<'a> {
+    storage: candle_core::StorageRef<'a>,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> View<'a> {
+    /// `t` must be contiguous (callers pass `t.contiguous()?`); the check is kept because
+    /// a wrong offset would read other data silently.
+    pub fn of(t: &'a Tensor) -> Result<View<'a>> {
+        let (storage, layout) = t.storage_and_layout();
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("fused cpu kernel: tensor of shape {:?} is not contiguous", t.dims())
+        };
+        Ok(View { storage, start, end })
+    }
+
+    pub fn slice<T: WithDType>(&self) -> Result<&[T]> {
+        match &*self.storage {
+            Storage::Cpu(c) => Ok(&c.as_slice::<T>()?[self.start..self.end]),
+            _ => candle_core::bail!("fused cpu kernel: tensor is not on the CPU"),
+        }
+    }
+}
+
+/// Runs `f` on the slices of `ts` (made contiguous first).
+pub(crate) fn with_slices<T: Real, R, const N: usize>(
+    ts: [&Tensor; N],
+    f: impl FnOnce([&[T]; N]) -> Result<R>,
+) -> Result<R> {
+    let owned: Vec<Tensor> = ts.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
+    let views: Vec<View> = owned.iter().map(View::of).collect::<Result<_>>()?;
+    let slices: Vec<&[T]> = views.iter().map(View::slice::<T>).collect::<Result<_>>()?;
+    let slices: [&[T]; N] = slices.try_into().map_err(|_| candle_core::Error::Msg("slice count".into()))?;
+    f(slices)
+}
+
+/// A CPU tensor from a kernel's output buffer (moved, not copied).
+pub(crate) fn tensor<T: Real>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+    Tensor::from_vec(data, shape.into(), &Device::Cpu)
+}
+
+/// Rows per block of a cross-row reduction (norm gains): fixed, so that the order of the
+/// partial sums never depends on the thread count.
+pub(crate) const REDUCE_ROWS: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm_and_handles_the_edges() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_7;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert!(exp_f32(88.0).is_finite());
+        let mut v = vec![1.0f32, -1.0, 2.5];
+        f32::exp_in_place(&mut v);
+        assert!((v[0] - std::f32::consts::E).abs() < 1e-6 && (v[2] - 2.5f32.exp()).abs() < 1e-5);
+    }
+}
