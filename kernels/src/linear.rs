@@ -1,6 +1,7 @@
 //! `y = x·Wᵀ` with `W` stored `[out, in]` as in PyTorch/HF. The leading dims of `x` are
 //! flattened, so one GEMM serves any batch shape.
 
+use crate::cpu::{self, dispatch};
 use candle_core::{Result, Tensor};
 
 /// `x`: `[.., in]`, `w`: `[out, in]` → `[.., out]`. Backward needs `x` and `w`, both owned by
@@ -8,7 +9,10 @@ use candle_core::{Result, Tensor};
 pub fn forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (lead, in_dim) = split_last(x)?;
     let out_dim = w.dim(0)?;
-    let y = x.reshape((lead.iter().product::<usize>(), in_dim))?.matmul(&w.t()?)?;
+    check(in_dim, w)?;
+    let x2 = x.reshape((lead.iter().product::<usize>(), in_dim))?;
+    use cpu::linear::forward as fused;
+    let y = dispatch!([&x2, w], fused(&x2, w), x2.matmul(&w.t()?))?;
     let mut shape = lead;
     shape.push(out_dim);
     y.reshape(shape)
@@ -18,10 +22,12 @@ pub fn forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// skip that GEMM entirely).
 pub fn backward(dy: &Tensor, x: &Tensor, w: &Tensor, want_dw: bool) -> Result<(Tensor, Option<Tensor>)> {
     let (lead, in_dim) = split_last(x)?;
+    check(in_dim, w)?;
     let n: usize = lead.iter().product();
     let dy2 = dy.reshape((n, w.dim(0)?))?;
-    let dx = dy2.matmul(w)?.reshape(x.shape())?;
-    let dw = if want_dw { Some(dy2.t()?.matmul(&x.reshape((n, in_dim))?)?) } else { None };
+    use cpu::linear::input_grad as fused;
+    let dx = dispatch!([&dy2, w], fused(&dy2, w), dy2.matmul(w))?.reshape(x.shape())?;
+    let dw = if want_dw { Some(weight_grad(dy, x)?) } else { None };
     Ok((dx, dw))
 }
 
@@ -30,7 +36,17 @@ pub fn weight_grad(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
     let (lead, in_dim) = split_last(x)?;
     let n: usize = lead.iter().product();
     let out_dim = dy.dim(dy.rank() - 1)?;
-    dy.reshape((n, out_dim))?.t()?.matmul(&x.reshape((n, in_dim))?)
+    let (dy2, x2) = (dy.reshape((n, out_dim))?, x.reshape((n, in_dim))?);
+    use cpu::linear::weight_grad as fused;
+    dispatch!([&dy2, &x2], fused(&dy2, &x2), dy2.t()?.matmul(&x2))
+}
+
+fn check(in_dim: usize, w: &Tensor) -> Result<()> {
+    let (_, w_in) = w.dims2()?;
+    if w_in != in_dim {
+        candle_core::bail!("linear: input features {in_dim}, weight {:?}", w.dims());
+    }
+    Ok(())
 }
 
 fn split_last(x: &Tensor) -> Result<(Vec<usize>, usize)> {
@@ -44,8 +60,31 @@ fn split_last(x: &Tensor) -> Result<(Vec<usize>, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gradcheck::{check, random};
-    use candle_core::Device;
+    use crate::gradcheck::{assert_close, check, random};
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn fused_kernel_matches_candle_matmul_in_f64_and_f32() -> Result<()> {
+        let dev = Device::Cpu;
+        // More rows than one task and more outputs than one dW block, neither a multiple.
+        let (x, w, dy) =
+            (random(&[3, 100, 24], 1, &dev)?, random(&[40, 24], 2, &dev)?, random(&[3, 100, 40], 3, &dev)?);
+        let (x2, dy2) = (x.reshape((300, 24))?, dy.reshape((300, 40))?);
+        let y_ref = x2.matmul(&w.t()?)?.reshape((3, 100, 40))?;
+        let (dx_ref, dw_ref) = (dy2.matmul(&w)?.reshape((3, 100, 24))?, dy2.t()?.matmul(&x2)?);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let c = |t: &Tensor| t.to_dtype(dtype);
+            assert_close(&forward(&c(&x)?, &c(&w)?)?, &y_ref, tol)?;
+            let (dx, dw) = backward(&c(&dy)?, &c(&x)?, &c(&w)?, true)?;
+            assert_close(&dx, &dx_ref, tol)?;
+            assert_close(&dw.unwrap(), &dw_ref, tol)?;
+            // A transposed (strided) weight is served too.
+            let wt = c(&w)?.t()?.contiguous()?.t()?;
+            assert_close(&forward(&c(&x)?, &wt)?, &y_ref, tol)?;
+        }
+        assert!(forward(&x, &random(&[40, 23], 4, &dev)?).is_err());
+        Ok(())
+    }
 
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {

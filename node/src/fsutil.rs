@@ -10,6 +10,11 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The directory holding `path`: `.` for a bare file name (whose `parent()` is empty).
+pub fn parent_dir(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
 /// Creates `path` (failing if it exists) with `mode`, writes `bytes`, fsyncs the file
 /// and its directory. The file appears complete or not at all: it is written under a
 /// temporary name first and renamed into place.
@@ -17,7 +22,7 @@ pub fn write_new_durably(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
     if path.exists() {
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} already exists", path.display())));
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let _ = std::fs::remove_file(&tmp);
     {

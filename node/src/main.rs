@@ -7,6 +7,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    mindxtrain_node::training::keep_freed_memory();
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
     match cli::run(args) {

@@ -159,15 +159,15 @@ fn demo_runs_and_verifies_its_own_log() {
     let s = json(&o);
     assert_eq!(s["log_verified"], true);
     assert!(s["recipes_registered"].as_u64().unwrap() >= 14);
-    // It learns: a random model answers none of the held-out tasks; the stated levels
-    // (docs/benchmarks.md) are reached. Training is bitwise deterministic, so these are
-    // exact on any machine; the bounds leave room for deliberate recipe changes only.
+    // It learns: the levels stated in docs/benchmarks.md (6.2% after pretraining, 12.5%
+    // after LoRA, of 64 held-out prompts) are reached. Runs are bitwise deterministic on a
+    // machine; the bounds leave a margin for another CPU's GEMM kernels.
     let phases = s["training"].as_array().unwrap();
     let em = |i: usize| phases[i]["exact_match"].as_f64().unwrap();
     let loss = |i: usize| phases[i]["final_loss"].as_f64().unwrap();
     assert!(loss(0) < 0.5 && loss(1) < 0.5, "{phases:?}");
     assert!(em(0) >= 0.05, "pretrained exact match {}", em(0));
-    assert!(em(1) >= 0.08 && em(1) > em(0), "LoRA exact match {} after pretraining's {}", em(1), em(0));
+    assert!(em(1) >= 0.1 && em(1) > em(0), "LoRA exact match {} after pretraining's {}", em(1), em(0));
     // The kept node audits clean with the CLI too.
     let v = run(&keep, &["log", "verify", "--json"]);
     assert_eq!(json(&v)["ok"], true);

@@ -103,8 +103,13 @@ impl Node {
     fn prepare(&self, name: &str, method: &str) -> (String, String) {
         let recipe_path = self.path(&format!("{name}.yaml"));
         std::fs::write(&recipe_path, recipe(name, method)).unwrap();
-        let plan_path = self.path(&format!("{name}.plan.json"));
-        let o = self.run(&["bench", s(&recipe_path), "--out", s(&plan_path)]);
+        // A bare file name for --out (relative to the working directory) must work too.
+        let plan_name = format!("{name}.plan.json");
+        let plan_path = self.path(&plan_name);
+        let o = mindxtrain(&self.dir, &["--json", "bench", s(&recipe_path), "--out", &plan_name])
+            .current_dir(&self.dir)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "bench: {}", String::from_utf8_lossy(&o.stdout));
         (s(&recipe_path).to_string(), s(&plan_path).to_string())
     }

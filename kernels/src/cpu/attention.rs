@@ -1,16 +1,16 @@
-//! Causal GQA attention with the packing mask, flash-style: only the allowed keys of each
-//! row are touched (`starts[row] ..= row`), the forward keeps the row log-sum-exp instead of
-//! the T×T probabilities, and the backward recomputes them.
+//! Causal GQA attention with the packing mask on the CPU.
 //!
-//! Keys and values are held transposed (`[hd, T]`) per kv head, so every inner loop runs
-//! along the keys of one row (up to T long, contiguous) instead of along `hd` (often 16):
-//! scores and `dkᵀ`, `dvᵀ` updates are axpys, outputs and `dq` are lane-summed dots.
+//! Per (batch, kv head) task, the `g` query heads that share the kv head are one `[g·T, hd]`
+//! block, so scores, outputs and every gradient are single GEMMs of that block against the
+//! unrepeated k and v; only the softmax is row by row, over each row's allowed keys
+//! (`starts[row] ..= row`, the rest of the row is zero). The forward keeps the row
+//! log-sum-exp; the backward recomputes the probabilities from it.
 //!
-//! Parallel over (batch, kv head): that task owns `dk`, `dv` of its kv head and `dq`/`out`
-//! of the query heads that share it, so nothing is written twice and the sums run in a
-//! fixed order.
+//! A task owns `dk`, `dv` of its kv head and `dq`/`out` of its query heads, so nothing is
+//! written twice and every sum runs in a fixed order whatever the thread count. Its score
+//! buffers are `g·T×T`: fine at CPU sequence lengths (32 MiB at T = 2048, g = 2).
 
-use super::{Real, axpy, dot, max, sum, tensor, with_slices};
+use super::{MatRef, Real, dot, matmul, max, sum, tensor, wide, with_slices};
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
@@ -35,39 +35,72 @@ impl Dims {
     }
 }
 
-/// `[T, hd]` ↔ `[hd, T]` (`rows` × `cols` → `cols` × `rows`).
-fn transpose<T: Real>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut out = vec![T::ZERO; rows * cols];
-    for (r, row) in m.chunks_exact(cols).enumerate() {
-        for (c, &x) in row.iter().enumerate() {
-            out[c * rows + r] = x;
+/// Query rows per tile: a tile's rows need keys only up to its last row, so the causal
+/// upper triangle is skipped tile by tile (about 40% of the score work at T = 128).
+const TILE: usize = 32;
+
+/// The query tiles of one head of a `T`-row block: `(first row, rows, keys)` with `keys`
+/// the number of keys the tile's last row may see.
+fn tiles(t: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..t).step_by(TILE).map(move |i0| {
+        let rows = TILE.min(t - i0);
+        (i0, rows, i0 + rows)
+    })
+}
+
+/// For the tile rows `r0..r0 + rows` of the task's `[g·T, hd]` query block (one head, its
+/// rows `i0..`), `p[r][..keys] = scale·q_r·kᵀ`, then each row turned into probabilities over
+/// its allowed keys (zero elsewhere; `p` has row stride `t`). With `lse` given they come
+/// from it (backward); otherwise rows are normalised and their log-sum-exp written.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn probabilities<T: Real>(
+    p: &mut [T],
+    q: &[T],
+    k: &[T],
+    starts: &[u32],
+    (t, hd): (usize, usize),
+    (r0, rows, keys): (usize, usize, usize),
+    scale: T,
+    lse: &mut [T],
+    given_lse: bool,
+) {
+    let i0 = r0 % t;
+    let p = &mut p[r0 * t..(r0 + rows) * t];
+    let tile_q = &q[r0 * hd..(r0 + rows) * hd];
+    matmul_strided(p, t, rows, keys, hd, MatRef::rows(tile_q, hd), MatRef::transposed(&k[..keys * hd], hd), scale);
+    for (ri, row) in p.chunks_exact_mut(t).enumerate() {
+        let i = i0 + ri;
+        let j0 = starts[i] as usize;
+        row[..j0].fill(T::ZERO);
+        row[i + 1..].fill(T::ZERO);
+        let s = &mut row[j0..=i];
+        let shift = if given_lse { lse[r0 + ri] } else { max(s) };
+        s.iter_mut().for_each(|x| *x -= shift);
+        T::exp_in_place(s);
+        if !given_lse {
+            let total = sum(s);
+            let inv = T::ONE / total;
+            s.iter_mut().for_each(|x| *x *= inv);
+            lse[r0 + ri] = shift + total.ln();
         }
     }
-    out
 }
 
-/// `s[j − j0] = scale · x·m_j` for the keys `j0..=i` of `mt` (`[hd, T]`).
-fn scores<T: Real>(x: &[T], mt: &[T], t: usize, j0: usize, scale: T, s: &mut [T]) {
-    s.fill(T::ZERO);
-    let n = s.len();
-    for (d, &xd) in x.iter().enumerate() {
-        axpy(xd * scale, &mt[d * t + j0..d * t + j0 + n], s);
-    }
-}
-
-/// One row's probabilities over its keys: `p = exp(s − lse)`, with `lse` given or (forward)
-/// computed and returned.
-fn softmax<T: Real>(p: &mut [T], lse: Option<T>) -> T {
-    let shift = lse.unwrap_or_else(|| max(p));
-    p.iter_mut().for_each(|x| *x -= shift);
-    T::exp_in_place(p);
-    if lse.is_some() {
-        return shift;
-    }
-    let total = sum(p);
-    let inv = T::ONE / total;
-    p.iter_mut().for_each(|x| *x *= inv);
-    shift + total.ln()
+/// [`matmul`] into the first `n` columns of a row-major destination of row stride `ld`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_strided<T: Real>(
+    dst: &mut [T],
+    ld: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<T>,
+    b: MatRef<T>,
+    scale: T,
+) {
+    super::matmul_ld(dst, ld, m, n, k, a, b, scale, false);
 }
 
 pub(crate) fn forward<T: Real>(
@@ -85,21 +118,29 @@ pub(crate) fn forward<T: Real>(
     with_slices::<T, _, 3>([q, k, v], |[q, k, v]| {
         let tasks = out.par_chunks_mut(g * t * hd).zip(lse.par_chunks_mut(g * t));
         tasks.enumerate().for_each(|(bkv, (out, lse))| {
-            let kv_rows = bkv * t * hd..(bkv + 1) * t * hd;
-            let (kt, vt) = (transpose(&k[kv_rows.clone()], t, hd), transpose(&v[kv_rows], t, hd));
-            let bi = bkv / d.kv;
-            let mut p = vec![T::ZERO; t];
-            for (row, (o, lse)) in out.chunks_exact_mut(hd).zip(lse.iter_mut()).enumerate() {
-                let i = row % t;
-                let j0 = starts[bi * t + i] as usize;
-                let p = &mut p[..i + 1 - j0];
-                let qi = &q[(bkv * g * t + row) * hd..(bkv * g * t + row + 1) * hd];
-                scores(qi, &kt, t, j0, scale, p);
-                *lse = softmax(p, None);
-                for (dd, o) in o.iter_mut().enumerate() {
-                    *o = dot(p, &vt[dd * t + j0..]);
+            wide(|| {
+                let (qs, kv_rows) = (bkv * g * t * hd..(bkv + 1) * g * t * hd, bkv * t * hd..(bkv + 1) * t * hd);
+                let starts = &starts[bkv / d.kv * t..(bkv / d.kv + 1) * t];
+                let (q, k, v) = (&q[qs], &k[kv_rows.clone()], &v[kv_rows]);
+                let mut p = vec![T::ZERO; g * t * t];
+                for h in 0..g {
+                    for (i0, rows, keys) in tiles(t) {
+                        let r0 = h * t + i0;
+                        probabilities(&mut p, q, k, starts, (t, hd), (r0, rows, keys), scale, lse, false);
+                        let (o, pt) = (&mut out[r0 * hd..(r0 + rows) * hd], &p[r0 * t..(r0 + rows) * t]);
+                        matmul(
+                            o,
+                            rows,
+                            hd,
+                            keys,
+                            MatRef::rows(pt, t),
+                            MatRef::rows(&v[..keys * hd], hd),
+                            T::ONE,
+                            false,
+                        );
+                    }
                 }
-            }
+            })
         });
         Ok(())
     })?;
@@ -124,34 +165,47 @@ pub(crate) fn backward<T: Real>(
     with_slices::<T, _, 5>([dout, q, k, v, lse], |[dout, q, k, v, lse]| {
         let tasks = dq.par_chunks_mut(g * t * hd).zip(dk.par_chunks_mut(t * hd)).zip(dv.par_chunks_mut(t * hd));
         tasks.enumerate().for_each(|(bkv, ((dq, dk), dv))| {
-            let bi = bkv / d.kv;
-            let kv_rows = bkv * t * hd..(bkv + 1) * t * hd;
-            let (kt, vt) = (transpose(&k[kv_rows.clone()], t, hd), transpose(&v[kv_rows], t, hd));
-            // dkᵀ and dvᵀ accumulate along keys, then are transposed back once.
-            let (mut dkt, mut dvt) = (vec![T::ZERO; t * hd], vec![T::ZERO; t * hd]);
-            let (mut p, mut dp) = (vec![T::ZERO; t], vec![T::ZERO; t]);
-            for (row, dqi) in dq.chunks_exact_mut(hd).enumerate() {
-                let i = row % t;
-                let j0 = starts[bi * t + i] as usize;
-                let n = i + 1 - j0;
-                let (p, ds) = (&mut p[..n], &mut dp[..n]);
-                let at = (bkv * g * t + row) * hd..(bkv * g * t + row + 1) * hd;
-                let (qi, doi) = (&q[at.clone()], &dout[at]);
-                scores(qi, &kt, t, j0, scale, p);
-                softmax(p, Some(lse[bkv * g * t + row]));
-                // dp_j = do_i·v_j; Σ_j p_j·dp_j = do_i·o_i, so o need not be kept.
-                scores(doi, &vt, t, j0, T::ONE, ds);
-                let row_dot = dot(p, ds);
-                ds.iter_mut().zip(p.iter()).for_each(|(x, &pj)| *x = pj * (*x - row_dot) * scale);
-                for dd in 0..hd {
-                    let keys = dd * t + j0..dd * t + j0 + n;
-                    axpy(doi[dd], p, &mut dvt[keys.clone()]);
-                    axpy(qi[dd], ds, &mut dkt[keys]);
-                    dqi[dd] = dot(ds, &kt[dd * t + j0..]);
+            wide(|| {
+                let (qs, kv_rows) = (bkv * g * t * hd..(bkv + 1) * g * t * hd, bkv * t * hd..(bkv + 1) * t * hd);
+                let (q, dout, k, v) = (&q[qs.clone()], &dout[qs], &k[kv_rows.clone()], &v[kv_rows]);
+                let starts = &starts[bkv / d.kv * t..(bkv / d.kv + 1) * t];
+                let lse = &lse[bkv * g * t..(bkv + 1) * g * t];
+                let mut lse = lse.to_vec();
+                let (mut p, mut ds) = (vec![T::ZERO; g * t * t], vec![T::ZERO; g * t * t]);
+                for h in 0..g {
+                    for (i0, rows, keys) in tiles(t) {
+                        let r0 = h * t + i0;
+                        probabilities(&mut p, q, k, starts, (t, hd), (r0, rows, keys), scale, &mut lse, true);
+                        let tile = r0 * t..(r0 + rows) * t;
+                        let (pt, dst, dot_) = (&p[tile.clone()], &mut ds[tile], &dout[r0 * hd..(r0 + rows) * hd]);
+                        // dp = do·vᵀ, then ds = p∘(dp − rowdot)·scale, rowdot = Σ_j p·dp = do·o.
+                        let (vk, kk) = (&v[..keys * hd], &k[..keys * hd]);
+                        matmul_strided(
+                            dst,
+                            t,
+                            rows,
+                            keys,
+                            hd,
+                            MatRef::rows(dot_, hd),
+                            MatRef::transposed(vk, hd),
+                            T::ONE,
+                        );
+                        for (dsr, pr) in dst.chunks_exact_mut(t).zip(pt.chunks_exact(t)) {
+                            let (dsr, pr) = (&mut dsr[..keys], &pr[..keys]);
+                            let row_dot = dot(pr, dsr);
+                            dsr.iter_mut().zip(pr).for_each(|(x, &pj)| *x = pj * (*x - row_dot) * scale);
+                        }
+                        let (dst, qt) = (&ds[r0 * t..(r0 + rows) * t], &q[r0 * hd..(r0 + rows) * hd]);
+                        let dv = &mut dv[..keys * hd];
+                        let pt_t = MatRef { data: pt, rs: 1, cs: t };
+                        matmul(dv, keys, hd, rows, pt_t, MatRef::rows(dot_, hd), T::ONE, true);
+                        let dqt = &mut dq[r0 * hd..(r0 + rows) * hd];
+                        matmul(dqt, rows, hd, keys, MatRef::rows(dst, t), MatRef::rows(kk, hd), T::ONE, false);
+                        let dst_t = MatRef { data: dst, rs: 1, cs: t };
+                        matmul(&mut dk[..keys * hd], keys, hd, rows, dst_t, MatRef::rows(qt, hd), T::ONE, true);
+                    }
                 }
-            }
-            dk.copy_from_slice(&transpose(&dkt, hd, t));
-            dv.copy_from_slice(&transpose(&dvt, hd, t));
+            })
         });
         Ok(())
     })?;

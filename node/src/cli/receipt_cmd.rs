@@ -117,7 +117,7 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
 
 /// Writes through a temporary file and a rename, so a reader never sees half a receipt.
 fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = mindxtrain_node::fsutil::parent_dir(path);
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
     std::fs::write(tmp.path(), bytes)?;
     tmp.as_file().sync_all()?;

@@ -71,6 +71,7 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
+    mindxtrain_node::training::keep_freed_memory();
     match Cli::parse().cmd {
         Cmd::Log { seconds, appenders, dir, json } => bench_log(seconds, &appenders, dir, json),
         Cmd::Train { threads, steps, warmup, batch, seq, full, python, json } => {
