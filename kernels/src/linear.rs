@@ -3,6 +3,23 @@
 
 use crate::cpu::{self, dispatch};
 use candle_core::{Result, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Rows of `x` (and of `dy`) per task of the CPU kernels: the "matmul blocking" choice of
+/// the AOT plan. Process-wide, set once before a run like its thread count.
+static BLOCK_ROWS: AtomicUsize = AtomicUsize::new(DEFAULT_BLOCK_ROWS);
+
+/// The block when no plan sets one.
+pub const DEFAULT_BLOCK_ROWS: usize = 128;
+
+/// Sets the rows per CPU GEMM task (at least 1).
+pub fn set_block_rows(rows: usize) {
+    BLOCK_ROWS.store(rows.max(1), Ordering::Relaxed);
+}
+
+pub(crate) fn block_rows() -> usize {
+    BLOCK_ROWS.load(Ordering::Relaxed)
+}
 
 /// `x`: `[.., in]`, `w`: `[out, in]` → `[.., out]`. Backward needs `x` and `w`, both owned by
 /// the caller already, so nothing extra is saved.

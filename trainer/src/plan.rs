@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use mindxtrain_trainer::plan::{Choices, Plan};
-//! let choices = Choices { threads: 2, micro_batch: 8, activation_checkpointing: false };
+//! let choices = Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128 };
 //! let plan = Plan::new([7; 32], "cpu", choices, vec![], 10, 1234, false);
 //! let bytes = plan.to_bytes();
 //! let back = Plan::from_bytes(&bytes, "plan.json").unwrap();
@@ -38,6 +38,22 @@ pub struct Choices {
     pub micro_batch: usize,
     /// Recompute each block's activations in the backward pass instead of keeping them.
     pub activation_checkpointing: bool,
+    /// Matmul blocking: token rows per task of the CPU linear kernels. Absent in plans
+    /// written before it existed, which then get the kernels' default.
+    #[serde(default = "default_gemm_rows")]
+    pub gemm_rows: usize,
+}
+
+fn default_gemm_rows() -> usize {
+    mindxtrain_kernels::linear::DEFAULT_BLOCK_ROWS
+}
+
+impl Choices {
+    /// Choices without a measurement (evaluation without a plan): `threads`, whole
+    /// micro-batches, no checkpointing, the kernels' default blocking.
+    pub fn unmeasured(threads: usize) -> Choices {
+        Choices { threads, micro_batch: 1, activation_checkpointing: false, gemm_rows: default_gemm_rows() }
+    }
 }
 
 /// One timed candidate.
@@ -188,7 +204,7 @@ mod tests {
     use super::*;
 
     fn plan() -> Plan {
-        let c = Choices { threads: 2, micro_batch: 4, activation_checkpointing: true };
+        let c = Choices { threads: 2, micro_batch: 4, activation_checkpointing: true, gemm_rows: 64 };
         let m = vec![Measurement { choices: c, step_us: Some(1500), steps_timed: 3, note: None }];
         Plan::new([1; 32], "cpu", c, m, 10, 900, false)
     }

@@ -1,15 +1,15 @@
-//! `y = x·Wᵀ` and its gradients as single-threaded GEMM calls on fixed blocks, in parallel.
+//! `y = x·Wᵀ` and its gradients as single-threaded GEMM calls on fixed blocks, in parallel
+//! (rows per block: [`crate::linear::set_block_rows`], the plan's choice).
 //!
 //! At the CPU recipes' shapes (1024 × 64 by 64 × 16 and the like) candle's matmul spends
 //! more on threading one small GEMM than on the arithmetic; fixed blocks of rows (or of
 //! `dW` rows) as independent tasks scale instead, and keep every sum in one order.
 
 use super::{MatRef, Real, matmul, tensor, with_slices};
+use crate::linear::block_rows;
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
-/// Rows of `x`/`dy` per task.
-const ROWS: usize = 128;
 /// Rows of `dW` per task.
 const OUT_ROWS: usize = 32;
 
@@ -17,9 +17,9 @@ const OUT_ROWS: usize = 32;
 pub(crate) fn forward<T: Real>(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (n, d_in) = x.dims2()?;
     let d_out = w.dim(0)?;
-    let mut y = vec![T::ZERO; n * d_out];
+    let (mut y, rows) = (vec![T::ZERO; n * d_out], block_rows());
     with_slices::<T, _, 2>([x, w], |[x, w]| {
-        y.par_chunks_mut(ROWS * d_out).zip(x.par_chunks(ROWS * d_in)).for_each(|(y, x)| {
+        y.par_chunks_mut(rows * d_out).zip(x.par_chunks(rows * d_in)).for_each(|(y, x)| {
             let m = y.len() / d_out;
             matmul(y, m, d_out, d_in, MatRef::rows(x, d_in), MatRef::transposed(w, d_in), T::ONE, false);
         });
@@ -32,9 +32,9 @@ pub(crate) fn forward<T: Real>(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub(crate) fn input_grad<T: Real>(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (n, d_out) = dy.dims2()?;
     let d_in = w.dim(1)?;
-    let mut dx = vec![T::ZERO; n * d_in];
+    let (mut dx, rows) = (vec![T::ZERO; n * d_in], block_rows());
     with_slices::<T, _, 2>([dy, w], |[dy, w]| {
-        dx.par_chunks_mut(ROWS * d_in).zip(dy.par_chunks(ROWS * d_out)).for_each(|(dx, dy)| {
+        dx.par_chunks_mut(rows * d_in).zip(dy.par_chunks(rows * d_out)).for_each(|(dx, dy)| {
             let m = dx.len() / d_in;
             matmul(dx, m, d_in, d_out, MatRef::rows(dy, d_out), MatRef::rows(w, d_in), T::ONE, false);
         });

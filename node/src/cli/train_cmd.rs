@@ -214,8 +214,7 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
         Some(Err(e)) => return invalid(out, &e.to_string()),
         None => {
             let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-            let choices =
-                mindxtrain_trainer::plan::Choices { threads, micro_batch: 1, activation_checkpointing: false };
+            let choices = mindxtrain_trainer::plan::Choices::unmeasured(threads);
             (Plan::new(loaded.bytes_blake3, "cpu", choices, vec![], 0, 0, false), [0; 32])
         }
     };

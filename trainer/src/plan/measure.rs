@@ -36,8 +36,11 @@ pub struct Measured {
     pub truncated: bool,
 }
 
+/// Matmul blockings tried (token rows per GEMM task), the kernels' default first.
+const GEMM_ROWS: [usize; 3] = [128, 64, 256];
+
 /// Every candidate for a CPU run: thread counts up to the machine's, micro-batches that
-/// divide `per_device`, and activation checkpointing off and on. Ordered so the
+/// divide `per_device`, activation checkpointing off and on, and matmul blockings. Ordered so the
 /// likeliest winners are timed first when the budget is short.
 pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
     let mut threads: Vec<usize> = std::iter::successors(Some(1usize), |t| Some(t * 2))
@@ -53,7 +56,9 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
     for activation_checkpointing in [false, true] {
         for &threads in &threads {
             for &micro_batch in &micro {
-                out.push(Choices { threads, micro_batch, activation_checkpointing });
+                for gemm_rows in GEMM_ROWS {
+                    out.push(Choices { threads, micro_batch, activation_checkpointing, gemm_rows });
+                }
             }
         }
     }
@@ -127,10 +132,10 @@ mod tests {
     #[test]
     fn candidates_cover_threads_micro_batches_and_checkpointing() {
         let c = candidates(2, 8);
-        assert_eq!(c.len(), 2 * 3 * 2);
-        assert_eq!(c[0], Choices { threads: 2, micro_batch: 8, activation_checkpointing: false });
-        assert!(c.contains(&Choices { threads: 1, micro_batch: 2, activation_checkpointing: true }));
-        assert_eq!(candidates(1, 1).len(), 2);
+        assert_eq!(c.len(), 2 * 3 * 2 * 3);
+        assert_eq!(c[0], Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128 });
+        assert!(c.contains(&Choices { threads: 1, micro_batch: 2, activation_checkpointing: true, gemm_rows: 256 }));
+        assert_eq!(candidates(1, 1).len(), 2 * 3);
         assert!(candidates(6, 3).iter().all(|c| 3 % c.micro_batch == 0 && c.threads <= 6));
     }
 
@@ -139,12 +144,15 @@ mod tests {
         let cands = candidates(2, 4);
         let mut probe = |c: &Choices| {
             // Fake work proportional to a cost model: 2 threads and micro 4 win.
-            let cost = 200 / c.threads as u64 + 100 / c.micro_batch as u64 + u64::from(c.activation_checkpointing) * 50;
+            let cost = 200 / c.threads as u64
+                + 100 / c.micro_batch as u64
+                + u64::from(c.activation_checkpointing) * 50
+                + u64::from(c.gemm_rows != 64) * 20;
             std::thread::sleep(Duration::from_micros(cost * 10));
             Ok(())
         };
         let m = measure(&cands, Duration::from_secs(5), &mut probe).unwrap();
-        assert_eq!(m.best, Choices { threads: 2, micro_batch: 4, activation_checkpointing: false });
+        assert_eq!(m.best, Choices { threads: 2, micro_batch: 4, activation_checkpointing: false, gemm_rows: 64 });
         assert_eq!(m.measurements.len(), cands.len());
         assert!(!m.truncated);
     }

@@ -49,7 +49,7 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let scale = 1.0 / batch.target_tokens().max(1) as f64;
     let trainable = method.trainable;
     let mut probe = |c: &Choices| -> Result<(), String> {
-        let pool = super::apply_threads(c.threads).map_err(|e| e.to_string())?;
+        let pool = super::apply_choices(c).map_err(|e| e.to_string())?;
         pool.install(|| {
             let opts = StepOptions {
                 activation_checkpointing: c.activation_checkpointing,

@@ -1,6 +1,13 @@
-//! Applying the plan's thread count to every CPU kernel.
+//! Applying the plan's CPU choices (thread count, matmul blocking) to every CPU kernel.
 
 use super::RunError;
+use crate::plan::Choices;
+
+/// Applies every process-wide choice of the plan and returns the pool to run in.
+pub fn apply_choices(c: &Choices) -> Result<rayon::ThreadPool, RunError> {
+    mindxtrain_kernels::linear::set_block_rows(c.gemm_rows);
+    apply_threads(c.threads)
+}
 
 /// Builds the rayon pool the run executes in and points candle's matmul at the same
 /// count. candle sizes its GEMM parallelism from `RAYON_NUM_THREADS` on every call, so
