@@ -169,6 +169,14 @@ fn demo_runs_and_verifies_its_own_log() {
     assert!(loss(0) < 0.5 && loss(1) < 0.5, "{phases:?}");
     assert!(em(0) >= 0.05, "pretrained exact match {}", em(0));
     assert!(em(1) >= 0.05, "LoRA exact match {} after pretraining's {}", em(1), em(0));
+    // Every run is sealed; the manifests are anchored with the checkpoint, and the LoRA
+    // run's receipt verifies offline (files, recipe, plan, signatures, proofs).
+    for p in phases {
+        assert_eq!(p["manifest"]["blake3"].as_str().map(str::len), Some(64), "{p}");
+    }
+    assert_eq!(s["anchor"]["items"], 3, "checkpoint + two manifests in one batch");
+    assert_eq!(s["receipt"]["anchored"], true);
+    assert!(s["receipt"]["files_checked"].as_u64().unwrap() >= 5, "{}", s["receipt"]);
     // The kept node audits clean with the CLI too.
     let v = run(&keep, &["log", "verify", "--json"]);
     assert_eq!(json(&v)["ok"], true);

@@ -132,6 +132,14 @@ impl Node {
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["steps"], STEPS);
         assert!(!v["files"].as_array().unwrap().is_empty());
+        // Sealed at the end: the exported receipt verifies against the run's files.
+        let run_id = v["run_id"].as_str().unwrap();
+        let receipt = out.with_extension("receipt.json");
+        let e = self.run(&["receipt", "export", run_id, "--out", s(&receipt)]);
+        assert!(e.status.success(), "receipt export: {}", String::from_utf8_lossy(&e.stdout));
+        let check =
+            self.run(&["receipt", "verify", s(&receipt), "--files", s(out), "--config", recipe, "--plan", plan]);
+        assert!(check.status.success(), "receipt verify: {}", String::from_utf8_lossy(&check.stdout));
         v["files"].clone()
     }
 

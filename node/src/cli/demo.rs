@@ -1,17 +1,21 @@
 //! `mindxtrain demo`: the whole flow on embedded defaults, in a temporary node.
 //!
-//! Today the flow is: create a node, register every embedded recipe, sign a log
-//! checkpoint and record it, then audit the log read-only and prove every recipe
-//! event against the checkpoint. Each later capability adds its step here.
+//! The flow: create a node, register every embedded recipe, measure plans and train
+//! (pretraining, then LoRA), seal each run's manifest, sign a log checkpoint, anchor it
+//! and the manifests in one batch on an embedded anvil, export and verify the LoRA run's
+//! receipt, then audit the log read-only and prove every recipe event against the
+//! checkpoint. Each later capability adds its step here.
 
 use super::output::Output;
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use mindxtrain_chain::merkle;
+use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::checkpoint::{self, Checkpoint};
 use mindxtrain_node::log::verify::{self, TrustedKey};
 use mindxtrain_node::log::{AppendRequest, LogReader};
 use mindxtrain_node::node;
+use mindxtrain_node::receipt;
 use mindxtrain_node::recipes::{self, EMBEDDED_RECIPES};
 use serde_json::json;
 use std::path::PathBuf;
@@ -58,9 +62,9 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         registered.push((name.to_string(), r.seq));
     }
 
-    say("[3/5] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval".into());
+    say("[3/5] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval, sealed manifests".into());
     let work = dir.join("runs");
-    let training = super::train_cmd::demo_step(&log, &work, &say)?;
+    let training = super::train_cmd::demo_step(&log, &id, &dir, &work, &say)?;
 
     say("[4/5] signing a checkpoint of the log and recording it".into());
     let size = log.len();
@@ -72,10 +76,17 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         cp.origin.clone(),
         json!({"size": size, "root": hex::encode(root), "note": note}),
     ))?;
-    say("      anchoring it on an embedded anvil: deploy Registry, one batch root, proof checked on chain".into());
+    say("      anchoring it and both manifests on an embedded anvil: deploy Registry, one batch root, proof checked on chain".into());
     let anchored = super::anchor_cmd::demo_step(&dir, &log)?;
     let field = |k: &str| anchored[k].as_str().map(str::to_string).unwrap_or_else(|| anchored[k].to_string());
     say(format!("      tx {} in block {} (registry {})", field("tx"), field("block"), field("registry")));
+    let receipt = demo_receipt(&dir, &training, &id)?;
+    say(format!(
+        "      receipt of {}: {} checks passed offline ({} file digests, recipe, plan, signatures, log inclusion, batch proof)",
+        receipt["run_id"].as_str().unwrap_or("-"),
+        receipt["checks_passed"],
+        receipt["files_checked"]
+    ));
     let stats = log.stats();
     drop(log);
 
@@ -109,6 +120,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         "consistency_verified": {"from": size, "to": final_size},
         "anchor": anchored,
         "training": training,
+        "receipt": receipt,
         "seconds": elapsed,
     });
     out.emit(&summary, || {
@@ -129,4 +141,28 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         )
     });
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exports the receipt of the demo's last run (the LoRA adapter) and verifies it offline
+/// against the files, recipe and plan on disk, with the node key pinned.
+fn demo_receipt(dir: &std::path::Path, training: &serde_json::Value, id: &Identity) -> Result<serde_json::Value> {
+    let last = training.as_array().and_then(|p| p.last()).context("the demo trained nothing")?;
+    let field = |k: &str| last[k].as_str().map(PathBuf::from).with_context(|| format!("demo phase has no {k}"));
+    let run_id = last["run_id"].as_str().context("demo phase has no run id")?;
+    let receipt = receipt::export(dir, run_id)?;
+    let (out_dir, recipe, plan) = (field("out_dir")?, field("recipe_file")?, field("plan_file")?);
+    let inputs = receipt::VerifyInputs {
+        files: Some(&out_dir),
+        recipe: Some(&recipe),
+        plan: Some(&plan),
+        trusted_key: Some(id.verifying_key()),
+    };
+    let report = receipt::verify::verify_receipt(&receipt, &inputs);
+    ensure!(report.ok() && report.anchored, "the demo's receipt does not verify: {:?}", report.checks);
+    let path = out_dir.join("receipt.json");
+    std::fs::write(&path, receipt.to_json_pretty()).with_context(|| format!("writing {}", path.display()))?;
+    let files = report.checks.iter().filter(|c| c.name.starts_with("file:")).count();
+    Ok(
+        json!({"run_id": run_id, "file": path, "checks_passed": report.checks.len(), "files_checked": files, "anchored": report.anchored}),
+    )
 }

@@ -1,8 +1,8 @@
 //! `mindxtrain manifest seal|show|hash`: sealing a run from the command line (what the
 //! training loop does through `manifest::seal`), reading a manifest, hashing files.
 
-use super::EXIT_INVALID_INPUT;
 use super::output::Output;
+use super::{EXIT_INVALID_INPUT, file_name};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use mindxtrain_node::log::index::Query;
@@ -137,10 +137,6 @@ pub fn run(cmd: ManifestCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
 }
 
 fn named_bytes(p: &Path) -> Result<NamedBytes> {

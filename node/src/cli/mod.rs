@@ -119,3 +119,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args, &out),
     }
 }
+
+/// The last component of a path, for naming a file in a manifest or message.
+pub(crate) fn file_name(p: &std::path::Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}

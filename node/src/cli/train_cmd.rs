@@ -1,12 +1,13 @@
 //! `mindxtrain bench`, `train` and `eval`: the AOT plan, runs and evaluation.
 
-use super::EXIT_INVALID_INPUT;
 use super::output::Output;
+use super::{EXIT_INVALID_INPUT, file_name};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use mindxtrain_node::log::AppendRequest;
-use mindxtrain_node::training::{LogSink, PLAN_EMITTED};
+use mindxtrain_node::manifest::NamedBytes;
+use mindxtrain_node::training::{self, FinishedRun, LogSink, PLAN_EMITTED};
 use mindxtrain_node::{fsutil, node, recipes};
 use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::plan::Plan;
@@ -134,11 +135,14 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// A plan read for a run: the plan, the BLAKE3 of its bytes, and where it was read.
+type ReadPlan = (Plan, [u8; 32], PathBuf);
+
 fn read_plan(
     explicit: Option<&PathBuf>,
     loaded: &LoadedRecipe,
     recipe: &Path,
-) -> Result<std::result::Result<(Plan, [u8; 32]), String>> {
+) -> Result<std::result::Result<ReadPlan, String>> {
     let path = match (explicit, &loaded.recipe.autotune.plan) {
         (Some(p), _) => p.clone(),
         (None, Some(p)) => recipe_dir(recipe).join(p),
@@ -149,7 +153,7 @@ fn read_plan(
             )));
         }
     };
-    Ok(Plan::read(&path).map_err(|e| e.to_string()))
+    Ok(Plan::read(&path).map(|(plan, hash)| (plan, hash, path)).map_err(|e| e.to_string()))
 }
 
 pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
@@ -157,7 +161,7 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         Ok(l) => l,
         Err(msg) => return invalid(out, &msg),
     };
-    let (plan, plan_blake3) = match read_plan(args.plan.as_ref(), &loaded, &args.recipe)? {
+    let (plan, plan_blake3, plan_path) = match read_plan(args.plan.as_ref(), &loaded, &args.recipe)? {
         Ok(p) => p,
         Err(msg) => return invalid(out, &msg),
     };
@@ -166,9 +170,11 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     {
         return invalid(out, &e.to_string());
     }
-    let (log, _, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
+    let (log, key, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
     let src = std::fs::read_to_string(&args.recipe).with_context(|| format!("reading {}", args.recipe.display()))?;
     recipes::register(&log, &args.recipe.display().to_string(), &src)?;
+    let plan_bytes = std::fs::read(&plan_path).with_context(|| format!("reading {}", plan_path.display()))?;
+    let hardware = serde_json::to_value(&plan.machine)?;
     let spec = RunSpec {
         recipe: loaded,
         recipe_dir: recipe_dir(&args.recipe),
@@ -184,20 +190,31 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     let summary = run::train(&spec, &mut LogSink::new(&log), &mut bar)
         .with_context(|| format!("training {}", args.recipe.display()))?;
     bar.finish();
+    let run = FinishedRun {
+        summary: &summary,
+        recipe: NamedBytes { name: file_name(&args.recipe), bytes: src.into_bytes() },
+        plan: Some(NamedBytes { name: file_name(&plan_path), bytes: plan_bytes }),
+        out_dir: &args.out,
+        base_dir: args.init_from.as_deref(),
+        hardware,
+    };
+    let sealed = training::seal_run(&log, &key, node_dir, run).context("sealing the run's manifest")?;
+    let manifest_b3 = hex::encode(sealed.digests.blake3);
     let em = summary.eval.as_ref().and_then(|e| e.exact_match);
     out.emit(
         &json!({"run_id": summary.run_id, "steps": summary.steps, "final_loss": summary.final_loss, "tokens": summary.tokens,
             "seconds": summary.seconds, "final_dir": summary.final_dir, "files": summary.files, "eval": summary.eval,
-            "dataset_blake3": summary.dataset_digest}),
+            "dataset_blake3": summary.dataset_digest, "manifest": {"file": sealed.path, "blake3": manifest_b3, "seq": sealed.seq}}),
         || {
             format!(
-                "{}: {} steps in {:.1} s, final loss {}, exact match {}\n  weights: {}",
+                "{}: {} steps in {:.1} s, final loss {}, exact match {}\n  weights: {}\n  manifest: {} (blake3 {manifest_b3}, requested for anchoring)",
                 summary.run_id,
                 summary.steps,
                 summary.seconds,
                 summary.final_loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into()),
                 em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into()),
-                summary.final_dir.display()
+                summary.final_dir.display(),
+                sealed.path.display()
             )
         },
     );
@@ -307,14 +324,20 @@ impl Observer for Bar {
 /// The demo's training part: measure a plan and train the tiny model from scratch, then
 /// measure again and LoRA-tune it, then evaluate. Uses the embedded recipes, so it needs
 /// no file from the repository. Returns the summary the demo prints.
-pub fn demo_step(log: &mindxtrain_node::log::EventLog, work: &Path, say: &dyn Fn(String)) -> Result<serde_json::Value> {
-    let recipe = |name: &str| -> Result<LoadedRecipe> {
+pub fn demo_step(
+    log: &mindxtrain_node::log::EventLog,
+    key: &mindxtrain_node::identity::Identity,
+    node_dir: &Path,
+    work: &Path,
+    say: &dyn Fn(String),
+) -> Result<serde_json::Value> {
+    let recipe = |name: &str| -> Result<(LoadedRecipe, &'static str)> {
         let src = recipes::EMBEDDED_RECIPES
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| *s)
             .with_context(|| format!("embedded recipe {name} missing"))?;
-        Recipe::check_str(src, name).map_err(|e| anyhow::anyhow!("{e}"))
+        Ok((Recipe::check_str(src, name).map_err(|e| anyhow::anyhow!("{e}"))?, src))
     };
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let mut phases = Vec::new();
@@ -323,7 +346,10 @@ pub fn demo_step(log: &mindxtrain_node::log::EventLog, work: &Path, say: &dyn Fn
         ("tiny_cpu_pretrain.yaml", "pretrain from scratch (cpt)"),
         ("tiny_cpu_lora.yaml", "LoRA on the pretrained base"),
     ] {
-        let loaded = recipe(name)?;
+        let (loaded, src) = recipe(name)?;
+        // The recipe as a file too, so the receipt can be checked against real bytes.
+        let recipe_path = work.join(name);
+        fsutil::write_new_durably(&recipe_path, src.as_bytes(), 0o644)?;
         let plan = run::measure_plan(&loaded, work, DataOptions::default())?;
         let bytes = plan.to_bytes();
         let plan_path = work.join(format!("{}.plan.json", loaded.recipe.meta.run_name));
@@ -356,6 +382,15 @@ pub fn demo_step(log: &mindxtrain_node::log::EventLog, work: &Path, say: &dyn Fn
             eval_prompts: 64,
         };
         let summary = run::train(&spec, &mut LogSink::new(log), &mut run::Quiet)?;
+        let finished = FinishedRun {
+            summary: &summary,
+            recipe: NamedBytes { name: name.to_string(), bytes: src.as_bytes().to_vec() },
+            plan: Some(NamedBytes { name: file_name(&plan_path), bytes: bytes.clone() }),
+            out_dir: &spec.out_dir,
+            base_dir: init_from.as_deref(),
+            hardware: serde_json::to_value(&spec.plan.machine)?,
+        };
+        let sealed = training::seal_run(log, key, node_dir, finished)?;
         let em = summary.eval.as_ref().and_then(|e| e.exact_match);
         say(format!(
             "      {}: {} steps in {:.1} s, loss {}, exact match {}",
@@ -366,7 +401,9 @@ pub fn demo_step(log: &mindxtrain_node::log::EventLog, work: &Path, say: &dyn Fn
             em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into())
         ));
         phases.push(json!({"recipe": name, "run_id": summary.run_id, "steps": summary.steps, "final_loss": summary.final_loss,
-            "seconds": summary.seconds, "exact_match": em, "final_dir": summary.final_dir, "files": summary.files, "plan_blake3": digest}));
+            "seconds": summary.seconds, "exact_match": em, "final_dir": summary.final_dir, "files": summary.files, "plan_blake3": digest,
+            "out_dir": spec.out_dir, "recipe_file": recipe_path, "plan_file": plan_path,
+            "manifest": {"file": sealed.path, "blake3": hex::encode(sealed.digests.blake3), "seq": sealed.seq}}));
         init_from = Some(summary.final_dir.clone());
     }
     Ok(json!(phases))
