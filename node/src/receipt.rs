@@ -11,6 +11,7 @@
 //! The format is specified in docs/formats.md ("Receipt bundle"); [`verify`](mod@verify)
 //! checks it.
 
+pub mod replay;
 pub mod verify;
 
 pub use verify::{Check, Outcome, Report, Status, VerifyInputs};

@@ -187,6 +187,26 @@ fn deterministic_and_resumable(node: &Node, name: &str, method: &str, extra: &[&
     let b = node.train(&recipe, &plan, &node.path(&format!("{name}-b")), extra);
     assert_eq!(a, b, "{name}: two runs of one recipe, plan and seed differ");
 
+    // A third party's replay of run a from its receipt reproduces the sealed weights.
+    let receipt = node.path(&format!("{name}-a")).with_extension("receipt.json");
+    let mut args = vec!["receipt", "verify", s(&receipt), "--config", &recipe, "--plan", &plan, "--replay"];
+    if let Some(i) = extra.iter().position(|a| *a == "--init-from") {
+        args.extend(["--base", extra[i + 1]]);
+    }
+    let o = node.run(&args);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(o.status.success(), "replay: {v}");
+    let replay = v["report"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "replay").cloned();
+    assert_eq!(replay.as_ref().map(|c| c["status"].clone()), Some(Value::from("pass")), "{v}");
+    if extra.contains(&"--init-from") {
+        // Without the base it started from, the adapter cannot be reproduced.
+        let o = node.run(&args[..8]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(!o.status.success(), "replay without --base passed: {v}");
+        let replay = v["report"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "replay").cloned();
+        assert_ne!(replay.map(|c| c["status"].clone()), Some(Value::from("pass")), "{v}");
+    }
+
     let c_dir = node.path(&format!("{name}-c"));
     let killed_at = node.train_and_kill(&recipe, &plan, &c_dir, extra, 20);
     let mut resume = extra.to_vec();

@@ -46,6 +46,13 @@ pub struct CheckArgs {
     /// Public key (hex, or a node.pub file) that must have signed everything.
     #[arg(long, value_name = "KEY")]
     trusted_key: Option<String>,
+    /// Train the recipe again with the plan (CPU-sized runs) and require the final weights
+    /// to equal the manifest's, byte for byte. Needs --config and --plan.
+    #[arg(long)]
+    replay: bool,
+    /// With --replay: the weights the run started from (its --init-from directory).
+    #[arg(long, value_name = "DIR", requires = "replay")]
+    base: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -170,6 +177,21 @@ fn verify_file(file: &Path, check: &CheckArgs, out: &Output) -> Result<ExitCode>
         Input::Receipt(r) => verify::verify_receipt(r, &inputs),
         Input::Manifest(env) => verify::verify_manifest(env, &inputs),
     };
+    if check.replay {
+        let envelope = match &input {
+            Input::Receipt(r) => &r.manifest,
+            Input::Manifest(env) => env,
+        };
+        let spinner = super::train_cmd::spinner(out, "replaying the run");
+        receipt::replay::check(
+            envelope,
+            check.config.as_deref(),
+            check.plan.as_deref(),
+            check.base.as_deref(),
+            &mut report,
+        );
+        spinner.finish_and_clear();
+    }
     let anchor = match &input {
         Input::Receipt(r) => r.anchor.as_ref(),
         Input::Manifest(_) => None,

@@ -275,7 +275,7 @@ fn invalid(out: &Output, message: &str) -> Result<ExitCode> {
     Ok(ExitCode::from(EXIT_INVALID_INPUT))
 }
 
-fn spinner(out: &Output, message: &str) -> ProgressBar {
+pub(super) fn spinner(out: &Output, message: &str) -> ProgressBar {
     if out.json {
         return ProgressBar::hidden();
     }

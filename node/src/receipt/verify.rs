@@ -80,7 +80,7 @@ impl Report {
         self.outcome() == Outcome::Verified
     }
 
-    fn push(&mut self, name: impl Into<String>, status: Status, detail: impl Into<String>) {
+    pub fn push(&mut self, name: impl Into<String>, status: Status, detail: impl Into<String>) {
         self.checks.push(Check { name: name.into(), status, detail: detail.into() });
     }
 

@@ -1,0 +1,96 @@
+//! `receipt verify --replay`: reproducibility as a checkable claim. The recipe is trained
+//! again with the plan (and the base weights it started from) in a temporary directory,
+//! and the final weights must equal the manifest's `final/…` subjects byte for byte.
+//!
+//! Runs are bitwise deterministic for a recipe, plan and seed on one machine; on another
+//! CPU the GEMM kernels may sum in another order, and the check says so when it fails.
+
+use super::verify::{Report, Status};
+use crate::manifest::{self, Envelope};
+use mindxtrain_trainer::data::DataOptions;
+use mindxtrain_trainer::events::Discard;
+use mindxtrain_trainer::plan::Plan;
+use mindxtrain_trainer::recipe::Recipe;
+use mindxtrain_trainer::run::{self, RunSpec};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The manifest subjects under `final/` are what a replay must reproduce.
+const FINAL: &str = "final/";
+
+/// Adds the `replay` check to `report`: missing input without a recipe or plan, a failure
+/// naming the first file that differs, or a pass with the number of files reproduced.
+pub fn check(
+    envelope: &Envelope,
+    recipe: Option<&Path>,
+    plan: Option<&Path>,
+    base: Option<&Path>,
+    report: &mut Report,
+) {
+    let (Some(recipe), Some(plan)) = (recipe, plan) else {
+        report.push("replay", Status::Missing, "--replay needs the recipe (--config) and the plan (--plan)");
+        return;
+    };
+    match replay(envelope, recipe, plan, base) {
+        Ok(Ok(n)) => {
+            report.push("replay", Status::Pass, format!("retrained: all {n} final files equal the manifest's"))
+        }
+        Ok(Err(diff)) => report.push("replay", Status::Fail, diff),
+        Err(e) => report.push("replay", Status::Missing, e),
+    }
+}
+
+/// `Err` when the replay could not run (bad input); `Ok(Err)` when it ran and differs.
+fn replay(
+    envelope: &Envelope,
+    recipe: &Path,
+    plan_path: &Path,
+    base: Option<&Path>,
+) -> Result<Result<usize, String>, String> {
+    let payload = envelope.payload_bytes().map_err(|e| e.to_string())?;
+    let statement = manifest::parse_statement(&payload).map_err(|e| e.to_string())?;
+    let claimed: BTreeMap<&str, Option<&str>> = statement
+        .subject
+        .iter()
+        .filter_map(|s| s.name.strip_prefix(FINAL).map(|n| (n, s.digest.blake3.as_deref())))
+        .collect();
+    if claimed.is_empty() {
+        return Err("the manifest names no final/ files to reproduce".into());
+    }
+    let loaded =
+        Recipe::check_path(recipe).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))?;
+    let (plan, plan_blake3) = Plan::read(plan_path).map_err(|e| e.to_string())?;
+    plan.check_recipe(&loaded.bytes_blake3, &plan_path.display().to_string()).map_err(|e| e.to_string())?;
+    let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let spec = RunSpec {
+        recipe: loaded,
+        recipe_dir: recipe.parent().map(Path::to_path_buf).unwrap_or_default(),
+        plan,
+        plan_blake3,
+        out_dir: tmp.path().join("run"),
+        resume: false,
+        data: DataOptions::default(),
+        init_from: base.map(Path::to_path_buf),
+        // The held-out evaluation does not touch the weights; one prompt keeps it short.
+        eval_prompts: 1,
+    };
+    let summary = run::train(&spec, &mut Discard, &mut run::Quiet).map_err(|e| format!("the replay failed: {e}"))?;
+    let got: BTreeMap<&str, &str> = summary.files.iter().map(|f| (f.path.as_str(), f.blake3.as_str())).collect();
+    for (name, want) in &claimed {
+        match (got.get(name), want) {
+            (Some(g), Some(w)) if g == w => {}
+            (Some(g), w) => {
+                return Ok(Err(format!(
+                    "final/{name}: retrained blake3 {g}, manifest {}{}",
+                    w.unwrap_or("none"),
+                    " (same recipe, plan and seed; another CPU's GEMM kernels may sum in another order)"
+                )));
+            }
+            (None, _) => return Ok(Err(format!("final/{name}: the replay did not produce it"))),
+        }
+    }
+    if let Some(extra) = got.keys().find(|k| !claimed.contains_key(*k)) {
+        return Ok(Err(format!("final/{extra}: produced by the replay, absent from the manifest")));
+    }
+    Ok(Ok(claimed.len()))
+}
