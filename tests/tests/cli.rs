@@ -176,6 +176,7 @@ fn demo_runs_and_verifies_its_own_log() {
     }
     assert_eq!(s["anchor"]["items"], 3, "checkpoint + two manifests in one batch");
     assert_eq!(s["receipt"]["anchored"], true);
+    assert_eq!(s["receipt"]["verified_on_chain"], true);
     assert!(s["receipt"]["files_checked"].as_u64().unwrap() >= 5, "{}", s["receipt"]);
     // The kept node audits clean with the CLI too.
     let v = run(&keep, &["log", "verify", "--json"]);

@@ -10,6 +10,7 @@ use super::output::Output;
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use mindxtrain_chain::merkle;
+use mindxtrain_node::anchor::session;
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::checkpoint::{self, Checkpoint};
 use mindxtrain_node::log::verify::{self, TrustedKey};
@@ -82,7 +83,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     say(format!("      tx {} in block {} (registry {})", field("tx"), field("block"), field("registry")));
     let receipt = demo_receipt(&dir, &training, &id)?;
     say(format!(
-        "      receipt of {}: {} checks passed offline ({} file digests, recipe, plan, signatures, log inclusion, batch proof)",
+        "      receipt of {}: {} checks passed ({} file digests, recipe, plan, signatures, log inclusion, batch proof, root on chain)",
         receipt["run_id"].as_str().unwrap_or("-"),
         receipt["checks_passed"],
         receipt["files_checked"]
@@ -143,8 +144,8 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Exports the receipt of the demo's last run (the LoRA adapter) and verifies it offline
-/// against the files, recipe and plan on disk, with the node key pinned.
+/// Exports the receipt of the demo's last run (the LoRA adapter) and verifies it against
+/// the files, recipe and plan on disk, with the node key pinned, and against the chain.
 fn demo_receipt(dir: &std::path::Path, training: &serde_json::Value, id: &Identity) -> Result<serde_json::Value> {
     let last = training.as_array().and_then(|p| p.last()).context("the demo trained nothing")?;
     let field = |k: &str| last[k].as_str().map(PathBuf::from).with_context(|| format!("demo phase has no {k}"));
@@ -157,12 +158,19 @@ fn demo_receipt(dir: &std::path::Path, training: &serde_json::Value, id: &Identi
         plan: Some(&plan),
         trusted_key: Some(id.verifying_key()),
     };
-    let report = receipt::verify::verify_receipt(&receipt, &inputs);
+    let mut report = receipt::verify::verify_receipt(&receipt, &inputs);
+    // Online too: the embedded anvil again (from its saved state, read-only), asked whether
+    // the registry holds the receipt's root at the claimed block.
+    let mut anvil = session::start_embedded(dir, session::Access::Read)?;
+    let rt = super::chain_cmd::runtime()?;
+    rt.block_on(receipt::verify::check_on_chain(&mut report, receipt.anchor.as_ref(), &anvil.endpoint()));
+    anvil.stop();
     ensure!(report.ok() && report.anchored, "the demo's receipt does not verify: {:?}", report.checks);
+    let on_chain = report.checks.iter().any(|c| c.name == "anchor.on_chain" && c.status == receipt::Status::Pass);
+    ensure!(on_chain, "the demo's receipt was not checked on chain: {:?}", report.checks);
     let path = out_dir.join("receipt.json");
     std::fs::write(&path, receipt.to_json_pretty()).with_context(|| format!("writing {}", path.display()))?;
     let files = report.checks.iter().filter(|c| c.name.starts_with("file:")).count();
-    Ok(
-        json!({"run_id": run_id, "file": path, "checks_passed": report.checks.len(), "files_checked": files, "anchored": report.anchored}),
-    )
+    Ok(json!({"run_id": run_id, "file": path, "checks_passed": report.checks.len(), "files_checked": files,
+        "anchored": report.anchored, "verified_on_chain": on_chain}))
 }
