@@ -45,47 +45,33 @@ pub(crate) trait Real:
     fn exp_in_place(xs: &mut [Self]);
 }
 
-impl Real for f32 {
-    const ZERO: f32 = 0.0;
-    const ONE: f32 = 1.0;
-    const NEG_INFINITY: f32 = f32::NEG_INFINITY;
-    fn of(v: f64) -> f32 {
-        v as f32
-    }
-    fn ln(self) -> f32 {
-        f32::ln(self)
-    }
-    fn sqrt(self) -> f32 {
-        f32::sqrt(self)
-    }
-    #[inline(always)]
-    fn exp_in_place(xs: &mut [f32]) {
-        for x in xs {
-            *x = exp_f32(*x);
+/// The parts of [`Real`] that are the same for both types; `$exp` maps one element.
+macro_rules! real {
+    ($t:ty, $exp:expr) => {
+        impl Real for $t {
+            const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
+            const NEG_INFINITY: $t = <$t>::NEG_INFINITY;
+            fn of(v: f64) -> $t {
+                v as $t
+            }
+            fn ln(self) -> $t {
+                <$t>::ln(self)
+            }
+            fn sqrt(self) -> $t {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn exp_in_place(xs: &mut [$t]) {
+                for x in xs {
+                    *x = $exp(*x);
+                }
+            }
         }
-    }
+    };
 }
-
-impl Real for f64 {
-    const ZERO: f64 = 0.0;
-    const ONE: f64 = 1.0;
-    const NEG_INFINITY: f64 = f64::NEG_INFINITY;
-    fn of(v: f64) -> f64 {
-        v
-    }
-    fn ln(self) -> f64 {
-        f64::ln(self)
-    }
-    fn sqrt(self) -> f64 {
-        f64::sqrt(self)
-    }
-    #[inline(always)]
-    fn exp_in_place(xs: &mut [f64]) {
-        for x in xs {
-            *x = x.exp();
-        }
-    }
-}
+real!(f32, exp_f32);
+real!(f64, f64::exp);
 
 /// `e^x` in f32 within 2 ulp on the range that matters, written so LLVM vectorises a loop
 /// of it (no calls, no branches, integer ops for the 2ⁿ scale). libm's `expf` is scalar

@@ -10,7 +10,7 @@
 //! written twice and every sum runs in a fixed order whatever the thread count. Its score
 //! buffers are `g·T×T`: fine at CPU sequence lengths (32 MiB at T = 2048, g = 2).
 
-use super::{MatRef, Real, dot, matmul, max, sum, tensor, wide, with_slices};
+use super::{MatRef, Real, dot, matmul, matmul_ld, max, sum, tensor, wide, with_slices};
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
@@ -68,7 +68,7 @@ fn probabilities<T: Real>(
     let i0 = r0 % t;
     let p = &mut p[r0 * t..(r0 + rows) * t];
     let tile_q = &q[r0 * hd..(r0 + rows) * hd];
-    matmul_strided(p, t, rows, keys, hd, MatRef::rows(tile_q, hd), MatRef::transposed(&k[..keys * hd], hd), scale);
+    matmul_ld(p, t, rows, keys, hd, MatRef::rows(tile_q, hd), MatRef::transposed(&k[..keys * hd], hd), scale, false);
     for (ri, row) in p.chunks_exact_mut(t).enumerate() {
         let i = i0 + ri;
         let j0 = starts[i] as usize;
@@ -85,22 +85,6 @@ fn probabilities<T: Real>(
             lse[r0 + ri] = shift + total.ln();
         }
     }
-}
-
-/// [`matmul`] into the first `n` columns of a row-major destination of row stride `ld`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn matmul_strided<T: Real>(
-    dst: &mut [T],
-    ld: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatRef<T>,
-    b: MatRef<T>,
-    scale: T,
-) {
-    super::matmul_ld(dst, ld, m, n, k, a, b, scale, false);
 }
 
 pub(crate) fn forward<T: Real>(
@@ -180,16 +164,8 @@ pub(crate) fn backward<T: Real>(
                         let (pt, dst, dot_) = (&p[tile.clone()], &mut ds[tile], &dout[r0 * hd..(r0 + rows) * hd]);
                         // dp = do·vᵀ, then ds = p∘(dp − rowdot)·scale, rowdot = Σ_j p·dp = do·o.
                         let (vk, kk) = (&v[..keys * hd], &k[..keys * hd]);
-                        matmul_strided(
-                            dst,
-                            t,
-                            rows,
-                            keys,
-                            hd,
-                            MatRef::rows(dot_, hd),
-                            MatRef::transposed(vk, hd),
-                            T::ONE,
-                        );
+                        let (dout_t, vk_t) = (MatRef::rows(dot_, hd), MatRef::transposed(vk, hd));
+                        matmul_ld(dst, t, rows, keys, hd, dout_t, vk_t, T::ONE, false);
                         for (dsr, pr) in dst.chunks_exact_mut(t).zip(pt.chunks_exact(t)) {
                             let (dsr, pr) = (&mut dsr[..keys], &pr[..keys]);
                             let row_dot = dot(pr, dsr);

@@ -15,32 +15,28 @@ const OUT_ROWS: usize = 32;
 
 /// `x` `[n, in]`, `w` `[out, in]` → `[n, out]`.
 pub(crate) fn forward<T: Real>(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (n, d_in) = x.dims2()?;
-    let d_out = w.dim(0)?;
-    let (mut y, rows) = (vec![T::ZERO; n * d_out], block_rows());
-    with_slices::<T, _, 2>([x, w], |[x, w]| {
-        y.par_chunks_mut(rows * d_out).zip(x.par_chunks(rows * d_in)).for_each(|(y, x)| {
-            let m = y.len() / d_out;
-            matmul(y, m, d_out, d_in, MatRef::rows(x, d_in), MatRef::transposed(w, d_in), T::ONE, false);
-        });
-        Ok(())
-    })?;
-    tensor(y, (n, d_out))
+    let d_in = x.dim(1)?;
+    rows_times::<T>(x, w, w.dim(0)?, |w| MatRef::transposed(w, d_in))
 }
 
 /// `dx = dy·W`: `dy` `[n, out]`, `w` `[out, in]` → `[n, in]`.
 pub(crate) fn input_grad<T: Real>(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (n, d_out) = dy.dims2()?;
     let d_in = w.dim(1)?;
-    let (mut dx, rows) = (vec![T::ZERO; n * d_in], block_rows());
-    with_slices::<T, _, 2>([dy, w], |[dy, w]| {
-        dx.par_chunks_mut(rows * d_in).zip(dy.par_chunks(rows * d_out)).for_each(|(dx, dy)| {
-            let m = dx.len() / d_in;
-            matmul(dx, m, d_in, d_out, MatRef::rows(dy, d_out), MatRef::rows(w, d_in), T::ONE, false);
+    rows_times::<T>(dy, w, d_in, |w| MatRef::rows(w, d_in))
+}
+
+/// `a` `[n, k]` times the `[k, cols]` operand that `view` makes of `w`, in blocks of rows.
+fn rows_times<T: Real>(a: &Tensor, w: &Tensor, cols: usize, view: impl Fn(&[T]) -> MatRef<T> + Sync) -> Result<Tensor> {
+    let (n, k) = a.dims2()?;
+    let (mut y, rows) = (vec![T::ZERO; n * cols], block_rows());
+    with_slices::<T, _, 2>([a, w], |[a, w]| {
+        y.par_chunks_mut(rows * cols).zip(a.par_chunks(rows * k)).for_each(|(y, a)| {
+            let m = y.len() / cols;
+            matmul(y, m, cols, k, MatRef::rows(a, k), view(w), T::ONE, false);
         });
         Ok(())
     })?;
-    tensor(dx, (n, d_in))
+    tensor(y, (n, cols))
 }
 
 /// `dW = dyᵀ·x`: `dy` `[n, out]`, `x` `[n, in]` → `[out, in]`, split over rows of `dW` so

@@ -10,7 +10,7 @@ use candle_core::{DType, Device};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
 use mindxtrain_trainer::optim::{AdamW, AdamWConfig};
-use mindxtrain_trainer::recipe::TargetModule;
+use mindxtrain_trainer::recipe::{Recipe, TargetModule};
 use mindxtrain_trainer::run::apply_threads;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -27,21 +27,17 @@ pub struct TrainBench<'a> {
     pub python: &'a Path,
 }
 
-/// The shape of `recipes/tiny_cpu_lora.yaml`.
-fn tiny() -> Qwen3Config {
-    Qwen3Config {
-        vocab_size: 512,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 16,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1e6,
-        tie_word_embeddings: true,
-        max_position_embeddings: 1024,
-    }
+/// The model of `recipes/tiny_cpu_lora.yaml` (as embedded in the node).
+fn tiny() -> Result<Qwen3Config> {
+    const NAME: &str = "tiny_cpu_lora.yaml";
+    let src = mindxtrain_node::recipes::EMBEDDED_RECIPES
+        .iter()
+        .find(|(n, _)| *n == NAME)
+        .map(|(_, s)| *s)
+        .with_context(|| format!("embedded recipe {NAME} missing"))?;
+    let loaded = Recipe::check_str(src, NAME).map_err(|e| anyhow::anyhow!("{NAME}: {e}"))?;
+    let config = loaded.recipe.model.config.as_ref().with_context(|| format!("{NAME} has no model.config"))?;
+    Ok(Qwen3Config::from(config))
 }
 
 const LORA_R: usize = 16;
@@ -69,7 +65,7 @@ fn batch(b: usize, t: usize, vocab: usize) -> PackedBatch {
 
 /// Our steps/s at `threads`.
 fn ours(cfg: &TrainBench, threads: usize) -> Result<f64> {
-    let config = tiny();
+    let config = tiny()?;
     let pool = apply_threads(threads)?;
     pool.install(|| -> Result<f64> {
         let mut model = Qwen3::init_random(&config, 1, DType::F32, &Device::Cpu)?;
@@ -137,7 +133,7 @@ fn peer(cfg: &TrainBench, threads: usize, config_path: &Path) -> Result<(f64, Va
 pub fn run(cfg: &TrainBench, as_json: bool) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let config_path = dir.path().join("config.json");
-    std::fs::write(&config_path, tiny().to_hf_json("float32"))?;
+    std::fs::write(&config_path, tiny()?.to_hf_json("float32"))?;
     let tokens = (cfg.batch * cfg.seq) as f64;
     let what = if cfg.full { "full" } else { "LoRA r16 all seven projections" };
     println!(
