@@ -25,6 +25,8 @@ pub struct TrainBench<'a> {
     pub seq: usize,
     pub full: bool,
     pub python: &'a Path,
+    /// tests/python/qwen3_tiny.py.
+    pub script: &'a Path,
 }
 
 /// The model of `recipes/tiny_cpu_lora.yaml` (as embedded in the node).
@@ -103,9 +105,8 @@ fn ours(cfg: &TrainBench, threads: usize) -> Result<f64> {
 
 /// The peer's steps/s at `threads` (tests/python/qwen3_tiny.py bench).
 fn peer(cfg: &TrainBench, threads: usize, config_path: &Path) -> Result<(f64, Value)> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/qwen3_tiny.py");
     let mut c = Command::new(cfg.python);
-    c.arg(&script).arg("bench").arg("--config").arg(config_path);
+    c.arg(cfg.script).arg("bench").arg("--config").arg(config_path);
     for (k, v) in [
         ("--batch", cfg.batch),
         ("--seq", cfg.seq),

@@ -65,6 +65,9 @@ enum Cmd {
         /// The Python of the torch venv (scripts/setup-torch builds it).
         #[arg(long, default_value = "target/pyenv/bin/python")]
         python: PathBuf,
+        /// The peer's script (run from the repository root, the default works).
+        #[arg(long, default_value = "tests/python/qwen3_tiny.py")]
+        script: PathBuf,
         #[arg(long)]
         json: bool,
     },
@@ -74,8 +77,17 @@ fn main() -> Result<()> {
     mindxtrain_node::training::keep_freed_memory();
     match Cli::parse().cmd {
         Cmd::Log { seconds, appenders, dir, json } => bench_log(seconds, &appenders, dir, json),
-        Cmd::Train { threads, steps, warmup, batch, seq, full, python, json } => {
-            let cfg = train::TrainBench { threads: &threads, steps, warmup, batch, seq, full, python: &python };
+        Cmd::Train { threads, steps, warmup, batch, seq, full, python, script, json } => {
+            let cfg = train::TrainBench {
+                threads: &threads,
+                steps,
+                warmup,
+                batch,
+                seq,
+                full,
+                python: &python,
+                script: &script,
+            };
             train::run(&cfg, json)
         }
     }
