@@ -2,7 +2,10 @@
 //!
 //! [`forward`] and [`backward`] run the fused CPU kernel (`crate::cpu::attention`) for f32
 //! and f64 CPU tensors and the composed [`reference`] on other devices; tests compare the
-//! two and check both against finite differences.
+//! two and check both against finite differences. [`cached`] is the decode path: new
+//! queries over a key/value cache.
+
+pub mod cached;
 
 use crate::cpu::{self, dispatch};
 use candle_core::{D, DType, Device, Result, Tensor};

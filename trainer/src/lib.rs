@@ -9,6 +9,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod data;
 pub mod events;
+pub mod generate;
 pub mod model;
 pub mod optim;
 pub mod plan;

@@ -5,23 +5,26 @@
 //!
 //! * [`Qwen3Config`]: the shape, from and to HF `config.json`.
 //! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
-//!   token loss and gradients), [`Qwen3::logits`], [`Qwen3::generate`].
+//!   token loss and gradients), [`Qwen3::logits`];
+//!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]).
 //! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
 //! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`].
 //! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
 
 mod block;
 mod config;
+mod decode;
 mod lora;
 mod nf4;
 mod params;
 pub mod preference;
 mod qwen3;
-mod rng;
+pub(crate) mod rng;
 #[cfg(test)]
 mod tests;
 
 pub use config::Qwen3Config;
+pub use decode::KvCache;
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};

@@ -79,6 +79,30 @@ pub(super) struct BlockTape {
     lora: BTreeMap<Proj, LoraTape>,
 }
 
+/// What [`StepCtx::attention_inputs`] computes.
+pub(super) struct AttentionInputs {
+    h1: Tensor,
+    rstd1: Tensor,
+    q_pre: Tensor,
+    rstd_q: Tensor,
+    k_pre: Tensor,
+    rstd_k: Tensor,
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+}
+
+/// What [`StepCtx::block_tail`] computes.
+pub(super) struct BlockTail {
+    pub out: Tensor,
+    x2: Tensor,
+    rstd2: Tensor,
+    h2: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    m: Tensor,
+}
+
 impl StepCtx<'_> {
     fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>> {
         self.model.weight(name).map_err(|e| candle_core::Error::Msg(e.to_string()))
@@ -169,50 +193,77 @@ impl StepCtx<'_> {
 
     /// Runs block `layer` on `x` (`[N, hidden]`); with `save`, also returns its tape.
     pub fn block_forward(&self, layer: usize, x: &Tensor, save: bool) -> Result<(Tensor, Option<BlockTape>)> {
+        let mut lora = BTreeMap::new();
+        let qkv = self.attention_inputs(layer, x, &mut lora)?;
+        let hd = self.model.config.head_dim;
+        let (o, lse) = attention::forward(&qkv.q, &qkv.k, &qkv.v, &self.mask, 1.0 / (hd as f64).sqrt())?;
+        let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
+        let tail = self.block_tail(layer, x, &attn, &mut lora)?;
+        let out = tail.out;
+        let tape = save.then(|| BlockTape {
+            x: x.clone(),
+            rstd1: qkv.rstd1,
+            h1: qkv.h1,
+            q_pre: qkv.q_pre,
+            rstd_q: qkv.rstd_q,
+            k_pre: qkv.k_pre,
+            rstd_k: qkv.rstd_k,
+            q: qkv.q,
+            k: qkv.k,
+            v: qkv.v,
+            lse,
+            attn,
+            x2: tail.x2,
+            rstd2: tail.rstd2,
+            h2: tail.h2,
+            gate: tail.gate,
+            up: tail.up,
+            m: tail.m,
+            lora,
+        });
+        Ok((out, tape))
+    }
+
+    /// Everything before attention itself: norm, q/k/v projections, q/k norms and RoPE.
+    /// `q` is `[B, heads, T, hd]`, `k` and `v` `[B, kv_heads, T, hd]`, all contiguous.
+    pub(super) fn attention_inputs(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        lora: &mut BTreeMap<Proj, LoraTape>,
+    ) -> Result<AttentionInputs> {
         let c = &self.model.config;
         let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-        let mut lora = BTreeMap::new();
         let (h1, rstd1) = rmsnorm::forward(x, &*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
-        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(&mut lora))?.reshape((b, t, nh, hd))?;
-        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(&mut lora))?.reshape((b, t, nkv, hd))?;
-        let v = self.proj_forward(layer, Proj::V, &h1, Some(&mut lora))?.reshape((b, t, nkv, hd))?;
+        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(lora))?.reshape((b, t, nh, hd))?;
+        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
+        let v = self.proj_forward(layer, Proj::V, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
         let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(layer, Norm::Q))?, eps)?;
         let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(layer, Norm::K))?, eps)?;
         let q = rope::forward(&qn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
         let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let (o, lse) = attention::forward(&q, &k, &v, &self.mask, scale)?;
-        let attn = o.transpose(1, 2)?.reshape((b * t, nh * hd))?;
-        let x2 = (x + self.proj_forward(layer, Proj::O, &attn, Some(&mut lora))?)?;
+        Ok(AttentionInputs { h1, rstd1, q_pre, rstd_q, k_pre, rstd_k, q, k, v })
+    }
+
+    /// Everything after attention: o projection and residual, norm, SwiGLU MLP and residual.
+    /// `attn` is the attention output `[N, heads·hd]`.
+    pub(super) fn block_tail(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        attn: &Tensor,
+        lora: &mut BTreeMap<Proj, LoraTape>,
+    ) -> Result<BlockTail> {
+        let eps = self.model.config.rms_norm_eps;
+        let x2 = (x + self.proj_forward(layer, Proj::O, attn, Some(lora))?)?;
         let (h2, rstd2) = rmsnorm::forward(&x2, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
-        let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(&mut lora))?;
-        let up = self.proj_forward(layer, Proj::Up, &h2, Some(&mut lora))?;
+        let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(lora))?;
+        let up = self.proj_forward(layer, Proj::Up, &h2, Some(lora))?;
         let m = swiglu::forward(&gate, &up)?;
-        let out = (&x2 + self.proj_forward(layer, Proj::Down, &m, Some(&mut lora))?)?;
-        let tape = save.then(|| BlockTape {
-            x: x.clone(),
-            rstd1,
-            h1,
-            q_pre,
-            rstd_q,
-            k_pre,
-            rstd_k,
-            q,
-            k,
-            v,
-            lse,
-            attn,
-            x2,
-            rstd2,
-            h2,
-            gate,
-            up,
-            m,
-            lora,
-        });
-        Ok((out, tape))
+        let out = (&x2 + self.proj_forward(layer, Proj::Down, &m, Some(lora))?)?;
+        Ok(BlockTail { out, x2, rstd2, h2, gate, up, m })
     }
 
     /// Backward of block `layer`: accumulates parameter gradients and returns `dx` when

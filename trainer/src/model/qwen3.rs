@@ -1,5 +1,5 @@
 //! The Qwen3 model: parameters, the training step (forward with a tape, explicit backward),
-//! logits for evaluation and greedy generation.
+//! logits for evaluation (generation: [`super::KvCache`], [`crate::generate`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -158,7 +158,7 @@ impl Qwen3 {
         }
     }
 
-    fn head_name(&self) -> &'static str {
+    pub(super) fn head_name(&self) -> &'static str {
         if self.config.tie_word_embeddings { EMBED } else { LM_HEAD }
     }
 
@@ -195,43 +195,6 @@ impl Qwen3 {
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
         let (losses, _) = cross_entropy::forward(&logits, &labels)?;
         Ok(losses.reshape((batch.batch, batch.seq_len))?)
-    }
-
-    /// Greedy decoding of up to `max_new` tokens after `prompt`, stopping after the first
-    /// token in `stop` (which is included). Recomputes the prefix each token (no KV cache).
-    pub fn generate(
-        &self,
-        prompt: &[u32],
-        max_new: usize,
-        stop: &[u32],
-        adapters: Option<&Adapters>,
-    ) -> Result<Vec<u32>, ModelError> {
-        if prompt.is_empty() {
-            return Err(ModelError::Batch("generation needs at least one prompt token".into()));
-        }
-        let mut tokens = prompt.to_vec();
-        let mut out = Vec::new();
-        for _ in 0..max_new {
-            let n = tokens.len();
-            let batch = PackedBatch {
-                batch: 1,
-                seq_len: n,
-                input_ids: tokens.clone(),
-                position_ids: (0..n as u32).collect(),
-                segment_ids: vec![1; n],
-                labels: vec![IGNORE; n],
-            };
-            let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None)?;
-            let xf = self.final_hidden(&ctx, &batch)?;
-            let last = linear::forward(&xf.narrow(0, n - 1, 1)?, &*self.weight(self.head_name())?)?;
-            let next = last.flatten_all()?.argmax(0)?.to_scalar::<u32>()?;
-            tokens.push(next);
-            out.push(next);
-            if stop.contains(&next) {
-                break;
-            }
-        }
-        Ok(out)
     }
 
     pub(super) fn step_ctx<'a>(

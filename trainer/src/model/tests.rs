@@ -9,6 +9,7 @@ use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
 use super::rng::SplitMix64;
 use super::*;
 use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
+use crate::generate::{Sampling, generate};
 use crate::recipe::TargetModule;
 
 fn tiny(tied: bool) -> Qwen3Config {
@@ -478,7 +479,17 @@ fn dpo_starts_at_log_two_when_the_policy_is_the_reference() {
 #[test]
 fn greedy_generation_follows_the_argmax_and_stops() {
     let m = model(&tiny(false), DType::F64);
-    let out = m.generate(&[1, 2], 6, &[], None).unwrap();
+    let run = |stop: &[u32]| {
+        let mut out = vec![];
+        let greedy = Sampling::greedy();
+        generate(&m, None, &[1, 2], 6, &greedy, stop, |t| {
+            out.push(t);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        out
+    };
+    let out = run(&[]);
     assert_eq!(out.len(), 6);
     let mut seq = vec![1u32, 2];
     for &tok in &out {
@@ -488,9 +499,42 @@ fn greedy_generation_follows_the_argmax_and_stops() {
         assert_eq!(tok as usize, argmax);
         seq.push(tok);
     }
-    let stopped = m.generate(&[1, 2], 6, &[out[1]], None).unwrap();
+    // A stop token ends generation and is not handed over.
+    let stopped = run(&[out[1]]);
     assert_eq!(stopped, out[..stopped.len()].to_vec());
-    assert!(stopped.len() <= 2);
+    assert!(stopped.len() <= 1);
+}
+
+#[test]
+fn cached_decoding_gives_the_full_forward_logits_with_adapters() {
+    let config = tiny(false);
+    let m = model(&config, DType::F64);
+    let ad = adapters(&config, 0.0, DType::F64);
+    let seq = [3u32, 1, 4, 1, 5, 9, 2];
+    let full = m.logits(&single(&seq, &[IGNORE; 7]), Some(&ad)).unwrap().to_vec3::<f64>().unwrap();
+    let mut cache = m.new_cache(16);
+    // A prompt of three, then one token at a time, then two at once.
+    let mut at = 0;
+    for n in [3usize, 1, 1, 2] {
+        let logits = m.decode(&seq[at..at + n], &mut cache, Some(&ad)).unwrap().to_vec1::<f64>().unwrap();
+        at += n;
+        assert_eq!(cache.len(), at);
+        let want = &full[0][at - 1];
+        let diff = logits.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(diff < 1e-10, "after {at} tokens: max |Δ| {diff}");
+    }
+}
+
+#[test]
+fn a_full_cache_refuses_more_tokens_and_stays_usable() {
+    let m = model(&tiny(true), DType::F64);
+    let mut cache = m.new_cache(4);
+    m.decode(&[1, 2, 3], &mut cache, None).unwrap();
+    let err = m.decode(&[4, 5], &mut cache, None).unwrap_err().to_string();
+    assert!(err.contains("exceed the context of 4"), "{err}");
+    assert_eq!(cache.len(), 3);
+    assert!(m.decode(&[4], &mut cache, None).is_ok());
+    assert!(m.decode(&[], &mut m.new_cache(4), None).is_err());
 }
 
 /// One fwd+bwd step at the tiny recipe shape (hidden 64, 2 layers, 4/2 heads, head_dim 16,

@@ -4,9 +4,11 @@
 //! and fails the run when accuracy drops by more than the threshold.
 
 use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
+use crate::generate::{Sampling, generate};
 use crate::model::{Adapters, ModelError, Qwen3};
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
+use std::ops::ControlFlow;
 use std::path::Path;
 use thiserror::Error;
 
@@ -79,7 +81,12 @@ pub fn evaluate(
     let mut correct = 0;
     let mut samples = Vec::new();
     for item in &prompts {
-        let ids = model.generate(&item.prompt_ids, MAX_ANSWER_TOKENS, &stop, adapters)?;
+        let mut ids = Vec::new();
+        let greedy = Sampling::greedy();
+        generate(model, adapters, &item.prompt_ids, MAX_ANSWER_TOKENS, &greedy, &stop, |id| {
+            ids.push(id);
+            ControlFlow::Continue(())
+        })?;
         let output = tokenizer.decode(&ids, true)?;
         let ok = answers_match(&item.reference, &output);
         correct += usize::from(ok);

@@ -1,0 +1,119 @@
+//! Incremental decoding: a key/value cache and the forward of new tokens over it.
+//!
+//! Generation runs the prompt once (prefill), then one token per step, each step reading
+//! the keys and values every earlier token left in the [`KvCache`] instead of recomputing
+//! the prefix. Blocks share their projections, norms and MLP with training
+//! ([`StepCtx::attention_inputs`], [`StepCtx::block_tail`]); only attention differs
+//! (`mindxtrain_kernels::attention::cached`).
+
+use std::collections::BTreeMap;
+
+use candle_core::Tensor;
+use mindxtrain_kernels::attention::cached;
+use mindxtrain_kernels::{embedding, linear, rmsnorm};
+
+use super::ModelError;
+use super::block::StepCtx;
+use super::lora::Adapters;
+use super::params::{EMBED, FINAL_NORM};
+use super::qwen3::{Qwen3, Trainable};
+use crate::batch::{IGNORE, PackedBatch};
+
+/// Keys and values `[1, kv_heads, len, head_dim]` of every layer for the tokens decoded so
+/// far, up to a fixed capacity (the context length a request may reach).
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// Tokens already in the cache (the position of the next one).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+impl Qwen3 {
+    /// An empty cache for up to `capacity` tokens (prompt and generation together), at most
+    /// the model's `max_position_embeddings`.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        let capacity = capacity.min(self.config().max_position_embeddings);
+        KvCache { layers: vec![None; self.config().num_hidden_layers], len: 0, capacity }
+    }
+
+    /// Runs `tokens` after the ones `cache` holds, appends their keys and values, and returns
+    /// the logits `[vocab]` that follow the last of them. On error the cache is unchanged.
+    pub fn decode(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        adapters: Option<&Adapters>,
+    ) -> Result<Tensor, ModelError> {
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::Batch("decoding needs at least one token".into()));
+        }
+        if cache.len + t > cache.capacity {
+            return Err(ModelError::Batch(format!(
+                "{} cached + {t} new tokens exceed the context of {} tokens",
+                cache.len, cache.capacity
+            )));
+        }
+        let start = cache.len as u32;
+        let batch = PackedBatch {
+            batch: 1,
+            seq_len: t,
+            input_ids: tokens.to_vec(),
+            position_ids: (start..start + t as u32).collect(),
+            segment_ids: vec![1; t],
+            labels: vec![IGNORE; t],
+        };
+        let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None)?;
+        let scale = 1.0 / (self.config().head_dim as f64).sqrt();
+        let ids = Tensor::new(tokens, self.device())?;
+        let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
+        let mut updated = Vec::with_capacity(cache.layers.len());
+        for (layer, past) in cache.layers.iter().enumerate() {
+            let (out, kv) = decode_block(&ctx, layer, &x, past.as_ref(), scale)?;
+            updated.push(Some(kv));
+            x = out;
+        }
+        let last = x.narrow(0, t - 1, 1)?;
+        let (h, _) = rmsnorm::forward(&last, &*self.weight(FINAL_NORM)?, self.config().rms_norm_eps)?;
+        let logits = linear::forward(&h, &*self.weight(self.head_name())?)?.flatten_all()?;
+        cache.layers = updated;
+        cache.len += t;
+        Ok(logits)
+    }
+}
+
+/// One block over new tokens `x` (`[T, hidden]`) given the layer's cached keys and values;
+/// returns the block output and the keys and values including the new tokens.
+fn decode_block(
+    ctx: &StepCtx<'_>,
+    layer: usize,
+    x: &Tensor,
+    past: Option<&(Tensor, Tensor)>,
+    scale: f64,
+) -> Result<(Tensor, (Tensor, Tensor)), ModelError> {
+    let mut lora = BTreeMap::new();
+    let qkv = ctx.attention_inputs(layer, x, &mut lora)?;
+    let (k, v) = match past {
+        Some((pk, pv)) => (Tensor::cat(&[pk, &qkv.k], 2)?, Tensor::cat(&[pv, &qkv.v], 2)?),
+        None => (qkv.k, qkv.v),
+    };
+    let o = cached::forward(&qkv.q, &k, &v, scale)?;
+    let attn = o.transpose(1, 2)?.reshape((x.dim(0)?, ()))?;
+    let out = ctx.block_tail(layer, x, &attn, &mut lora)?.out;
+    Ok((out, (k, v)))
+}
