@@ -136,18 +136,36 @@ impl LocalFacilitator {
         check_offline(&payload.payload, req, now_secs())
     }
 
+    /// The chain checks. With simulation on, the happy path is one `eth_call`: a successful
+    /// simulation of the settlement call runs the token's own checks against current state
+    /// (authorization unused, signature valid for `from`, balance ≥ value, time window), so
+    /// the explicit `authorizationState` / `balanceOf` reads could only agree with it. They
+    /// run when the simulation fails, to name the reason precisely (and in the same order as
+    /// without simulation), or when simulation is off.
     async fn verify_on_chain(&self, p: &CheckedPayment) -> Result<(), (RejectReason, Option<String>)> {
+        if !self.config.simulate {
+            return self.explicit_checks(p).await;
+        }
+        match self.settle_call_data(p).from(self.settler).call().await {
+            // A signature that is not `from`'s ECDSA one passed the token: ERC-1271 is still
+            // checked here rather than left to whatever the token accepts.
+            Ok(_) if p.ecdsa_ok || self.erc1271_accepts(p).await? => Ok(()),
+            Ok(_) => Err((RejectReason::InvalidSignature, None)),
+            Err(e) => {
+                self.explicit_checks(p).await?;
+                Err(revert_reason(&e))
+            }
+        }
+    }
+
+    /// Nonce unused, balance ≥ value, signature valid: each read explicitly (the two token
+    /// reads concurrently), failing with the first reason in that order.
+    async fn explicit_checks(&self, p: &CheckedPayment) -> Result<(), (RejectReason, Option<String>)> {
         let token = IEip3009::new(p.asset.address, &self.provider);
         let m = &p.auth.message;
         let used = token.authorizationState(m.from, m.nonce);
         let balance = token.balanceOf(m.from);
-        let simulate = async {
-            if !self.config.simulate {
-                return Ok(());
-            }
-            self.settle_call_data(p).from(self.settler).call().await.map(|_| ())
-        };
-        let (used, balance, simulated) = tokio::join!(used.call(), balance.call(), simulate);
+        let (used, balance) = tokio::join!(used.call(), balance.call());
         let rpc = |e: alloy::contract::Error| (RejectReason::FacilitatorUnavailable, Some(e.to_string()));
         if used.map_err(rpc)? {
             return Err((RejectReason::NonceAlreadyUsed, None));
@@ -157,9 +175,6 @@ impl LocalFacilitator {
         }
         if !p.ecdsa_ok && !self.erc1271_accepts(p).await? {
             return Err((RejectReason::InvalidSignature, None));
-        }
-        if let Err(e) = simulated {
-            return Err(revert_reason(&e));
         }
         Ok(())
     }
