@@ -9,7 +9,8 @@
 //! * [`recipes`]: validating and registering recipes;
 //! * [`anchor`]: anchoring checkpoints and digests on chain, every step an event;
 //! * [`manifest`]: sealing a run into a signed in-toto/SLSA manifest (DSSE);
-//! * [`receipt`]: the self-contained receipt bundle and its verifier.
+//! * [`receipt`]: the self-contained receipt bundle and its verifier;
+//! * [`serve`]: OpenAI-compatible inference sold over x402, and rentals.
 
 pub mod anchor;
 pub mod canonical;
@@ -20,6 +21,7 @@ pub mod manifest;
 pub mod node;
 pub mod receipt;
 pub mod recipes;
+pub mod serve;
 pub mod training;
 
 /// `mindxtrain/<version>`, recorded in genesis events and manifests.

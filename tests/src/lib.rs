@@ -25,3 +25,27 @@ pub mod bench {
 
 /// The paid test server, chain and signing helpers of the x402 tests and benchmark.
 pub mod x402_env;
+
+/// The python of `target/openai-venv`, with the OpenAI client pinned in
+/// tests/python/openai.lock, created (or refreshed when the lock changed) on first use.
+pub fn openai_python() -> anyhow::Result<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lock = root.join("python/openai.lock");
+    let venv = root.parent().map(|r| r.join("target/openai-venv")).unwrap_or_else(|| root.join("openai-venv"));
+    let python = venv.join("bin/python");
+    let stamp = venv.join(".lock.blake3");
+    let want = blake3::hash(&std::fs::read(&lock)?).to_hex().to_string();
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) {
+        return Ok(python);
+    }
+    let run = |c: &mut Command| -> anyhow::Result<()> {
+        let out = c.output()?;
+        anyhow::ensure!(out.status.success(), "{:?}: {}", c, String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    };
+    let _ = std::fs::remove_dir_all(&venv);
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python).args(["-m", "pip", "install", "-q", "--no-deps", "-r"]).arg(&lock))?;
+    std::fs::write(&stamp, want)?;
+    Ok(python)
+}

@@ -40,7 +40,7 @@ pub use abi::ITestToken;
 
 /// anvil's well-known development keys 1–3 (0 deploys).
 pub const ANVIL_KEY_1: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
-pub const ANVIL_KEY_2: &str = "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9ad8f6366b8d0";
+pub const ANVIL_KEY_2: &str = "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a";
 pub const ANVIL_KEY_3: &str = "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6";
 
 /// Price of one call in the tests: 0.01 USDC.
@@ -253,4 +253,22 @@ pub fn ensure_js() -> anyhow::Result<()> {
     let st = std::process::Command::new("bash").arg(js_dir().join("setup.sh")).status()?;
     anyhow::ensure!(st.success(), "tests/js/setup.sh failed");
     Ok(())
+}
+
+/// Pays `url` with the reference npm client (`tests/js/bin/pay.mjs`) as the holder of `key`,
+/// allowing up to 1 TestUSDC of `asset` per payment; one JSON object per request.
+pub fn run_npm_client(url: &str, key: &str, asset: Address, extra: &[&str]) -> Vec<serde_json::Value> {
+    ensure_js().expect("npm clients installed");
+    let out = std::process::Command::new("node")
+        .current_dir(js_dir())
+        .arg("bin/pay.mjs")
+        .arg(url)
+        .args(extra)
+        .arg("--allow-asset")
+        .arg(format!("eip155:31337:{asset}:1000000"))
+        .env("X402_PAYER_KEY", key)
+        .output()
+        .expect("node runs");
+    assert!(out.status.success(), "pay.mjs failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("json line")).collect()
 }

@@ -25,22 +25,6 @@ async fn env() -> Env {
     Env { chain, server, http: reqwest::Client::new() }
 }
 
-fn run_npm_client(url: &str, key: &str, asset: Address, extra: &[&str]) -> Vec<serde_json::Value> {
-    ensure_js().expect("npm clients installed");
-    let out = std::process::Command::new("node")
-        .current_dir(js_dir())
-        .arg("bin/pay.mjs")
-        .arg(url)
-        .args(extra)
-        .arg("--allow-asset")
-        .arg(format!("eip155:31337:{asset}:1000000"))
-        .env("X402_PAYER_KEY", key)
-        .output()
-        .expect("node runs");
-    assert!(out.status.success(), "pay.mjs failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("json line")).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_npm_client_pays_and_is_served() {
     let e = env().await;

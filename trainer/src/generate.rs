@@ -48,16 +48,27 @@ pub enum Finish {
     Length,
 }
 
-/// Generates up to `max_tokens` tokens after `prompt`, calling `on_token` with each.
+/// What to generate after a prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits<'a> {
+    pub max_tokens: usize,
+    /// Ids at or above this are never drawn: a model's embedding table is often padded
+    /// beyond what its tokenizer can decode (the byte tokenizer's 266 in a 512 table).
+    pub vocab: usize,
+    /// End generation without being handed over.
+    pub stop_ids: &'a [u32],
+}
+
+/// Generates up to `limits.max_tokens` tokens after `prompt`, calling `on_token` with each.
 pub fn generate(
     model: &Qwen3,
     adapters: Option<&Adapters>,
     prompt: &[u32],
-    max_tokens: usize,
+    limits: Limits<'_>,
     sampling: &Sampling,
-    stop_ids: &[u32],
     mut on_token: impl FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Finish, ModelError> {
+    let Limits { max_tokens, vocab, stop_ids } = limits;
     let mut cache: KvCache = model.new_cache(prompt.len() + max_tokens);
     if prompt.len() >= cache.capacity() {
         return Err(ModelError::Batch(format!(
@@ -69,7 +80,8 @@ pub fn generate(
     let mut sampler = Sampler::new(*sampling);
     let mut logits = model.decode(prompt, &mut cache, adapters)?;
     for produced in 1..=max_tokens {
-        let next = sampler.next(&logits.to_dtype(DType::F64)?.to_vec1::<f64>()?);
+        let row = logits.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let next = sampler.next(&row[..vocab.clamp(1, row.len())]);
         if stop_ids.contains(&next) || on_token(next).is_break() {
             return Ok(Finish::Stop);
         }

@@ -25,7 +25,7 @@ pub use autotune::measure_plan;
 pub use eval::{EvalReport, check_regression, evaluate};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
-pub use session::{Session, evaluate_checkpoint};
+pub use session::{Session, evaluate_checkpoint, load_checkpoint};
 pub use threads::{apply_choices, apply_threads};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};

@@ -64,7 +64,7 @@ impl SettlerKey {
         self.signer.address()
     }
 
-    pub(crate) fn signer(&self) -> &PrivateKeySigner {
+    pub fn signer(&self) -> &PrivateKeySigner {
         &self.signer
     }
 }

@@ -168,7 +168,14 @@ where
     let Ok(body) = axum::body::to_bytes(body, shared.config.max_request_body).await else {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
     };
-    let amount = shared.config.pricing.price(&parts, &body);
+    let amount = match shared.config.pricing.price(&parts, &body) {
+        Ok(a) => a,
+        Err(why) => {
+            let mut r = Response::new(Body::from(why));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            return r;
+        }
+    };
     let priced = price(&shared.config, &parts, amount);
 
     let (version, raw) = match (parts.headers.get(header::PAYMENT_SIGNATURE), parts.headers.get(header::X_PAYMENT)) {

@@ -3,8 +3,9 @@
 //! The flow: create a node, register every embedded recipe, measure plans and train
 //! (pretraining, then LoRA), seal each run's manifest, sign a log checkpoint, anchor it
 //! and the manifests in one batch on an embedded anvil, export and verify the LoRA run's
-//! receipt, then audit the log read-only and prove every recipe event against the
-//! checkpoint. Each later capability adds its step here.
+//! receipt, serve the LoRA model behind x402 on anvil (a paid chat completion, then a
+//! rental used up), then audit the log read-only and prove every recipe event against
+//! the checkpoint. Each later capability adds its step here.
 
 use super::output::Output;
 use anyhow::{Context, Result, bail, ensure};
@@ -51,11 +52,12 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         }
     };
 
-    say(format!("[1/5] initialising a node in {}", dir.display()));
+    say(format!("[1/6] initialising a node in {}", dir.display()));
     node::init(&dir)?;
     let (log, id, _) = node::open(&dir)?;
+    let log = std::sync::Arc::new(log);
 
-    say(format!("[2/5] registering {} embedded recipes", EMBEDDED_RECIPES.len()));
+    say(format!("[2/6] registering {} embedded recipes", EMBEDDED_RECIPES.len()));
     let mut registered = Vec::new();
     for (name, src) in EMBEDDED_RECIPES {
         let r = recipes::register(&log, name, src).with_context(|| format!("registering embedded recipe {name}"))?;
@@ -63,11 +65,11 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         registered.push((name.to_string(), r.seq));
     }
 
-    say("[3/5] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval, sealed manifests".into());
+    say("[3/6] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval, sealed manifests".into());
     let work = dir.join("runs");
     let training = super::train_cmd::demo_step(&log, &id, &dir, &work, &say)?;
 
-    say("[4/5] signing a checkpoint of the log and recording it".into());
+    say("[4/6] signing a checkpoint of the log and recording it".into());
     let size = log.len();
     let root = log.read(|v| v.root(size))?;
     let cp = Checkpoint { origin: checkpoint::origin_for(&id.public_bytes()), size, root };
@@ -88,10 +90,13 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         receipt["checks_passed"],
         receipt["files_checked"]
     ));
+
+    say("[5/6] selling the LoRA model over x402 on anvil: a paid chat completion, then a rental used up".into());
+    let market = super::market_demo::demo_step(&dir, &log, &id, &training, &say)?;
     let stats = log.stats();
     drop(log);
 
-    say("[5/5] auditing the log read-only and proving every recipe against the checkpoint".into());
+    say("[6/6] auditing the log read-only and proving every recipe against the checkpoint".into());
     let report = verify::verify(&dir, TrustedKey::pinned(id.verifying_key(), "node.pub"))?;
     ensure!(report.ok(), "log audit failed: {:?}", report.problems);
     let reader = LogReader::open(&dir)?;
@@ -122,6 +127,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         "anchor": anchored,
         "training": training,
         "receipt": receipt,
+        "market": market,
         "seconds": elapsed,
     });
     out.emit(&summary, || {

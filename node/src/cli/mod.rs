@@ -5,9 +5,11 @@ mod chain_cmd;
 mod demo;
 mod log_cmd;
 mod manifest_cmd;
+mod market_demo;
 mod output;
 mod receipt_cmd;
 mod recipe_cmd;
+mod serve_cmd;
 mod train_cmd;
 
 use clap::{Parser, Subcommand};
@@ -83,6 +85,16 @@ pub enum Command {
         after_help = "Example:\n  mindxtrain eval recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --init-from runs/pre/final"
     )]
     Eval(train_cmd::EvalArgs),
+    /// Serve a trained model: OpenAI-compatible chat completions, sold per call over x402, and rentals.
+    #[command(
+        after_help = "Examples:\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --base runs/pre/final --free\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --base runs/pre/final \\\n    --rpc-url http://127.0.0.1:8545 --settler-key settler.key --asset 0x5FbDB2315678afecb367f032d93F642f64180aa3"
+    )]
+    Serve(serve_cmd::ServeArgs),
+    /// Rent calls (or time) of a model from another node, paying over x402; prints the rental token.
+    #[command(
+        after_help = "Example:\n  mindxtrain rent --from http://127.0.0.1:8080 --model mindxtrain/tiny-qwen3 --calls 10 --key payer.key --max-price 0.05"
+    )]
+    Rent(serve_cmd::RentArgs),
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
@@ -116,6 +128,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => train_cmd::bench(args, &cli.node_dir, &out),
         Command::Train(args) => train_cmd::train(args, &cli.node_dir, &out),
         Command::Eval(args) => train_cmd::eval(args, &out),
+        Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
+        Command::Rent(args) => serve_cmd::rent(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
     }
 }

@@ -9,7 +9,7 @@ use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
 use super::rng::SplitMix64;
 use super::*;
 use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
-use crate::generate::{Sampling, generate};
+use crate::generate::{Limits, Sampling, generate};
 use crate::recipe::TargetModule;
 
 fn tiny(tied: bool) -> Qwen3Config {
@@ -482,7 +482,8 @@ fn greedy_generation_follows_the_argmax_and_stops() {
     let run = |stop: &[u32]| {
         let mut out = vec![];
         let greedy = Sampling::greedy();
-        generate(&m, None, &[1, 2], 6, &greedy, stop, |t| {
+        let limits = Limits { max_tokens: 6, vocab: usize::MAX, stop_ids: stop };
+        generate(&m, None, &[1, 2], limits, &greedy, |t| {
             out.push(t);
             std::ops::ControlFlow::Continue(())
         })

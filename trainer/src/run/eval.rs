@@ -4,7 +4,7 @@
 //! and fails the run when accuracy drops by more than the threshold.
 
 use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
-use crate::generate::{Sampling, generate};
+use crate::generate::{Limits, Sampling, generate};
 use crate::model::{Adapters, ModelError, Qwen3};
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
@@ -83,7 +83,8 @@ pub fn evaluate(
     for item in &prompts {
         let mut ids = Vec::new();
         let greedy = Sampling::greedy();
-        generate(model, adapters, &item.prompt_ids, MAX_ANSWER_TOKENS, &greedy, &stop, |id| {
+        let limits = Limits { max_tokens: MAX_ANSWER_TOKENS, vocab: tokenizer.vocab_size(), stop_ids: &stop };
+        generate(model, adapters, &item.prompt_ids, limits, &greedy, |id| {
             ids.push(id);
             ControlFlow::Continue(())
         })?;

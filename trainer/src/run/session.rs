@@ -10,7 +10,7 @@ use crate::data::{DataCursor, Dataset, Tokenizer};
 use crate::events::{EventSink, TrainerEvent};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions, Trainable};
 use crate::optim::{AdamW, AdamWConfig, LrSchedule, clip_grad_norm};
-use crate::recipe::Dtype;
+use crate::recipe::{Dtype, Recipe};
 use candle_core::{DType, Device};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -57,14 +57,19 @@ pub(super) fn dtype_of(d: Dtype) -> DType {
 
 /// Loads the base model: `--init-from`, else `model.path`, else random init from the seed.
 fn load_base(spec: &RunSpec, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
-    let recipe = &spec.recipe.recipe;
+    load_base_model(&spec.recipe.recipe, &spec.recipe_dir, spec.init_from.as_deref(), device)
+}
+
+fn load_base_model(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    device: &Device,
+) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
     let dtype = dtype_of(recipe.model.dtype);
-    let dir = spec.init_from.clone().or_else(|| recipe.model.path.as_ref().map(|p| spec.recipe_dir.join(p)));
+    let dir = init_from.map(Path::to_path_buf).or_else(|| recipe.model.path.as_ref().map(|p| recipe_dir.join(p)));
     match dir {
-        Some(dir) => {
-            let (model, files) = load_hf(&dir, dtype, device)?;
-            Ok((model, files))
-        }
+        Some(dir) => load_hf(&dir, dtype, device),
         None => {
             let config = recipe.model.config.as_ref().ok_or_else(|| {
                 RunError::Recipe("model: give model.path (HF checkpoint) or model.config (random init)".into())
@@ -72,6 +77,30 @@ fn load_base(spec: &RunSpec, device: &Device) -> Result<(Qwen3, Vec<SavedFile>),
             Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
         }
     }
+}
+
+/// A trained model as a run left it: `checkpoint_dir` holds full HF weights, or a PEFT
+/// adapter applied over the recipe's base (`init_from`, else `model.path`, else the
+/// seeded random init). What `mindxtrain eval` and the inference server load.
+pub fn load_checkpoint(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    checkpoint_dir: &Path,
+) -> Result<(Qwen3, Option<Adapters>), RunError> {
+    let device = Device::Cpu;
+    let dtype = dtype_of(recipe.model.dtype);
+    if !checkpoint_dir.join(checkpoint::ADAPTER_CONFIG_FILE).exists() {
+        return Ok((load_hf(checkpoint_dir, dtype, &device)?.0, None));
+    }
+    let (model, _) = load_base_model(recipe, recipe_dir, init_from, &device)?;
+    let method = MethodPlan::from_recipe(&recipe.train.method)?;
+    let lora = method
+        .lora
+        .ok_or_else(|| RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into()))?;
+    let tensors = load_adapter_tensors(checkpoint_dir, dtype, &device)?;
+    let adapters = Adapters::new(model.config(), lora, tensors)?;
+    Ok((model, Some(adapters)))
 }
 
 /// An HF model directory: config.json and its weights, with the digests of its files.
@@ -531,22 +560,9 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
     let pool = super::apply_choices(&spec.plan.choices)?;
     pool.install(|| {
         let recipe = &spec.recipe.recipe;
-        let device = Device::Cpu;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
-        let dtype = dtype_of(recipe.model.dtype);
-        let (model, adapters) = if checkpoint_dir.join(checkpoint::ADAPTER_CONFIG_FILE).exists() {
-            let (model, _) = load_base(spec, &device)?;
-            let method = MethodPlan::from_recipe(&recipe.train.method)?;
-            let lora = method.lora.ok_or_else(|| {
-                RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into())
-            })?;
-            let tensors = load_adapter_tensors(checkpoint_dir, dtype, &device)?;
-            let adapters = Adapters::new(model.config(), lora, tensors)?;
-            (model, Some(adapters))
-        } else {
-            (load_hf(checkpoint_dir, dtype, &device)?.0, None)
-        };
+        let (model, adapters) = load_checkpoint(recipe, &spec.recipe_dir, spec.init_from.as_deref(), checkpoint_dir)?;
         let per_device = recipe.train.batch.per_device as usize;
         Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)
     })

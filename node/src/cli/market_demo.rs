@@ -1,0 +1,148 @@
+//! The demo's market step: the LoRA model served behind x402 on the embedded anvil with
+//! TestUSDC, one paid chat completion from a funded test wallet (balances checked, the
+//! settlement's transaction looked up on chain), then a two-call rental used to its end.
+
+use anyhow::{Context, Result, ensure};
+use mindxtrain_chain::bindings::TestUSDC;
+use mindxtrain_chain::{deploy, key::AnchorKey};
+use mindxtrain_node::anchor::session::{self, Access};
+use mindxtrain_node::identity::Identity;
+use mindxtrain_node::log::EventLog;
+use mindxtrain_node::serve::Sale;
+use mindxtrain_node::serve::client::PayingClient;
+use mindxtrain_node::serve::model::{ModelSource, ServedModel};
+use mindxtrain_trainer::recipe::Recipe;
+use mindxtrain_x402::alloy::network::EthereumWallet;
+use mindxtrain_x402::alloy::primitives::{Address, B256, U256};
+use mindxtrain_x402::alloy::providers::{Provider, ProviderBuilder};
+use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
+use mindxtrain_x402::{Asset, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettlerKey};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// anvil's well-known development account 0: deploys and mints.
+const ANVIL_ADMIN: &str = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
+/// anvil's well-known development account 1: pays the settlement gas.
+const ANVIL_SETTLER: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+/// What the buyer's wallet is given: 1 TestUSDC.
+const FUNDING: u64 = 1_000_000;
+
+pub fn demo_step(
+    dir: &Path,
+    log: &Arc<EventLog>,
+    id: &Identity,
+    training: &Value,
+    say: &dyn Fn(String),
+) -> Result<Value> {
+    let lora = &training[1];
+    let path = |v: &Value| v.as_str().map(PathBuf::from).context("training summary lacks a path");
+    let recipe_file = path(&lora["recipe_file"])?;
+    let checkpoint = path(&lora["final_dir"])?;
+    let base = path(&training[0]["final_dir"])?;
+    let loaded = Recipe::check_path(&recipe_file).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let recipe_dir = recipe_file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let model = ServedModel::load(&ModelSource {
+        recipe: &loaded,
+        recipe_dir: &recipe_dir,
+        checkpoint: &checkpoint,
+        base: Some(&base),
+        merge: false,
+        name: None,
+    })?;
+    let billing = loaded.recipe.publish.billing.x402.clone().context("the demo recipe sets no x402 price")?;
+    let price = billing.pricing.per_call.context("the demo recipe prices per call")?.atomic();
+
+    let mut anvil = session::start_embedded(dir, Access::Write)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let result = rt.block_on(async {
+        let rpc = anvil.endpoint();
+        let network = Network::new(anvil.chain_id());
+        let usdc = deploy::deploy_test_usdc(&rpc, &AnchorKey::development(), "USD Coin", "2").await?.address;
+        let admin: PrivateKeySigner = ANVIL_ADMIN.parse()?;
+        let chain = ProviderBuilder::new().wallet(EthereumWallet::from(admin)).connect_http(rpc.parse()?);
+        let token = TestUSDC::new(usdc, &chain);
+        let buyer = PrivateKeySigner::random();
+        let seller = PrivateKeySigner::random().address();
+        ensure!(token.mint(buyer.address(), U256::from(FUNDING)).send().await?.get_receipt().await?.status(), "mint reverted");
+        let balance = |who: Address| {
+            let token = token.clone();
+            async move { anyhow::Ok(u64::try_from(token.balanceOf(who).call().await?)?) }
+        };
+        say(format!("      TestUSDC {usdc}; buyer {} funded with 1 USDC; price {} USDC per call", buyer.address(), fmt_usdc(price)));
+
+        let facilitator = LocalFacilitator::connect(LocalFacilitatorConfig::new(&rpc, network), SettlerKey::from_hex(ANVIL_SETTLER)?).await?;
+        let sale = Sale {
+            offer: Offer { asset: Asset::test_usdc(network, usdc), pay_to: seller, max_timeout_seconds: 300 },
+            facilitator: Arc::new(facilitator),
+            prices: billing.pricing.clone(),
+            rental: billing.rental.clone(),
+            facilitator_routes: true,
+        };
+        let server =
+            super::serve_cmd::start(model, log.clone(), Arc::new(id.clone()), Some(sale), "127.0.0.1:0".parse()?).await?;
+        let name = server.state.model.name.clone();
+        let url = server.url.clone();
+        let outcome = market_calls(&url, &name, buyer, &chain, price).await;
+        server.stop().await;
+        let (call, rental) = outcome?;
+        ensure!(balance(seller).await? == 3 * price, "the seller holds {} after three paid calls' worth", balance(seller).await?);
+        anyhow::Ok(json!({"url": url, "model": name, "asset": usdc, "price": price.to_string(), "paid_call": call, "rental": rental}))
+    });
+    anvil.stop();
+    let market = result?;
+    say(format!(
+        "      paid call: {:?} (tx {})",
+        market["paid_call"]["answer"].as_str().unwrap_or(""),
+        market["paid_call"]["tx"].as_str().unwrap_or("-")
+    ));
+    say(format!(
+        "      rental {}: 2 calls bought in one payment, used, then refused ({})",
+        market["rental"]["id"].as_str().unwrap_or("-"),
+        market["rental"]["after_last_call"].as_str().unwrap_or("-")
+    ));
+    Ok(market)
+}
+
+/// One paid completion, then a rental of two calls used up.
+async fn market_calls(
+    url: &str,
+    model: &str,
+    buyer: PrivateKeySigner,
+    chain: &impl Provider,
+    price: u64,
+) -> Result<(Value, Value)> {
+    let client = PayingClient::new(buyer, 10 * price)?;
+    let request = json!({"model": model, "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is 12 + 7?"}]});
+    let paid = client.post_json(&format!("{url}/v1/chat/completions"), &request).await?;
+    ensure!(paid.status == 200, "paid call answered {}: {}", paid.status, paid.body);
+    let settlement = paid.settlement.context("no PAYMENT-RESPONSE on the paid call")?;
+    let tx: B256 = settlement.transaction.parse().context("settlement transaction hash")?;
+    let receipt = chain.get_transaction_receipt(tx).await?.context("the settlement transaction is not on chain")?;
+    ensure!(receipt.status(), "the settlement transaction reverted");
+    ensure!(paid.amount == price, "paid {} for a {price} call", paid.amount);
+    let call = json!({"answer": paid.body["choices"][0]["message"]["content"], "usage": paid.body["usage"],
+        "tx": settlement.transaction, "block": receipt.block_number});
+
+    let rented = client.post_json(&format!("{url}/v1/rentals"), &json!({"model": model, "calls": 2})).await?;
+    ensure!(rented.status == 200, "rental answered {}: {}", rented.status, rented.body);
+    let token = rented.body["token"].as_str().context("rental without a token")?.to_string();
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = http.post(format!("{url}/v1/chat/completions")).bearer_auth(&token).json(&request).send().await?;
+        statuses.push(r.status().as_u16());
+    }
+    ensure!(statuses == [200, 200, 403], "rental calls answered {statuses:?}, expected [200, 200, 403]");
+    let id = rented.body["id"].as_str().unwrap_or_default().to_string();
+    let state: Value = http.get(format!("{url}/v1/rentals/{id}")).send().await?.json().await?;
+    ensure!(state["calls_used"] == 2 && state["status"] == "closed", "rental state after use: {state}");
+    let rental = json!({"id": id, "paid": rented.amount.to_string(), "tx": rented.settlement.map(|s| s.transaction),
+        "calls_used": 2, "after_last_call": "403 rental_used_up", "state": state});
+    Ok((call, rental))
+}
+
+fn fmt_usdc(atomic: u64) -> String {
+    mindxtrain_trainer::recipe::Usdc(atomic).to_string()
+}

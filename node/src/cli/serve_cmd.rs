@@ -1,0 +1,280 @@
+//! `mindxtrain serve` (the trained model behind OpenAI-compatible routes, sold over x402)
+//! and `mindxtrain rent` (buying a rental from another node).
+
+use super::output::Output;
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use mindxtrain_node::identity::Identity;
+use mindxtrain_node::log::{AppendRequest, EventLog};
+use mindxtrain_node::node;
+use mindxtrain_node::serve::client::PayingClient;
+use mindxtrain_node::serve::model::{ModelSource, ServedModel};
+use mindxtrain_node::serve::rentals::RentalBook;
+use mindxtrain_node::serve::{self, AppState, Sale};
+use mindxtrain_trainer::recipe::{self as publish, Usdc};
+use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
+use mindxtrain_x402::alloy::primitives::Address;
+use mindxtrain_x402::{
+    Asset, Facilitator, HttpFacilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettlerKey,
+};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The recipe the model was trained with (tokenizer, serve limits, publish.billing.x402).
+    pub recipe: PathBuf,
+    /// The run's trained weights or adapter (`runs/NAME/final`).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The base model an adapter applies to (the run's --init-from).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Fold a LoRA adapter into the base weights before serving.
+    #[arg(long)]
+    pub merge: bool,
+    /// The model id clients use (default: the recipe's model.name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Address to listen on; port 0 picks a free one (printed at start).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Serve without charging, even if the recipe sets a price.
+    #[arg(long)]
+    pub free: bool,
+    /// JSON-RPC endpoint of the recipe's network (the in-process facilitator verifies and settles there).
+    #[arg(long, env = "MINDXTRAIN_RPC_URL")]
+    pub rpc_url: Option<String>,
+    /// File with the hex private key (mode 0600) that pays settlement gas.
+    #[arg(long)]
+    pub settler_key: Option<PathBuf>,
+    /// Use this HTTP facilitator (/verify, /settle, /supported) instead of settling in-process.
+    #[arg(long, conflicts_with_all = ["rpc_url", "settler_key"])]
+    pub facilitator: Option<String>,
+    /// The token contract (required on a local chain, where TestUSDC is deployed per chain).
+    #[arg(long)]
+    pub asset: Option<Address>,
+    /// Who is paid (default: the recipe's pay_to, else the settler key's address).
+    #[arg(long)]
+    pub pay_to: Option<Address>,
+}
+
+pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
+    let loaded = Recipe::check_path(&args.recipe)
+        .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
+    let recipe_dir = args.recipe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let model = ServedModel::load(&ModelSource {
+        recipe: &loaded,
+        recipe_dir: &recipe_dir,
+        checkpoint: &args.checkpoint,
+        base: args.base.as_deref(),
+        merge: args.merge,
+        name: args.name.clone(),
+    })?;
+    let (log, id, _) = node::open(node_dir).with_context(|| format!("opening the node at {}", node_dir.display()))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let sale = if args.free { None } else { sale(&loaded, &args).await? };
+        let running = start(model, Arc::new(log), Arc::new(id), sale, args.listen).await?;
+        let price = running.state.rental_prices.map(|p| p.per_call);
+        out.line(
+            &json!({"listening": running.url, "model": running.state.model.name, "price_per_call": price}),
+            || {
+                format!(
+                    "serving {} at {} ({}); Ctrl-C stops",
+                    running.state.model.name,
+                    running.url,
+                    price.map_or("free".into(), |p| format!("{} USDC per call", Usdc(p)))
+                )
+            },
+        );
+        tokio::signal::ctrl_c().await?;
+        running.stop().await;
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A model server on a socket.
+pub struct Running {
+    pub url: String,
+    pub state: Arc<AppState>,
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `listen` and serves `model` until [`Running::stop`].
+pub async fn start(
+    model: ServedModel,
+    log: Arc<EventLog>,
+    id: Arc<Identity>,
+    sale: Option<Sale>,
+    listen: SocketAddr,
+) -> Result<Running> {
+    let rentals = RentalBook::load(log.clone(), id)?;
+    let state = AppState::new(model, log, rentals, sale.as_ref());
+    let app = serve::router(state.clone(), sale.as_ref());
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (shutdown, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    Ok(Running { url, state, shutdown, task })
+}
+
+impl Running {
+    /// Stops admitting, lets running completions finish (up to a limit), and returns.
+    pub async fn stop(self) {
+        self.state.admission.close();
+        let _ = self.shutdown.send(());
+        let _ = tokio::time::timeout(serve::DRAIN_TIMEOUT, self.task).await;
+    }
+}
+
+/// How the recipe's `publish.billing.x402` is sold here, or `None` when it sets no price.
+async fn sale(loaded: &LoadedRecipe, args: &ServeArgs) -> Result<Option<Sale>> {
+    let Some(billing) = loaded.recipe.publish.billing.x402.clone() else { return Ok(None) };
+    let network = Network::new(billing.network.chain_id());
+    let asset = asset(&billing, network, args.asset)?;
+    let (facilitator, settler): (Arc<dyn Facilitator>, Option<Address>) = match &args.facilitator {
+        Some(url) => (Arc::new(HttpFacilitator::new(url, Duration::from_secs(60))?), None),
+        None => {
+            let rpc = args.rpc_url.as_deref().context(
+                "the recipe sells the model: give --rpc-url and --settler-key (in-process facilitator), --facilitator URL, or --free",
+            )?;
+            let key_path = args.settler_key.as_deref().context("--settler-key FILE is needed to settle payments")?;
+            let key = SettlerKey::from_file(key_path)?;
+            let address = key.address();
+            let config = LocalFacilitatorConfig::new(rpc, network);
+            (Arc::new(LocalFacilitator::connect(config, key).await?), Some(address))
+        }
+    };
+    let pay_to = args
+        .pay_to
+        .or(billing.pay_to.map(|a| Address::from(a.0)))
+        .or(settler)
+        .context("who is paid? give --pay-to (or publish.billing.x402.pay_to)")?;
+    let offer = Offer { asset, pay_to, max_timeout_seconds: 300 };
+    Ok(Some(Sale {
+        offer,
+        facilitator,
+        prices: billing.pricing.clone(),
+        rental: billing.rental.clone(),
+        facilitator_routes: args.facilitator.is_none(),
+    }))
+}
+
+fn asset(billing: &publish::X402, network: Network, given: Option<Address>) -> Result<Asset> {
+    match (&billing.asset, given) {
+        (_, Some(address)) => Ok(Asset::test_usdc(network, address)),
+        (publish::Asset::Token(a), None) => Ok(Asset::test_usdc(network, Address::from(a.0))),
+        (publish::Asset::Usdc, None) => Asset::usdc_preset(network).with_context(|| {
+            format!("no USDC address is known for {}: give --asset (the TestUSDC you deployed)", network.caip2())
+        }),
+        (publish::Asset::Eurc, None) => bail!("EURC is not sold yet: give --asset with a USDC-domain token"),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RentArgs {
+    /// The selling node's base URL (`http://127.0.0.1:8080`).
+    #[arg(long)]
+    pub from: String,
+    /// The model to rent (as its /v1/models lists it).
+    #[arg(long)]
+    pub model: String,
+    /// Number of calls to buy.
+    #[arg(long, conflicts_with = "seconds", required_unless_present = "seconds")]
+    pub calls: Option<u64>,
+    /// Seconds of use to buy (when the seller rents by time).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// File with the payer's hex private key (mode 0600).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Refuse to pay more than this (USDC, e.g. "0.05").
+    #[arg(long, default_value = "1")]
+    pub max_price: Usdc,
+    /// Write the rental token to this file (mode 0600) instead of printing it.
+    #[arg(long)]
+    pub token_out: Option<PathBuf>,
+}
+
+pub fn rent(args: RentArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
+    let key = SettlerKey::from_file(&args.key)?;
+    let client = PayingClient::new(key.signer().clone(), args.max_price.atomic())?;
+    let url = format!("{}/v1/rentals", args.from.trim_end_matches('/'));
+    let body = match (args.calls, args.seconds) {
+        (Some(n), _) => json!({"model": args.model, "calls": n}),
+        (None, s) => json!({"model": args.model, "seconds": s}),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let paid = rt.block_on(client.post_json(&url, &body))?;
+    if paid.status != 200 {
+        bail!("{url} answered {}: {}", paid.status, paid.body);
+    }
+    let token = paid.body["token"].as_str().context("the rental answer has no token")?.to_string();
+    let tx = paid.settlement.as_ref().map(|s| s.transaction.clone());
+    let record = json!({
+        "from": args.from,
+        "id": paid.body["id"],
+        "model": paid.body["model"],
+        "calls": paid.body["calls"],
+        "expires": paid.body["expires"],
+        "payer": client.address().to_checksum(None),
+        "amount": paid.amount.to_string(),
+        "tx": tx,
+        "token_blake3": blake3::hash(token.as_bytes()).to_hex().to_string(),
+    });
+    let recorded = record_acquisition(node_dir, &paid.body, &record)?;
+    if let Some(path) = &args.token_out {
+        mindxtrain_node::fsutil::write_new_durably(path, token.as_bytes(), 0o600)
+            .with_context(|| format!("writing the token to {}", path.display()))?;
+    }
+    let shown_token = if args.token_out.is_some() { serde_json::Value::Null } else { json!(token) };
+    let mut shown = record.clone();
+    shown["token"] = shown_token;
+    shown["recorded"] = json!(recorded);
+    out.emit(&shown, || {
+        format!(
+            "rented {} from {}: {} for {} USDC (tx {})\nrental {}\n{}",
+            args.model,
+            args.from,
+            args.calls.map_or_else(|| format!("{} s", args.seconds.unwrap_or(0)), |n| format!("{n} calls")),
+            Usdc(paid.amount),
+            tx.as_deref().unwrap_or("-"),
+            paid.body["id"].as_str().unwrap_or("-"),
+            args.token_out.as_ref().map_or(format!("token: {token}"), |p| format!("token written to {}", p.display()))
+        )
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `rental.acquired` to the renter's own log when `node_dir` is a node. A node that
+/// is serving holds its log: the rental still stands, and the warning says it went
+/// unrecorded.
+fn record_acquisition(node_dir: &Path, rental: &serde_json::Value, record: &serde_json::Value) -> Result<bool> {
+    if !node_dir.join(mindxtrain_node::identity::SECRET_FILE).exists() {
+        return Ok(false);
+    }
+    match node::open(node_dir) {
+        Ok((log, _, _)) => {
+            let subject = rental["id"].as_str().unwrap_or("-");
+            log.append(AppendRequest::new("rental.acquired", subject, record.clone()))?;
+            Ok(true)
+        }
+        Err(node::NodeError::Log(mindxtrain_node::log::OpenError::Locked(dir))) => {
+            eprintln!("warning: {} is in use by a running node; the rental was not recorded in its log", dir.display());
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,326 @@
+//! Serving through the `mindxtrain` binary: the official OpenAI Python client against
+//! `serve` (whole and streamed completions, stop sequences, errors), the reference npm
+//! x402 client paying for a completion on anvil, two nodes renting from each other with
+//! `mindxtrain rent`, and a full queue answering 429 with Retry-After.
+
+use mindxtrain_tests::x402_env::{ANVIL_KEY_1, ANVIL_KEY_2, Chain, run_npm_client};
+use mindxtrain_tests::{mindxtrain, openai_python};
+use mindxtrain_x402::alloy::primitives::{Address, B256};
+use mindxtrain_x402::alloy::providers::Provider;
+use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+const MODEL: &str = "mindxtrain/micro-qwen3";
+/// The recipe's price: 0.01 USDC per call.
+const PRICE: u64 = 10_000;
+
+/// A micro Qwen3 with a LoRA adapter, sold per call on the local chain.
+fn recipe_yaml(max_batch: u32) -> String {
+    format!(
+        r#"meta: {{project: mindxtrain-tests, run_name: serve, seed: 3}}
+hardware: {{name: cpu, gpus: 0}}
+autotune: {{budget_seconds: 3}}
+model:
+  name: {MODEL}
+  family: qwen3
+  tokenizer: byte
+  dtype: fp32
+  config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, intermediate_size: 64,
+            vocab_size: 512, max_position_embeddings: 160, tie_word_embeddings: true}}
+data:
+  source: generated
+  format: instruction
+  generator: {{kind: tasks, seed: 3, count: 200}}
+  seq_len: 64
+  packing: true
+train:
+  method: {{kind: lora, r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}}
+  optimizer: {{name: adamw, lr: 1.0e-3, weight_decay: 0.0}}
+  schedule: {{kind: constant}}
+  budget: {{max_steps: 4}}
+  batch: {{per_device: 4, grad_accum: 1}}
+  precision: fp32
+eval:
+  holdout: {{fraction: 0.05, max_samples: 8}}
+serve: {{max_model_len: 160, max_batch: {max_batch}, reasoning: false}}
+publish:
+  billing:
+    x402:
+      network: anvil
+      asset: USDC
+      pricing: {{per_call: "0.01"}}
+"#
+    )
+}
+
+/// A node directory with a trained adapter.
+struct Trained {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    recipe: PathBuf,
+    checkpoint: PathBuf,
+}
+
+fn ok(o: std::process::Output) -> Value {
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn trained(max_batch: u32) -> Trained {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let node = root.join("trainer-node");
+    ok(mindxtrain(&node, &["init"]).output().unwrap());
+    let recipe = root.join("serve.yaml");
+    std::fs::write(&recipe, recipe_yaml(max_batch)).unwrap();
+    let plan = root.join("plan.json");
+    ok(mindxtrain(&node, &["--json", "bench", s(&recipe), "--out", s(&plan)]).output().unwrap());
+    let out = root.join("run");
+    ok(mindxtrain(&node, &["--json", "train", s(&recipe), "--plan", s(&plan), "--out", s(&out)]).output().unwrap());
+    Trained { _tmp: tmp, root, recipe, checkpoint: out.join("final") }
+}
+
+fn new_node(t: &Trained, name: &str) -> PathBuf {
+    let dir = t.root.join(name);
+    ok(mindxtrain(&dir, &["init"]).output().unwrap());
+    dir
+}
+
+/// A 0600 key file.
+fn key_file(dir: &Path, name: &str, hex_key: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, hex_key).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// `mindxtrain serve` on a free loopback port; killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(node: &Path, t: &Trained, extra: &[&str]) -> Server {
+        let mut args =
+            vec!["--json", "serve", s(&t.recipe), "--checkpoint", s(&t.checkpoint), "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut child = mindxtrain(node, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        if line.is_empty() {
+            let out = child.wait_with_output().unwrap();
+            panic!("serve exited: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: Value = serde_json::from_str(&line).unwrap();
+        Server { url: v["listening"].as_str().unwrap().to_string(), child }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn events(node: &Path) -> Vec<Value> {
+    let v = ok(mindxtrain(node, &["--json", "log", "show"]).output().unwrap());
+    v["events"].as_array().or(v.as_array()).cloned().unwrap_or_default()
+}
+
+fn kinds(node: &Path, prefix: &str) -> Vec<String> {
+    events(node)
+        .iter()
+        .filter_map(|e| e["kind"].as_str().or(e["envelope"]["kind"].as_str()))
+        .filter(|k| k.starts_with(prefix))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_openai_python_client_completes_and_streams() {
+    let python = openai_python().expect("OpenAI client venv");
+    let t = trained(2);
+    let node = new_node(&t, "node");
+    let server = Server::start(&node, &t, &["--free"]);
+    let out = std::process::Command::new(python)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/openai_client.py"))
+        .args([&server.url, MODEL])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["models"], json!([MODEL]));
+    assert_eq!(r["retrieved"], MODEL);
+    assert_eq!(r["object"], "chat.completion");
+    let completion = r["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..=24).contains(&completion), "{r}");
+    assert_eq!(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].as_u64().unwrap() + completion);
+    assert!(r["finish"] == "stop" || r["finish"] == "length", "{r}");
+    // Greedy with the same seed: the stream is the same answer, in pieces.
+    assert_eq!(r["stream_text"], r["text"], "{r}");
+    assert_eq!(r["stream_finish"], r["finish"]);
+    assert_eq!(r["stream_usage"], r["usage"]);
+    assert_eq!(r["stream_roles"], json!(["assistant"]));
+    if let Some(stop) = r.get("stop") {
+        let text = r["text"].as_str().unwrap();
+        let seq = stop["sequence"].as_str().unwrap();
+        assert_eq!(stop["text"].as_str().unwrap(), &text[..text.find(seq).unwrap()], "{r}");
+        assert_eq!(stop["finish"], "stop");
+    }
+    assert_eq!(r["wrong_model"], json!({"status": 404, "code": "model_not_found"}));
+}
+
+#[test]
+fn a_full_queue_is_refused_with_429_and_retry_after() {
+    let t = trained(1);
+    let node = new_node(&t, "node");
+    let server = Server::start(&node, &t, &["--free"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answers = rt.block_on(async {
+        let http = reqwest::Client::new();
+        let body = json!({"model": MODEL, "max_tokens": 120, "temperature": 1.0, "seed": 9,
+            "messages": [{"role": "user", "content": "Count."}]});
+        let calls = (0..60).map(|_| {
+            let (http, url, body) = (http.clone(), format!("{}/v1/chat/completions", server.url), body.clone());
+            tokio::spawn(async move {
+                let r = http.post(url).json(&body).send().await.unwrap();
+                let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+                let status = r.status().as_u16();
+                let body: Value = r.json().await.unwrap();
+                (status, retry, body)
+            })
+        });
+        let mut out = vec![];
+        for c in calls.collect::<Vec<_>>() {
+            out.push(c.await.unwrap());
+        }
+        out
+    });
+    let served = answers.iter().filter(|a| a.0 == 200).count();
+    let refused: Vec<_> = answers.iter().filter(|a| a.0 == 429).collect();
+    assert_eq!(served + refused.len(), answers.len(), "only 200 or 429: {answers:?}");
+    // One slot and eight places in the queue: at least nine are served, the rest wait or go.
+    assert!(served >= 9, "{served} served");
+    assert!(!refused.is_empty(), "60 simultaneous requests on one slot: none refused");
+    for (_, retry, body) in refused {
+        assert!(retry.is_some_and(|s| s >= 1), "429 without Retry-After");
+        assert_eq!(body["error"]["code"], "queue_full");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paid_completions_and_two_nodes_renting_from_each_other() {
+    let t = tokio::task::spawn_blocking(|| trained(2)).await.unwrap();
+    let chain = Chain::start().await.expect("anvil + TestUSDC");
+    let usdc = format!("{}", chain.usdc);
+    let (a, b) = (new_node(&t, "node-a"), new_node(&t, "node-b"));
+    let (pay_a, pay_b) = (PrivateKeySigner::random().address(), PrivateKeySigner::random().address());
+    let sell = |node: &Path, settler: &str, pay_to: Address| {
+        let key = key_file(node, "settler.key", settler);
+        let pay_to = pay_to.to_string();
+        let args = ["--rpc-url", &chain.rpc, "--settler-key", s(&key), "--asset", &usdc, "--pay-to", &pay_to];
+        Server::start(node, &t, &args)
+    };
+    let server_b = sell(&b, ANVIL_KEY_2, pay_b);
+
+    // Node A's wallet rents two calls from B while A is not serving: A's log records it.
+    let wallet_a = PrivateKeySigner::random();
+    chain.mint(wallet_a.address(), 1_000_000).await.unwrap();
+    let wallet_a_key = key_file(&a, "wallet.key", &format!("0x{}", hex::encode(wallet_a.to_bytes())));
+    let rent = |node: &Path, seller: &Path, from: &str, key: &Path| {
+        let args = [
+            "--json",
+            "rent",
+            "--from",
+            from,
+            "--model",
+            MODEL,
+            "--calls",
+            "2",
+            "--key",
+            s(key),
+            "--max-price",
+            "0.05",
+        ];
+        let out = mindxtrain(node, &args).output().unwrap();
+        if !out.status.success() {
+            let refusals: Vec<Value> =
+                events(seller).into_iter().filter(|e| e.to_string().contains("payment.rejected")).collect();
+            panic!("rent failed: {}\nseller's refusals: {refusals:?}", String::from_utf8_lossy(&out.stderr));
+        }
+        ok(out)
+    };
+    let a_from_b = tokio::task::block_in_place(|| rent(&a, &b, &server_b.url, &wallet_a_key));
+    assert_eq!(a_from_b["amount"], (2 * PRICE).to_string());
+    assert_eq!(a_from_b["recorded"], true);
+    assert_eq!(kinds(&a, "rental."), ["rental.acquired"]);
+
+    // Now A serves too, and B's wallet rents from A (B is serving: its log is busy).
+    let server_a = sell(&a, ANVIL_KEY_1, pay_a);
+    let wallet_b = PrivateKeySigner::random();
+    chain.mint(wallet_b.address(), 1_000_000).await.unwrap();
+    let wallet_b_key = key_file(&b, "wallet.key", &format!("0x{}", hex::encode(wallet_b.to_bytes())));
+    let b_from_a = tokio::task::block_in_place(|| rent(&b, &a, &server_a.url, &wallet_b_key));
+    assert_eq!(b_from_a["payer"], wallet_b.address().to_checksum(None));
+
+    // Each token works on the node that sold it, and only there.
+    let http = reqwest::Client::new();
+    let ask = json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    let call = |url: &str, token: &str| {
+        http.post(format!("{url}/v1/chat/completions")).bearer_auth(token.to_string()).json(&ask).send()
+    };
+    let token_b = a_from_b["token"].as_str().unwrap();
+    let token_a = b_from_a["token"].as_str().unwrap();
+    assert_eq!(call(&server_a.url, token_b).await.unwrap().status(), 401, "B's token is not A's");
+    let statuses = [
+        call(&server_b.url, token_b).await.unwrap().status().as_u16(),
+        call(&server_b.url, token_b).await.unwrap().status().as_u16(),
+        call(&server_b.url, token_b).await.unwrap().status().as_u16(),
+    ];
+    assert_eq!(statuses, [200, 200, 403]);
+    assert_eq!(call(&server_a.url, token_a).await.unwrap().status(), 200);
+    let id = b_from_a["id"].as_str().unwrap();
+    let state: Value =
+        http.get(format!("{}/v1/rentals/{id}", server_a.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (state["calls_used"].clone(), state["calls_left"].clone(), state["status"].clone()),
+        (json!(1), json!(1), json!("open"))
+    );
+
+    // The reference npm client pays A per call; the settlement is on chain.
+    let npm_key = PrivateKeySigner::random();
+    chain.mint(npm_key.address(), 1_000_000).await.unwrap();
+    let (url, key, asset) =
+        (format!("{}/v1/chat/completions", server_a.url), format!("0x{}", hex::encode(npm_key.to_bytes())), chain.usdc);
+    let body = ask.to_string();
+    let paid =
+        tokio::task::spawn_blocking(move || run_npm_client(&url, &key, asset, &["--body", &body])).await.unwrap();
+    assert_eq!(paid[0]["status"], 200, "{paid:?}");
+    let completion: Value = serde_json::from_str(paid[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(completion["object"], "chat.completion");
+    let tx: B256 = paid[0]["paymentResponse"]["transaction"].as_str().unwrap().parse().unwrap();
+    assert!(chain.admin.get_transaction_receipt(tx).await.unwrap().is_some_and(|r| r.status()));
+
+    // Balances moved by exactly the prices: A sold 2 rented calls + 1 call, B sold 2.
+    assert_eq!(chain.balance(pay_a).await.unwrap(), 3 * PRICE);
+    assert_eq!(chain.balance(pay_b).await.unwrap(), 2 * PRICE);
+    assert_eq!(chain.balance(npm_key.address()).await.unwrap(), 1_000_000 - PRICE);
+    drop(server_a);
+    drop(server_b);
+    let a_rentals = kinds(&a, "rental.");
+    assert_eq!(a_rentals, ["rental.acquired", "rental.opened", "rental.used"], "A's log");
+    assert_eq!(kinds(&b, "rental."), ["rental.opened", "rental.used", "rental.used", "rental.closed"], "B's log");
+    let a_payments = kinds(&a, "payment.");
+    assert_eq!(a_payments.iter().filter(|k| *k == "payment.settled").count(), 2, "{a_payments:?}");
+    assert_eq!(a_payments.iter().filter(|k| *k == "payment.verified").count(), 2, "{a_payments:?}");
+}
