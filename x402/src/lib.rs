@@ -12,31 +12,42 @@
 //!
 //! This crate knows nothing of the node or the trainer: prices arrive as plain numbers
 //! and payment events leave through [`PaymentEvents`].
+//!
+//! Without the default `server` feature only [`wire`] and [`header`] are built (no alloy,
+//! no axum): what the fuzz target of the header decoders needs.
 
-pub mod eip712;
-pub mod events;
-pub mod exact;
-pub mod facilitator;
 pub mod header;
-pub mod idempotency;
-pub mod key;
-pub mod local;
-pub mod network;
-pub mod paid;
-pub mod pricing;
-pub mod reason;
-pub mod remote;
 pub mod wire;
 
-/// The alloy version these APIs speak.
-pub use alloy;
-pub use events::{NoEvents, PaymentEvents, PaymentFacts};
-pub use exact::Offer;
-pub use facilitator::Facilitator;
-pub use key::SettlerKey;
-pub use local::{LocalFacilitator, LocalFacilitatorConfig, SettleVia};
-pub use network::{Asset, Network};
-pub use paid::{PaidRoute, PaidRouteConfig, VerifiedPayment};
-pub use pricing::Pricing;
-pub use reason::RejectReason;
-pub use remote::{HttpFacilitator, facilitator_routes};
+/// Items of the `server` feature.
+macro_rules! server {
+    ($($item:item)*) => { $( #[cfg(feature = "server")] $item )* };
+}
+
+server! {
+    pub mod eip712;
+    pub mod events;
+    pub mod exact;
+    pub mod facilitator;
+    pub mod idempotency;
+    pub mod key;
+    pub mod local;
+    pub mod network;
+    pub mod paid;
+    pub mod pricing;
+    pub mod reason;
+    pub mod remote;
+
+    /// The alloy version these APIs speak.
+    pub use alloy;
+    pub use events::{NoEvents, PaymentEvents, PaymentFacts};
+    pub use exact::Offer;
+    pub use facilitator::Facilitator;
+    pub use key::SettlerKey;
+    pub use local::{LocalFacilitator, LocalFacilitatorConfig, SettleVia};
+    pub use network::{Asset, Network};
+    pub use paid::{PaidRoute, PaidRouteConfig, VerifiedPayment};
+    pub use pricing::Pricing;
+    pub use reason::RejectReason;
+    pub use remote::{HttpFacilitator, facilitator_routes};
+}

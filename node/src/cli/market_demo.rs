@@ -1,9 +1,10 @@
 //! The demo's market step: the LoRA model served behind x402 on the embedded anvil with
-//! TestUSDC, one paid chat completion from a funded test wallet (balances checked, the
-//! settlement's transaction looked up on chain), then a two-call rental used to its end.
+//! TestUSDC, paid into an X402Receiver that records each settlement; one paid chat
+//! completion from a funded test wallet (balance, on-chain record and the settlement's
+//! transaction checked), then a two-call rental used to its end.
 
 use anyhow::{Context, Result, ensure};
-use mindxtrain_chain::bindings::TestUSDC;
+use mindxtrain_chain::bindings::{TestUSDC, X402Receiver};
 use mindxtrain_chain::{deploy, key::AnchorKey};
 use mindxtrain_node::anchor::session::{self, Access};
 use mindxtrain_node::identity::Identity;
@@ -16,7 +17,8 @@ use mindxtrain_x402::alloy::network::EthereumWallet;
 use mindxtrain_x402::alloy::primitives::{Address, B256, U256};
 use mindxtrain_x402::alloy::providers::{Provider, ProviderBuilder};
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
-use mindxtrain_x402::{Asset, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettlerKey};
+use mindxtrain_x402::local::payment_record_id;
+use mindxtrain_x402::{Asset, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettleVia, SettlerKey};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -64,35 +66,59 @@ pub fn demo_step(
         let token = TestUSDC::new(usdc, &chain);
         let buyer = PrivateKeySigner::random();
         let seller = PrivateKeySigner::random().address();
-        ensure!(token.mint(buyer.address(), U256::from(FUNDING)).send().await?.get_receipt().await?.status(), "mint reverted");
+        ensure!(
+            token.mint(buyer.address(), U256::from(FUNDING)).send().await?.get_receipt().await?.status(),
+            "mint reverted"
+        );
         let balance = |who: Address| {
             let token = token.clone();
             async move { anyhow::Ok(u64::try_from(token.balanceOf(who).call().await?)?) }
         };
-        say(format!("      TestUSDC {usdc}; buyer {} funded with 1 USDC; price {} USDC per call", buyer.address(), fmt_usdc(price)));
+        say(format!(
+            "      TestUSDC {usdc}; buyer {} funded with 1 USDC; price {} USDC per call",
+            buyer.address(),
+            fmt_usdc(price)
+        ));
 
-        let facilitator = LocalFacilitator::connect(LocalFacilitatorConfig::new(&rpc, network), SettlerKey::from_hex(ANVIL_SETTLER)?).await?;
+        // Payments go to an X402Receiver, which records each one in the settling transaction.
+        let settler = SettlerKey::from_hex(ANVIL_SETTLER)?;
+        let receiver = deploy::deploy_x402_receiver(&rpc, &AnchorKey::development(), usdc, seller, settler.address())
+            .await?
+            .address;
+        let mut config = LocalFacilitatorConfig::new(&rpc, network);
+        config.settle_via = SettleVia::Receiver(receiver);
+        let facilitator = LocalFacilitator::connect(config, settler).await?;
         let sale = Sale {
-            offer: Offer { asset: Asset::test_usdc(network, usdc), pay_to: seller, max_timeout_seconds: 300 },
+            offer: Offer { asset: Asset::test_usdc(network, usdc), pay_to: receiver, max_timeout_seconds: 300 },
             facilitator: Arc::new(facilitator),
             prices: billing.pricing.clone(),
             rental: billing.rental.clone(),
             facilitator_routes: true,
         };
         let server =
-            super::serve_cmd::start(model, log.clone(), Arc::new(id.clone()), Some(sale), "127.0.0.1:0".parse()?).await?;
+            super::serve_cmd::start(model, log.clone(), Arc::new(id.clone()), Some(sale), "127.0.0.1:0".parse()?)
+                .await?;
         let name = server.state.model.name.clone();
         let url = server.url.clone();
+        let buyer_address = buyer.address();
         let outcome = market_calls(&url, &name, buyer, &chain, price).await;
         server.stop().await;
-        let (call, rental) = outcome?;
-        ensure!(balance(seller).await? == 3 * price, "the seller holds {} after three paid calls' worth", balance(seller).await?);
-        anyhow::Ok(json!({"url": url, "model": name, "asset": usdc, "price": price.to_string(), "paid_call": call, "rental": rental}))
+        let (call, rental, nonce) = outcome?;
+        let received = balance(receiver).await?;
+        ensure!(received == 3 * price, "the receiver holds {received} after three paid calls' worth");
+        let id = payment_record_id(usdc, buyer_address, nonce);
+        let record = X402Receiver::new(receiver, &chain).payments(id).call().await?;
+        ensure!(
+            record.payer == buyer_address && record.amount == U256::from(price),
+            "the paid call is not recorded in X402Receiver"
+        );
+        anyhow::Ok(json!({"url": url, "model": name, "asset": usdc, "receiver": receiver, "price": price.to_string(),
+            "received": received.to_string(), "paid_call": call, "rental": rental}))
     });
     anvil.stop();
     let market = result?;
     say(format!(
-        "      paid call: {:?} (tx {})",
+        "      paid call: {:?} (tx {}, recorded in X402Receiver)",
         market["paid_call"]["answer"].as_str().unwrap_or(""),
         market["paid_call"]["tx"].as_str().unwrap_or("-")
     ));
@@ -111,7 +137,7 @@ async fn market_calls(
     buyer: PrivateKeySigner,
     chain: &impl Provider,
     price: u64,
-) -> Result<(Value, Value)> {
+) -> Result<(Value, Value, B256)> {
     let client = PayingClient::new(buyer, 10 * price)?;
     let request = json!({"model": model, "max_tokens": 24, "temperature": 0,
         "messages": [{"role": "user", "content": "What is 12 + 7?"}]});
@@ -122,6 +148,7 @@ async fn market_calls(
     let receipt = chain.get_transaction_receipt(tx).await?.context("the settlement transaction is not on chain")?;
     ensure!(receipt.status(), "the settlement transaction reverted");
     ensure!(paid.amount == price, "paid {} for a {price} call", paid.amount);
+    let nonce = paid.nonce.context("the paid call carries no nonce")?;
     let call = json!({"answer": paid.body["choices"][0]["message"]["content"], "usage": paid.body["usage"],
         "tx": settlement.transaction, "block": receipt.block_number});
 
@@ -140,7 +167,7 @@ async fn market_calls(
     ensure!(state["calls_used"] == 2 && state["status"] == "closed", "rental state after use: {state}");
     let rental = json!({"id": id, "paid": rented.amount.to_string(), "tx": rented.settlement.map(|s| s.transaction),
         "calls_used": 2, "after_last_call": "403 rental_used_up", "state": state});
-    Ok((call, rental))
+    Ok((call, rental, nonce))
 }
 
 fn fmt_usdc(atomic: u64) -> String {

@@ -15,7 +15,8 @@ use mindxtrain_trainer::recipe::{self as publish, Usdc};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_x402::alloy::primitives::Address;
 use mindxtrain_x402::{
-    Asset, Facilitator, HttpFacilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettlerKey,
+    Asset, Facilitator, HttpFacilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettleVia,
+    SettlerKey,
 };
 use serde_json::json;
 use std::net::SocketAddr;
@@ -61,6 +62,10 @@ pub struct ServeArgs {
     /// Who is paid (default: the recipe's pay_to, else the settler key's address).
     #[arg(long)]
     pub pay_to: Option<Address>,
+    /// Pay this X402Receiver contract and record every settlement in it, in the same
+    /// transaction (`settleTransferAndRecord`); the settler key must be its settler.
+    #[arg(long, conflicts_with_all = ["pay_to", "facilitator"])]
+    pub receiver: Option<Address>,
 }
 
 pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
@@ -153,12 +158,16 @@ async fn sale(loaded: &LoadedRecipe, args: &ServeArgs) -> Result<Option<Sale>> {
             let key_path = args.settler_key.as_deref().context("--settler-key FILE is needed to settle payments")?;
             let key = SettlerKey::from_file(key_path)?;
             let address = key.address();
-            let config = LocalFacilitatorConfig::new(rpc, network);
+            let mut config = LocalFacilitatorConfig::new(rpc, network);
+            if let Some(receiver) = args.receiver {
+                config.settle_via = SettleVia::Receiver(receiver);
+            }
             (Arc::new(LocalFacilitator::connect(config, key).await?), Some(address))
         }
     };
     let pay_to = args
-        .pay_to
+        .receiver
+        .or(args.pay_to)
         .or(billing.pay_to.map(|a| Address::from(a.0)))
         .or(settler)
         .context("who is paid? give --pay-to (or publish.billing.x402.pay_to)")?;

@@ -43,6 +43,8 @@ pub struct PaidResponse {
     pub requirements: Option<PaymentRequirements>,
     /// The `PAYMENT-RESPONSE` settlement, when paid.
     pub settlement: Option<SettlementResponse>,
+    /// The EIP-3009 nonce of the authorization, when paid.
+    pub nonce: Option<B256>,
 }
 
 pub struct PayingClient {
@@ -77,6 +79,7 @@ impl PayingClient {
                 amount: 0,
                 requirements: None,
                 settlement: None,
+                nonce: None,
             });
         }
         let required = first
@@ -95,6 +98,7 @@ impl PayingClient {
             return Err(ClientError::TooExpensive { url: url.into(), asked: amount, cap: self.max_amount });
         }
         let payment = self.sign(&accepted, amount, Some(required.resource.clone()))?;
+        let nonce = payment.payload.authorization.nonce.parse::<B256>().ok();
         let second = self
             .http
             .post(url)
@@ -118,7 +122,8 @@ impl PayingClient {
                 .unwrap_or_else(|| "no reason given".into());
             return Err(ClientError::Refused { url: url.into(), reason });
         }
-        Ok(PaidResponse { status, body: json_body(second).await, amount, requirements: Some(accepted), settlement })
+        let body = json_body(second).await;
+        Ok(PaidResponse { status, body, amount, requirements: Some(accepted), settlement, nonce })
     }
 
     fn sign(

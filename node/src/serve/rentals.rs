@@ -185,9 +185,7 @@ impl RentalBook {
     }
 
     fn token(&self, claims: &RentalClaims) -> String {
-        let body = serde_json::to_vec(claims).unwrap_or_default();
-        let sig = self.identity.sign(&[SIGNING_CONTEXT, &body].concat());
-        format!("{TOKEN_PREFIX}{}.{}", B64.encode(&body), B64.encode(sig))
+        sign_token(&self.identity, claims)
     }
 
     fn verify_token(&self, token: &str) -> Result<RentalClaims, RentalError> {
@@ -229,6 +227,13 @@ impl RentalBook {
 /// How long a call rental stays valid: calls are the limit, not time, but a token must
 /// expire some day.
 pub const CALL_RENTAL_LIFETIME_SECS: u64 = 30 * 24 * 3600;
+
+/// A rental token for `claims`, signed by the node.
+pub fn sign_token(identity: &Identity, claims: &RentalClaims) -> String {
+    let body = serde_json::to_vec(claims).unwrap_or_default();
+    let sig = identity.sign(&[SIGNING_CONTEXT, &body].concat());
+    format!("{TOKEN_PREFIX}{}.{}", B64.encode(&body), B64.encode(sig))
+}
 
 /// Checks a token's signature against `node_key` and returns its claims.
 pub fn verify_token(token: &str, node_key: &ed25519_dalek::VerifyingKey) -> Result<RentalClaims, RentalError> {
@@ -302,6 +307,64 @@ impl Drop for Reservation {
             && let Some(r) = self.book.lock().get_mut(&self.id)
         {
             r.in_use -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn identity() -> (tempfile::TempDir, Identity) {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Identity::create_in(dir.path()).unwrap();
+        (dir, id)
+    }
+
+    fn claims(id: &Identity) -> RentalClaims {
+        RentalClaims {
+            v: 1,
+            id: "rent-1".into(),
+            node: hex::encode(id.public_bytes()),
+            model: "m".into(),
+            payer: "0x0000000000000000000000000000000000000001".into(),
+            calls: Some(2),
+            expires: 10,
+        }
+    }
+
+    #[test]
+    fn tokens_verify_only_untouched_and_under_their_node_key() {
+        let ((_d1, node), (_d2, other)) = (identity(), identity());
+        let token = sign_token(&node, &claims(&node));
+        assert_eq!(verify_token(&token, &node.verifying_key()), Ok(claims(&node)));
+        assert_eq!(verify_token(&token, &other.verifying_key()), Err(RentalError::BadToken), "another node's key");
+        // The other node signing claims that name the first node: the signature is checked first.
+        let forged = sign_token(&other, &claims(&node));
+        assert_eq!(verify_token(&forged, &node.verifying_key()), Err(RentalError::BadToken));
+        // Claims naming another node, signed by it, do not pass as this node's.
+        let foreign = sign_token(&other, &claims(&other));
+        assert_eq!(verify_token(&foreign, &node.verifying_key()), Err(RentalError::BadToken));
+        for i in TOKEN_PREFIX.len()..token.len() {
+            let mut bytes = token.clone().into_bytes();
+            bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+            let tampered = String::from_utf8(bytes).unwrap();
+            if tampered != token {
+                assert!(verify_token(&tampered, &node.verifying_key()).is_err(), "byte {i} changed and still valid");
+            }
+        }
+        assert!(verify_token(&token[..token.len() - 3], &node.verifying_key()).is_err());
+        assert!(verify_token(&token.replacen("mxr1.", "mxr2.", 1), &node.verifying_key()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_strings_are_refused_without_panic(s in ".{0,300}", body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let (_d, node) = identity();
+            prop_assert!(verify_token(&s, &node.verifying_key()).is_err());
+            let crafted = format!("{TOKEN_PREFIX}{}.{}", B64.encode(&body), B64.encode([0u8; 64]));
+            prop_assert!(verify_token(&crafted, &node.verifying_key()).is_err());
         }
     }
 }

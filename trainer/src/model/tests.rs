@@ -507,6 +507,20 @@ fn greedy_generation_follows_the_argmax_and_stops() {
 }
 
 #[test]
+fn sampling_never_draws_ids_beyond_the_tokenizers_vocabulary() {
+    let m = model(&tiny(true), DType::F64);
+    let hot = Sampling { temperature: 2.0, top_p: 1.0, seed: 4 };
+    let mut drawn = vec![];
+    let limits = Limits { max_tokens: 40, vocab: 3, stop_ids: &[] };
+    generate(&m, None, &[1, 2], limits, &hot, |t| {
+        drawn.push(t);
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert!(!drawn.is_empty() && drawn.iter().all(|&t| t < 3), "{drawn:?}");
+}
+
+#[test]
 fn cached_decoding_gives_the_full_forward_logits_with_adapters() {
     let config = tiny(false);
     let m = model(&config, DType::F64);
