@@ -58,24 +58,11 @@ pub(super) struct LoraTape {
 /// The activations a block's backward reads.
 pub(super) struct BlockTape {
     x: Tensor,
-    rstd1: Tensor,
-    h1: Tensor,
-    q_pre: Tensor,
-    rstd_q: Tensor,
-    k_pre: Tensor,
-    rstd_k: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    inputs: AttentionInputs,
     /// Row log-sum-exp of the attention scores: the backward recomputes the probabilities.
     lse: Tensor,
     attn: Tensor,
-    x2: Tensor,
-    rstd2: Tensor,
-    h2: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    m: Tensor,
+    tail: BlockTail,
     lora: BTreeMap<Proj, LoraTape>,
 }
 
@@ -199,28 +186,8 @@ impl StepCtx<'_> {
         let (o, lse) = attention::forward(&qkv.q, &qkv.k, &qkv.v, &self.mask, 1.0 / (hd as f64).sqrt())?;
         let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
         let tail = self.block_tail(layer, x, &attn, &mut lora)?;
-        let out = tail.out;
-        let tape = save.then(|| BlockTape {
-            x: x.clone(),
-            rstd1: qkv.rstd1,
-            h1: qkv.h1,
-            q_pre: qkv.q_pre,
-            rstd_q: qkv.rstd_q,
-            k_pre: qkv.k_pre,
-            rstd_k: qkv.rstd_k,
-            q: qkv.q,
-            k: qkv.k,
-            v: qkv.v,
-            lse,
-            attn,
-            x2: tail.x2,
-            rstd2: tail.rstd2,
-            h2: tail.h2,
-            gate: tail.gate,
-            up: tail.up,
-            m: tail.m,
-            lora,
-        });
+        let out = tail.out.clone();
+        let tape = save.then(|| BlockTape { x: x.clone(), inputs: qkv, lse, attn, tail, lora });
         Ok((out, tape))
     }
 
@@ -281,12 +248,12 @@ impl StepCtx<'_> {
         let n = b * t;
         let base = self.base_grads;
         // MLP
-        let dm = self.grad_of(layer, Proj::Down, dout, &tape.m, tape, grads)?;
-        let (dgate, dup) = swiglu::backward(&dm, &tape.gate, &tape.up)?;
-        let dh2 = (self.grad_of(layer, Proj::Gate, &dgate, &tape.h2, tape, grads)?
-            + self.grad_of(layer, Proj::Up, &dup, &tape.h2, tape, grads)?)?;
+        let dm = self.grad_of(layer, Proj::Down, dout, &tape.tail.m, tape, grads)?;
+        let (dgate, dup) = swiglu::backward(&dm, &tape.tail.gate, &tape.tail.up)?;
+        let dh2 = (self.grad_of(layer, Proj::Gate, &dgate, &tape.tail.h2, tape, grads)?
+            + self.grad_of(layer, Proj::Up, &dup, &tape.tail.h2, tape, grads)?)?;
         let ln2 = norm_name(layer, Norm::PostAttention);
-        let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.x2, &*self.weight(&ln2)?, &tape.rstd2, base)?;
+        let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.weight(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;
         if let Some(g) = dln2 {
             accumulate(grads, ln2, g)?;
@@ -295,12 +262,22 @@ impl StepCtx<'_> {
         let dattn = self.grad_of(layer, Proj::O, &dx2, &tape.attn, tape, grads)?;
         let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let (dq, dk, dv) = attention::backward(&dout_heads, &tape.q, &tape.k, &tape.v, &tape.lse, &self.mask, scale)?;
+        let (dq, dk, dv) = attention::backward(
+            &dout_heads,
+            &tape.inputs.q,
+            &tape.inputs.k,
+            &tape.inputs.v,
+            &tape.lse,
+            &self.mask,
+            scale,
+        )?;
         let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?;
         let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?;
         let (qn_name, kn_name) = (norm_name(layer, Norm::Q), norm_name(layer, Norm::K));
-        let (dq_pre, dqnorm) = rmsnorm::backward(&dqn, &tape.q_pre, &*self.weight(&qn_name)?, &tape.rstd_q, base)?;
-        let (dk_pre, dknorm) = rmsnorm::backward(&dkn, &tape.k_pre, &*self.weight(&kn_name)?, &tape.rstd_k, base)?;
+        let (dq_pre, dqnorm) =
+            rmsnorm::backward(&dqn, &tape.inputs.q_pre, &*self.weight(&qn_name)?, &tape.inputs.rstd_q, base)?;
+        let (dk_pre, dknorm) =
+            rmsnorm::backward(&dkn, &tape.inputs.k_pre, &*self.weight(&kn_name)?, &tape.inputs.rstd_k, base)?;
         if let (Some(gq), Some(gk)) = (dqnorm, dknorm) {
             accumulate(grads, qn_name, gq)?;
             accumulate(grads, kn_name, gk)?;
@@ -312,7 +289,7 @@ impl StepCtx<'_> {
         let dh1 = [(Proj::Q, &dq_pre), (Proj::K, &dk_pre), (Proj::V, &dv)].into_iter().try_fold(
             None::<Tensor>,
             |acc, (proj, dy)| -> Result<Option<Tensor>> {
-                let d = self.proj_backward(layer, proj, dy, &tape.h1, tape, grads, want)?;
+                let d = self.proj_backward(layer, proj, dy, &tape.inputs.h1, tape, grads, want)?;
                 Ok(match (acc, d) {
                     (Some(a), Some(d)) => Some((a + d)?),
                     (a, d) => a.or(d),
@@ -321,7 +298,7 @@ impl StepCtx<'_> {
         )?;
         let ln1 = norm_name(layer, Norm::Input);
         let Some(dh1) = dh1 else { return Ok(None) };
-        let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.rstd1, base)?;
+        let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.inputs.rstd1, base)?;
         if let Some(g) = dln1 {
             accumulate(grads, ln1, g)?;
         }
