@@ -136,12 +136,12 @@ impl RentalBook {
         self.append("rental.opened", &claims.id, data.clone()).await?;
         let mut rentals = self.lock();
         apply(&mut rentals, "rental.opened", &data);
-        Ok((claims.clone(), self.token(&claims)))
+        Ok((claims.clone(), sign_token(&self.identity, &claims)))
     }
 
     /// Admits one call carrying `token` for `model`.
     pub fn reserve(self: &Arc<Self>, token: &str, model: &str, now: u64) -> Result<Reservation, RentalError> {
-        let claims = self.verify_token(token)?;
+        let claims = verify_token(token, &self.identity.verifying_key())?;
         let mut rentals = self.lock();
         let r = rentals.get_mut(&claims.id).ok_or_else(|| RentalError::Unknown(claims.id.clone()))?;
         if let Some(reason) = &r.closed {
@@ -182,15 +182,6 @@ impl RentalBook {
             "closed_reason": r.closed,
             "payment": r.opened.get("payment"),
         }))
-    }
-
-    fn token(&self, claims: &RentalClaims) -> String {
-        sign_token(&self.identity, claims)
-    }
-
-    fn verify_token(&self, token: &str) -> Result<RentalClaims, RentalError> {
-        let claims = verify_token(token, &self.identity.verifying_key())?;
-        Ok(claims)
     }
 
     fn close(&self, id: &str, reason: &str) {
