@@ -116,8 +116,12 @@ impl Chain {
         Ok(ITestToken::new(self.usdc, &self.admin).authorizationState(from, nonce).call().await?)
     }
 
+    /// The default in-process facilitator, settling with anvil's account 1.
     pub async fn facilitator(&self) -> anyhow::Result<Arc<LocalFacilitator>> {
-        let config = LocalFacilitatorConfig::new(&self.rpc, self.asset.network);
+        self.facilitator_with(LocalFacilitatorConfig::new(&self.rpc, self.asset.network)).await
+    }
+
+    pub async fn facilitator_with(&self, config: LocalFacilitatorConfig) -> anyhow::Result<Arc<LocalFacilitator>> {
         Ok(Arc::new(LocalFacilitator::connect(config, SettlerKey::from_hex(ANVIL_KEY_1)?).await?))
     }
 }

@@ -66,11 +66,10 @@ impl ParsedAuthorization {
         if !matches!(raw[64], 27 | 28) {
             return None;
         }
-        let sig = alloy::primitives::Signature::from_raw_array(raw).ok()?;
-        if sig.s() > HALF_N {
+        if U256::from_be_slice(&raw[32..64]) > HALF_N {
             return None;
         }
-        sig.recover_address_from_prehash(digest).ok().filter(|a| !a.is_zero())
+        crate::recover::signer(digest, raw).filter(|a| !a.is_zero())
     }
 }
 

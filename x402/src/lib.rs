@@ -4,11 +4,12 @@
 //!
 //! * [`wire`], [`header`]: the JSON messages and their size-limited base64 headers;
 //! * [`network`]: CAIP-2 networks and USDC/TestUSDC presets;
-//! * [`eip712`]: `TransferWithAuthorization` typed data, signing and recovery;
+//! * [`eip712`]: `TransferWithAuthorization` typed data, signing and recovery ([`recover`]);
 //! * [`exact`]: offer matching and the checks that need no chain;
 //! * [`facilitator`], [`local`], [`remote`]: verify/settle/supported;
 //! * [`paid`]: the layer; [`events`]: what it reports; [`pricing`]: what a call costs;
-//! * [`idempotency`]: the payment-identifier extension; [`key`]: the settling key.
+//! * [`idempotency`]: the payment-identifier extension; [`key`]: the settling key;
+//! * [`vouch`]: verifying a payer again without a chain round trip while the head stands.
 //!
 //! This crate knows nothing of the node or the trainer: prices arrive as plain numbers
 //! and payment events leave through [`PaymentEvents`].
@@ -36,7 +37,9 @@ server! {
     pub mod paid;
     pub mod pricing;
     pub mod reason;
+    pub mod recover;
     pub mod remote;
+    pub mod vouch;
 
     /// The alloy version these APIs speak.
     pub use alloy;

@@ -15,6 +15,7 @@ use crate::facilitator::{BoxFuture, Facilitator, settle_failed, verify_ok, verif
 use crate::key::SettlerKey;
 use crate::network::Network;
 use crate::reason::RejectReason;
+use crate::vouch::Vouchers;
 use crate::wire::{
     PaymentPayload, PaymentRequirements, SettlementResponse, SupportedKind, SupportedResponse, VerifyResponse,
 };
@@ -63,6 +64,10 @@ pub struct LocalFacilitatorConfig {
     pub settle_via: SettleVia,
     /// Simulate the transfer with `eth_call` during verify (what the reference does).
     pub simulate: bool,
+    /// Follow the chain head this often and let a payer's successful simulation vouch for
+    /// its further payments until the head moves ([`crate::vouch`]); `None`: simulate
+    /// every payment.
+    pub head_poll: Option<Duration>,
     /// How long to wait for a settlement's receipt.
     pub receipt_timeout: Duration,
 }
@@ -74,6 +79,7 @@ impl LocalFacilitatorConfig {
             network,
             settle_via: SettleVia::Token,
             simulate: true,
+            head_poll: Some(Duration::from_millis(100)),
             receipt_timeout: Duration::from_secs(60),
         }
     }
@@ -101,6 +107,7 @@ pub struct LocalFacilitator {
     settled: Mutex<HashMap<AuthKey, SettlementResponse>>,
     /// One sender at a time: account nonces stay in order without a nonce cache.
     send_lock: tokio::sync::Mutex<()>,
+    vouchers: Option<Vouchers>,
 }
 
 const SETTLED_MEMORY: usize = 100_000;
@@ -109,13 +116,28 @@ impl LocalFacilitator {
     /// Connects and checks the endpoint's chain id against the configured network.
     pub async fn connect(config: LocalFacilitatorConfig, key: SettlerKey) -> Result<Self, FacilitatorError> {
         let url = config.rpc_url.parse().map_err(|_| FacilitatorError::Url(config.rpc_url.clone()))?;
-        let provider =
-            ProviderBuilder::new().wallet(EthereumWallet::from(key.signer().clone())).connect_http(url).erased();
+        // The default nonce cache takes a nonce before gas estimation, so a settlement that
+        // reverts in estimation would leave a gap and strand every later one in the pool;
+        // sends are serialized anyway, so the pending count is read for each.
+        let provider = ProviderBuilder::default()
+            .with_gas_estimation()
+            .with_simple_nonce_management()
+            .fetch_chain_id()
+            .wallet(EthereumWallet::from(key.signer().clone()))
+            .connect_http(url)
+            .erased();
         let actual = provider.get_chain_id().await.map_err(|e| FacilitatorError::Rpc(e.to_string()))?;
         if actual != config.network.chain_id {
             return Err(FacilitatorError::WrongChain { expected: config.network.chain_id, actual });
         }
+        let vouchers = match config.head_poll {
+            Some(poll) if config.simulate => Some(
+                Vouchers::follow(provider.clone(), poll).await.map_err(|e| FacilitatorError::Rpc(e.to_string()))?,
+            ),
+            _ => None,
+        };
         Ok(Self {
+            vouchers,
             provider,
             settler: key.address(),
             config,
@@ -127,6 +149,12 @@ impl LocalFacilitator {
 
     pub fn settler(&self) -> Address {
         self.settler
+    }
+
+    /// The newest block this facilitator has seen (followed, or from its own receipts);
+    /// `None` when it simulates every payment.
+    pub fn followed_head(&self) -> Option<u64> {
+        self.vouchers.as_ref().map(Vouchers::head)
     }
 
     fn check(&self, payload: &PaymentPayload, req: &PaymentRequirements) -> Result<CheckedPayment, RejectReason> {
@@ -141,15 +169,28 @@ impl LocalFacilitator {
     /// (authorization unused, signature valid for `from`, balance ≥ value, time window), so
     /// the explicit `authorizationState` / `balanceOf` reads could only agree with it. They
     /// run when the simulation fails, to name the reason precisely (and in the same order as
-    /// without simulation), or when simulation is off.
+    /// without simulation), or when simulation is off. A payer whose simulation succeeded at
+    /// the current head needs no call at all ([`crate::vouch`]).
     async fn verify_on_chain(&self, p: &CheckedPayment) -> Result<(), (RejectReason, Option<String>)> {
         if !self.config.simulate {
             return self.explicit_checks(p).await;
         }
+        let payer = (p.asset.address, p.from(), p.auth.message.to);
+        let vouched_at = match &self.vouchers {
+            Some(v) if p.ecdsa_ok && v.covers(&payer, p.value()) => return Ok(()),
+            Some(v) => Some((v, v.head())),
+            None => None,
+        };
         match self.settle_call_data(p).from(self.settler).call().await {
+            Ok(_) if p.ecdsa_ok => {
+                if let Some((v, head)) = vouched_at {
+                    v.grant(payer, head, p.value());
+                }
+                Ok(())
+            }
             // A signature that is not `from`'s ECDSA one passed the token: ERC-1271 is still
             // checked here rather than left to whatever the token accepts.
-            Ok(_) if p.ecdsa_ok || self.erc1271_accepts(p).await? => Ok(()),
+            Ok(_) if self.erc1271_accepts(p).await? => Ok(()),
             Ok(_) => Err((RejectReason::InvalidSignature, None)),
             Err(e) => {
                 self.explicit_checks(p).await?;
@@ -238,7 +279,11 @@ impl LocalFacilitator {
         let tx = *pending.tx_hash();
         let deadline = Instant::now() + self.config.receipt_timeout;
         loop {
-            match self.provider.get_transaction_receipt(tx).await {
+            let receipt = self.provider.get_transaction_receipt(tx).await;
+            if let (Ok(Some(r)), Some(v)) = (&receipt, &self.vouchers) {
+                v.advance(r.block_number.unwrap_or_default());
+            }
+            match receipt {
                 Ok(Some(r)) if r.status() => return Ok(tx),
                 Ok(Some(_)) => {
                     return Err((RejectReason::SettlementFailed, Some(format!("transaction {tx} reverted"))));

@@ -3,7 +3,8 @@
 //! around the same echo handler and the same facilitator, on loopback, in one run.
 //!
 //! The facilitator is mindxtrain's `LocalFacilitator` on anvil (real EIP-712 recovery,
-//! real `authorizationState` / `balanceOf` / transfer-simulation calls against TestUSDC),
+//! a real transfer simulation against TestUSDC for each wallet's first payment at a head,
+//! vouchers for the rest),
 //! wrapped in `StubSettle`: `/settle` answers success with a synthetic transaction id
 //! (keccak of the signature) and sends nothing. Both servers settle through that same
 //! object — express over HTTP (`/verify`, `/settle` on loopback), ours once over the same
@@ -11,7 +12,8 @@
 //! authorization (signing is the client's cost and happens before timing).
 //!
 //! "Added latency" = a paid `POST /echo` minus an unpaid `POST /free` (the same handler
-//! without the layer) on the same server, at p50 and p99 over sequential requests.
+//! without the layer) on the same server, at p50 and p99 over sequential requests, paid and
+//! unpaid taken in turn.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -42,9 +44,14 @@ struct Args {
     /// Requests in flight during the throughput run.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Sequential requests per latency sample (paid and unpaid each).
-    #[arg(long, default_value_t = 400)]
+    /// Sequential requests per latency sample (paid and unpaid each, in turn).
+    #[arg(long, default_value_t = 2000)]
     samples: usize,
+    /// Paying wallets, used in turn. A wallet's first payment at a chain head is simulated
+    /// with `eth_call`; its next ones at that head are vouched for (no settlement lands here,
+    /// so the head stands): the more wallets, the more payments are simulated.
+    #[arg(long, default_value_t = 8)]
+    payers: usize,
 }
 
 const PRICE: u64 = 10_000;
@@ -141,20 +148,27 @@ async fn one(http: &reqwest::Client, url: &str, payment: Option<&str>) -> anyhow
     Ok(())
 }
 
-async fn sequential(
+/// `n` unpaid and `n` paid requests, one after the other in turn, so that whatever else the
+/// machine does in the meantime falls on both alike; each list sorted.
+async fn interleaved(
     http: &reqwest::Client,
-    url: &str,
-    payments: Option<&[String]>,
+    free: &str,
+    paid: &str,
+    payments: &[String],
     n: usize,
-) -> anyhow::Result<Vec<Duration>> {
-    let mut times = Vec::with_capacity(n);
-    for i in 0..n {
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut free_t, mut paid_t) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for payment in &payments[..n] {
         let t = Instant::now();
-        one(http, url, payments.map(|p| p[i].as_str())).await?;
-        times.push(t.elapsed());
+        one(http, free, None).await?;
+        free_t.push(t.elapsed());
+        let t = Instant::now();
+        one(http, paid, Some(payment)).await?;
+        paid_t.push(t.elapsed());
     }
-    times.sort();
-    Ok(times)
+    free_t.sort();
+    paid_t.sort();
+    Ok((free_t, paid_t))
 }
 
 async fn throughput(
@@ -189,7 +203,7 @@ async fn measure(
     server: &'static str,
     link: &'static str,
     base: &str,
-    payer: &PrivateKeySigner,
+    payers: &[PrivateKeySigner],
     chain: &Chain,
     args: &Args,
 ) -> anyhow::Result<Row> {
@@ -197,15 +211,13 @@ async fn measure(
     let required = mindxtrain_tests::x402_env::payment_required(&http, &format!("{base}/echo")).await?;
     let accepted = &required.accepts[0];
     let sign = |n: usize| -> Vec<String> {
-        (0..n).map(|_| header::encode(&signed_payment(payer, accepted, &chain.asset, |_| {}))).collect()
+        (0..n)
+            .map(|i| header::encode(&signed_payment(&payers[i % payers.len()], accepted, &chain.asset, |_| {})))
+            .collect()
     };
     let (paid, free) = (format!("{base}/echo"), format!("{base}/free"));
-    let warm = sign(50);
-    sequential(&http, &paid, Some(&warm), 50).await?;
-    sequential(&http, &free, None, 50).await?;
-    let seq_payments = sign(args.samples);
-    let free_t = sequential(&http, &free, None, args.samples).await?;
-    let paid_t = sequential(&http, &paid, Some(&seq_payments), args.samples).await?;
+    interleaved(&http, &free, &paid, &sign(50), 50).await?;
+    let (free_t, paid_t) = interleaved(&http, &free, &paid, &sign(args.samples), args.samples).await?;
     let free_rps = throughput(&http, &free, None, args.requests, args.concurrency).await?;
     let bulk = Arc::new(sign(args.requests));
     let paid_rps = throughput(&http, &paid, Some(bulk), args.requests, args.concurrency).await?;
@@ -226,8 +238,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure_js()?;
     let chain = Chain::start().await?;
-    let payer = PrivateKeySigner::random();
-    chain.mint(payer.address(), 1_000_000_000_000).await?;
+    ensure!(args.payers > 0, "--payers must be at least 1");
+    let payers: Vec<PrivateKeySigner> = (0..args.payers).map(|_| PrivateKeySigner::random()).collect();
+    for p in &payers {
+        chain.mint(p.address(), 1_000_000_000_000).await?;
+    }
     let local: Arc<dyn Facilitator> = chain.facilitator().await?;
     let stub: Arc<dyn Facilitator> = Arc::new(StubSettle(local));
     let (facilitator_url, _f) = serve(facilitator_routes(stub.clone())).await?;
@@ -249,13 +264,13 @@ async fn main() -> anyhow::Result<()> {
     let express = format!("http://127.0.0.1:{port}");
 
     let rows = vec![
-        measure("@x402/express 2.27", "HTTP", &express, &payer, &chain, &args).await?,
-        measure("mindxtrain PaidRoute", "HTTP", &ours_http, &payer, &chain, &args).await?,
-        measure("mindxtrain PaidRoute", "in-process", &ours_local, &payer, &chain, &args).await?,
+        measure("@x402/express 2.27", "HTTP", &express, &payers, &chain, &args).await?,
+        measure("mindxtrain PaidRoute", "HTTP", &ours_http, &payers, &chain, &args).await?,
+        measure("mindxtrain PaidRoute", "in-process", &ours_local, &payers, &chain, &args).await?,
     ];
     println!(
-        "requests {} · concurrency {} · latency samples {} · facilitator: LocalFacilitator on anvil, settle stubbed\n",
-        args.requests, args.concurrency, args.samples
+        "requests {} · concurrency {} · latency samples {} · payers {} · facilitator: LocalFacilitator on anvil, settle stubbed\n",
+        args.requests, args.concurrency, args.samples, args.payers
     );
     println!(
         "| server | facilitator | paid req/s | unpaid req/s | paid p50 µs | paid p99 µs | added p50 µs | added p99 µs |"
