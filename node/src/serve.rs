@@ -145,15 +145,21 @@ pub fn unix_now() -> u64 {
 /// Submits an event to the group commit without waiting for its sync; a failure is logged.
 /// For reports on the request path whose loss would not change what was served.
 pub fn append_in_background(log: &Arc<EventLog>, req: AppendRequest) {
+    tokio::spawn(appended(log, req));
+}
+
+/// Submits `req` now; the future completes when it is durable, logging a failure (the
+/// caller has nothing better to do with it than carry on).
+pub fn appended(log: &Arc<EventLog>, req: AppendRequest) -> impl std::future::Future<Output = ()> + Send + 'static {
     let kind = req.kind.clone();
     let rx = log.submit(req);
-    tokio::spawn(async move {
+    async move {
         match rx.await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::error!(kind, error = %e, "event not written"),
             Err(_) => tracing::error!(kind, "event not written: the log writer is gone"),
         }
-    });
+    }
 }
 
 /// How long a graceful shutdown waits for running completions.

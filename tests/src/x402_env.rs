@@ -63,8 +63,9 @@ impl PaymentEvents for RecordedEvents {
     fn verified(&self, f: &PaymentFacts) {
         self.push(format!("verified:{}", f.payer.clone().unwrap_or_default()));
     }
-    fn settled(&self, _: &PaymentFacts, tx: &str) {
+    fn settled(&self, _: &PaymentFacts, tx: &str) -> mindxtrain_x402::Recorded {
         self.push(format!("settled:{tx}"));
+        mindxtrain_x402::events::recorded()
     }
     fn rejected(&self, _: &PaymentFacts, reason: &RejectReason, _: Option<&str>) {
         self.push(format!("rejected:{}", reason.code()));

@@ -315,8 +315,14 @@ async fn paid_completions_and_two_nodes_renting_from_each_other() {
     assert_eq!(chain.balance(pay_a).await.unwrap(), 3 * PRICE);
     assert_eq!(chain.balance(pay_b).await.unwrap(), 2 * PRICE);
     assert_eq!(chain.balance(npm_key.address()).await.unwrap(), 1_000_000 - PRICE);
+    // Killed (SIGKILL) straight after the paid answer: its settlement is on A's log already.
     drop(server_a);
     drop(server_b);
+    let settled_tx = events(&a).iter().any(|e| {
+        let e = if e["envelope"].is_object() { &e["envelope"] } else { e };
+        e["kind"] == "payment.settled" && e["data"]["tx"] == tx.to_string()
+    });
+    assert!(settled_tx, "payment.settled for {tx} is durable before the answer leaves");
     let a_rentals = kinds(&a, "rental.");
     assert_eq!(a_rentals, ["rental.acquired", "rental.opened", "rental.used"], "A's log");
     assert_eq!(kinds(&b, "rental."), ["rental.opened", "rental.used", "rental.used", "rental.closed"], "B's log");

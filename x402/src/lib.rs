@@ -43,7 +43,7 @@ server! {
 
     /// The alloy version these APIs speak.
     pub use alloy;
-    pub use events::{NoEvents, PaymentEvents, PaymentFacts};
+    pub use events::{NoEvents, PaymentEvents, PaymentFacts, Recorded};
     pub use exact::Offer;
     pub use facilitator::Facilitator;
     pub use key::SettlerKey;

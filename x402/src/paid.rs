@@ -283,7 +283,7 @@ where
         r.headers_mut().insert(response_header, encoded);
         return r;
     }
-    shared.events.settled(&facts, &settlement.transaction);
+    shared.events.settled(&facts, &settlement.transaction).await;
     head.headers.insert(response_header, encoded);
     head.headers.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
     if let Some(run) = running {

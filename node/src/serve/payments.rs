@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use mindxtrain_x402::{PaymentEvents, PaymentFacts, RejectReason};
+use mindxtrain_x402::{PaymentEvents, PaymentFacts, Recorded, RejectReason};
 use serde_json::{Value, json};
 
 use crate::log::{AppendRequest, EventLog};
@@ -21,7 +21,9 @@ impl LogPayments {
         LogPayments { log }
     }
 
-    fn record(&self, kind: &str, facts: &PaymentFacts, extra: Value) {
+    /// Submits the event; the returned future completes when it is durable (or failed, which
+    /// is logged).
+    fn record(&self, kind: &str, facts: &PaymentFacts, extra: Value) -> Recorded {
         let mut data = json!({
             "resource": facts.resource,
             "network": facts.network,
@@ -35,28 +37,28 @@ impl LogPayments {
             d.extend(extra);
         }
         let subject = facts.nonce.clone().unwrap_or_else(|| "unreadable".into());
-        super::append_in_background(&self.log, AppendRequest::new(kind, subject, data));
+        Box::pin(super::appended(&self.log, AppendRequest::new(kind, subject, data)))
     }
 }
 
 impl PaymentEvents for LogPayments {
     fn verified(&self, facts: &PaymentFacts) {
-        self.record("payment.verified", facts, json!({}));
+        tokio::spawn(self.record("payment.verified", facts, json!({})));
     }
 
-    fn settled(&self, facts: &PaymentFacts, tx: &str) {
-        self.record("payment.settled", facts, json!({"tx": tx}));
+    fn settled(&self, facts: &PaymentFacts, tx: &str) -> Recorded {
+        self.record("payment.settled", facts, json!({"tx": tx}))
     }
 
     fn rejected(&self, facts: &PaymentFacts, reason: &RejectReason, message: Option<&str>) {
-        self.record("payment.rejected", facts, json!({"reason": reason.code(), "message": message}));
+        tokio::spawn(self.record("payment.rejected", facts, json!({"reason": reason.code(), "message": message})));
     }
 
     fn not_settled(&self, facts: &PaymentFacts, handler_status: u16) {
-        self.record("payment.unsettled", facts, json!({"handler_status": handler_status}));
+        tokio::spawn(self.record("payment.unsettled", facts, json!({"handler_status": handler_status})));
     }
 
     fn replayed(&self, facts: &PaymentFacts) {
-        self.record("payment.replayed", facts, json!({}));
+        tokio::spawn(self.record("payment.replayed", facts, json!({})));
     }
 }
