@@ -10,9 +10,11 @@
 //! * [`anchor`]: anchoring checkpoints and digests on chain, every step an event;
 //! * [`manifest`]: sealing a run into a signed in-toto/SLSA manifest (DSSE);
 //! * [`receipt`]: the self-contained receipt bundle and its verifier;
-//! * [`serve`]: OpenAI-compatible inference sold over x402, and rentals.
+//! * [`serve`]: OpenAI-compatible inference sold over x402, and rentals;
+//! * [`api`]: the operator API (health, metrics, the log over HTTP, OpenAPI).
 
 pub mod anchor;
+pub mod api;
 pub mod canonical;
 pub mod fsutil;
 pub mod identity;

@@ -4,6 +4,7 @@
 //! <node dir>/
 //!   node.key      ed25519 seed, hex, mode 0600
 //!   node.pub      public key, hex
+//!   api.token     the operator API's bearer token, mode 0600
 //!   log/          segment files (the record of truth), LOCK, torn/ (preserved torn tails)
 //!   index/        sled secondary index (rebuildable)
 //! ```
@@ -34,6 +35,8 @@ pub fn init(dir: &Path) -> Result<(Identity, OpenReport), NodeError> {
     }
     std::fs::create_dir_all(dir).map_err(|source| NodeError::Io { path: dir.to_path_buf(), source })?;
     let id = Identity::create_in(dir)?;
+    crate::api::auth::ApiToken::load_or_create(dir)
+        .map_err(|source| NodeError::Io { path: dir.join(crate::api::auth::TOKEN_FILE), source })?;
     let (_log, report) = EventLog::open(dir, id.clone(), LogOptions::default())?;
     Ok((id, report))
 }

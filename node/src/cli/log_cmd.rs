@@ -4,9 +4,9 @@ use super::output::Output;
 use super::{EXIT_INVALID_INPUT, EXIT_VERIFY_FAILED};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use mindxtrain_chain::merkle;
 use mindxtrain_node::identity::{self, Identity};
-use mindxtrain_node::log::checkpoint::{self, Checkpoint};
+use mindxtrain_node::log::checkpoint;
+use mindxtrain_node::log::proofs::{self, ProofError};
 use mindxtrain_node::log::verify::{self, TrustedKey};
 use mindxtrain_node::log::{AppendRequest, Event, LogReader};
 use mindxtrain_node::node;
@@ -228,21 +228,23 @@ fn verify_log(dir: &Path, out: &Output, key: Option<String>) -> Result<ExitCode>
 fn proof(dir: &Path, out: &Output, seq: u64, size: Option<u64>) -> Result<ExitCode> {
     let r = reader(dir)?;
     let v = r.view();
-    let size = size.unwrap_or(v.len());
-    if seq >= size {
-        eprintln!("error: seq {seq} is not inside a tree of size {size} (the log holds {} events)", v.len());
-        return Ok(ExitCode::from(EXIT_INVALID_INPUT));
-    }
-    let root = v.root(size)?;
-    let leaf = v.leaf(seq).context("seq out of range")?;
-    let proof = v.inclusion_proof(seq, size)?;
-    merkle::verify_inclusion(&leaf, seq, size, &proof, &root).context("self-check of the proof failed")?;
-    let event_hash = v.hash(seq).context("seq out of range")?;
-    let hexes: Vec<String> = proof.iter().map(hex::encode).collect();
-    out.emit(
-        &json!({"seq": seq, "tree_size": size, "event_hash": hex::encode(event_hash), "leaf_hash": hex::encode(leaf), "root": hex::encode(root), "proof": hexes}),
-        || format!("seq {seq} in tree of size {size}\n  event {}\n  root  {}\n  path  {}", hex::encode(event_hash), hex::encode(root), hexes.join("\n        ")),
-    );
+    let doc = match proofs::inclusion(v, seq, size.unwrap_or(v.len())) {
+        Ok(d) => d,
+        Err(e @ (ProofError::OutOfRange { .. } | ProofError::TooLarge { .. })) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    out.emit(&doc, || {
+        format!(
+            "seq {seq} in tree of size {}\n  event {}\n  root  {}\n  path  {}",
+            doc["tree_size"],
+            doc["event_hash"].as_str().unwrap_or_default(),
+            doc["root"].as_str().unwrap_or_default(),
+            hex_lines(&doc["proof"], "\n        ")
+        )
+    });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -250,34 +252,27 @@ fn consistency(dir: &Path, out: &Output, old: u64, size: Option<u64>) -> Result<
     let r = reader(dir)?;
     let v = r.view();
     let size = size.unwrap_or(v.len());
-    let proof = v.consistency_proof(old, size)?;
-    let (old_root, new_root) = (v.root(old)?, v.root(size)?);
-    merkle::verify_consistency(old, size, &old_root, &new_root, &proof).context("self-check of the proof failed")?;
-    let hexes: Vec<String> = proof.iter().map(hex::encode).collect();
-    out.emit(
-        &json!({"old_size": old, "new_size": size, "old_root": hex::encode(old_root), "new_root": hex::encode(new_root), "proof": hexes}),
-        || format!("tree {old} → {size}\n  old root {}\n  new root {}\n  path     {}", hex::encode(old_root), hex::encode(new_root), hexes.join("\n           ")),
-    );
+    let doc = proofs::consistency(v, old, size)?;
+    out.emit(&doc, || {
+        format!(
+            "tree {old} → {size}\n  old root {}\n  new root {}\n  path     {}",
+            doc["old_root"].as_str().unwrap_or_default(),
+            doc["new_root"].as_str().unwrap_or_default(),
+            hex_lines(&doc["proof"], "\n           ")
+        )
+    });
     Ok(ExitCode::SUCCESS)
 }
 
-/// Signs a checkpoint of the log as it is on disk now.
-pub fn signed_checkpoint(dir: &Path) -> Result<(Checkpoint, String, Identity)> {
-    let id = Identity::load_from(dir)?;
-    let r = reader(dir)?;
-    let size = r.view().len();
-    let cp = Checkpoint { origin: checkpoint::origin_for(&id.public_bytes()), size, root: r.view().root(size)? };
-    let note = cp.sign(&id);
-    Ok((cp, note, id))
+fn hex_lines(list: &serde_json::Value, sep: &str) -> String {
+    list.as_array().map(|a| a.iter().filter_map(|h| h.as_str()).collect::<Vec<_>>().join(sep)).unwrap_or_default()
 }
 
+/// Prints a checkpoint of the log as it is on disk now, signed by the node key.
 fn print_checkpoint(dir: &Path, out: &Output) -> Result<ExitCode> {
-    let (cp, note, id) = signed_checkpoint(dir)?;
-    let vkey = checkpoint::verifier_key(&cp.origin, &id.public_bytes());
-    out.emit(
-        &json!({"origin": cp.origin, "size": cp.size, "root": hex::encode(cp.root), "note": note, "verifier_key": vkey}),
-        || note.trim_end().to_string(),
-    );
+    let id = Identity::load_from(dir)?;
+    let (_, doc) = proofs::signed_checkpoint(reader(dir)?.view(), &id)?;
+    out.emit(&doc, || doc["note"].as_str().unwrap_or_default().trim_end().to_string());
     Ok(ExitCode::SUCCESS)
 }
 

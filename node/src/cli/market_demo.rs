@@ -95,10 +95,9 @@ pub fn demo_step(
             rental: billing.rental.clone(),
             facilitator_routes: true,
         };
-        let server =
-            super::serve_cmd::start(model, log.clone(), Arc::new(id.clone()), Some(sale), "127.0.0.1:0".parse()?)
-                .await?;
-        let name = server.state.model.name.clone();
+        let node = super::serve_cmd::NodeParts { log: log.clone(), id: Arc::new(id.clone()), dir: dir.to_path_buf() };
+        let server = super::serve_cmd::start(node, Some(model), Some(sale), "127.0.0.1:0".parse()?).await?;
+        let name = server.state.as_ref().map(|s| s.model.name.clone()).unwrap_or_default();
         let url = server.url.clone();
         let buyer_address = buyer.address();
         let outcome = market_calls(&url, &name, buyer, &chain, price).await;

@@ -4,6 +4,7 @@
 use super::output::Output;
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use mindxtrain_node::api::{self, ApiState, auth::ApiToken};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog};
 use mindxtrain_node::node;
@@ -26,12 +27,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  mindxtrain serve                     the operator API only (token: node-dir/api.token)\n  mindxtrain serve run.yaml --checkpoint runs/lora/final --free\n  mindxtrain serve run.yaml --checkpoint runs/lora/final --rpc-url http://127.0.0.1:8545 --settler-key settler.key --asset 0x…"
+)]
 pub struct ServeArgs {
     /// The recipe the model was trained with (tokenizer, serve limits, publish.billing.x402).
-    pub recipe: PathBuf,
-    /// The run's trained weights or adapter (`runs/NAME/final`).
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    /// Without it only the operator API is served.
+    pub recipe: Option<PathBuf>,
+    /// The run's trained weights or adapter (`runs/NAME/final`); needed with a recipe.
+    #[arg(long, requires = "recipe")]
+    pub checkpoint: Option<PathBuf>,
     /// The base model an adapter applies to (the run's --init-from).
     #[arg(long)]
     pub base: Option<PathBuf>,
@@ -69,32 +74,33 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
-    let loaded = Recipe::check_path(&args.recipe)
-        .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
-    let recipe_dir = args.recipe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let model = ServedModel::load(&ModelSource {
-        recipe: &loaded,
-        recipe_dir: &recipe_dir,
-        checkpoint: &args.checkpoint,
-        base: args.base.as_deref(),
-        merge: args.merge,
-        name: args.name.clone(),
-    })?;
+    let model = match (&args.recipe, &args.checkpoint) {
+        (Some(recipe), Some(checkpoint)) => Some(load_model(recipe, checkpoint, &args)?),
+        (Some(_), None) => bail!("--checkpoint DIR is needed to serve a model (the run's final/ directory)"),
+        _ => None,
+    };
     let (log, id, _) = node::open(node_dir).with_context(|| format!("opening the node at {}", node_dir.display()))?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let sale = if args.free { None } else { sale(&loaded, &args).await? };
-        let running = start(model, Arc::new(log), Arc::new(id), sale, args.listen).await?;
-        let price = running.state.rental_prices.map(|p| p.per_call);
+        let sale = match &model {
+            Some((_, loaded)) if !args.free => sale(loaded, &args).await?,
+            _ => None,
+        };
+        let node = NodeParts { log: Arc::new(log), id: Arc::new(id), dir: node_dir.to_path_buf() };
+        let running = start(node, model.map(|(m, _)| m), sale, args.listen).await?;
+        let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
+        let model_name = running.state.as_ref().map(|s| s.model.name.clone());
+        let token_file = node_dir.join(api::auth::TOKEN_FILE);
         out.line(
-            &json!({"listening": running.url, "model": running.state.model.name, "price_per_call": price}),
+            &json!({"listening": running.url, "model": model_name, "price_per_call": price, "token_file": token_file}),
             || {
-                format!(
-                    "serving {} at {} ({}); Ctrl-C stops",
-                    running.state.model.name,
-                    running.url,
-                    price.map_or("free".into(), |p| format!("{} USDC per call", Usdc(p)))
-                )
+                let what = match &model_name {
+                    Some(name) => {
+                        format!("{name} ({})", price.map_or("free".into(), |p| format!("{} USDC per call", Usdc(p))))
+                    }
+                    None => "the operator API".into(),
+                };
+                format!("serving {what} at {}; operator token in {}; Ctrl-C stops", running.url, token_file.display())
             },
         );
         tokio::signal::ctrl_c().await?;
@@ -103,25 +109,62 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     })
 }
 
-/// A model server on a socket.
+fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
+    let loaded = Recipe::check_path(recipe)
+        .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
+    let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let model = ServedModel::load(&ModelSource {
+        recipe: &loaded,
+        recipe_dir: &recipe_dir,
+        checkpoint,
+        base: args.base.as_deref(),
+        merge: args.merge,
+        name: args.name.clone(),
+    })?;
+    Ok((model, loaded))
+}
+
+/// The open node a server runs on.
+pub struct NodeParts {
+    pub log: Arc<EventLog>,
+    pub id: Arc<Identity>,
+    pub dir: PathBuf,
+}
+
+/// A node server on a socket: the operator API, and the model routes when a model is served.
 pub struct Running {
     pub url: String,
-    pub state: Arc<AppState>,
+    /// The model routes' state, when a model is served.
+    pub state: Option<Arc<AppState>>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Binds `listen` and serves `model` until [`Running::stop`].
+/// Binds `listen` and serves until [`Running::stop`].
 pub async fn start(
-    model: ServedModel,
-    log: Arc<EventLog>,
-    id: Arc<Identity>,
+    node: NodeParts,
+    model: Option<ServedModel>,
     sale: Option<Sale>,
     listen: SocketAddr,
 ) -> Result<Running> {
-    let rentals = RentalBook::load(log.clone(), id)?;
-    let state = AppState::new(model, log, rentals, sale.as_ref());
-    let app = serve::router(state.clone(), sale.as_ref());
+    let (token, created) = ApiToken::load_or_create(&node.dir).context("the operator token (api.token)")?;
+    if created {
+        tracing::info!(file = %node.dir.join(api::auth::TOKEN_FILE).display(), "created the operator token");
+    }
+    let api_state =
+        ApiState::new(node.log.clone(), node.id.clone(), node.dir.clone(), model.as_ref().map(|m| m.name.clone()));
+    let metrics = api_state.metrics.clone();
+    let mut app = api::router(api_state, Arc::new(token));
+    let state = match model {
+        Some(model) => {
+            let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
+            let state = AppState::new(model, node.log.clone(), rentals, sale.as_ref());
+            app = app.merge(serve::router(state.clone(), sale.as_ref()));
+            Some(state)
+        }
+        None => None,
+    };
+    let app = api::with_metrics(app, metrics);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, rx) = tokio::sync::oneshot::channel::<()>();
@@ -138,7 +181,9 @@ pub async fn start(
 impl Running {
     /// Stops admitting, lets running completions finish (up to a limit), and returns.
     pub async fn stop(self) {
-        self.state.admission.close();
+        if let Some(s) = &self.state {
+            s.admission.close();
+        }
         let _ = self.shutdown.send(());
         let _ = tokio::time::timeout(serve::DRAIN_TIMEOUT, self.task).await;
     }

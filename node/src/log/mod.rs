@@ -19,6 +19,7 @@
 
 pub mod checkpoint;
 pub mod index;
+pub mod proofs;
 pub mod record;
 pub mod segment;
 pub mod verify;
@@ -378,6 +379,12 @@ impl EventLog {
 
     pub fn stats(&self) -> Stats {
         Stats { events: self.len(), syncs: self.shared.syncs.load(Ordering::Relaxed) }
+    }
+
+    /// Why the writer stopped (an fsync or write failure), if it did: no append succeeds
+    /// after that, so a node reports itself not ready.
+    pub fn stopped(&self) -> Option<String> {
+        self.shared.stopped()
     }
 
     /// Seqs of events matching `q`, in order, once the index has caught up with every

@@ -1,0 +1,111 @@
+//! The OpenAPI 3.1 document of every route this node serves, built from the route table
+//! the router is tested against (`tests/tests/api.rs` calls each documented route, with and
+//! without the token).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use serde_json::{Map, Value, json};
+
+use super::ApiState;
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone: read-only and reveals no payer data.
+    Open,
+    /// The operator's bearer token.
+    Token,
+    /// x402 payment (or a rental token), when the model is sold.
+    Paid,
+}
+
+/// One documented route.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteDoc {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: Access,
+    pub summary: &'static str,
+}
+
+const fn route(method: &'static str, path: &'static str, access: Access, summary: &'static str) -> RouteDoc {
+    RouteDoc { method, path, access, summary }
+}
+
+/// The operator API: always served.
+pub const OPERATOR: &[RouteDoc] = &[
+    route("get", "/healthz", Access::Open, "Liveness: the process answers"),
+    route("get", "/readyz", Access::Open, "Readiness: 503 once the log's writer has stopped"),
+    route("get", "/openapi.json", Access::Open, "This document"),
+    route("get", "/metrics", Access::Token, "Prometheus metrics"),
+    route("get", "/api/log", Access::Token, "Events in a range (from, limit ≤ 1000, kind prefix)"),
+    route("get", "/api/log/tail", Access::Token, "Live events as server-sent events (from, Last-Event-ID)"),
+    route("get", "/api/log/proof/{seq}", Access::Open, "Inclusion proof of one event (size)"),
+    route("get", "/api/log/consistency", Access::Open, "Consistency proof between two tree sizes (old, size)"),
+    route("get", "/api/log/checkpoint", Access::Open, "The log's size and root in a freshly signed note"),
+    route("post", "/api/log/checkpoints", Access::Token, "Sign a checkpoint and record it (log.checkpointed)"),
+];
+
+/// The model routes: served when a model is.
+pub const MODEL: &[RouteDoc] = &[
+    route("get", "/v1/models", Access::Open, "OpenAI: the served model"),
+    route("get", "/v1/models/{id}", Access::Open, "OpenAI: one model"),
+    route("post", "/v1/chat/completions", Access::Paid, "OpenAI chat completion (stream: SSE)"),
+    route("post", "/v1/rentals", Access::Paid, "Rent N calls or T seconds of the model"),
+    route("get", "/v1/rentals/{id}", Access::Open, "A rental's state"),
+];
+
+/// The routes this node serves.
+pub fn routes(model: bool) -> Vec<RouteDoc> {
+    let mut all = OPERATOR.to_vec();
+    if model {
+        all.extend_from_slice(MODEL);
+    }
+    all
+}
+
+/// The document for `routes`.
+pub fn document(routes: &[RouteDoc]) -> Value {
+    let mut paths = Map::new();
+    for r in routes {
+        let params: Vec<Value> = r
+            .path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let mut op = json!({
+            "summary": r.summary,
+            "parameters": params,
+            "responses": {"200": {"description": "OK"}},
+        });
+        match r.access {
+            Access::Open => op["security"] = json!([]),
+            Access::Token => {
+                op["security"] = json!([{"bearer": []}]);
+                op["responses"]["401"] = json!({"description": "no or wrong bearer token"});
+            }
+            Access::Paid => {
+                op["security"] = json!([]);
+                op["x-payment"] = json!({"protocol": "x402", "versions": [2, 1], "scheme": "exact"});
+                op["responses"]["402"] = json!({"description": "payment required (PAYMENT-REQUIRED header)"});
+            }
+        }
+        let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
+        entry[r.method] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "mindxtrain node", "version": env!("CARGO_PKG_VERSION")},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+            "description": "node-dir/api.token"}}},
+        "paths": paths,
+    })
+}
+
+/// `GET /openapi.json`.
+pub async fn serve(State(s): State<Arc<ApiState>>) -> Json<Value> {
+    Json(document(&routes(s.model.is_some())))
+}

@@ -1,0 +1,174 @@
+//! The operator API through the binary: every route of the OpenAPI document answers, with
+//! the token where the document says so and without it elsewhere; the log over HTTP (range,
+//! live tail, proofs against a signed checkpoint); metrics; the token file.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use mindxtrain_tests::mindxtrain;
+use serde_json::Value;
+
+/// `mindxtrain serve` (operator API only) on a free loopback port; killed on drop.
+struct Node {
+    child: Child,
+    url: String,
+    token: String,
+}
+
+impl Node {
+    fn start(dir: &Path) -> Node {
+        assert!(mindxtrain(dir, &["init"]).output().unwrap().status.success());
+        let args = ["--json", "serve", "--listen", "127.0.0.1:0"];
+        let mut child = mindxtrain(dir, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(
+            !line.is_empty(),
+            "serve exited: {}",
+            String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr)
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["model"], Value::Null, "no model: the operator API only");
+        let token_file = dir.join("api.token");
+        assert_eq!(v["token_file"], token_file.display().to_string());
+        let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the token file is private");
+        let token = std::fs::read_to_string(token_file).unwrap().trim().to_string();
+        Node { child, url: v["listening"].as_str().unwrap().to_string(), token }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A documented path with its parameters filled in.
+fn concrete(path: &str) -> String {
+    path.replace("{seq}", "0").replace("{id}", "unknown")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_answers_and_guards_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let doc: Value = http.get(format!("{}/openapi.json", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 9, "{paths:?}");
+    assert!(!paths.contains_key("/v1/chat/completions"), "no model routes without a model");
+    let mut checked = 0;
+    for (path, methods) in paths {
+        for (method, op) in methods.as_object().unwrap() {
+            let url = format!("{}{}", node.url, concrete(path));
+            let guarded = op["security"].as_array().unwrap().iter().any(|s| s.get("bearer").is_some());
+            let request = |token: Option<&str>| {
+                let mut r = match method.as_str() {
+                    "get" => http.get(&url),
+                    "post" => http.post(&url),
+                    m => panic!("{m} {path}: method not covered by this test"),
+                };
+                if let Some(t) = token {
+                    r = r.bearer_auth(t);
+                }
+                // A live tail would stream forever: the head is all this test needs.
+                r.timeout(Duration::from_secs(5)).send()
+            };
+            let anonymous = request(None).await.unwrap();
+            let wrong = request(Some("mxa1.not-the-token")).await.unwrap();
+            let with_token = request(Some(&node.token)).await.unwrap();
+            let (a, w, t) = (anonymous.status().as_u16(), wrong.status().as_u16(), with_token.status().as_u16());
+            if guarded {
+                assert_eq!((a, w), (401, 401), "{method} {path} needs the token");
+                assert!(anonymous.headers().get("www-authenticate").is_some(), "{method} {path}");
+            } else {
+                assert_ne!(a, 401, "{method} {path} is open");
+            }
+            assert!(![401, 404, 405].contains(&t), "{method} {path} with the token answered {t}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} routes checked");
+
+    // Undocumented paths are 404, even with the token.
+    let r = http.get(format!("{}/api/nothing", node.url)).bearer_auth(&node.token).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_over_http_tails_live_and_proves_against_a_signed_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let http = reqwest::Client::new();
+    let get = |path: &str| http.get(format!("{}{path}", node.url)).bearer_auth(&node.token).send();
+
+    // A live tail from the start: the genesis event, then a checkpoint recorded meanwhile.
+    let mut tail = get("/api/log/tail?from=0").await.unwrap();
+    assert_eq!(tail.headers()["content-type"], "text/event-stream");
+    let mut seen = String::new();
+    let mut next_event = async || -> Value {
+        loop {
+            if let Some(end) = seen.find("\n\n") {
+                let block: String = seen.drain(..end + 2).collect();
+                if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) {
+                    return serde_json::from_str(data).unwrap();
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(10), tail.chunk()).await.unwrap().unwrap().unwrap();
+            seen.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    };
+    assert_eq!(next_event().await["kind"], "log.genesis");
+    let recorded: Value = http
+        .post(format!("{}/api/log/checkpoints", node.url))
+        .bearer_auth(&node.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let live = next_event().await;
+    assert_eq!((live["kind"].as_str(), live["seq"].as_u64()), (Some("log.checkpointed"), recorded["seq"].as_u64()));
+
+    // The range holds both; the kind filter keeps one.
+    let page: Value = get("/api/log?from=0&limit=10").await.unwrap().json().await.unwrap();
+    assert_eq!(page["size"], 2);
+    assert_eq!(page["events"].as_array().unwrap().len(), 2);
+    let only: Value = get("/api/log?kind=log.check").await.unwrap().json().await.unwrap();
+    assert_eq!(only["events"].as_array().unwrap().len(), 1);
+    assert_eq!(get("/api/log?limit=5000").await.unwrap().status(), 400, "a page is at most 1000 events");
+
+    // An inclusion proof of the genesis event against the open, freshly signed checkpoint.
+    let cp: Value = http.get(format!("{}/api/log/checkpoint", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(cp["size"], 2);
+    assert!(cp["note"].as_str().unwrap().contains(&format!("\n{}\n", cp["size"])));
+    let proof: Value =
+        http.get(format!("{}/api/log/proof/0?size=2", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(proof["root"], cp["root"], "the proof is against the signed root");
+    let r = http.get(format!("{}/api/log/proof/7", node.url)).send().await.unwrap();
+    assert_eq!(r.status(), 404, "no event 7");
+    let c: Value =
+        http.get(format!("{}/api/log/consistency?old=1", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(c["new_root"], cp["root"]);
+
+    // Metrics count the log, its kinds and the requests above.
+    let text = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(text.contains("mindxtrain_log_events 2\n"), "{text}");
+    assert!(text.contains("mindxtrain_log_up 1\n"));
+    assert!(text.contains("mindxtrain_events_total{kind=\"log.checkpointed\"} 1\n"), "{text}");
+    assert!(
+        text.contains("mindxtrain_http_requests_total{route=\"/api/log\",method=\"GET\",status=\"200\"} 2\n"),
+        "{text}"
+    );
+    assert!(text.contains("route=\"/api/log/proof/{seq}\""), "counted by route pattern, not path");
+    let ready: Value = http.get(format!("{}/readyz", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!((ready["ready"].as_bool(), ready["log_size"].as_u64()), (Some(true), Some(2)));
+}
