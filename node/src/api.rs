@@ -1,10 +1,11 @@
 //! The operator API, served by `mindxtrain serve` beside the model routes: health and
 //! readiness, Prometheus metrics, the event log (ranges, a live tail, proofs, signed
-//! checkpoints) and its OpenAPI document.
+//! checkpoints), recipes and training runs (launch, cancel, resume, live events), and the
+//! OpenAPI document.
 //!
 //! * [`auth`]: the bearer token (`node-dir/api.token`, 0600) every route that reveals payer
 //!   data or changes state needs; read-only public routes stay open;
-//! * [`health`], [`metrics`], [`log_routes`], [`openapi`].
+//! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`].
 //!
 //! ```no_run
 //! # async fn f(state: std::sync::Arc<mindxtrain_node::api::ApiState>) -> anyhow::Result<()> {
@@ -20,6 +21,7 @@ pub mod health;
 pub mod log_routes;
 pub mod metrics;
 pub mod openapi;
+pub mod runs;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,6 +54,7 @@ pub struct ApiState {
     /// The served model's id, when one is.
     pub model: Option<String>,
     pub started: Instant,
+    pub launches: runs::Launches,
 }
 
 impl ApiState {
@@ -59,7 +62,8 @@ impl ApiState {
     pub fn new(log: Arc<EventLog>, identity: Arc<Identity>, node_dir: PathBuf, model: Option<String>) -> Arc<Self> {
         let metrics = Arc::new(Metrics::default());
         metrics.follow(log.clone());
-        Arc::new(ApiState { log, identity, node_dir, metrics, model, started: Instant::now() })
+        let launches = runs::Launches::default();
+        Arc::new(ApiState { log, identity, node_dir, metrics, model, started: Instant::now(), launches })
     }
 }
 
@@ -71,12 +75,20 @@ pub fn router(state: Arc<ApiState>, token: Arc<ApiToken>) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .route("/api/log/proof/{seq}", get(log_routes::proof))
         .route("/api/log/consistency", get(log_routes::consistency))
-        .route("/api/log/checkpoint", get(log_routes::checkpoint));
+        .route("/api/log/checkpoint", get(log_routes::checkpoint))
+        .route("/api/recipes", get(runs::recipes))
+        .route("/api/recipes/validate", post(runs::validate))
+        .route("/api/runs", get(runs::list))
+        .route("/api/runs/{id}", get(runs::show))
+        .route("/api/runs/{id}/events", get(runs::events));
     let guarded = Router::new()
         .route("/metrics", get(metrics::render))
         .route("/api/log", get(log_routes::range))
         .route("/api/log/tail", get(log_routes::tail))
         .route("/api/log/checkpoints", post(log_routes::record_checkpoint))
+        .route("/api/runs", post(runs::launch))
+        .route("/api/runs/{id}/cancel", post(runs::cancel))
+        .route("/api/runs/{id}/resume", post(runs::resume))
         .route_layer(middleware::from_fn_with_state(token, auth::require));
     open.merge(guarded)
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))

@@ -119,3 +119,43 @@ fn regular_files(dir: &Path) -> Result<Vec<NamedFile>, ManifestError> {
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(files)
 }
+
+/// A plan measured for a recipe, written to a file and recorded as `plan.emitted`.
+pub struct RecordedPlan {
+    pub plan: mindxtrain_trainer::plan::Plan,
+    pub bytes: Vec<u8>,
+    pub blake3: [u8; 32],
+    pub path: std::path::PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("measuring the plan: {0}")]
+    Measure(#[from] mindxtrain_trainer::run::RunError),
+    #[error("{path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Log(#[from] AppendError),
+}
+
+/// Measures the AOT plan of `loaded` (whose relative paths are under `recipe_dir`), writes
+/// it to `path` (never over an existing file) and records `plan.emitted` (idempotent per
+/// plan digest). What `mindxtrain demo` and `POST /api/runs` do before training.
+pub fn measure_and_record_plan(
+    log: &EventLog,
+    loaded: &mindxtrain_trainer::recipe::LoadedRecipe,
+    recipe_dir: &Path,
+    path: &Path,
+) -> Result<RecordedPlan, PlanError> {
+    use mindxtrain_trainer::data::DataOptions;
+    let plan = mindxtrain_trainer::run::measure_plan(loaded, recipe_dir, DataOptions::default())?;
+    let bytes = plan.to_bytes();
+    crate::fsutil::write_new_durably(path, &bytes, 0o644)
+        .map_err(|source| PlanError::Io { path: path.to_path_buf(), source })?;
+    let blake3 = *blake3::hash(&bytes).as_bytes();
+    let digest = hex::encode(blake3);
+    let data = serde_json::json!({"plan_blake3": digest, "recipe_blake3": plan.recipe_blake3, "choices": plan.choices,
+        "file": path.display().to_string(), "elapsed_ms": plan.elapsed_ms, "truncated": plan.truncated});
+    log.append(AppendRequest::new(PLAN_EMITTED, digest.clone(), data).with_id(format!("plan:{digest}")))?;
+    Ok(RecordedPlan { plan, bytes, blake3, path: path.to_path_buf() })
+}

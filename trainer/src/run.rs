@@ -90,6 +90,11 @@ pub trait Observer {
     fn started(&mut self, _first_step: u64, _total_steps: u64) {}
     fn step(&mut self, _report: &StepReport) {}
     fn note(&mut self, _message: &str) {}
+    /// Asked after every step: `true` stops the run there, after a checkpoint (so
+    /// `--resume` continues from it), with `run.cancelled` and [`RunError::Cancelled`].
+    fn cancelled(&mut self) -> bool {
+        false
+    }
 }
 
 /// An observer that ignores everything.
@@ -120,6 +125,8 @@ pub enum RunError {
     Events(String),
     #[error("loss became {value} at step {step}: the run diverged (lower the learning rate?)")]
     Diverged { step: u64, value: f64 },
+    #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
+    Cancelled { step: u64 },
 }
 
 /// Runs `spec` to the end, reporting to `sink` and `observer`.

@@ -46,6 +46,14 @@ pub const OPERATOR: &[RouteDoc] = &[
     route("get", "/api/log/consistency", Access::Open, "Consistency proof between two tree sizes (old, size)"),
     route("get", "/api/log/checkpoint", Access::Open, "The log's size and root in a freshly signed note"),
     route("post", "/api/log/checkpoints", Access::Token, "Sign a checkpoint and record it (log.checkpointed)"),
+    route("get", "/api/recipes", Access::Open, "The embedded recipes, each checked"),
+    route("post", "/api/recipes/validate", Access::Open, "Check a recipe's YAML: every error with line, column, field"),
+    route("get", "/api/runs", Access::Open, "Runs launched by this node process"),
+    route("post", "/api/runs", Access::Token, "Launch a run (plan measured first; one at a time)"),
+    route("get", "/api/runs/{id}", Access::Open, "A run's phase, step, loss, lr, tok/s, manifest"),
+    route("post", "/api/runs/{id}/cancel", Access::Token, "Stop after the current step, checkpointed"),
+    route("post", "/api/runs/{id}/resume", Access::Token, "Continue a cancelled or failed run from its checkpoint"),
+    route("get", "/api/runs/{id}/events", Access::Open, "A run's events, then live (SSE)"),
 ];
 
 /// The model routes: served when a model is.

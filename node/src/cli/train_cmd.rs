@@ -350,16 +350,10 @@ pub fn demo_step(
         // The recipe as a file too, so the receipt can be checked against real bytes.
         let recipe_path = work.join(name);
         fsutil::write_new_durably(&recipe_path, src.as_bytes(), 0o644)?;
-        let plan = run::measure_plan(&loaded, work, DataOptions::default())?;
-        let bytes = plan.to_bytes();
         let plan_path = work.join(format!("{}.plan.json", loaded.recipe.meta.run_name));
-        fsutil::write_new_durably(&plan_path, &bytes, 0o644)?;
-        let plan_blake3 = *blake3::hash(&bytes).as_bytes();
+        let training::RecordedPlan { plan, bytes, blake3: plan_blake3, .. } =
+            training::measure_and_record_plan(log, &loaded, work, &plan_path)?;
         let digest = hex::encode(plan_blake3);
-        log.append(
-            AppendRequest::new(PLAN_EMITTED, digest.clone(), json!({"plan_blake3": digest, "recipe_blake3": plan.recipe_blake3, "choices": plan.choices, "file": plan_path.display().to_string(), "elapsed_ms": plan.elapsed_ms, "truncated": plan.truncated}))
-                .with_id(format!("plan:{digest}")),
-        )?;
         let c = plan.choices;
         say(format!(
             "      {label}: plan threads {} micro-batch {} checkpointing {} ({} candidates timed in {} ms)",

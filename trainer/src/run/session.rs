@@ -253,9 +253,10 @@ impl<'a> Session<'a> {
             Ok(summary) => Ok(summary),
             Err(e) => {
                 let data = json!({"run_id": self.record.run_id, "step": self.step, "error": e.to_string()});
+                let kind = if matches!(e, RunError::Cancelled { .. }) { "run.cancelled" } else { "run.failed" };
                 // The run's own error is the one to report; a failing sink was already
                 // the cause if this emit fails too.
-                let _ = emit(sink, "run.failed", &self.record.run_id, data);
+                let _ = emit(sink, kind, &self.record.run_id, data);
                 Err(e)
             }
         }
@@ -308,6 +309,10 @@ impl<'a> Session<'a> {
                 let report = self.evaluate()?;
                 observer.note(&eval_line(&report));
                 emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+            }
+            if observer.cancelled() && self.step < self.total_steps {
+                self.save_checkpoint(sink)?;
+                return Err(RunError::Cancelled { step: self.step });
             }
         }
         self.save_checkpoint(sink)?;

@@ -1,0 +1,395 @@
+//! Training runs over the API: launched from an embedded recipe or a YAML body, the plan
+//! measured first (AOT, recorded as `plan.emitted`), trained on a thread of their own with
+//! every event in the log, sealed into a manifest at the end; cancelled after a step (with a
+//! checkpoint), resumed from it; watched live as server-sent events. One run at a time.
+//!
+//! Files: `node-dir/runs/<id>/` (the run), `node-dir/plans/<id>.plan.json`,
+//! `node-dir/recipes/<blake3>.yaml` (the recipe bytes the run used).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use mindxtrain_trainer::data::DataOptions;
+use mindxtrain_trainer::events::{EventSink, TrainerEvent};
+use mindxtrain_trainer::plan::Plan;
+use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
+use mindxtrain_trainer::run::{self, Observer, RunError, RunSpec, StepReport};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::ApiState;
+use super::log_routes::event_stream;
+use crate::log::AppendError;
+use crate::manifest::NamedBytes;
+use crate::recipes::EMBEDDED_RECIPES;
+use crate::serve::openai::ApiError;
+use crate::training::{self, FinishedRun, LogSink};
+
+/// Where a launched run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Planning,
+    Training,
+    Sealing,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub id: String,
+    pub recipe: String,
+    pub phase: Phase,
+    pub run_id: Option<String>,
+    pub step: u64,
+    pub total_steps: u64,
+    pub loss: Option<f64>,
+    pub lr: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    pub plan_blake3: Option<String>,
+    pub manifest: Option<String>,
+    pub error: Option<String>,
+    pub out_dir: PathBuf,
+}
+
+/// One launched run.
+pub struct Launch {
+    status: Mutex<Status>,
+    cancel: AtomicBool,
+    /// The recipe bytes and the name they were given.
+    source: (String, String),
+    plan: PathBuf,
+    /// The log's size when the run was launched: its events come after.
+    first_seq: u64,
+}
+
+impl Launch {
+    pub fn status(&self) -> Status {
+        lock(&self.status).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        f(&mut lock(&self.status));
+    }
+}
+
+/// The runs launched by this process, by id.
+#[derive(Default)]
+pub struct Launches {
+    by_id: Mutex<BTreeMap<String, Arc<Launch>>>,
+}
+
+impl Launches {
+    fn get(&self, id: &str) -> Option<Arc<Launch>> {
+        let all = lock(&self.by_id);
+        all.get(id).cloned().or_else(|| all.values().find(|l| l.status().run_id.as_deref() == Some(id)).cloned())
+    }
+
+    fn running(&self) -> Option<String> {
+        lock(&self.by_id)
+            .values()
+            .map(|l| l.status())
+            .find(|s| matches!(s.phase, Phase::Planning | Phase::Training | Phase::Sealing))
+            .map(|s| s.id)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    /// An embedded recipe's file name (`tiny_cpu_pretrain.yaml`)…
+    recipe: Option<String>,
+    /// …or a recipe's YAML text, with the name its errors should carry.
+    yaml: Option<String>,
+    name: Option<String>,
+}
+
+/// The recipe errors as `{path, line, column, message}` objects.
+pub fn error_list(errors: &RecipeErrors) -> Vec<Value> {
+    errors
+        .iter()
+        .map(|e| {
+            let loc = e.location();
+            json!({"path": e.path(), "line": loc.map(|l| l.line), "column": loc.map(|l| l.column),
+                "message": e.message(), "text": e.to_string()})
+        })
+        .collect()
+}
+
+fn recipe_source(req: &LaunchRequest) -> Result<(String, String), ApiError> {
+    match (&req.recipe, &req.yaml) {
+        (Some(name), None) => EMBEDDED_RECIPES
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+            .ok_or_else(|| {
+                ApiError::invalid("recipe", format!("no embedded recipe {name} (GET /api/recipes lists them)"))
+            }),
+        (None, Some(yaml)) => Ok((req.name.clone().unwrap_or_else(|| "recipe.yaml".into()), yaml.clone())),
+        _ => Err(ApiError::invalid("recipe", "give either `recipe` (an embedded recipe's name) or `yaml`")),
+    }
+}
+
+/// 400 with every recipe error, located.
+fn invalid_recipe(errors: &RecipeErrors) -> Response {
+    let body = json!({"error": {"message": errors.to_string(), "type": "invalid_request_error",
+        "code": "invalid_recipe", "param": "recipe"}, "errors": error_list(errors)});
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+/// `POST /api/runs`: `{"recipe": NAME}` or `{"yaml": TEXT, "name": NAME}` → 202 with the
+/// run's status; 400 with every recipe error (line, column, field) when the recipe is
+/// invalid; 409 while another run is going.
+pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<LaunchRequest>) -> Response {
+    let (name, src) = match recipe_source(&req) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let loaded = match Recipe::check_str(&src, &name) {
+        Ok(l) => l,
+        Err(errors) => return invalid_recipe(&errors),
+    };
+    if let Some(other) = s.launches.running() {
+        let message = format!("run {other} is going; cancel it or wait (one run at a time)");
+        return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "run_in_progress", message)
+            .into_response();
+    }
+    let mut random = [0u8; 6];
+    if getrandom::fill(&mut random).is_err() {
+        return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "no_randomness", "getrandom failed")
+            .into_response();
+    }
+    let id = format!("{}-{}", loaded.recipe.meta.run_name, hex::encode(random));
+    let launch = Arc::new(Launch {
+        status: Mutex::new(Status {
+            id: id.clone(),
+            recipe: name.clone(),
+            phase: Phase::Planning,
+            run_id: None,
+            step: 0,
+            total_steps: 0,
+            loss: None,
+            lr: None,
+            tokens_per_s: None,
+            plan_blake3: None,
+            manifest: None,
+            error: None,
+            out_dir: s.node_dir.join("runs").join(&id),
+        }),
+        cancel: AtomicBool::new(false),
+        source: (name, src),
+        plan: s.node_dir.join("plans").join(format!("{id}.plan.json")),
+        first_seq: s.log.len(),
+    });
+    lock(&s.launches.by_id).insert(id, launch.clone());
+    start(&s, launch.clone(), loaded, false);
+    (StatusCode::ACCEPTED, Json(launch.status())).into_response()
+}
+
+fn start(s: &Arc<ApiState>, launch: Arc<Launch>, loaded: LoadedRecipe, resume: bool) {
+    let s = s.clone();
+    std::thread::spawn(move || {
+        let outcome = execute(&s, &launch, loaded, resume);
+        launch.update(|st| match outcome {
+            Ok(manifest) => (st.phase, st.manifest) = (Phase::Finished, Some(manifest)),
+            Err(RunFailure::Cancelled) => st.phase = Phase::Cancelled,
+            Err(RunFailure::Failed(e)) => (st.phase, st.error) = (Phase::Failed, Some(e)),
+        });
+    });
+}
+
+enum RunFailure {
+    Cancelled,
+    Failed(String),
+}
+
+impl<E: std::fmt::Display> From<E> for RunFailure {
+    fn from(e: E) -> Self {
+        RunFailure::Failed(e.to_string())
+    }
+}
+
+/// Plans (or reads the plan of a resumed run), trains and seals; returns the manifest path.
+fn execute(s: &ApiState, launch: &Launch, loaded: LoadedRecipe, resume: bool) -> Result<String, RunFailure> {
+    let recipe_dir = s.node_dir.join("recipes");
+    std::fs::create_dir_all(&recipe_dir)?;
+    std::fs::create_dir_all(launch.plan.parent().unwrap_or(&s.node_dir))?;
+    let (name, src) = &launch.source;
+    let recipe_file = recipe_dir.join(format!("{}.yaml", hex::encode(loaded.bytes_blake3)));
+    if !recipe_file.exists() {
+        crate::fsutil::write_new_durably(&recipe_file, src.as_bytes(), 0o644)?;
+    }
+    let (plan, plan_blake3, plan_bytes) = if resume {
+        let (plan, blake3) = Plan::read(&launch.plan)?;
+        (plan, blake3, std::fs::read(&launch.plan)?)
+    } else {
+        let p = training::measure_and_record_plan(&s.log, &loaded, &recipe_dir, &launch.plan)?;
+        (p.plan, p.blake3, p.bytes)
+    };
+    launch.update(|st| (st.phase, st.plan_blake3) = (Phase::Training, Some(hex::encode(plan_blake3))));
+    let out_dir = launch.status().out_dir;
+    let hardware = serde_json::to_value(&plan.machine)?;
+    let spec = RunSpec {
+        recipe: loaded,
+        recipe_dir,
+        plan,
+        plan_blake3,
+        out_dir: out_dir.clone(),
+        resume,
+        data: DataOptions::default(),
+        init_from: None,
+        eval_prompts: 64,
+    };
+    let mut sink = LaunchSink { log: LogSink::new(&s.log), launch };
+    let summary = match run::train(&spec, &mut sink, &mut LaunchObserver(launch)) {
+        Ok(summary) => summary,
+        Err(RunError::Cancelled { .. }) => return Err(RunFailure::Cancelled),
+        Err(e) => return Err(e.into()),
+    };
+    launch.update(|st| st.phase = Phase::Sealing);
+    let plan_name = launch.plan.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let finished = FinishedRun {
+        summary: &summary,
+        recipe: NamedBytes { name: name.clone(), bytes: src.as_bytes().to_vec() },
+        plan: Some(NamedBytes { name: plan_name, bytes: plan_bytes }),
+        out_dir: &out_dir,
+        base_dir: None,
+        hardware,
+    };
+    let sealed = training::seal_run(&s.log, &s.identity, &s.node_dir, finished)?;
+    Ok(sealed.path.display().to_string())
+}
+
+/// The log sink that also learns the run's id from its first event.
+struct LaunchSink<'a> {
+    log: LogSink<'a>,
+    launch: &'a Launch,
+}
+
+impl EventSink for LaunchSink<'_> {
+    type Error = AppendError;
+
+    fn emit(&mut self, event: TrainerEvent) -> Result<(), AppendError> {
+        if matches!(event.kind.as_str(), "run.started" | "run.resumed") {
+            let id = event.subject.clone();
+            self.launch.update(|st| st.run_id = Some(id));
+        }
+        self.log.emit(event)
+    }
+}
+
+struct LaunchObserver<'a>(&'a Launch);
+
+impl Observer for LaunchObserver<'_> {
+    fn started(&mut self, first_step: u64, total_steps: u64) {
+        self.0.update(|st| (st.step, st.total_steps) = (first_step, total_steps));
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        self.0.update(|st| {
+            (st.step, st.loss, st.lr, st.tokens_per_s) = (r.step, Some(r.loss), Some(r.lr), Some(r.tokens_per_s));
+        });
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.0.cancel.load(Ordering::Acquire)
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "run_not_found", format!("no run {id} here"))
+}
+
+/// `GET /api/runs`: the runs launched here, newest last.
+pub async fn list(State(s): State<Arc<ApiState>>) -> Json<Value> {
+    let all: Vec<Status> = lock(&s.launches.by_id).values().map(|l| l.status()).collect();
+    Json(json!({"runs": all}))
+}
+
+/// `GET /api/runs/{id}` (the launch id, or the trainer's run id).
+pub async fn show(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Status>, ApiError> {
+    s.launches.get(&id).map(|l| Json(l.status())).ok_or_else(|| not_found(&id))
+}
+
+/// `POST /api/runs/{id}/cancel`: the run stops after its current step, checkpointed.
+pub async fn cancel(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let launch = s.launches.get(&id).ok_or_else(|| not_found(&id))?;
+    let phase = launch.status().phase;
+    if !matches!(phase, Phase::Planning | Phase::Training) {
+        let message = format!("run {id} is {phase:?}, not going");
+        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "not_running", message));
+    }
+    launch.cancel.store(true, Ordering::Release);
+    Ok((StatusCode::ACCEPTED, Json(launch.status())).into_response())
+}
+
+/// `POST /api/runs/{id}/resume`: a cancelled or failed run continues from its newest
+/// checkpoint, with the same recipe and plan.
+pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let launch = s.launches.get(&id).ok_or_else(|| not_found(&id))?;
+    let phase = launch.status().phase;
+    if !matches!(phase, Phase::Cancelled | Phase::Failed) {
+        let message = format!("run {id} is {phase:?}: only a cancelled or failed run resumes");
+        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "not_resumable", message));
+    }
+    if let Some(other) = s.launches.running() {
+        let message = format!("run {other} is going; one run at a time");
+        return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "run_in_progress", message));
+    }
+    let (name, src) = &launch.source;
+    let loaded = Recipe::check_str(src, name).map_err(|e| ApiError::invalid("recipe", e.to_string()))?;
+    launch.cancel.store(false, Ordering::Release);
+    launch.update(|st| (st.phase, st.error) = (Phase::Training, None));
+    start(&s, launch.clone(), loaded, true);
+    Ok((StatusCode::ACCEPTED, Json(launch.status())).into_response())
+}
+
+/// `GET /api/runs/{id}/events`: the run's events (those whose subject is its run id) from
+/// its launch on, then live, as server-sent events.
+pub async fn events(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let launch = s.launches.get(&id).ok_or_else(|| not_found(&id))?;
+    let from = launch.first_seq;
+    let keep = move |e: &crate::log::Event| launch.status().run_id.as_deref() == Some(e.envelope.subject.as_str());
+    Ok(event_stream(s.log.clone(), from, keep))
+}
+
+/// `GET /api/recipes`: the embedded recipes, each checked.
+pub async fn recipes() -> Json<Value> {
+    let list: Vec<Value> = EMBEDDED_RECIPES
+        .iter()
+        .map(|(name, src)| match Recipe::check_str(src, name) {
+            Ok(l) => json!({"name": name, "blake3": hex::encode(l.bytes_blake3), "method": serde_json::to_value(&l.recipe.train.method).ok().and_then(|m| m.get("kind").cloned()),
+                "run_name": l.recipe.meta.run_name, "valid": true}),
+            Err(e) => json!({"name": name, "valid": false, "errors": error_list(&e)}),
+        })
+        .collect();
+    Json(json!({"recipes": list}))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateRequest {
+    yaml: String,
+    name: Option<String>,
+}
+
+/// `POST /api/recipes/validate`: `{yaml, name}` → `{valid, errors: [{path, line, column, message}]}`.
+pub async fn validate(Json(req): Json<ValidateRequest>) -> Json<Value> {
+    let name = req.name.unwrap_or_else(|| "recipe.yaml".into());
+    Json(match Recipe::check_str(&req.yaml, &name) {
+        Ok(l) => json!({"valid": true, "errors": [], "blake3": hex::encode(l.bytes_blake3)}),
+        Err(e) => json!({"valid": false, "errors": error_list(&e)}),
+    })
+}
