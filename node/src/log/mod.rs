@@ -164,6 +164,28 @@ pub struct IndexEntry {
 pub struct Stats {
     pub events: u64,
     pub syncs: u64,
+    pub times: WriterTimes,
+}
+
+/// Where the writer threads spent their time since open, in nanoseconds: the busier of
+/// the sequencer (`sequence + sign + write`) and the syncer (`sync + ack`) bounds how
+/// many appends per second the log can take, unless the pool cannot sign fast enough.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterTimes {
+    /// Sequencer: ids, seqs, envelopes and hashes, one request after another.
+    pub sequence_ns: u64,
+    /// Sequencer: signing a lone append itself (no other batch in flight).
+    pub sign_ns: u64,
+    /// Signing jobs on the rayon pool, summed over jobs (they run in parallel).
+    pub pool_sign_ns: u64,
+    /// Sequencer: framing and writing the batch (and starting segments).
+    pub write_ns: u64,
+    /// Syncer: `fdatasync`.
+    pub sync_ns: u64,
+    /// Syncer: publishing to readers and answering appenders.
+    pub ack_ns: u64,
+    /// Batches written (one `write` each).
+    pub batches: u64,
 }
 
 /// State shared by the writer threads and readers.
@@ -172,10 +194,14 @@ pub(crate) struct Shared {
     stopped: Mutex<Option<String>>,
     notify: watch::Sender<u64>,
     syncs: AtomicU64,
+    clock: writer::Clock,
     indexed: (Mutex<u64>, Condvar),
     /// Test hook: the next fdatasync reports this error instead of syncing.
     #[cfg(test)]
     pub(crate) inject_sync_error: Mutex<Option<std::io::ErrorKind>>,
+    /// Test hook: the next write of records fails with this error.
+    #[cfg(test)]
+    pub(crate) inject_write_error: Mutex<Option<std::io::ErrorKind>>,
 }
 
 impl Shared {
@@ -215,7 +241,7 @@ impl Shared {
 /// A writable log: one per node directory (guarded by a lock file).
 pub struct EventLog {
     shared: Arc<Shared>,
-    tx: Option<mpsc::Sender<writer::Request>>,
+    tx: Option<mpsc::Sender<writer::Input>>,
     threads: Vec<JoinHandle<()>>,
     index: Arc<index::Index>,
     public_key: [u8; 32],
@@ -257,7 +283,7 @@ impl EventLog {
         if scan.segments.is_empty() {
             let path = dir.join(segment::segment_name(0));
             let file =
-                std::fs::OpenOptions::new().create_new(true).read(true).append(true).open(&path).map_err(io(&path))?;
+                std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).map_err(io(&path))?;
             fsutil::sync_dir(&dir).map_err(io(&dir))?;
             scan.segments.push(Arc::new(ReadSegment { first_seq: 0, path, file: Arc::new(file) }));
             scan.last_len = 0;
@@ -271,9 +297,12 @@ impl EventLog {
             stopped: Mutex::new(None),
             notify,
             syncs: AtomicU64::new(0),
+            clock: writer::Clock::default(),
             indexed: (Mutex::new(0), Condvar::new()),
             #[cfg(test)]
             inject_sync_error: Mutex::new(None),
+            #[cfg(test)]
+            inject_write_error: Mutex::new(None),
         });
         shared.set_indexed(shared.view.read().unwrap_or_else(|e| e.into_inner()).len());
         let last = scan.segments.last().expect("at least one segment");
@@ -285,6 +314,7 @@ impl EventLog {
             file: last.file.clone(),
             seg_index: (scan.segments.len() - 1) as u32,
             seg_len: scan.last_len,
+            seg_alloc: last.file.metadata().map_err(io(&last.path))?.len().max(scan.last_len),
             max_segment: opts.max_segment_bytes.max(1),
             dir: dir.clone(),
             shared: shared.clone(),
@@ -295,7 +325,8 @@ impl EventLog {
         let (batch_tx, batch_rx) = mpsc::channel();
         let (index_tx, index_rx) = mpsc::channel::<Vec<IndexEntry>>();
         let mut threads = Vec::new();
-        threads.push(spawn("log-sequencer", move || sequencer.run(rx, batch_tx)));
+        let signed_tx = tx.clone();
+        threads.push(spawn("log-sequencer", move || sequencer.run(rx, signed_tx, batch_tx)));
         let s2 = shared.clone();
         threads.push(spawn("log-syncer", move || writer::run_syncer(batch_rx, s2, index_tx)));
         let (s3, idx) = (shared.clone(), index.clone());
@@ -328,7 +359,7 @@ impl EventLog {
         };
         let request = writer::Request { req, reply };
         if let Some(tx) = &self.tx
-            && let Err(mpsc::SendError(r)) = tx.send(request)
+            && let Err(mpsc::SendError(writer::Input::Append(r))) = tx.send(writer::Input::Append(request))
         {
             let _ = r.reply.send(Err(AppendError::Stopped("log is closed".into())));
         }
@@ -377,8 +408,13 @@ impl EventLog {
         *self.shared.inject_sync_error.lock().unwrap() = Some(kind);
     }
 
+    #[cfg(test)]
+    pub(crate) fn fail_next_write(&self, kind: std::io::ErrorKind) {
+        *self.shared.inject_write_error.lock().unwrap() = Some(kind);
+    }
+
     pub fn stats(&self) -> Stats {
-        Stats { events: self.len(), syncs: self.shared.syncs.load(Ordering::Relaxed) }
+        Stats { events: self.len(), syncs: self.shared.syncs.load(Ordering::Relaxed), times: self.shared.clock.times() }
     }
 
     /// Why the writer stopped (an fsync or write failure), if it did: no append succeeds
@@ -408,9 +444,11 @@ impl EventLog {
 
 impl Drop for EventLog {
     fn drop(&mut self) {
-        // Closing the request channel lets each thread finish what it holds, in
-        // pipeline order, so every queued append is answered before we return.
-        self.tx.take();
+        // Closing lets each thread finish what it holds, in pipeline order, so every
+        // queued append is answered before we return.
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(writer::Input::Close);
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -437,7 +475,7 @@ fn run_indexer(rx: mpsc::Receiver<Vec<IndexEntry>>, shared: Arc<Shared>, index: 
 }
 
 /// Copies the torn bytes aside (nothing is dropped unseen), then truncates the segment
-/// to its valid prefix and syncs.
+/// to its valid prefix (dropping any pre-written zeros after the torn bytes too) and syncs.
 fn save_and_truncate(dir: &Path, torn: &segment::TornTail, scan: &segment::Scan) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::FileExt;
     let seg = scan.segments.last().expect("torn tail is in the last segment");

@@ -138,6 +138,7 @@ pub fn signing_message(hash: &Hash) -> [u8; SIGNATURE_CONTEXT.len() + 32] {
 
 /// Fields of an envelope before its data is attached, borrowed to avoid copies on the
 /// hot path.
+#[derive(Clone, Copy)]
 pub struct EnvelopeParts<'a> {
     pub seq: u64,
     pub prev: &'a Hash,
@@ -150,21 +151,36 @@ pub struct EnvelopeParts<'a> {
 /// Writes the canonical envelope directly: its member names are fixed, so their sorted
 /// order is known and no intermediate JSON tree is needed.
 pub fn canonical_envelope(parts: &EnvelopeParts<'_>, data_canonical: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data_canonical.len() + parts.subject.len() + 256);
+    use std::io::Write;
+    let mut out = Vec::with_capacity(data_canonical.len() + parts.subject.len() + parts.id.len() + 192);
     out.extend_from_slice(b"{\"data\":");
     out.extend_from_slice(data_canonical);
-    for (name, value) in [("id", parts.id), ("kind", parts.kind)] {
-        out.extend_from_slice(format!(",\"{name}\":").as_bytes());
-        canonical::write_value(&Value::String(value.to_string()), &mut out).expect("strings always encode");
-    }
+    out.extend_from_slice(b",\"id\":");
+    write_str(parts.id, &mut out);
+    out.extend_from_slice(b",\"kind\":");
+    write_str(parts.kind, &mut out);
     out.extend_from_slice(b",\"prev\":\"");
-    out.extend_from_slice(hex::encode(parts.prev).as_bytes());
-    out.extend_from_slice(format!("\",\"seq\":{},\"subject\":", parts.seq).as_bytes());
-    canonical::write_value(&Value::String(parts.subject.to_string()), &mut out).expect("strings always encode");
+    let mut prev = [0u8; 64];
+    hex::encode_to_slice(parts.prev, &mut prev).expect("64 hex digits for 32 bytes");
+    out.extend_from_slice(&prev);
+    write!(out, "\",\"seq\":{},\"subject\":", parts.seq).expect("writing to a Vec");
+    write_str(parts.subject, &mut out);
     out.extend_from_slice(b",\"time\":");
-    canonical::write_value(&Value::String(parts.time.to_string()), &mut out).expect("strings always encode");
-    out.extend_from_slice(format!(",\"v\":{ENVELOPE_VERSION}}}").as_bytes());
+    write_str(parts.time, &mut out);
+    write!(out, ",\"v\":{ENVELOPE_VERSION}}}").expect("writing to a Vec");
     out
+}
+
+/// A JSON string in canonical form: as is between quotes when nothing in it needs an
+/// escape (ids, kinds, times and most subjects), else through the canonical encoder.
+fn write_str(s: &str, out: &mut Vec<u8>) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        canonical::write_value(&Value::String(s.to_string()), out).expect("strings always encode");
+    }
 }
 
 /// Hashes and signs a canonical envelope, returning the framed record and its hash.
@@ -176,15 +192,26 @@ pub fn seal(envelope_bytes: &[u8], key: &Identity) -> (Vec<u8>, Hash) {
 
 /// `len | crc | envelope | sig`.
 pub fn frame(envelope_bytes: &[u8], sig: &[u8; SIG_LEN]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(framed_len(envelope_bytes));
+    frame_into(envelope_bytes, sig, &mut out);
+    out
+}
+
+/// Bytes of the record framing `envelope_bytes`.
+pub fn framed_len(envelope_bytes: &[u8]) -> usize {
+    HEADER_LEN + envelope_bytes.len() + SIG_LEN
+}
+
+/// Appends the record `len | crc | envelope | sig` to `out`; returns its length.
+pub fn frame_into(envelope_bytes: &[u8], sig: &[u8; SIG_LEN], out: &mut Vec<u8>) -> usize {
     let body_len = envelope_bytes.len() + SIG_LEN;
     let mut crc = crc32c::crc32c(envelope_bytes);
     crc = crc32c::crc32c_append(crc, sig);
-    let mut out = Vec::with_capacity(HEADER_LEN + body_len);
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(envelope_bytes);
     out.extend_from_slice(sig);
-    out
+    HEADER_LEN + body_len
 }
 
 /// Splits a record body into its event; `strict` also demands canonical form.
@@ -246,12 +273,24 @@ mod tests {
             prev: &prev,
             time: "2026-11-21T05:00:00.000001Z",
             kind: "run.started",
-            subject: "run-1 \"quoted\"",
-            id: "id-1",
+            subject: "run-1 \"quoted\" \\ \u{1} \u{7f} ü \n",
+            id: "id-\"1\"",
         };
         let bytes = canonical_envelope(&parts, &data);
         let parsed: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(canonical::to_vec(&parsed).unwrap(), bytes);
+        // Strings that need no escape take the short way; every control byte, the quote
+        // and the backslash take the encoder's.
+        let subjects: Vec<String> = ["plain ü \u{7f} ~".to_string(), "'/<>".into()]
+            .into_iter()
+            .chain((0u8..0x20).chain([b'"', b'\\']).map(|b| format!("a{}b", b as char)))
+            .collect();
+        for subject in &subjects {
+            let b = canonical_envelope(&EnvelopeParts { subject, id: subject, ..parts }, &data);
+            let parsed: Value = serde_json::from_slice(&b).unwrap();
+            assert_eq!(canonical::to_vec(&parsed).unwrap(), b, "{subject:?}");
+            assert_eq!(parsed["subject"].as_str(), Some(subject.as_str()));
+        }
         let key = Identity::from_seed([3; 32]);
         let (rec, hash) = seal(&bytes, &key);
         let (len, crc) = parse_header(&rec);

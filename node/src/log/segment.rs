@@ -1,10 +1,14 @@
 //! Segment files and the scan that turns them back into a chain.
 //!
 //! A segment is named after the seq of its first record (`00000000000000000042.seg`)
-//! and holds nothing but records. Every segment but the last must be whole; the last
-//! may end in a torn write, which is told apart from damage by looking for any valid
-//! record after the first bad one: if one exists, acknowledged data was damaged and the
-//! scan fails naming segment, offset and seq; if none does, the bytes are a torn tail.
+//! and holds records, then possibly zeros: the writer pre-writes zeros ahead of the
+//! records and overwrites them in place, so that syncing a batch changes no file size.
+//! The records end where a record would start and only zero bytes follow (a length of
+//! zero is never valid, so no record can be mistaken for the end). Every segment but
+//! the last must be whole; the last may end in a torn write, possibly followed by zeros,
+//! which is told apart from damage by looking for any valid record after the first bad
+//! one: if one exists, acknowledged data was damaged and the scan fails naming segment,
+//! offset and seq; if none does, the bytes are a torn tail.
 
 use super::record::{self, DecodeError, Event, HEADER_LEN, Hash, MAX_BODY, MIN_BODY, ZERO_HASH};
 use std::collections::HashMap;
@@ -12,6 +16,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 
 pub const SEGMENT_SUFFIX: &str = ".seg";
@@ -37,6 +42,7 @@ pub struct ReadSegment {
 pub struct TornTail {
     pub segment: PathBuf,
     pub offset: u64,
+    /// From `offset` to the last non-zero byte of the segment.
     pub bytes: u64,
     pub reason: String,
 }
@@ -135,16 +141,40 @@ pub fn scan_more(dir: &Path, scan: &mut Scan, open_for_write: bool) -> Result<()
                     ),
                 });
             }
-            let file = std::fs::OpenOptions::new().read(true).append(open_for_write).open(&path).map_err(io)?;
+            let file = std::fs::OpenOptions::new().read(true).write(open_for_write).open(&path).map_err(io)?;
             scan.segments.push(Arc::new(ReadSegment { first_seq, path: path.clone(), file: Arc::new(file) }));
             (scan.segments[i].file.clone(), 0)
         };
-        let bytes = read_from(&file, start).map_err(io)?;
-        let good = scan_segment(&bytes, start, &path, i as u32, is_last, scan)?;
+        let mut attempt = 0;
+        let good = loop {
+            let bytes = read_from(&file, start).map_err(io)?;
+            let accepted = scan.hashes.len();
+            match scan_segment(&bytes, start, &path, i as u32, is_last, scan) {
+                // A reader racing a live writer can copy a later page of a write before
+                // the writer has filled an earlier one, and see zeros between records.
+                // Only the writer's own scan (which holds the lock) decides at once.
+                Err(ScanError::Corrupt { offset, .. })
+                    if !open_for_write
+                        && is_last
+                        && attempt < READ_RETRIES
+                        && zero_header_at(&bytes, (offset - start) as usize) =>
+                {
+                    scan.hashes.truncate(accepted);
+                    scan.positions.truncate(accepted);
+                    scan.torn = None;
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => break r?,
+            }
+        };
         scan.last_len = start + good;
     }
     Ok(())
 }
+
+/// Read-only scans re-read a damaged-looking last segment this many times first.
+const READ_RETRIES: u32 = 3;
 
 fn read_from(file: &File, start: u64) -> std::io::Result<Vec<u8>> {
     let len = file.metadata()?.len().saturating_sub(start) as usize;
@@ -163,8 +193,9 @@ fn scan_segment(
     is_last: bool,
     scan: &mut Scan,
 ) -> Result<u64, ScanError> {
+    let end = nonzero_end(bytes);
     let mut off = 0usize;
-    while off < bytes.len() {
+    while off < end {
         let seq = scan.hashes.len() as u64;
         let problem = match frame_at(bytes, off) {
             Ok(body) => match record::decode_body(body, false) {
@@ -182,11 +213,11 @@ fn scan_segment(
             },
             Err(p) => p,
         };
-        if is_last && !valid_record_after(bytes, off) {
+        if is_last && !valid_record_after(bytes, off, end) {
             scan.torn = Some(TornTail {
                 segment: path.to_path_buf(),
                 offset: base + off as u64,
-                bytes: (bytes.len() - off) as u64,
+                bytes: (end - off) as u64,
                 reason: problem,
             });
             return Ok(off as u64);
@@ -194,6 +225,27 @@ fn scan_segment(
         return Err(corrupt(path, base + off as u64, seq, problem));
     }
     Ok(off as u64)
+}
+
+/// True if a record header at `off` would be all zeros: where a reader that races the
+/// writer can see a hole (see [`scan_more`]).
+pub fn zero_header_at(bytes: &[u8], off: usize) -> bool {
+    bytes.get(off..off + HEADER_LEN).is_some_and(|h| h.iter().all(|&b| b == 0))
+}
+
+/// One past the last non-zero byte: the bytes from there on are pre-written space.
+pub fn nonzero_end(bytes: &[u8]) -> usize {
+    const STEP: usize = 4096;
+    let mut end = bytes.len();
+    // Whole zero blocks first (this loop vectorises), then the last non-zero byte.
+    while end > 0 {
+        let start = end.saturating_sub(STEP);
+        if bytes[start..end].iter().fold(0u8, |a, &b| a | b) != 0 {
+            break;
+        }
+        end = start;
+    }
+    bytes[..end].iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
 }
 
 fn accept(scan: &mut Scan, ev: Event, seg: u32, off: u64, body_len: usize) {
@@ -254,9 +306,10 @@ pub fn frame_at(bytes: &[u8], off: usize) -> Result<&[u8], String> {
 }
 
 /// True if any offset after `bad` starts a crc-valid record that decodes: proof that
-/// the bad bytes sit in the middle of written data rather than at a torn end.
-fn valid_record_after(bytes: &[u8], bad: usize) -> bool {
-    (bad + 1..bytes.len().saturating_sub(HEADER_LEN))
+/// the bad bytes sit in the middle of written data rather than at a torn end. Records
+/// start before `end`, the end of the non-zero bytes.
+fn valid_record_after(bytes: &[u8], bad: usize, end: usize) -> bool {
+    (bad + 1..end.min(bytes.len().saturating_sub(HEADER_LEN)))
         .any(|off| frame_at(bytes, off).map(|b| record::decode_body(b, false).is_ok()).unwrap_or(false))
 }
 

@@ -206,34 +206,65 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Writes a log of a few events and returns (dir, bytes of its only segment, offset of
-/// the last record).
+/// Writes a log of a few events and returns (dir, the records of its only segment
+/// without the pre-written zeros after them, offset of the last record).
 fn small_log() -> (tempfile::TempDir, Vec<u8>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (log, _) = open(dir.path(), LogOptions::default());
     fill(&log, 4);
     let last_off = log.read(|v| v.positions_for_test(4));
     drop(log);
-    let bytes = std::fs::read(&segments(dir.path())[0]).unwrap();
+    let mut bytes = std::fs::read(&segments(dir.path())[0]).unwrap();
+    let end = *record_starts(&bytes).last().unwrap();
+    assert!(bytes.len() > end as usize, "space after the records is pre-written");
+    assert!(bytes[end as usize..].iter().all(|&b| b == 0), "and holds zeros");
+    bytes.truncate(end as usize);
     (dir, bytes, last_off)
+}
+
+/// Zeros as the writer leaves them after the last record.
+const ZERO_TAIL: usize = 5000;
+
+fn with_zero_tail(bytes: &[u8]) -> Vec<u8> {
+    [bytes, &[0u8; ZERO_TAIL][..]].concat()
 }
 
 #[test]
 fn torn_last_record_is_truncated_at_every_byte_offset() {
     let (_dir, bytes, last_off) = small_log();
-    for cut in last_off as usize..bytes.len() {
-        let dir = tempfile::tempdir().unwrap();
-        let (log, _) = open(dir.path(), LogOptions::default());
-        drop(log);
-        let seg = &segments(dir.path())[0];
-        std::fs::write(seg, &bytes[..cut]).unwrap();
-        let (log, report) = EventLog::open(dir.path(), key(), LogOptions::default()).unwrap();
-        assert_eq!(log.len(), 4, "cut at {cut}: the valid prefix (genesis + 3) survives");
-        assert_eq!(report.torn.is_some(), cut > last_off as usize, "cut at {cut}");
-        // Appends continue on the clean prefix.
-        assert_eq!(log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap().seq, 4);
-        drop(log);
-        assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+    // A torn write leaves a prefix of the record, then whatever the file held after it:
+    // nothing (an append), pre-written zeros, or zeros after a few bytes that are
+    // neither (a write whose later sectors reached the disk but not its first ones).
+    let garbage: Vec<u8> = (0..37u8).map(|i| i.wrapping_mul(97) | 1).collect();
+    for layout in ["appended", "zeros after", "garbage then zeros"] {
+        for cut in last_off as usize..bytes.len() {
+            let dir = tempfile::tempdir().unwrap();
+            let (log, _) = open(dir.path(), LogOptions::default());
+            drop(log);
+            let seg = &segments(dir.path())[0];
+            let content = match layout {
+                "appended" => bytes[..cut].to_vec(),
+                "zeros after" => with_zero_tail(&bytes[..cut]),
+                _ => with_zero_tail(&[&bytes[..cut], &garbage[..]].concat()),
+            };
+            std::fs::write(seg, &content).unwrap();
+            let (log, report) = EventLog::open(dir.path(), key(), LogOptions::default()).unwrap();
+            assert_eq!(log.len(), 4, "{layout}, cut at {cut}: the valid prefix (genesis + 3) survives");
+            let torn = layout == "garbage then zeros" || cut > last_off as usize;
+            assert_eq!(report.torn.is_some(), torn, "{layout}, cut at {cut}");
+            if let Some(t) = &report.torn {
+                // What was set aside is everything but the zeros.
+                let saved = std::fs::read(report.torn_saved_to.as_ref().unwrap()).unwrap();
+                let want = &content[last_off as usize..segment::nonzero_end(&content)];
+                assert_eq!((t.offset, saved.as_slice()), (last_off, want), "{layout}, cut at {cut}");
+            }
+            // Appends continue on the clean prefix.
+            assert_eq!(log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap().seq, 4);
+            drop(log);
+            assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+            let reopened = LogReader::open(dir.path()).unwrap();
+            assert_eq!((reopened.view().len(), reopened.torn()), (5, None), "{layout}, cut at {cut}");
+        }
     }
 }
 
@@ -245,7 +276,7 @@ fn garbled_last_record_is_truncated_and_preserved() {
         drop(open(dir.path(), LogOptions::default()));
         let mut garbled = bytes.clone();
         garbled[pos] ^= 0x5a;
-        std::fs::write(&segments(dir.path())[0], &garbled).unwrap();
+        std::fs::write(&segments(dir.path())[0], with_zero_tail(&garbled)).unwrap();
         // `log verify` (read-only) names the place before anything is repaired.
         let report = verify::verify(dir.path(), pinned()).unwrap();
         assert!(!report.ok(), "flip at {pos} undetected");
@@ -253,8 +284,62 @@ fn garbled_last_record_is_truncated_and_preserved() {
         let (log, report) = EventLog::open(dir.path(), key(), LogOptions::default()).unwrap();
         assert_eq!(log.len(), 4, "flip at {pos}");
         let saved = report.torn_saved_to.expect("torn bytes preserved");
-        assert_eq!(std::fs::read(saved).unwrap(), garbled[last_off as usize..].to_vec());
+        let end = segment::nonzero_end(&garbled);
+        assert_eq!(std::fs::read(saved).unwrap(), garbled[last_off as usize..end].to_vec());
     }
+}
+
+#[test]
+fn appends_overwrite_pre_written_space_and_zeros_end_every_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    {
+        let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10 });
+        fill(&log, 3);
+        let seg = &segments(dir.path())[0];
+        let before = size(seg);
+        fill(&log, 20);
+        assert_eq!(size(seg), before, "appends inside pre-written space do not change the file size");
+        // Enough to grow the space and to start more segments.
+        for i in 0..40 {
+            let pad = "p".repeat(20_000);
+            log.append(AppendRequest::new("big.x", "s", json!({"i": i, "pad": pad}))).unwrap();
+        }
+    }
+    let segs = segments(dir.path());
+    assert!(segs.len() > 2, "rotation happened");
+    for seg in &segs {
+        let bytes = std::fs::read(seg).unwrap();
+        assert!(bytes.len() as u64 <= 256 << 10, "{} is {} bytes", seg.display(), bytes.len());
+    }
+    assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+    let (log, report) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10 });
+    assert_eq!((report.events, report.torn), (64, None));
+    assert_eq!(log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap().seq, 64);
+    drop(log);
+    let reader = LogReader::open(dir.path()).unwrap();
+    assert_eq!(reader.view().len(), 65);
+    assert_eq!(reader.view().event(64).unwrap().envelope.kind, "a.b");
+}
+
+#[test]
+fn a_zero_hole_before_a_whole_record_is_damage_not_the_end() {
+    let (_dir, bytes, last_off) = small_log();
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), LogOptions::default()));
+    // The record before the last one reads as zeros: the last one proves it was written.
+    let starts = record_starts(&bytes);
+    let hole = starts[starts.len() - 3] as usize;
+    let mut damaged = bytes.clone();
+    damaged[hole..last_off as usize].fill(0);
+    let seg = segments(dir.path())[0].clone();
+    std::fs::write(&seg, with_zero_tail(&damaged)).unwrap();
+    let report = verify::verify(dir.path(), pinned()).unwrap();
+    assert_eq!(report.problems[0].offset, hole as u64, "{:?}", report.problems);
+    assert!(LogReader::open(dir.path()).is_err(), "readers refuse it too");
+    let err = EventLog::open(dir.path(), key(), LogOptions::default()).err().expect("must refuse");
+    assert!(err.to_string().contains(&format!("offset {hole}, seq 3")), "{err}");
+    assert_eq!(std::fs::read(&seg).unwrap(), with_zero_tail(&damaged), "nothing was repaired");
 }
 
 #[test]
@@ -288,7 +373,7 @@ fn flipping_any_byte_fails_verify_and_names_the_record() {
     for pos in 0..bytes.len() {
         let mut t = bytes.clone();
         t[pos] ^= 0x01;
-        std::fs::write(&seg, &t).unwrap();
+        std::fs::write(&seg, with_zero_tail(&t)).unwrap();
         let report = verify::verify(dir.path(), pinned()).unwrap();
         assert!(!report.ok(), "flip at byte {pos} undetected");
         let owner = *starts.iter().rfind(|&&s| s <= pos as u64).unwrap();
@@ -296,13 +381,20 @@ fn flipping_any_byte_fails_verify_and_names_the_record() {
     }
 }
 
+/// Where each record starts, and last where the records end (at the end of the bytes or
+/// at a zero length).
 fn record_starts(bytes: &[u8]) -> Vec<u64> {
     let mut out = vec![];
     let mut off = 0usize;
     while off < bytes.len() {
         out.push(off as u64);
-        off += record::HEADER_LEN + record::parse_header(&bytes[off..]).0;
+        let len = record::parse_header(&bytes[off..]).0;
+        if len == 0 {
+            return out;
+        }
+        off += record::HEADER_LEN + len;
     }
+    out.push(off as u64);
     out
 }
 
@@ -310,11 +402,7 @@ fn record_starts(bytes: &[u8]) -> Vec<u64> {
 fn resigned_reordered_and_deleted_events_are_detected() {
     let (_dir, bytes, _) = small_log();
     let starts = record_starts(&bytes);
-    let recs: Vec<Vec<u8>> = starts
-        .iter()
-        .zip(starts.iter().skip(1).chain([bytes.len() as u64].iter()))
-        .map(|(&a, &b)| bytes[a as usize..b as usize].to_vec())
-        .collect();
+    let recs: Vec<Vec<u8>> = starts.windows(2).map(|w| bytes[w[0] as usize..w[1] as usize].to_vec()).collect();
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), LogOptions::default()));
     let seg = segments(dir.path())[0].clone();
@@ -414,4 +502,49 @@ fn an_fsync_error_stops_the_writer_and_acknowledges_nothing_more() {
     }
     drop(log);
     assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+}
+
+#[test]
+fn a_failed_write_refuses_its_batch_and_the_batches_after_it_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = open(dir.path(), LogOptions::default());
+    fill(&log, 3);
+    let log = Arc::new(log);
+    log.fail_next_write(std::io::ErrorKind::Other);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                (0..40)
+                    .map(|i| {
+                        let r = AppendRequest::new("w.x", "s", json!({"t": t, "i": i})).with_id(format!("t{t}-{i}"));
+                        (r.clone(), log.append(r))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let refused: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(!refused.is_empty(), "the injected failure refused something");
+    for (_, r) in &refused {
+        assert!(matches!(r, Err(AppendError::Io(m)) if m.contains("injected write failure")), "{r:?}");
+    }
+    // A refused id is free again: the retry gets a new seq.
+    for (req, _) in &refused {
+        assert!(!log.append(req.clone()).unwrap().duplicate);
+    }
+    let acked: Vec<u64> = results.iter().filter_map(|(_, r)| r.as_ref().ok().map(|a| a.seq)).collect();
+    assert_eq!(acked.iter().collect::<BTreeSet<_>>().len(), acked.len(), "no seq given twice");
+    assert_eq!(log.len(), 4 + 320, "every append stored once");
+    drop(log);
+    assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
+    let (log, report) = open(dir.path(), LogOptions::default());
+    assert_eq!((report.events, report.torn), (4 + 320, None));
+    for seq in 1..log.len() {
+        let id = log.get(seq).unwrap().envelope.id;
+        if seq > 3 {
+            assert!(id.starts_with('t'), "seq {seq} holds {id}");
+        }
+    }
 }

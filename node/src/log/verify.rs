@@ -4,7 +4,8 @@
 //! going and lists every problem it can locate: bad framing or crc, non-canonical
 //! envelopes, seq gaps and reorderings, broken `prev` links, and signatures that do
 //! not verify under the log's key. After damaged bytes it resynchronises on the next
-//! crc-valid record so one flipped byte does not hide the rest of the log.
+//! crc-valid record so one flipped byte does not hide the rest of the log. Zeros after
+//! the last record of a segment are pre-written space, not a problem.
 
 use super::record::{self, Event, HEADER_LEN, Hash, ZERO_HASH};
 use super::segment::{self, ScanError};
@@ -82,46 +83,22 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
                 what: format!("segment starts at seq {first_seq}, expected {expected_seq} (missing or extra segment)"),
             });
         }
-        let bytes = read(path)?;
-        let mut off = 0usize;
-        while off < bytes.len() {
-            match segment::frame_at(&bytes, off) {
-                Ok(body) => {
-                    let len = HEADER_LEN + body.len();
-                    match record::decode_body(body, true) {
-                        Ok(ev) => {
-                            if let Some(what) = segment::link_problem(&ev, expected_seq, &prev) {
-                                problems.push(Problem {
-                                    segment: path.clone(),
-                                    offset: off as u64,
-                                    seq: ev.envelope.seq,
-                                    what,
-                                });
-                            }
-                            expected_seq = ev.envelope.seq + 1;
-                            prev = ev.hash;
-                            events.push((path.clone(), off as u64, ev));
-                        }
-                        Err(e) => {
-                            problems.push(Problem {
-                                segment: path.clone(),
-                                offset: off as u64,
-                                seq: expected_seq,
-                                what: e.to_string(),
-                            });
-                        }
-                    }
-                    off += len;
-                }
-                Err(what) => {
-                    problems.push(Problem { segment: path.clone(), offset: off as u64, seq: expected_seq, what });
-                    match next_frame(&bytes, off + 1) {
-                        Some(next) => off = next,
-                        None => break,
-                    }
-                }
+        let is_last = Some((*first_seq, path)) == listed.last().map(|(f, p)| (*f, p));
+        let mut bytes = read(path)?;
+        let mut audit = audit_segment(path, &bytes, expected_seq, prev);
+        // A live writer can be filling the last segment while it is read: a page seen
+        // before the writer filled it reads as zeros between records. Damage stays.
+        for _ in 0..READ_RETRIES {
+            if !is_last || !audit.problems.iter().any(|p| segment::zero_header_at(&bytes, p.offset as usize)) {
+                break;
             }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            bytes = read(path)?;
+            audit = audit_segment(path, &bytes, expected_seq, prev);
         }
+        problems.extend(audit.problems);
+        events.extend(audit.events);
+        (expected_seq, prev) = (audit.expected_seq, audit.prev);
     }
     let (key, key_source) = resolve_key(trusted, &events, &mut problems);
     if let Some(key) = &key {
@@ -149,6 +126,63 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
     })
 }
 
+const READ_RETRIES: u32 = 3;
+
+struct SegmentAudit {
+    events: Vec<(PathBuf, u64, Event)>,
+    problems: Vec<Problem>,
+    expected_seq: u64,
+    prev: Hash,
+}
+
+/// Checks one segment's records, continuing the chain from `expected_seq` and `prev`.
+/// The records end where only zeros follow (pre-written space).
+fn audit_segment(path: &Path, bytes: &[u8], mut expected_seq: u64, mut prev: Hash) -> SegmentAudit {
+    let mut problems = Vec::new();
+    let mut events = Vec::new();
+    let end = segment::nonzero_end(bytes);
+    let mut off = 0usize;
+    while off < end {
+        match segment::frame_at(bytes, off) {
+            Ok(body) => {
+                let len = HEADER_LEN + body.len();
+                match record::decode_body(body, true) {
+                    Ok(ev) => {
+                        if let Some(what) = segment::link_problem(&ev, expected_seq, &prev) {
+                            problems.push(Problem {
+                                segment: path.to_path_buf(),
+                                offset: off as u64,
+                                seq: ev.envelope.seq,
+                                what,
+                            });
+                        }
+                        expected_seq = ev.envelope.seq + 1;
+                        prev = ev.hash;
+                        events.push((path.to_path_buf(), off as u64, ev));
+                    }
+                    Err(e) => {
+                        problems.push(Problem {
+                            segment: path.to_path_buf(),
+                            offset: off as u64,
+                            seq: expected_seq,
+                            what: e.to_string(),
+                        });
+                    }
+                }
+                off += len;
+            }
+            Err(what) => {
+                problems.push(Problem { segment: path.to_path_buf(), offset: off as u64, seq: expected_seq, what });
+                match next_frame(bytes, off + 1, end) {
+                    Some(next) => off = next,
+                    None => break,
+                }
+            }
+        }
+    }
+    SegmentAudit { events, problems, expected_seq, prev }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, ScanError> {
     let io = |source| ScanError::Io { path: path.to_path_buf(), source };
     let f = std::fs::File::open(path).map_err(io)?;
@@ -157,8 +191,8 @@ fn read(path: &Path) -> Result<Vec<u8>, ScanError> {
     Ok(buf)
 }
 
-fn next_frame(bytes: &[u8], from: usize) -> Option<usize> {
-    (from..bytes.len().saturating_sub(HEADER_LEN)).find(|&o| segment::frame_at(bytes, o).is_ok())
+fn next_frame(bytes: &[u8], from: usize, end: usize) -> Option<usize> {
+    (from..end.min(bytes.len().saturating_sub(HEADER_LEN))).find(|&o| segment::frame_at(bytes, o).is_ok())
 }
 
 fn resolve_key(

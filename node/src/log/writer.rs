@@ -1,41 +1,123 @@
 //! Group commit: many appenders, one fdatasync.
 //!
 //! Two threads form a pipeline. The *sequencer* drains every waiting request, checks
-//! ids and expected seqs, builds and signs the envelopes (in parallel), and writes
-//! the whole batch with one `write`. The *syncer* takes every written batch, calls
-//! `fdatasync` once for all of them, and only then publishes the events to readers and
-//! answers the appenders. While one batch syncs, the next is being prepared, so the
+//! ids and expected seqs, and builds and hashes the envelopes, which chains them; the
+//! batch's signatures are then made on the rayon pool while the sequencer goes on with
+//! the next batch (signing is most of the CPU an event costs, and it needs only the
+//! hash). Batches whose signatures are back are written in order, as many as are ready
+//! with one `write`. The *syncer* takes every written batch, calls `fdatasync` once for
+//! all of them, and only then publishes the events to readers and answers the
+//! appenders. While one batch syncs, the next ones are being signed and written, so the
 //! disk and the CPUs work at the same time.
 //!
 //! An fsync error stops the writer for good: after a failed fsync the kernel may have
-//! dropped dirty pages, so nothing written since the last good sync can be vouched for.
+//! dropped dirty pages, so nothing written since the last good sync can be vouched for;
+//! batches written meanwhile are refused too. A failed `write` refuses its batch and
+//! every batch sequenced after it (their records chain on it), and the next append
+//! takes the first refused seq.
+//!
+//! Records are written in place into space pre-written with zeros ahead of them (see
+//! [`segment`]): when a batch runs past that space, zeros are written after it as well, in
+//! steps that double from 64 KiB to 4 MiB. The `fdatasync` of a batch that only overwrites
+//! allocated blocks has no file size or extent change to journal, which makes it cheaper
+//! than the `fdatasync` of an append; only one batch per step pays for the growth.
 
-use super::record::{self, EncodeError, EnvelopeParts, Hash};
+use super::record::{self, EncodeError, EnvelopeParts, Hash, SIG_LEN};
 use super::segment::{self, Position};
-use super::{AppendError, AppendRequest, Appended, IdEntry, IndexEntry, ReadSegment, Shared};
+use super::{AppendError, AppendRequest, Appended, IdEntry, IndexEntry, ReadSegment, Shared, WriterTimes};
 use crate::fsutil;
 use crate::identity::Identity;
 use rand_chacha::ChaCha12Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
+use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Most requests folded into one batch; bounds latency and memory per sync.
 const MAX_BATCH: usize = 8192;
-/// Below this many records, signing on the calling thread beats a rayon hand-off.
-const PARALLEL_SIGN_MIN: usize = 16;
+/// A signing job splits its batch over the pool from this many records on: one
+/// signature takes tens of µs, far more than handing one to another thread.
+const PARALLEL_SIGN_MIN: usize = 2;
+/// Pre-written space grows by the segment's current size, within these bounds.
+const GROW_MIN: u64 = 64 << 10;
+const GROW_MAX: u64 = 4 << 20;
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Where the writer threads spend their time (nanoseconds since open).
+#[derive(Default)]
+pub(crate) struct Clock {
+    sequence: AtomicU64,
+    sign: AtomicU64,
+    pool_sign: AtomicU64,
+    write: AtomicU64,
+    sync: AtomicU64,
+    ack: AtomicU64,
+    batches: AtomicU64,
+}
+
+impl Clock {
+    /// Adds the time since `since` to `stage` and returns now.
+    fn lap(stage: &AtomicU64, since: Instant) -> Instant {
+        let now = Instant::now();
+        stage.fetch_add((now - since).as_nanos() as u64, Ordering::Relaxed);
+        now
+    }
+
+    pub fn times(&self) -> WriterTimes {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WriterTimes {
+            sequence_ns: get(&self.sequence),
+            sign_ns: get(&self.sign),
+            pool_sign_ns: get(&self.pool_sign),
+            write_ns: get(&self.write),
+            sync_ns: get(&self.sync),
+            ack_ns: get(&self.ack),
+            batches: get(&self.batches),
+        }
+    }
+}
 
 pub(crate) type Reply = oneshot::Sender<Result<Appended, AppendError>>;
 
 pub(crate) struct Request {
     pub req: Encoded,
     pub reply: Reply,
+}
+
+/// What the sequencer thread receives.
+pub(crate) enum Input {
+    Append(Request),
+    /// A signing job's result for batch `batch`, one signature per record in order.
+    Signed {
+        batch: u64,
+        sigs: Vec<[u8; SIG_LEN]>,
+    },
+    /// The log is being closed: finish what is in flight, then stop.
+    Close,
+}
+
+/// Signs a batch on the rayon pool while the sequencer goes on with the next one.
+fn spawn_signing(key: &Arc<Identity>, b: &InFlight, tx: &Sender<Input>, shared: &Arc<Shared>) {
+    let hashes: Vec<Hash> = b.pending.iter().map(|p| p.ev.hash).collect();
+    let (key, tx, shared, batch) = (key.clone(), tx.clone(), shared.clone(), b.id);
+    rayon::spawn(move || {
+        let t = Instant::now();
+        let sign = |h: &Hash| key.sign(&record::signing_message(h));
+        let sigs = if hashes.len() >= PARALLEL_SIGN_MIN {
+            hashes.par_iter().map(sign).collect()
+        } else {
+            hashes.iter().map(sign).collect()
+        };
+        Clock::lap(&shared.clock.pool_sign, t);
+        let _ = tx.send(Input::Signed { batch, sigs });
+    });
 }
 
 /// An append request checked and encoded on the appender's own thread, so that the
@@ -90,7 +172,10 @@ pub(crate) struct Sequencer {
     pub ids: HashMap<String, IdEntry>,
     pub file: Arc<File>,
     pub seg_index: u32,
+    /// Where the next record goes: the end of the last whole record.
     pub seg_len: u64,
+    /// Size of the segment file; `seg_len..seg_alloc` holds only zeros.
+    pub seg_alloc: u64,
     pub max_segment: u64,
     pub dir: PathBuf,
     pub shared: Arc<Shared>,
@@ -139,23 +224,62 @@ enum Outcome {
     Duplicate(Appended),
 }
 
+/// A sequenced batch on its way to the file: its records chain on the batch before it,
+/// so batches are written strictly in order, each once its signatures are back.
+struct InFlight {
+    id: u64,
+    start_seq: u64,
+    start_prev: Hash,
+    pending: Vec<Pending>,
+    /// Duplicates, answered after this batch's sync.
+    replies: Vec<(Reply, Result<Appended, AppendError>)>,
+    sigs: Option<Vec<[u8; SIG_LEN]>>,
+}
+
 impl Sequencer {
-    pub fn run(mut self, rx: Receiver<Request>, to_syncer: Sender<Batch>) {
-        while let Ok(first) = rx.recv() {
-            let mut reqs = vec![first];
-            while reqs.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(r) => reqs.push(r),
-                    Err(_) => break,
+    /// Takes requests and signatures from `rx` until [`Input::Close`], then finishes
+    /// what it holds. `tx` is `rx`'s own sender, for the signing jobs to answer on.
+    pub fn run(mut self, rx: Receiver<Input>, tx: Sender<Input>, to_syncer: Sender<Batch>) {
+        let key = Arc::new(self.key.clone());
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let mut next_id = 0u64;
+        let mut closing = false;
+        while !(closing && inflight.is_empty()) {
+            let Ok(first) = rx.recv() else { return };
+            let mut reqs = Vec::new();
+            let mut input = Some(first);
+            while let Some(m) = input.take() {
+                match m {
+                    Input::Append(r) => reqs.push(r),
+                    Input::Signed { batch, sigs } => {
+                        // Batches that failed meanwhile are gone; their signatures are dropped.
+                        if let Some(b) = inflight.iter_mut().find(|b| b.id == batch) {
+                            b.sigs = Some(sigs);
+                        }
+                    }
+                    Input::Close => closing = true,
+                }
+                if reqs.len() < MAX_BATCH {
+                    input = rx.try_recv().ok();
                 }
             }
-            if let Some(reason) = self.shared.stopped() {
-                for r in reqs {
-                    let _ = r.reply.send(Err(AppendError::Stopped(reason.clone())));
+            if !reqs.is_empty()
+                && let Some(mut b) = self.sequence_batch(reqs, next_id)
+            {
+                next_id += 1;
+                if b.pending.is_empty() {
+                    b.sigs = Some(Vec::new());
+                } else if b.pending.len() == 1 && inflight.is_empty() {
+                    // A lone append: handing it to another thread would only add latency.
+                    let t = Instant::now();
+                    b.sigs = Some(vec![key.sign(&record::signing_message(&b.pending[0].ev.hash))]);
+                    Clock::lap(&self.shared.clock.sign, t);
+                } else {
+                    spawn_signing(&key, &b, &tx, &self.shared);
                 }
-                continue;
+                inflight.push_back(b);
             }
-            if let Some(batch) = self.prepare(reqs)
+            if let Some(batch) = self.write_ready(&mut inflight)
                 && to_syncer.send(batch).is_err()
             {
                 return;
@@ -163,8 +287,16 @@ impl Sequencer {
         }
     }
 
-    /// Sequences, seals and writes one batch; `None` if nothing needs a sync.
-    fn prepare(&mut self, reqs: Vec<Request>) -> Option<Batch> {
+    /// Checks and sequences requests (ids, seqs, envelopes, hashes); `None` if none is
+    /// left to write or to answer after a sync.
+    fn sequence_batch(&mut self, reqs: Vec<Request>, id: u64) -> Option<InFlight> {
+        if let Some(reason) = self.shared.stopped() {
+            for r in reqs {
+                let _ = r.reply.send(Err(AppendError::Stopped(reason.clone())));
+            }
+            return None;
+        }
+        let t0 = Instant::now();
         let time = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
         let mut pending: Vec<Pending> = Vec::with_capacity(reqs.len());
         let mut replies: Vec<(Reply, Result<Appended, AppendError>)> = Vec::new();
@@ -180,45 +312,128 @@ impl Sequencer {
                 }
             }
         }
+        Clock::lap(&self.shared.clock.sequence, t0);
         if pending.is_empty() && replies.is_empty() {
             return None;
         }
-        let seal = |p: &Pending| record::frame(&p.ev.envelope, &self.key.sign(&record::signing_message(&p.ev.hash)));
-        let framed: Vec<Vec<u8>> = if pending.len() >= PARALLEL_SIGN_MIN {
-            pending.par_iter().map(seal).collect()
-        } else {
-            pending.iter().map(seal).collect()
-        };
-        let new_segment = match self.rotate_if_full(start_seq, !pending.is_empty()) {
-            Ok(s) => s,
-            Err(e) => {
-                self.rollback(&pending, start_seq, start_prev);
-                return Some(self.fail_batch(pending, replies, format!("cannot start a new segment: {e}")));
-            }
-        };
-        let mut buf = Vec::with_capacity(framed.iter().map(Vec::len).sum());
-        let mut events = Vec::with_capacity(pending.len());
-        for (p, record) in pending.iter().zip(&framed) {
-            let offset = self.seg_len + buf.len() as u64;
-            events.push((p.ev.hash, Position { segment: self.seg_index, offset, len: record.len() as u32 }));
-            buf.extend_from_slice(record);
+        Some(InFlight { id, start_seq, start_prev, pending, replies, sigs: None })
+    }
+
+    /// Writes every batch at the front of `inflight` whose signatures are back, with one
+    /// `write`, and returns them as one batch for the syncer.
+    fn write_ready(&mut self, inflight: &mut VecDeque<InFlight>) -> Option<Batch> {
+        let ready = inflight.iter().take_while(|b| b.sigs.is_some()).count();
+        if ready == 0 {
+            return None;
         }
-        if let Err(e) = (&*self.file).write_all(&buf) {
+        if let Some(reason) = self.shared.stopped() {
+            let group: Vec<InFlight> = inflight.drain(..).collect();
+            self.fail(group, AppendError::Stopped(reason));
+            return None;
+        }
+        let t0 = Instant::now();
+        let group: Vec<InFlight> = inflight.drain(..ready).collect();
+        let records = || group.iter().flat_map(|b| b.pending.iter().zip(b.sigs.iter().flatten()));
+        let bytes: usize = records().map(|(p, _)| record::framed_len(&p.ev.envelope)).sum();
+        let new_segment = match records().next() {
+            Some((first, _)) => match self.rotate_if_full(first.ev.seq, bytes as u64) {
+                Ok(s) => s,
+                Err(e) => {
+                    let reason = format!("cannot start a new segment: {e}");
+                    self.fail_from(group, inflight, reason);
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let mut buf = Vec::with_capacity(bytes);
+        let mut events = Vec::with_capacity(records().count());
+        for (p, sig) in records() {
+            let offset = self.seg_len + buf.len() as u64;
+            let len = record::frame_into(&p.ev.envelope, sig, &mut buf);
+            events.push((p.ev.hash, Position { segment: self.seg_index, offset, len: len as u32 }));
+        }
+        #[cfg(test)]
+        let injected = self.shared.inject_write_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+        #[cfg(not(test))]
+        let injected: Option<std::io::ErrorKind> = None;
+        let written = match injected {
+            // Half the batch lands before the failure, as a real short write can leave it.
+            Some(kind) => self
+                .file
+                .write_all_at(&buf[..buf.len() / 2], self.seg_len)
+                .and(Err(std::io::Error::new(kind, "injected write failure"))),
+            None => self.file.write_all_at(&buf, self.seg_len),
+        };
+        if let Err(e) = written {
             // Undo a partial write so the file ends on a record boundary again; if even
             // that fails the tail is unknown and the writer must stop.
             if let Err(t) = self.file.set_len(self.seg_len) {
                 self.shared.stop(format!("write failed ({e}) and truncating back failed ({t})"));
             }
-            self.rollback(&pending, start_seq, start_prev);
-            return Some(self.fail_batch(pending, replies, format!("write failed, nothing stored: {e}")));
+            self.seg_alloc = self.seg_len;
+            self.fail_from(group, inflight, format!("write failed, nothing stored: {e}"));
+            return None;
         }
         self.seg_len += buf.len() as u64;
-        let mut index = Vec::with_capacity(pending.len());
-        for Pending { ev, reply } in pending {
-            index.push(ev.index);
-            replies.push((reply, Ok(Appended { seq: ev.seq, hash: ev.hash, duplicate: false })));
+        self.grow();
+        let mut index = Vec::with_capacity(events.len());
+        let mut replies = Vec::with_capacity(events.len());
+        for b in group {
+            for Pending { ev, reply } in b.pending {
+                index.push(ev.index);
+                replies.push((reply, Ok(Appended { seq: ev.seq, hash: ev.hash, duplicate: false })));
+            }
+            replies.extend(b.replies);
         }
+        Clock::lap(&self.shared.clock.write, t0);
         Some(Batch { file: self.file.clone(), new_segment, events, index, replies })
+    }
+
+    /// A write failed: `group` and every batch sequenced after it (they chain on it)
+    /// are refused, and the next append takes the first seq of `group` again.
+    fn fail_from(&mut self, mut group: Vec<InFlight>, inflight: &mut VecDeque<InFlight>, reason: String) {
+        group.extend(inflight.drain(..));
+        let (seq, prev) = (group[0].start_seq, group[0].start_prev);
+        for p in group.iter().flat_map(|b| &b.pending) {
+            self.ids.remove(&p.ev.id);
+        }
+        self.next_seq = seq;
+        self.prev = prev;
+        self.fail(group, AppendError::Io(reason));
+    }
+
+    fn fail(&self, group: Vec<InFlight>, err: AppendError) {
+        for b in group {
+            for p in b.pending {
+                let _ = p.reply.send(Err(err.clone()));
+            }
+            // Even a duplicate's original may be among the refused.
+            for (reply, _) in b.replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+
+    /// Once the records reach the end of the pre-written space, writes zeros after them
+    /// (up to the segment size limit). This batch's sync then also syncs the new size
+    /// and blocks, so the batches after it overwrite allocated blocks. A failure here
+    /// loses nothing: the records are written, and the next batch just extends the file.
+    fn grow(&mut self) {
+        if self.seg_len < self.seg_alloc {
+            return;
+        }
+        let target = (self.seg_len + self.seg_len.clamp(GROW_MIN, GROW_MAX)).min(self.max_segment);
+        let mut at = self.seg_len;
+        while at < target {
+            let n = (target - at).min(ZEROS.len() as u64);
+            if let Err(e) = self.file.write_all_at(&ZEROS[..n as usize], at) {
+                tracing::warn!("pre-writing segment space failed: {e}");
+                break;
+            }
+            at += n;
+        }
+        self.seg_alloc = at;
     }
 
     fn sequence(&mut self, req: Encoded, time: &str) -> Result<Outcome, AppendError> {
@@ -253,40 +468,22 @@ impl Sequencer {
         Ok(Outcome::New(Sequenced { seq, envelope, hash, index, id }))
     }
 
-    fn rollback(&mut self, pending: &[Pending], seq: u64, prev: Hash) {
-        for p in pending {
-            self.ids.remove(&p.ev.id);
-        }
-        self.next_seq = seq;
-        self.prev = prev;
-    }
-
-    fn fail_batch(
-        &self,
-        pending: Vec<Pending>,
-        mut replies: Vec<(Reply, Result<Appended, AppendError>)>,
-        reason: String,
-    ) -> Batch {
-        for p in pending {
-            replies.push((p.reply, Err(AppendError::Io(reason.clone()))));
-        }
-        Batch { file: self.file.clone(), new_segment: None, events: vec![], index: vec![], replies }
-    }
-
-    /// Starts a new segment once the current one is full. The old segment is synced
-    /// first: only the last segment may ever end torn.
-    fn rotate_if_full(&mut self, first_seq: u64, has_records: bool) -> std::io::Result<Option<Arc<ReadSegment>>> {
-        if self.seg_len < self.max_segment || !has_records {
+    /// Starts a new segment when the batch would take the current one past its size
+    /// limit (a batch larger than a whole segment still gets one of its own). The old
+    /// segment is synced first: only the last segment may ever end torn.
+    fn rotate_if_full(&mut self, first_seq: u64, batch_bytes: u64) -> std::io::Result<Option<Arc<ReadSegment>>> {
+        if self.seg_len == 0 || self.seg_len + batch_bytes <= self.max_segment {
             return Ok(None);
         }
         self.file.sync_data()?;
         let path = self.dir.join(segment::segment_name(first_seq));
-        let file = OpenOptions::new().create_new(true).read(true).append(true).open(&path)?;
+        let file = OpenOptions::new().create_new(true).read(true).write(true).open(&path)?;
         fsutil::sync_dir(&self.dir)?;
         let file = Arc::new(file);
         self.file = file.clone();
         self.seg_index += 1;
         self.seg_len = 0;
+        self.seg_alloc = 0;
         Ok(Some(Arc::new(ReadSegment { first_seq, path, file })))
     }
 }
@@ -294,9 +491,19 @@ impl Sequencer {
 /// Syncs written batches and answers their appenders.
 pub(crate) fn run_syncer(rx: Receiver<Batch>, shared: Arc<Shared>, to_indexer: Sender<Vec<IndexEntry>>) {
     while let Ok(first) = rx.recv() {
+        let t0 = Instant::now();
         let mut batches = vec![first];
         while let Ok(b) = rx.try_recv() {
             batches.push(b);
+        }
+        if let Some(reason) = shared.stopped() {
+            // Written after a failed sync, or after a write that could not be undone.
+            for b in batches {
+                for (reply, _) in b.replies {
+                    let _ = reply.send(Err(AppendError::Stopped(reason.clone())));
+                }
+            }
+            continue;
         }
         let mut result = Ok(());
         let mut synced: Vec<*const File> = Vec::new();
@@ -319,6 +526,8 @@ pub(crate) fn run_syncer(rx: Receiver<Batch>, shared: Arc<Shared>, to_indexer: S
             synced.push(ptr);
         }
         shared.count_sync();
+        let t1 = Clock::lap(&shared.clock.sync, t0);
+        shared.clock.batches.fetch_add(batches.len() as u64, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 for b in batches {
@@ -342,5 +551,6 @@ pub(crate) fn run_syncer(rx: Receiver<Batch>, shared: Arc<Shared>, to_indexer: S
                 }
             }
         }
+        Clock::lap(&shared.clock.ack, t1);
     }
 }
