@@ -2,7 +2,7 @@
 //! print the ratio. Results go to docs/benchmarks.md by hand, with date and machine.
 //!
 //! ```text
-//! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR]
+//! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR] [--stages]
 //! mindxtrain-bench train [--threads 1,2] [--steps 30] [--full] [--python target/pyenv/bin/python]
 //! ```
 //! `log`: durable appends per second (acknowledged only after fdatasync) at several
@@ -14,7 +14,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use mindxtrain_node::identity::Identity;
-use mindxtrain_node::log::{AppendRequest, EventLog, LogOptions};
+use mindxtrain_node::log::{AppendRequest, EventLog, LogOptions, WriterTimes};
 use mindxtrain_tests::bench::train;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -45,6 +45,9 @@ enum Cmd {
         /// Print the table as JSON too.
         #[arg(long)]
         json: bool,
+        /// Also print where our writer threads spent the time (tasks run).
+        #[arg(long)]
+        stages: bool,
     },
     /// CPU training steps/s vs PyTorch + PEFT (same shape, same threads).
     Train {
@@ -76,7 +79,7 @@ enum Cmd {
 fn main() -> Result<()> {
     mindxtrain_node::training::keep_freed_memory();
     match Cli::parse().cmd {
-        Cmd::Log { seconds, appenders, dir, json } => bench_log(seconds, &appenders, dir, json),
+        Cmd::Log { seconds, appenders, dir, json, stages } => bench_log(seconds, &appenders, dir, json, stages),
         Cmd::Train { threads, steps, warmup, batch, seq, full, python, script, json } => {
             let cfg = train::TrainBench {
                 threads: &threads,
@@ -98,7 +101,7 @@ fn payload(i: u64) -> serde_json::Value {
     json!({"run_id": "run-bench", "step": i, "loss": 2.3456 - (i as f64) * 1e-6, "lr": 0.0001, "tok_s": 12345.6})
 }
 
-fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: bool) -> Result<()> {
+fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: bool, stages: bool) -> Result<()> {
     let base = match dir {
         Some(d) => d,
         None => std::env::current_dir()?,
@@ -111,18 +114,70 @@ fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: b
         "appenders", "ours tasks/s", "ours threads/s", "sqlite/s", "ratio", "events/sync"
     );
     let mut rows = Vec::new();
+    let mut stage_lines = Vec::new();
     for &n in appenders {
-        let (tasks, per_sync) = run_ours_async(&base, n, dur)?;
+        let (tasks, per_sync, times) = run_ours_async(&base, n, dur)?;
+        stage_lines.push(stage_line(n, &times));
         let (threads, _) = run_ours(&base, n, dur)?;
         let theirs = run_sqlite(&base, n, dur)?;
         let ratio = tasks / theirs.max(1e-9);
         println!("{n:>10} {tasks:>14.0} {threads:>14.0} {theirs:>14.0} {ratio:>7.1}x {per_sync:>12.1}");
         rows.push(json!({"appenders": n, "ours_tasks_per_s": tasks, "ours_threads_per_s": threads, "sqlite_per_s": theirs, "ratio": ratio, "events_per_sync": per_sync}));
     }
+    if stages {
+        println!("where the writer threads spent the tasks run (busy = share of the measured time):");
+        for l in &stage_lines {
+            println!("{l}");
+        }
+    }
     if as_json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
+}
+
+/// The writer's stage times over a measured run, as the share of wall time each thread
+/// was busy and the cost per event (or per sync).
+fn stage_line(n: usize, t: &StageTimes) -> String {
+    let (w, d) = (&t.times, t.elapsed.as_nanos().max(1) as f64);
+    let per_event = |ns: u64| ns as f64 / 1e3 / t.events.max(1) as f64;
+    format!(
+        "{n:>10} appenders: sequencer busy {:>3.0}% (sequence {:.2} + sign {:.2} + write {:.2} µs/event), \
+         pool signing {:.1} µs/event, syncer busy {:>3.0}% (fdatasync {:.0} µs/sync, ack {:.2} µs/event), \
+         {:.0} events/write, process CPU {:.1} of {} cores",
+        (w.sequence_ns + w.sign_ns + w.write_ns) as f64 / d * 100.0,
+        per_event(w.sequence_ns),
+        per_event(w.sign_ns),
+        per_event(w.write_ns),
+        per_event(w.pool_sign_ns),
+        (w.sync_ns + w.ack_ns) as f64 / d * 100.0,
+        w.sync_ns as f64 / 1e3 / t.syncs.max(1) as f64,
+        per_event(w.ack_ns),
+        t.events as f64 / w.batches.max(1) as f64,
+        t.cpu_seconds / t.elapsed.as_secs_f64(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+    )
+}
+
+/// Writer stage times over the measured part of a run.
+struct StageTimes {
+    times: WriterTimes,
+    events: u64,
+    syncs: u64,
+    elapsed: Duration,
+    /// User + system CPU time of the whole process over the run.
+    cpu_seconds: f64,
+}
+
+/// User + system CPU seconds this process has used (Linux `/proc/self/stat`, in clock
+/// ticks of 1/100 s); 0 where that cannot be read.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
 
 /// Runs `n` appender threads calling `op(thread, i)` until the time is up; returns
@@ -177,7 +232,7 @@ fn run_ours(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
 }
 
 /// Same measurement with `n` tokio tasks on a runtime of one worker per core.
-fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
+fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64, StageTimes)> {
     let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
     let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), LogOptions::default())?;
     let log = Arc::new(log);
@@ -204,11 +259,13 @@ fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
     std::thread::sleep(Duration::from_millis(300));
     warm.store(true, Ordering::Relaxed);
     let before = log.stats();
+    let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     std::thread::sleep(dur);
     let done = count.load(Ordering::Relaxed);
     let elapsed = t0.elapsed().as_secs_f64();
     let after = log.stats();
+    let cpu = cpu_seconds() - cpu0;
     stop.store(true, Ordering::Relaxed);
     rt.block_on(async {
         for t in tasks {
@@ -217,7 +274,24 @@ fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
         anyhow::Ok(())
     })?;
     let per_sync = (after.events - before.events) as f64 / (after.syncs - before.syncs).max(1) as f64;
-    Ok((done as f64 / elapsed, per_sync))
+    let (a, b) = (after.times, before.times);
+    let times = WriterTimes {
+        sequence_ns: a.sequence_ns - b.sequence_ns,
+        sign_ns: a.sign_ns - b.sign_ns,
+        pool_sign_ns: a.pool_sign_ns - b.pool_sign_ns,
+        write_ns: a.write_ns - b.write_ns,
+        sync_ns: a.sync_ns - b.sync_ns,
+        ack_ns: a.ack_ns - b.ack_ns,
+        batches: a.batches - b.batches,
+    };
+    let stages = StageTimes {
+        times,
+        events: after.events - before.events,
+        syncs: after.syncs - before.syncs,
+        elapsed: Duration::from_secs_f64(elapsed),
+        cpu_seconds: cpu,
+    };
+    Ok((done as f64 / elapsed, per_sync, stages))
 }
 
 fn run_sqlite(base: &Path, n: usize, dur: Duration) -> Result<f64> {
