@@ -70,7 +70,9 @@ fn init_append_show_verify_and_tamper() {
         .find(|p| p.extension().is_some_and(|e| e == "seg"))
         .unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
-    let pos = bytes.len() / 2;
+    // In the middle of the records, not in the zeros pre-written after them.
+    let records_end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    let pos = records_end / 2;
     bytes[pos] ^= 0x20;
     std::fs::write(&seg, &bytes).unwrap();
     let v = run(&dir, &["log", "verify"]);
