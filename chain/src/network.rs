@@ -13,13 +13,31 @@ pub struct Preset {
     /// Whether the chain is a throwaway development chain (anvil), where the
     /// well-known development key may pay for anchors.
     pub development: bool,
+    /// Block explorer whose `/tx/<hash>` page shows a transaction; `None` for anvil.
+    pub explorer: Option<&'static str>,
 }
 
-pub const ANVIL: Preset = Preset { name: "anvil", chain_id: 31337, default_rpc: None, development: true };
-pub const BASE: Preset =
-    Preset { name: "base", chain_id: 8453, default_rpc: Some("https://mainnet.base.org"), development: false };
-pub const BASE_SEPOLIA: Preset =
-    Preset { name: "base-sepolia", chain_id: 84532, default_rpc: Some("https://sepolia.base.org"), development: false };
+pub const ANVIL: Preset =
+    Preset { name: "anvil", chain_id: 31337, default_rpc: None, development: true, explorer: None };
+pub const BASE: Preset = Preset {
+    name: "base",
+    chain_id: 8453,
+    default_rpc: Some("https://mainnet.base.org"),
+    development: false,
+    explorer: Some("https://basescan.org"),
+};
+pub const BASE_SEPOLIA: Preset = Preset {
+    name: "base-sepolia",
+    chain_id: 84532,
+    default_rpc: Some("https://sepolia.base.org"),
+    development: false,
+    explorer: Some("https://sepolia.basescan.org"),
+};
+
+/// The explorer page of transaction `tx` on `chain_id`, where the chain has a known explorer.
+pub fn tx_link(chain_id: u64, tx: &str) -> Option<String> {
+    preset_for_chain(chain_id).and_then(|p| p.explorer).map(|e| format!("{e}/tx/{tx}"))
+}
 
 /// Every preset, in the order `--help` lists them.
 pub const PRESETS: [Preset; 3] = [ANVIL, BASE, BASE_SEPOLIA];
@@ -60,6 +78,9 @@ mod tests {
         assert!(preset("mainnet").unwrap_err().to_string().contains("base-sepolia"));
         assert_eq!(preset_for_chain(84532).unwrap().name, "base-sepolia");
         assert!(preset_for_chain(1).is_none());
+        assert_eq!(tx_link(84532, "0xab").as_deref(), Some("https://sepolia.basescan.org/tx/0xab"));
+        assert_eq!(tx_link(8453, "0xab").as_deref(), Some("https://basescan.org/tx/0xab"));
+        assert_eq!(tx_link(31337, "0xab"), None);
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub mod health;
 pub mod log_routes;
 pub mod metrics;
 pub mod openapi;
+pub mod plans;
+pub mod receipts;
+pub mod recipes;
+pub mod records;
 pub mod runs;
 
 use std::path::PathBuf;
@@ -28,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::routing::{get, post};
@@ -55,6 +59,8 @@ pub struct ApiState {
     pub model: Option<String>,
     pub started: Instant,
     pub launches: runs::Launches,
+    /// On-chain receipt checks go one at a time (each may start a read-only anvil).
+    pub chain_checks: tokio::sync::Mutex<()>,
 }
 
 impl ApiState {
@@ -63,26 +69,45 @@ impl ApiState {
         let metrics = Arc::new(Metrics::default());
         metrics.follow(log.clone());
         let launches = runs::Launches::default();
-        Arc::new(ApiState { log, identity, node_dir, metrics, model, started: Instant::now(), launches })
+        let chain_checks = tokio::sync::Mutex::new(());
+        Arc::new(ApiState { log, identity, node_dir, metrics, model, started: Instant::now(), launches, chain_checks })
     }
 }
 
-/// The operator routes (those of [`openapi::OPERATOR`]).
+/// The operator routes (those of [`openapi::routes`]).
 pub fn router(state: Arc<ApiState>, token: Arc<ApiToken>) -> Router {
-    let open = Router::new()
+    let (mut open, mut guarded) = (Router::new(), Router::new());
+    for c in &records::COLLECTIONS {
+        let handler =
+            get(move |State(s): State<Arc<ApiState>>, Query(q): Query<records::ListQuery>| records::list(s, c, q));
+        if c.guarded {
+            guarded = guarded.route(c.path, handler);
+        } else {
+            open = open.route(c.path, handler);
+        }
+    }
+    let open = open
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/openapi.json", get(openapi::serve))
         .route("/api/log/proof/{seq}", get(log_routes::proof))
         .route("/api/log/consistency", get(log_routes::consistency))
         .route("/api/log/checkpoint", get(log_routes::checkpoint))
-        .route("/api/recipes", get(runs::recipes))
-        .route("/api/recipes/validate", post(runs::validate))
+        .route("/api/recipes", get(recipes::list))
+        .route("/api/recipes/{name}", get(recipes::show))
+        .route("/api/recipes/validate", post(recipes::validate))
+        .route("/api/plans/{blake3}", get(plans::show))
+        .route("/api/manifests/{run_id}/envelope", get(receipts::manifest))
+        .route("/api/receipts/{run_id}", get(receipts::export))
+        .route("/api/receipts/verify", post(receipts::verify))
+        .route("/api/anchors", get(receipts::anchors))
         .route("/api/runs", get(runs::list))
         .route("/api/runs/{id}", get(runs::show))
         .route("/api/runs/{id}/events", get(runs::events));
-    let guarded = Router::new()
+    let guarded = guarded
         .route("/metrics", get(metrics::render))
+        .route("/api/recipes", post(recipes::register))
+        .route("/api/plans", post(plans::measure))
         .route("/api/log", get(log_routes::range))
         .route("/api/log/tail", get(log_routes::tail))
         .route("/api/log/checkpoints", post(log_routes::record_checkpoint))

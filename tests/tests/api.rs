@@ -50,7 +50,9 @@ impl Drop for Node {
 
 /// A documented path with its parameters filled in.
 fn concrete(path: &str) -> String {
-    path.replace("{seq}", "0").replace("{id}", "unknown")
+    ["{id}", "{name}", "{blake3}", "{run_id}"]
+        .iter()
+        .fold(path.replace("{seq}", "0"), |p, param| p.replace(param, "unknown"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,4 +268,95 @@ async fn a_run_is_launched_cancelled_resumed_and_sealed_over_the_api() {
     let at = |k: &str| kinds.iter().position(|x| x == k).unwrap();
     assert!(at("run.started") < at("run.cancelled") && at("run.cancelled") < at("run.resumed"), "{kinds:?}");
     assert_eq!(http.post(format!("{status_url}/cancel")).bearer_auth(&node.token).send().await.unwrap().status(), 409);
+
+    // What the run left is read back by kind, newest first, and its receipt verifies here.
+    let (client, base) = (&http, node.url.as_str());
+    let get = |path: String| async move {
+        let r = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.json::<Value>().await.unwrap()
+    };
+    let checkpoints = get(format!("/api/checkpoints?subject={run_id}&limit=1")).await;
+    let newest = &checkpoints["events"][0];
+    assert_eq!(
+        (newest["kind"].as_str(), newest["subject"].as_str()),
+        (Some("checkpoint.saved"), Some(run_id.as_str()))
+    );
+    assert!(checkpoints["total"].as_u64().unwrap() >= 2, "the cancel's checkpoint and the last: {checkpoints}");
+    let older = get(format!("/api/checkpoints?before={}", newest["seq"])).await;
+    assert!(older["events"].as_array().unwrap().iter().all(|e| e["seq"].as_u64() < newest["seq"].as_u64()));
+    let manifests = get("/api/manifests".into()).await;
+    assert_eq!(manifests["events"][0]["subject"], run_id.as_str());
+    let plan = get(format!("/api/plans/{}", done["plan_blake3"].as_str().unwrap())).await;
+    assert_eq!(plan["blake3"], done["plan_blake3"]);
+    assert!(plan["plan"]["choices"].is_object() || plan["plan"]["choices"].is_array(), "{plan}");
+    let envelope = get(format!("/api/manifests/{run_id}/envelope")).await;
+    assert_eq!(envelope["payloadType"], "application/vnd.in-toto+json");
+    let receipt = get(format!("/api/receipts/{run_id}")).await;
+    assert_eq!(receipt["manifest"], envelope);
+    let verify = |body: Value| http.post(format!("{}/api/receipts/verify", node.url)).json(&body).send();
+    let report: Value = verify(receipt.clone()).await.unwrap().json().await.unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    let checks = report["report"]["checks"].as_array().unwrap();
+    let status_of = |name: &str| checks.iter().find(|c| c["name"] == name).map(|c| c["status"].clone());
+    assert_eq!(status_of("manifest.signature"), Some("pass".into()), "{report}");
+    assert_eq!(status_of("log.inclusion"), Some("pass".into()), "{report}");
+    assert_eq!(status_of("anchor.on_chain"), Some("skipped".into()), "no chain deployed here: {report}");
+    let mut forged = receipt.clone();
+    forged["event"]["seq"] = serde_json::json!(receipt["event"]["seq"].as_u64().unwrap() + 1);
+    let report: Value = verify(forged).await.unwrap().json().await.unwrap();
+    assert_eq!(report["ok"], false, "a moved event is caught: {report}");
+    let r = verify(serde_json::json!({"not": "a receipt"})).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let anchors = get("/api/anchors".into()).await;
+    assert!(anchors["items"].as_array().unwrap().iter().all(|i| i["state"] == "pending"), "{anchors}");
+    let r = http.get(format!("{}/api/receipts/no-such-run", node.url)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    // Payer data needs the token.
+    assert_eq!(http.get(format!("{}/api/payments", node.url)).send().await.unwrap().status(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipes_are_registered_and_planned_over_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let http = reqwest::Client::new();
+    let post =
+        |path: &str, body: Value| http.post(format!("{}{path}", node.url)).bearer_auth(&node.token).json(&body).send();
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/tiny_cpu_lora.yaml")).unwrap();
+    let mine = yaml.replacen("run_name: ", "run_name: mine-", 1);
+    let r = post("/api/recipes", serde_json::json!({"yaml": mine, "name": "mine.yaml"})).await.unwrap();
+    assert_eq!(r.status(), 201, "new");
+    let registered: Value = r.json().await.unwrap();
+    let blake3 = registered["recipe"]["blake3"].as_str().unwrap().to_owned();
+    assert_eq!(blake3, blake3::hash(mine.as_bytes()).to_hex().as_str());
+    let again = post("/api/recipes", serde_json::json!({"yaml": mine, "name": "mine.yaml"})).await.unwrap();
+    assert_eq!(again.status(), 200, "known");
+    assert_eq!(again.json::<Value>().await.unwrap()["seq"], registered["seq"], "no second event");
+    let bad = post("/api/recipes", serde_json::json!({"yaml": "meta: {", "name": "x.yaml"})).await.unwrap();
+    assert_eq!(bad.status(), 400);
+
+    let list: Value = http.get(format!("{}/api/recipes", node.url)).send().await.unwrap().json().await.unwrap();
+    assert!(list["registered"].as_array().unwrap().iter().any(|r| r["blake3"] == blake3.as_str()), "{list}");
+    let shown: Value =
+        http.get(format!("{}/api/recipes/{blake3}", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(shown["yaml"], mine.as_str());
+    assert!(shown["resolved"]["train"]["method"].is_object(), "defaults filled in: {shown}");
+
+    // The probe, for the registered recipe by its digest; the plan is recorded and read back.
+    let r = post("/api/plans", serde_json::json!({"recipe": blake3})).await.unwrap();
+    assert_eq!(r.status(), 201);
+    let measured: Value = r.json().await.unwrap();
+    let plans: Value = http.get(format!("{}/api/plans", node.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(plans["events"][0]["subject"], measured["blake3"]);
+    let shown: Value = http
+        .get(format!("{}/api/plans/{}", node.url, measured["blake3"].as_str().unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown["plan"], measured["plan"]);
+    assert_eq!(post("/api/plans", serde_json::json!({"recipe": "nope.yaml"})).await.unwrap().status(), 400);
 }

@@ -46,8 +46,16 @@ pub const OPERATOR: &[RouteDoc] = &[
     route("get", "/api/log/consistency", Access::Open, "Consistency proof between two tree sizes (old, size)"),
     route("get", "/api/log/checkpoint", Access::Open, "The log's size and root in a freshly signed note"),
     route("post", "/api/log/checkpoints", Access::Token, "Sign a checkpoint and record it (log.checkpointed)"),
-    route("get", "/api/recipes", Access::Open, "The embedded recipes, each checked"),
+    route("get", "/api/recipes", Access::Open, "The embedded recipes, each checked, and those registered here"),
+    route("post", "/api/recipes", Access::Token, "Register a recipe (recipe.registered; kept by its blake3)"),
+    route("get", "/api/recipes/{name}", Access::Open, "One recipe resolved with its defaults, and its text"),
     route("post", "/api/recipes/validate", Access::Open, "Check a recipe's YAML: every error with line, column, field"),
+    route("post", "/api/plans", Access::Token, "Run the AOT probe for a recipe and record the plan"),
+    route("get", "/api/plans/{blake3}", Access::Open, "A recorded plan by its digest"),
+    route("get", "/api/manifests/{run_id}/envelope", Access::Open, "A run's sealed manifest (DSSE envelope)"),
+    route("get", "/api/receipts/{run_id}", Access::Open, "A run's receipt bundle, exported now"),
+    route("post", "/api/receipts/verify", Access::Open, "Check a receipt (body): every check by name, chain included"),
+    route("get", "/api/anchors", Access::Open, "Items anchored or pending, batches with explorer links"),
     route("get", "/api/runs", Access::Open, "Runs launched by this node process"),
     route("post", "/api/runs", Access::Token, "Launch a run (plan measured first; one at a time)"),
     route("get", "/api/runs/{id}", Access::Open, "A run's phase, step, loss, lr, tok/s, manifest"),
@@ -68,6 +76,10 @@ pub const MODEL: &[RouteDoc] = &[
 /// The routes this node serves.
 pub fn routes(model: bool) -> Vec<RouteDoc> {
     let mut all = OPERATOR.to_vec();
+    for c in &super::records::COLLECTIONS {
+        let access = if c.guarded { Access::Token } else { Access::Open };
+        all.push(route("get", c.path, access, c.about));
+    }
     if model {
         all.extend_from_slice(MODEL);
     }

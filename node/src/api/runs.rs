@@ -18,16 +18,16 @@ use axum::response::{IntoResponse, Response};
 use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::events::{EventSink, TrainerEvent};
 use mindxtrain_trainer::plan::Plan;
-use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
+use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_trainer::run::{self, Observer, RunError, RunSpec, StepReport};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::ApiState;
 use super::log_routes::event_stream;
+use super::recipes::RecipeRef;
 use crate::log::AppendError;
 use crate::manifest::NamedBytes;
-use crate::recipes::EMBEDDED_RECIPES;
 use crate::serve::openai::ApiError;
 use crate::training::{self, FinishedRun, LogSink};
 
@@ -106,60 +106,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LaunchRequest {
-    /// An embedded recipe's file name (`tiny_cpu_pretrain.yaml`)…
-    recipe: Option<String>,
-    /// …or a recipe's YAML text, with the name its errors should carry.
-    yaml: Option<String>,
-    name: Option<String>,
-}
-
-/// The recipe errors as `{path, line, column, message}` objects.
-pub fn error_list(errors: &RecipeErrors) -> Vec<Value> {
-    errors
-        .iter()
-        .map(|e| {
-            let loc = e.location();
-            json!({"path": e.path(), "line": loc.map(|l| l.line), "column": loc.map(|l| l.column),
-                "message": e.message(), "text": e.to_string()})
-        })
-        .collect()
-}
-
-fn recipe_source(req: &LaunchRequest) -> Result<(String, String), ApiError> {
-    match (&req.recipe, &req.yaml) {
-        (Some(name), None) => EMBEDDED_RECIPES
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
-            .ok_or_else(|| {
-                ApiError::invalid("recipe", format!("no embedded recipe {name} (GET /api/recipes lists them)"))
-            }),
-        (None, Some(yaml)) => Ok((req.name.clone().unwrap_or_else(|| "recipe.yaml".into()), yaml.clone())),
-        _ => Err(ApiError::invalid("recipe", "give either `recipe` (an embedded recipe's name) or `yaml`")),
-    }
-}
-
-/// 400 with every recipe error, located.
-fn invalid_recipe(errors: &RecipeErrors) -> Response {
-    let body = json!({"error": {"message": errors.to_string(), "type": "invalid_request_error",
-        "code": "invalid_recipe", "param": "recipe"}, "errors": error_list(errors)});
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
-}
-
 /// `POST /api/runs`: `{"recipe": NAME}` or `{"yaml": TEXT, "name": NAME}` → 202 with the
 /// run's status; 400 with every recipe error (line, column, field) when the recipe is
 /// invalid; 409 while another run is going.
-pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<LaunchRequest>) -> Response {
-    let (name, src) = match recipe_source(&req) {
+pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) -> Response {
+    let (name, src, loaded) = match req.load(&s.node_dir) {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let loaded = match Recipe::check_str(&src, &name) {
-        Ok(l) => l,
-        Err(errors) => return invalid_recipe(&errors),
+        Err(rejected) => return rejected.into_response(),
     };
     if let Some(other) = s.launches.running() {
         let message = format!("run {other} is going; cancel it or wait (one run at a time)");
@@ -227,7 +180,7 @@ fn execute(s: &ApiState, launch: &Launch, loaded: LoadedRecipe, resume: bool) ->
     std::fs::create_dir_all(&recipe_dir)?;
     std::fs::create_dir_all(launch.plan.parent().unwrap_or(&s.node_dir))?;
     let (name, src) = &launch.source;
-    let recipe_file = recipe_dir.join(format!("{}.yaml", hex::encode(loaded.bytes_blake3)));
+    let recipe_file = super::recipes::stored_path(&s.node_dir, &loaded.bytes_blake3);
     if !recipe_file.exists() {
         crate::fsutil::write_new_durably(&recipe_file, src.as_bytes(), 0o644)?;
     }
@@ -363,33 +316,4 @@ pub async fn events(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> R
     let from = launch.first_seq;
     let keep = move |e: &crate::log::Event| launch.status().run_id.as_deref() == Some(e.envelope.subject.as_str());
     Ok(event_stream(s.log.clone(), from, keep))
-}
-
-/// `GET /api/recipes`: the embedded recipes, each checked.
-pub async fn recipes() -> Json<Value> {
-    let list: Vec<Value> = EMBEDDED_RECIPES
-        .iter()
-        .map(|(name, src)| match Recipe::check_str(src, name) {
-            Ok(l) => json!({"name": name, "blake3": hex::encode(l.bytes_blake3), "method": serde_json::to_value(&l.recipe.train.method).ok().and_then(|m| m.get("kind").cloned()),
-                "run_name": l.recipe.meta.run_name, "valid": true}),
-            Err(e) => json!({"name": name, "valid": false, "errors": error_list(&e)}),
-        })
-        .collect();
-    Json(json!({"recipes": list}))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ValidateRequest {
-    yaml: String,
-    name: Option<String>,
-}
-
-/// `POST /api/recipes/validate`: `{yaml, name}` → `{valid, errors: [{path, line, column, message}]}`.
-pub async fn validate(Json(req): Json<ValidateRequest>) -> Json<Value> {
-    let name = req.name.unwrap_or_else(|| "recipe.yaml".into());
-    Json(match Recipe::check_str(&req.yaml, &name) {
-        Ok(l) => json!({"valid": true, "errors": [], "blake3": hex::encode(l.bytes_blake3)}),
-        Err(e) => json!({"valid": false, "errors": error_list(&e)}),
-    })
 }

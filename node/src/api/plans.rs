@@ -1,0 +1,83 @@
+//! AOT plans over HTTP: the probe run for a recipe (within its `autotune.budget_seconds`),
+//! the plan written under `node-dir/plans/` and recorded as `plan.emitted`; a recorded plan
+//! read back by its digest.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::ApiState;
+use super::recipes::{RecipeRef, stored_path};
+use super::records::{seqs_of, unreadable};
+use crate::serve::openai::ApiError;
+use crate::training::{self, PLAN_EMITTED};
+
+/// `POST /api/plans`: `{recipe}` or `{yaml, name}` → the probe measured now, answered with
+/// the plan and its digest once recorded.
+pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) -> Response {
+    let (_, src, loaded) = match req.load(&s.node_dir) {
+        Ok(r) => r,
+        Err(rejected) => return rejected.into_response(),
+    };
+    let mut random = [0u8; 6];
+    if let Err(e) = getrandom::fill(&mut random) {
+        return unreadable(e).into_response();
+    }
+    let dir = s.node_dir.clone();
+    let log = s.log.clone();
+    let file = dir.join("plans").join(format!("{}-{}.plan.json", loaded.recipe.meta.run_name, hex::encode(random)));
+    let measured = tokio::task::spawn_blocking(move || {
+        let recipe_dir = dir.join("recipes");
+        std::fs::create_dir_all(&recipe_dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir.join("plans")).map_err(|e| e.to_string())?;
+        let kept = stored_path(&dir, &loaded.bytes_blake3);
+        if !kept.exists() {
+            crate::fsutil::write_new_durably(&kept, src.as_bytes(), 0o644).map_err(|e| e.to_string())?;
+        }
+        training::measure_and_record_plan(&log, &loaded, &recipe_dir, &file).map_err(|e| e.to_string())
+    })
+    .await;
+    match measured {
+        Ok(Ok(p)) => {
+            let plan: Value = serde_json::from_slice(&p.bytes).unwrap_or(Value::Null);
+            (StatusCode::CREATED, Json(json!({"blake3": hex::encode(p.blake3), "file": p.path, "plan": plan})))
+                .into_response()
+        }
+        Ok(Err(e)) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", "probe_failed", e).into_response()
+        }
+        Err(e) => unreadable(e).into_response(),
+    }
+}
+
+/// `GET /api/plans/{blake3}`: a recorded plan, as written (its digest checked).
+pub async fn show(State(s): State<Arc<ApiState>>, Path(digest): Path<String>) -> Result<Json<Value>, ApiError> {
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "plan_not_found",
+            format!("no plan {digest} here"),
+        )
+    };
+    let s2 = s.clone();
+    let seqs = tokio::task::spawn_blocking(move || seqs_of(&s2, &[PLAN_EMITTED])).await.map_err(unreadable)??;
+    for seq in seqs.into_iter().rev() {
+        let ev = s.log.get(seq).map_err(unreadable)?;
+        if ev.envelope.subject != digest {
+            continue;
+        }
+        let file = ev.envelope.data.get("file").and_then(Value::as_str).ok_or_else(not_found)?;
+        let bytes = std::fs::read(file).map_err(|e| unreadable(format!("{file}: {e}")))?;
+        if hex::encode(blake3::hash(&bytes).as_bytes()) != digest {
+            return Err(unreadable(format!("{file} no longer hashes to {digest}")));
+        }
+        let plan: Value = serde_json::from_slice(&bytes).map_err(unreadable)?;
+        return Ok(Json(json!({"blake3": digest, "seq": seq, "file": file, "plan": plan})));
+    }
+    Err(not_found())
+}
