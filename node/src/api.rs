@@ -3,14 +3,17 @@
 //! checkpoints), recipes and training runs (launch, cancel, resume, live events), and the
 //! OpenAPI document.
 //!
-//! * [`auth`]: the bearer token (`node-dir/api.token`, 0600) every route that reveals payer
-//!   data or changes state needs; read-only public routes stay open;
+//! * [`auth`]: the bearer token (`node-dir/api.token`, 0600) or an ed25519-signed request
+//!   ([`signed`]) every route that reveals payer data or changes state needs; read-only
+//!   public routes stay open;
 //! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`].
 //!
 //! ```no_run
 //! # async fn f(state: std::sync::Arc<mindxtrain_node::api::ApiState>) -> anyhow::Result<()> {
-//! let token = std::sync::Arc::new(mindxtrain_node::api::auth::ApiToken::load_or_create(&state.node_dir)?.0);
-//! let app = mindxtrain_node::api::router(state, token);
+//! use mindxtrain_node::api::{auth, signed};
+//! let token = auth::ApiToken::load_or_create(&state.node_dir)?.0;
+//! let keys = signed::Keyring::load(&state.node_dir, &state.identity).map_err(anyhow::Error::msg)?;
+//! let app = mindxtrain_node::api::router(state, std::sync::Arc::new(auth::Credentials { token, keys }));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(()) }
@@ -26,6 +29,7 @@ pub mod receipts;
 pub mod recipes;
 pub mod records;
 pub mod runs;
+pub mod signed;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,7 +44,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use crate::identity::Identity;
 use crate::log::EventLog;
-use auth::ApiToken;
+use auth::Credentials;
 use metrics::Metrics;
 
 /// Largest request body the operator routes read.
@@ -75,7 +79,7 @@ impl ApiState {
 }
 
 /// The operator routes (those of [`openapi::routes`]).
-pub fn router(state: Arc<ApiState>, token: Arc<ApiToken>) -> Router {
+pub fn router(state: Arc<ApiState>, credentials: Arc<Credentials>) -> Router {
     let (mut open, mut guarded) = (Router::new(), Router::new());
     for c in &records::COLLECTIONS {
         let handler =
@@ -114,7 +118,7 @@ pub fn router(state: Arc<ApiState>, token: Arc<ApiToken>) -> Router {
         .route("/api/runs", post(runs::launch))
         .route("/api/runs/{id}/cancel", post(runs::cancel))
         .route("/api/runs/{id}/resume", post(runs::resume))
-        .route_layer(middleware::from_fn_with_state(token, auth::require));
+        .route_layer(middleware::from_fn_with_state(credentials, auth::require));
     open.merge(guarded)
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         .layer(DefaultBodyLimit::max(MAX_BODY))

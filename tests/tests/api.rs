@@ -105,6 +105,34 @@ async fn every_documented_route_answers_and_guards_as_documented() {
     }
     assert!(checked >= 10, "{checked} routes checked");
 
+    // An ed25519-signed request (here with the node's own key) passes the same guard, once.
+    let key = mindxtrain_node::identity::Identity::load_from(dir.path()).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let body = br#"{"yaml": "meta: {}", "name": "signed.yaml"}"#;
+    let signed = |key: &mindxtrain_node::identity::Identity, path: &str, body: &[u8]| {
+        mindxtrain_node::api::signed::authorization(key, "POST", path, now, body)
+    };
+    let send = |auth: String, path: &str, body: &'static [u8]| {
+        http.post(format!("{}{path}", node.url))
+            .header("authorization", auth)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+    };
+    let header = signed(&key, "/api/recipes", body);
+    let r = send(header.clone(), "/api/recipes", body).await.unwrap();
+    assert_eq!(r.status(), 400, "through the guard to the handler, which refuses the recipe");
+    let r = send(header, "/api/recipes", body).await.unwrap();
+    assert_eq!(r.status(), 401, "a signature is good once");
+    assert!(r.text().await.unwrap().contains("already used"));
+    let r = send(signed(&key, "/api/recipes", body), "/api/recipes", b"{}").await.unwrap();
+    assert_eq!(r.status(), 401, "the body is signed");
+    let stranger = mindxtrain_node::identity::Identity::from_seed([9; 32]);
+    let r = send(signed(&stranger, "/api/log/checkpoints", b""), "/api/log/checkpoints", b"").await.unwrap();
+    assert_eq!(r.status(), 401, "a key that is neither the node's nor in api.keys");
+    let r = send(signed(&key, "/api/log/checkpoints", b""), "/api/log/checkpoints", b"").await.unwrap();
+    assert_eq!(r.status(), 200);
+
     // Undocumented paths are 404, even with the token.
     let r = http.get(format!("{}/api/nothing", node.url)).bearer_auth(&node.token).send().await.unwrap();
     assert_eq!(r.status(), 404);

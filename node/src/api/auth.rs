@@ -1,14 +1,19 @@
-//! The operator's bearer token: made at `init` (or at the first `serve` of an older node),
-//! kept in `node-dir/api.token` with mode 0600, compared in constant time, never logged.
+//! Who may call the guarded routes: the operator's bearer token (made at `init`, or at the
+//! first `serve` of an older node; kept in `node-dir/api.token` with mode 0600; compared by
+//! its hash; never logged), or a request signed with an accepted ed25519 key ([`signed`]).
+//!
+//! [`signed`]: super::signed
 
 use std::path::Path;
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::signed::{self, Keyring};
 use crate::fsutil;
 use crate::serve::openai::ApiError;
 
@@ -50,18 +55,46 @@ impl ApiToken {
     }
 }
 
-/// Lets a request through only with `Authorization: Bearer <the token>`; 401 otherwise.
-pub async fn require(State(token): State<Arc<ApiToken>>, req: Request, next: Next) -> Response {
-    let presented = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let message = match presented.and_then(|v| v.strip_prefix("Bearer ")) {
-        Some(t) if token.accepts(t.trim()) => return next.run(req).await,
-        Some(_) => "the bearer token is not this node's (see api.token in the node directory)",
-        None => "this route needs `Authorization: Bearer <token>` (the token is api.token in the node directory)",
+/// What the guard accepts.
+pub struct Credentials {
+    pub token: ApiToken,
+    pub keys: Keyring,
+}
+
+/// Lets a request through with `Authorization: Bearer <the token>` or a good `Mxsig`
+/// signature; 401 otherwise, saying what was wrong.
+pub async fn require(State(creds): State<Arc<Credentials>>, req: Request, next: Next) -> Response {
+    let presented = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let refusal = match presented.as_deref().map(|v| v.split_once(' ').unwrap_or((v, ""))) {
+        Some(("Bearer", t)) if creds.token.accepts(t.trim()) => return next.run(req).await,
+        Some(("Bearer", _)) => "the bearer token is not this node's (see api.token in the node directory)".to_owned(),
+        Some((signed::SCHEME, params)) => match check_signed(&creds.keys, params, req).await {
+            Ok((req, key_name)) => {
+                tracing::debug!(key = %key_name, "signed operator request");
+                return next.run(req).await;
+            }
+            Err(refusal) => refusal,
+        },
+        _ => "this route needs `Authorization: Bearer <token>` (api.token in the node directory) or an \
+              `Mxsig` signed request (see docs/formats.md)"
+            .to_owned(),
     };
     let mut r =
-        ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "unauthorized", message).into_response();
+        ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "unauthorized", refusal).into_response();
     r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"mindxtrain\""));
     r
+}
+
+/// Checks a signed request (its body read, up to the size limit, and put back).
+async fn check_signed(keys: &Keyring, params: &str, req: Request) -> Result<(Request, String), String> {
+    let credential = signed::parse(params).map_err(|e| format!("Mxsig: {e}"))?;
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, super::MAX_BODY).await.map_err(|e| format!("reading the body: {e}"))?;
+    let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
+    let message = signed::message(parts.method.as_str(), path, credential.ts, &body);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let name = keys.check(&credential, &message, now).map_err(|e| format!("Mxsig: {e}"))?.to_owned();
+    Ok((Request::from_parts(parts, Body::from(body)), name))
 }
 
 #[cfg(test)]

@@ -154,7 +154,8 @@ pub async fn start(
     let api_state =
         ApiState::new(node.log.clone(), node.id.clone(), node.dir.clone(), model.as_ref().map(|m| m.name.clone()));
     let metrics = api_state.metrics.clone();
-    let mut app = api::router(api_state, Arc::new(token));
+    let keys = api::signed::Keyring::load(&node.dir, &node.id).map_err(anyhow::Error::msg)?;
+    let mut app = api::router(api_state, Arc::new(api::auth::Credentials { token, keys }));
     let state = match model {
         Some(model) => {
             let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
