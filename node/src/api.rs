@@ -30,6 +30,7 @@ pub mod recipes;
 pub mod records;
 pub mod runs;
 pub mod signed;
+pub mod ui;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,6 +92,10 @@ pub fn router(state: Arc<ApiState>, credentials: Arc<Credentials>) -> Router {
         }
     }
     let open = open
+        .route("/", get(ui::root))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/openapi.json", get(openapi::serve))

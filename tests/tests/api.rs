@@ -330,6 +330,10 @@ async fn a_run_is_launched_cancelled_resumed_and_sealed_over_the_api() {
     assert_eq!(status_of("manifest.signature"), Some("pass".into()), "{report}");
     assert_eq!(status_of("log.inclusion"), Some("pass".into()), "{report}");
     assert_eq!(status_of("anchor.on_chain"), Some("skipped".into()), "no chain deployed here: {report}");
+    // Launched here, so its files, recipe and plan are compared too.
+    for local in ["recipe", "plan", "file:run.json", "file:final/model.safetensors"] {
+        assert_eq!(status_of(local), Some("pass".into()), "{local}: {report}");
+    }
     let mut forged = receipt.clone();
     forged["event"]["seq"] = serde_json::json!(receipt["event"]["seq"].as_u64().unwrap() + 1);
     let report: Value = verify(forged).await.unwrap().json().await.unwrap();

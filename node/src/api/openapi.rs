@@ -36,6 +36,7 @@ const fn route(method: &'static str, path: &'static str, access: Access, summary
 
 /// The operator API: always served.
 pub const OPERATOR: &[RouteDoc] = &[
+    route("get", "/ui/", Access::Open, "The Coach web UI (also at /, redirected)"),
     route("get", "/healthz", Access::Open, "Liveness: the process answers"),
     route("get", "/readyz", Access::Open, "Readiness: 503 once the log's writer has stopped"),
     route("get", "/openapi.json", Access::Open, "This document"),

@@ -47,18 +47,38 @@ async fn exported(s: &ApiState, run_id: String) -> Result<Receipt, ApiError> {
 pub struct VerifyQuery {
     /// Ask the registry on chain too (default: yes, when this node has a deployment).
     chain: Option<bool>,
+    /// Compare the manifest with the run's files, recipe and plan when the run was launched
+    /// here (default: yes).
+    local: Option<bool>,
 }
 
-/// `POST /api/receipts/verify?chain`: a receipt bundle (the body) checked offline — manifest
-/// signature, statement, event, log inclusion, batch proof — and then against the node's
-/// registry on chain. Every check is in the answer, by name; `ok` is whether all passed.
+/// `POST /api/receipts/verify?chain&local`: a receipt bundle (the body) checked offline —
+/// manifest signature, statement, event, log inclusion, batch proof; the run's files, recipe
+/// and plan when it was launched here — and then against the node's registry on chain. Every
+/// check is in the answer, by name; `ok` is whether all passed.
 pub async fn verify(
     State(s): State<Arc<ApiState>>,
     Query(q): Query<VerifyQuery>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let receipt = Receipt::from_json(&body).map_err(|e| ApiError::invalid("receipt", format!("not a receipt: {e}")))?;
-    let mut report = verify::verify_receipt(&receipt, &VerifyInputs::default());
+    let run_id = serde_json::from_str::<Value>(&receipt.event.envelope)
+        .ok()
+        .and_then(|e| e.get("subject").and_then(Value::as_str).map(str::to_owned));
+    let local = match (q.local.unwrap_or(true), run_id) {
+        (true, Some(id)) => s.launches.files_of(&id, &s.node_dir),
+        _ => None,
+    };
+    let inputs = match &local {
+        Some([files, plan, recipe]) => VerifyInputs {
+            files: Some(files.as_path()),
+            recipe: Some(recipe.as_path()),
+            plan: Some(plan.as_path()),
+            trusted_key: None,
+        },
+        None => VerifyInputs::default(),
+    };
+    let mut report = verify::verify_receipt(&receipt, &inputs);
     if q.chain.unwrap_or(true) {
         let _one_at_a_time = s.chain_checks.lock().await;
         let dir = s.node_dir.clone();

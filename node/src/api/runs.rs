@@ -93,6 +93,14 @@ impl Launches {
         all.get(id).cloned().or_else(|| all.values().find(|l| l.status().run_id.as_deref() == Some(id)).cloned())
     }
 
+    /// What a run launched here used and made, for checking its receipt against them:
+    /// its output directory, its plan file and its recipe file.
+    pub fn files_of(&self, run_id: &str, node_dir: &std::path::Path) -> Option<[PathBuf; 3]> {
+        let launch = self.get(run_id)?;
+        let recipe = super::recipes::stored_path(node_dir, blake3::hash(launch.source.1.as_bytes()).as_bytes());
+        Some([launch.status().out_dir, launch.plan.clone(), recipe])
+    }
+
     fn running(&self) -> Option<String> {
         lock(&self.by_id)
             .values()
