@@ -23,6 +23,9 @@ pub mod bench {
     pub mod train;
 }
 
+/// A trained micro model served by the binary.
+pub mod served;
+
 /// The paid test server, chain and signing helpers of the x402 tests and benchmark.
 pub mod x402_env;
 

@@ -2,18 +2,18 @@
 //! the token where the document says so and without it elsewhere; the log over HTTP (range,
 //! live tail, proofs against a signed checkpoint); metrics; the token file.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use mindxtrain_tests::mindxtrain;
+use mindxtrain_tests::served::Server;
 use serde_json::Value;
 
-/// `mindxtrain serve` (operator API only) on a free loopback port; killed on drop.
+/// `mindxtrain serve` (operator API only) in a new node, with its token checked.
 struct Node {
-    child: Child,
+    /// Kept for its lifetime: the node is killed when the test drops it.
+    _server: Server,
     url: String,
     token: String,
 }
@@ -21,30 +21,13 @@ struct Node {
 impl Node {
     fn start(dir: &Path) -> Node {
         assert!(mindxtrain(dir, &["init"]).output().unwrap().status.success());
-        let args = ["--json", "serve", "--listen", "127.0.0.1:0"];
-        let mut child = mindxtrain(dir, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(
-            !line.is_empty(),
-            "serve exited: {}",
-            String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr)
-        );
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["model"], Value::Null, "no model: the operator API only");
+        let server = Server::run(dir, &["serve"]);
+        assert_eq!(server.started["model"], Value::Null, "no model: the operator API only");
         let token_file = dir.join("api.token");
-        assert_eq!(v["token_file"], token_file.display().to_string());
+        assert_eq!(server.started["token_file"], token_file.display().to_string());
         let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the token file is private");
-        let token = std::fs::read_to_string(token_file).unwrap().trim().to_string();
-        Node { child, url: v["listening"].as_str().unwrap().to_string(), token }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Node { url: server.url.clone(), token: Server::token(dir), _server: server }
     }
 }
 

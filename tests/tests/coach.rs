@@ -7,11 +7,10 @@
 //! Needs `/usr/bin/chromium` (scripts/setup-browser installs it). Without it the test says so
 //! and passes, unless MINDXTRAIN_REQUIRE_BROWSER is set (CI sets it): then it fails.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use mindxtrain_tests::mindxtrain;
+use mindxtrain_tests::served::Server;
 use mindxtrain_tests::x402_env::{ensure_js, js_dir};
 use serde_json::Value;
 
@@ -31,16 +30,8 @@ fn the_coach_launches_a_run_charts_it_live_and_verifies_its_receipt_in_chromium(
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
     assert!(mindxtrain(&dir, &["init"]).status().unwrap().success());
-    let mut node = mindxtrain(&dir, &["--json", "serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(node.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let started: Value = serde_json::from_str(&line).expect("serve prints where it listens");
-    let url = started["listening"].as_str().unwrap().to_owned();
-    let token = std::fs::read_to_string(dir.join("api.token")).unwrap();
+    let node = Server::run(&dir, &["serve"]);
+    let (url, token) = (node.url.clone(), Server::token(&dir));
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/coach");
 
     let out = std::process::Command::new("node")
@@ -50,8 +41,7 @@ fn the_coach_launches_a_run_charts_it_live_and_verifies_its_receipt_in_chromium(
         .arg(&shots)
         .output()
         .unwrap();
-    let _ = node.kill();
-    let _ = node.wait();
+    drop(node);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the browser run failed:\n{stdout}\n{stderr}");

@@ -3,134 +3,14 @@
 //! x402 client paying for a completion on anvil, two nodes renting from each other with
 //! `mindxtrain rent`, and a full queue answering 429 with Retry-After.
 
+use mindxtrain_tests::served::{MODEL, PRICE, Server, key_file, new_node, ok, s, trained};
 use mindxtrain_tests::x402_env::{ANVIL_KEY_1, ANVIL_KEY_2, Chain, run_npm_client};
 use mindxtrain_tests::{mindxtrain, openai_python};
 use mindxtrain_x402::alloy::primitives::{Address, B256};
 use mindxtrain_x402::alloy::providers::Provider;
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-
-const MODEL: &str = "mindxtrain/micro-qwen3";
-/// The recipe's price: 0.01 USDC per call.
-const PRICE: u64 = 10_000;
-
-/// A micro Qwen3 with a LoRA adapter, sold per call on the local chain.
-fn recipe_yaml(max_batch: u32) -> String {
-    format!(
-        r#"meta: {{project: mindxtrain-tests, run_name: serve, seed: 3}}
-hardware: {{name: cpu, gpus: 0}}
-autotune: {{budget_seconds: 3}}
-model:
-  name: {MODEL}
-  family: qwen3
-  tokenizer: byte
-  dtype: fp32
-  config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, intermediate_size: 64,
-            vocab_size: 512, max_position_embeddings: 160, tie_word_embeddings: true}}
-data:
-  source: generated
-  format: instruction
-  generator: {{kind: tasks, seed: 3, count: 200}}
-  seq_len: 64
-  packing: true
-train:
-  method: {{kind: lora, r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}}
-  optimizer: {{name: adamw, lr: 1.0e-3, weight_decay: 0.0}}
-  schedule: {{kind: constant}}
-  budget: {{max_steps: 4}}
-  batch: {{per_device: 4, grad_accum: 1}}
-  precision: fp32
-eval:
-  holdout: {{fraction: 0.05, max_samples: 8}}
-serve: {{max_model_len: 160, max_batch: {max_batch}, reasoning: false}}
-publish:
-  billing:
-    x402:
-      network: anvil
-      asset: USDC
-      pricing: {{per_call: "0.01"}}
-"#
-    )
-}
-
-/// A node directory with a trained adapter.
-struct Trained {
-    _tmp: tempfile::TempDir,
-    root: PathBuf,
-    recipe: PathBuf,
-    checkpoint: PathBuf,
-}
-
-fn ok(o: std::process::Output) -> Value {
-    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn trained(max_batch: u32) -> Trained {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().to_path_buf();
-    let node = root.join("trainer-node");
-    ok(mindxtrain(&node, &["init"]).output().unwrap());
-    let recipe = root.join("serve.yaml");
-    std::fs::write(&recipe, recipe_yaml(max_batch)).unwrap();
-    let plan = root.join("plan.json");
-    ok(mindxtrain(&node, &["--json", "bench", s(&recipe), "--out", s(&plan)]).output().unwrap());
-    let out = root.join("run");
-    ok(mindxtrain(&node, &["--json", "train", s(&recipe), "--plan", s(&plan), "--out", s(&out)]).output().unwrap());
-    Trained { _tmp: tmp, root, recipe, checkpoint: out.join("final") }
-}
-
-fn new_node(t: &Trained, name: &str) -> PathBuf {
-    let dir = t.root.join(name);
-    ok(mindxtrain(&dir, &["init"]).output().unwrap());
-    dir
-}
-
-/// A 0600 key file.
-fn key_file(dir: &Path, name: &str, hex_key: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, hex_key).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
-/// `mindxtrain serve` on a free loopback port; killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(node: &Path, t: &Trained, extra: &[&str]) -> Server {
-        let mut args =
-            vec!["--json", "serve", s(&t.recipe), "--checkpoint", s(&t.checkpoint), "--listen", "127.0.0.1:0"];
-        args.extend_from_slice(extra);
-        let mut child = mindxtrain(node, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        if line.is_empty() {
-            let out = child.wait_with_output().unwrap();
-            panic!("serve exited: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let v: Value = serde_json::from_str(&line).unwrap();
-        Server { url: v["listening"].as_str().unwrap().to_string(), child }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn events(node: &Path) -> Vec<Value> {
     let v = ok(mindxtrain(node, &["--json", "log", "show"]).output().unwrap());

@@ -1,0 +1,147 @@
+//! A served micro model for the end-to-end tests: a micro Qwen3 trained with LoRA in a fresh
+//! node (probe, then train, through the binary), and `mindxtrain serve` on a free loopback
+//! port, killed on drop.
+
+use crate::mindxtrain;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+pub const MODEL: &str = "mindxtrain/micro-qwen3";
+/// The recipe's price: 0.01 USDC per call.
+pub const PRICE: u64 = 10_000;
+
+/// A micro Qwen3 with a LoRA adapter, sold per call on the local chain.
+pub fn recipe_yaml(max_batch: u32) -> String {
+    format!(
+        r#"meta: {{project: mindxtrain-tests, run_name: serve, seed: 3}}
+hardware: {{name: cpu, gpus: 0}}
+autotune: {{budget_seconds: 3}}
+model:
+  name: {MODEL}
+  family: qwen3
+  tokenizer: byte
+  dtype: fp32
+  config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, intermediate_size: 64,
+            vocab_size: 512, max_position_embeddings: 160, tie_word_embeddings: true}}
+data:
+  source: generated
+  format: instruction
+  generator: {{kind: tasks, seed: 3, count: 200}}
+  seq_len: 64
+  packing: true
+train:
+  method: {{kind: lora, r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}}
+  optimizer: {{name: adamw, lr: 1.0e-3, weight_decay: 0.0}}
+  schedule: {{kind: constant}}
+  budget: {{max_steps: 4}}
+  batch: {{per_device: 4, grad_accum: 1}}
+  precision: fp32
+eval:
+  holdout: {{fraction: 0.05, max_samples: 8}}
+serve: {{max_model_len: 160, max_batch: {max_batch}, reasoning: false}}
+publish:
+  billing:
+    x402:
+      network: anvil
+      asset: USDC
+      pricing: {{per_call: "0.01"}}
+"#
+    )
+}
+
+/// A node directory with a trained adapter.
+pub struct Trained {
+    _tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub recipe: PathBuf,
+    pub checkpoint: PathBuf,
+}
+
+/// The JSON a successful command printed (it must have succeeded).
+pub fn ok(o: std::process::Output) -> Value {
+    assert!(o.status.success(), "{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A node directory with a trained adapter (`max_batch` is the recipe's `serve.max_batch`).
+pub fn trained(max_batch: u32) -> Trained {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let node = root.join("trainer-node");
+    ok(mindxtrain(&node, &["init"]).output().unwrap());
+    let recipe = root.join("serve.yaml");
+    std::fs::write(&recipe, recipe_yaml(max_batch)).unwrap();
+    let plan = root.join("plan.json");
+    ok(mindxtrain(&node, &["--json", "bench", s(&recipe), "--out", s(&plan)]).output().unwrap());
+    let out = root.join("run");
+    ok(mindxtrain(&node, &["--json", "train", s(&recipe), "--plan", s(&plan), "--out", s(&out)]).output().unwrap());
+    Trained { _tmp: tmp, root, recipe, checkpoint: out.join("final") }
+}
+
+/// A new node (initialised) beside the trained one.
+pub fn new_node(t: &Trained, name: &str) -> PathBuf {
+    let dir = t.root.join(name);
+    ok(mindxtrain(&dir, &["init"]).output().unwrap());
+    dir
+}
+
+/// A 0600 key file.
+pub fn key_file(dir: &Path, name: &str, hex_key: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, hex_key).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// `mindxtrain serve` on a free loopback port; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    /// The first line serve printed (`--json`): where it listens, the model, the token file.
+    pub started: Value,
+}
+
+impl Server {
+    /// Serves the trained model from `node`, with `extra` arguments (payment options).
+    pub fn start(node: &Path, t: &Trained, extra: &[&str]) -> Server {
+        let mut args = vec!["serve", s(&t.recipe), "--checkpoint", s(&t.checkpoint)];
+        args.extend_from_slice(extra);
+        Server::run(node, &args)
+    }
+
+    /// `mindxtrain --json <args> --listen 127.0.0.1:0` in `node`, once it listens.
+    pub fn run(node: &Path, args: &[&str]) -> Server {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--listen", "127.0.0.1:0"]);
+        let mut child = mindxtrain(node, &all).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        if line.is_empty() {
+            let out = child.wait_with_output().unwrap();
+            panic!("serve exited: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let started: Value = serde_json::from_str(&line).unwrap();
+        Server { url: started["listening"].as_str().unwrap().to_string(), child, started }
+    }
+
+    /// The operator token of the node it serves.
+    pub fn token(node: &Path) -> String {
+        std::fs::read_to_string(node.join("api.token")).unwrap().trim().to_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
