@@ -49,13 +49,22 @@ pub enum Command {
     #[command(after_help = "Example:\n  mindxtrain init --node-dir ./node")]
     Init,
     /// Read, audit and prove the event log.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  mindxtrain log verify\n  mindxtrain log tail -n 20 --follow\n  mindxtrain log proof 3 --json"
+    )]
     Log(log_cmd::LogCommand),
     /// Validate, inspect and register YAML recipes.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  mindxtrain recipe check recipes/*.yaml\n  mindxtrain recipe show recipes/tiny_cpu_lora.yaml --json"
+    )]
     Recipe(recipe_cmd::RecipeCommand),
     /// Deploy the registry and check the chain (embedded anvil by default, or --rpc-url / --network).
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  mindxtrain chain deploy\n  mindxtrain chain deploy --network base-sepolia --key-file anchor.key\n  mindxtrain chain status --json"
+    )]
     Chain(chain_cmd::ChainCommand),
     /// Anchor pending items (a fresh log checkpoint, requested digests) on chain; `anchor verify` proves one.
     #[command(
@@ -66,7 +75,10 @@ pub enum Command {
     #[command(after_help = "Example:\n  mindxtrain anchors --json")]
     Anchors,
     /// Seal a run into a signed in-toto/SLSA manifest; show one; hash files (sha256 + blake3, one pass).
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  mindxtrain manifest seal run-1 --recipe run.yaml --plan plan.json --output-dir ./out\n  mindxtrain manifest show manifests/<blake3>.json\n  mindxtrain manifest hash runs/lora/final/model.safetensors"
+    )]
     Manifest(manifest_cmd::ManifestCommand),
     /// Export a run's receipt bundle, or verify one (or a bare manifest) without the node.
     Receipt(receipt_cmd::ReceiptArgs),
@@ -137,4 +149,28 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// The last component of a path, for naming a file in a manifest or message.
 pub(crate) fn file_name(p: &std::path::Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every verb, nested ones included, shows an example in its `--help`.
+    #[test]
+    fn every_command_has_an_example_in_its_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                let name = format!("{path} {}", sub.get_name());
+                let help = sub.get_after_help().map(|h| h.to_string()).unwrap_or_default();
+                if !help.contains("Example") {
+                    missing.push(name.clone());
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "mindxtrain", &mut missing);
+        assert!(missing.is_empty(), "no example in --help: {missing:#?}");
+    }
 }
