@@ -1,7 +1,9 @@
 //! The demo's market step: the LoRA model served behind x402 on the embedded anvil with
 //! TestUSDC, paid into an X402Receiver that records each settlement; one paid chat
 //! completion from a funded test wallet (balance, on-chain record and the settlement's
-//! transaction checked), then a two-call rental used to its end.
+//! transaction checked), then a two-call rental used to its end; then the same server's
+//! operator API: the run's receipt exported and verified over HTTP (chain included), the
+//! payments read back with the operator token, anchors, metrics and the Coach UI page.
 
 use anyhow::{Context, Result, ensure};
 use mindxtrain_chain::bindings::{TestUSDC, X402Receiver};
@@ -101,8 +103,14 @@ pub fn demo_step(
         let url = server.url.clone();
         let buyer_address = buyer.address();
         let outcome = market_calls(&url, &name, buyer, &chain, price).await;
+        let run_id = lora["run_id"].as_str().unwrap_or_default();
+        let operator = match &outcome {
+            Ok(_) => operator_calls(&url, dir, run_id).await,
+            Err(_) => Ok(Value::Null),
+        };
         server.stop().await;
         let (call, rental, nonce) = outcome?;
+        let operator = operator?;
         let received = balance(receiver).await?;
         ensure!(received == 3 * price, "the receiver holds {received} after three paid calls' worth");
         let id = payment_record_id(usdc, buyer_address, nonce);
@@ -112,7 +120,7 @@ pub fn demo_step(
             "the paid call is not recorded in X402Receiver"
         );
         anyhow::Ok(json!({"url": url, "model": name, "asset": usdc, "receiver": receiver, "price": price.to_string(),
-            "received": received.to_string(), "paid_call": call, "rental": rental}))
+            "received": received.to_string(), "paid_call": call, "rental": rental, "operator_api": operator}))
     });
     anvil.stop();
     let market = result?;
@@ -126,7 +134,51 @@ pub fn demo_step(
         market["rental"]["id"].as_str().unwrap_or("-"),
         market["rental"]["after_last_call"].as_str().unwrap_or("-")
     ));
+    let api = &market["operator_api"];
+    say(format!(
+        "      operator API: receipt of {} verified over HTTP ({} checks, root found on chain), {} settled payments \
+         read with the token, {} anchored items, Coach UI at /ui/",
+        api["run_id"].as_str().unwrap_or("-"),
+        api["receipt_checks"],
+        api["payments_settled"],
+        api["anchored_items"]
+    ));
     Ok(market)
+}
+
+/// The operator API of the running node, as an operator and a third party would use it.
+async fn operator_calls(url: &str, dir: &Path, run_id: &str) -> Result<Value> {
+    let token = std::fs::read_to_string(dir.join(mindxtrain_node::api::auth::TOKEN_FILE))?.trim().to_owned();
+    let http = reqwest::Client::new();
+    let get = |path: String, auth: bool| {
+        let req = http.get(format!("{url}{path}"));
+        let req = if auth { req.bearer_auth(&token) } else { req };
+        async move {
+            let r = req.send().await.with_context(|| path.clone())?;
+            ensure!(r.status().is_success(), "GET {path} answered {}", r.status());
+            anyhow::Ok(r.json::<Value>().await?)
+        }
+    };
+    // A third party: no token, the receipt exported and checked by the node, chain included.
+    let receipt = get(format!("/api/receipts/{run_id}"), false).await?;
+    let verified: Value = http.post(format!("{url}/api/receipts/verify")).json(&receipt).send().await?.json().await?;
+    let checks = verified["report"]["checks"].as_array().cloned().unwrap_or_default();
+    let on_chain = checks.iter().any(|c| c["name"] == "anchor.on_chain" && c["status"] == "pass");
+    ensure!(verified["ok"] == true && on_chain, "the receipt did not verify over HTTP: {verified}");
+    // The operator: payer data needs the token.
+    let anonymous = http.get(format!("{url}/api/payments")).send().await?.status();
+    ensure!(anonymous == 401, "payments without the token answered {anonymous}");
+    let payments = get("/api/payments?limit=1000".into(), true).await?;
+    let settled = payments["events"].as_array().map_or(0, |e| e.iter().filter(|e| e["kind"] == "payment.settled").count());
+    ensure!(settled >= 2, "{settled} payment.settled events after a paid call and a rental");
+    let anchors = get("/api/anchors".into(), false).await?;
+    let anchored = anchors["items"].as_array().map_or(0, |i| i.iter().filter(|i| i["state"] == "anchored").count());
+    let metrics = http.get(format!("{url}/metrics")).bearer_auth(&token).send().await?.text().await?;
+    ensure!(metrics.contains("mindxtrain_http_requests_total"), "metrics without request counts");
+    let ui = http.get(format!("{url}/ui/")).send().await?;
+    ensure!(ui.status().is_success(), "the Coach UI answered {}", ui.status());
+    Ok(json!({"run_id": run_id, "receipt_checks": checks.len(), "receipt_on_chain": on_chain,
+        "payments_settled": settled, "anchored_items": anchored, "ui": format!("{url}/ui/")}))
 }
 
 /// One paid completion, then a rental of two calls used up.
