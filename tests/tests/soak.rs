@@ -137,9 +137,11 @@ async fn two_hundred_clients_read_tail_and_pay_while_a_run_trains() {
     let final_size = Arc::new(AtomicU64::new(u64::MAX));
     let (reads, paid) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
     let mut tails = Vec::new();
+    // No overall timeout on streams that last the whole soak.
+    let streaming = reqwest::Client::new();
+    let tail_url = format!("{url}/api/log/tail?from=0");
     for _ in 0..TAILS {
-        let f =
-            tail(http.clone(), format!("{url}/api/log/tail?from=0"), token.clone(), stop.clone(), final_size.clone());
+        let f = tail(streaming.clone(), tail_url.clone(), token.clone(), stop.clone(), final_size.clone());
         tails.push(tokio::spawn(f));
     }
     let mut workers = Vec::new();
