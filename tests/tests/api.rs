@@ -116,6 +116,19 @@ async fn every_documented_route_answers_and_guards_as_documented() {
     let r = send(signed(&key, "/api/log/checkpoints", b""), "/api/log/checkpoints", b"").await.unwrap();
     assert_eq!(r.status(), 200);
 
+    // CORS is off: a cross-origin request gets no Access-Control header, a preflight no allowance.
+    let r =
+        http.get(format!("{}/api/runs", node.url)).header("origin", "https://elsewhere.example").send().await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let r = http
+        .request(reqwest::Method::OPTIONS, format!("{}/api/runs", node.url))
+        .header("origin", "https://elsewhere.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none(), "preflight: {:?}", r.headers());
+
     // Undocumented paths are 404, even with the token.
     let r = http.get(format!("{}/api/nothing", node.url)).bearer_auth(&node.token).send().await.unwrap();
     assert_eq!(r.status(), 404);
