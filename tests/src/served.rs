@@ -145,3 +145,14 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// GETs `url` (with `token` as bearer when given), expecting a 200 with a JSON body.
+pub async fn get_json(http: &reqwest::Client, url: &str, token: Option<&str>) -> Value {
+    let mut req = http.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert_eq!(r.status(), 200, "GET {url}");
+    r.json().await.unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use mindxtrain_tests::mindxtrain;
-use mindxtrain_tests::served::Server;
+use mindxtrain_tests::served::{Server, get_json};
 use serde_json::Value;
 
 /// `mindxtrain serve` (operator API only) in a new node, with its token checked.
@@ -29,6 +29,21 @@ impl Node {
         assert_eq!(mode, 0o600, "the token file is private");
         Node { url: server.url.clone(), token: Server::token(dir), _server: server }
     }
+
+    /// POSTs `body` as JSON to `path` with the token.
+    fn post(
+        &self,
+        http: &reqwest::Client,
+        path: &str,
+        body: Value,
+    ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+        http.post(format!("{}{path}", self.url)).bearer_auth(&self.token).json(&body).send()
+    }
+
+    /// GETs `path` (with the token when `auth`), expecting 200 and JSON.
+    async fn get(&self, http: &reqwest::Client, path: &str, auth: bool) -> Value {
+        get_json(http, &format!("{}{path}", self.url), auth.then_some(self.token.as_str())).await
+    }
 }
 
 /// A documented path with its parameters filled in.
@@ -43,7 +58,7 @@ async fn every_documented_route_answers_and_guards_as_documented() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-    let doc: Value = http.get(format!("{}/openapi.json", node.url)).send().await.unwrap().json().await.unwrap();
+    let doc: Value = node.get(&http, "/openapi.json", false).await;
     assert_eq!(doc["openapi"], "3.1.0");
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 9, "{paths:?}");
@@ -180,16 +195,14 @@ async fn the_log_over_http_tails_live_and_proves_against_a_signed_checkpoint() {
     assert_eq!(get("/api/log?limit=5000").await.unwrap().status(), 400, "a page is at most 1000 events");
 
     // An inclusion proof of the genesis event against the open, freshly signed checkpoint.
-    let cp: Value = http.get(format!("{}/api/log/checkpoint", node.url)).send().await.unwrap().json().await.unwrap();
+    let cp: Value = node.get(&http, "/api/log/checkpoint", false).await;
     assert_eq!(cp["size"], 2);
     assert!(cp["note"].as_str().unwrap().contains(&format!("\n{}\n", cp["size"])));
-    let proof: Value =
-        http.get(format!("{}/api/log/proof/0?size=2", node.url)).send().await.unwrap().json().await.unwrap();
+    let proof: Value = node.get(&http, "/api/log/proof/0?size=2", false).await;
     assert_eq!(proof["root"], cp["root"], "the proof is against the signed root");
     let r = http.get(format!("{}/api/log/proof/7", node.url)).send().await.unwrap();
     assert_eq!(r.status(), 404, "no event 7");
-    let c: Value =
-        http.get(format!("{}/api/log/consistency?old=1", node.url)).send().await.unwrap().json().await.unwrap();
+    let c: Value = node.get(&http, "/api/log/consistency?old=1", false).await;
     assert_eq!(c["new_root"], cp["root"]);
 
     // Metrics count the log, its kinds and the requests above.
@@ -202,7 +215,7 @@ async fn the_log_over_http_tails_live_and_proves_against_a_signed_checkpoint() {
         "{text}"
     );
     assert!(text.contains("route=\"/api/log/proof/{seq}\""), "counted by route pattern, not path");
-    let ready: Value = http.get(format!("{}/readyz", node.url)).send().await.unwrap().json().await.unwrap();
+    let ready: Value = node.get(&http, "/readyz", false).await;
     assert_eq!((ready["ready"].as_bool(), ready["log_size"].as_u64()), (Some(true), Some(2)));
 }
 
@@ -224,8 +237,7 @@ async fn a_run_is_launched_cancelled_resumed_and_sealed_over_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
     let http = reqwest::Client::new();
-    let post =
-        |path: &str, body: Value| http.post(format!("{}{path}", node.url)).bearer_auth(&node.token).json(&body).send();
+    let post = |path: &str, body: Value| node.post(&http, path, body);
 
     // A broken recipe is refused with every error located; nothing starts.
     let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/tiny_cpu_lora.yaml")).unwrap();
@@ -251,7 +263,7 @@ async fn a_run_is_launched_cancelled_resumed_and_sealed_over_the_api() {
         .unwrap();
     assert_eq!((v["valid"].as_bool(), v["errors"].as_array().map(Vec::len)), (Some(false), Some(errors.len())));
 
-    let recipes: Value = http.get(format!("{}/api/recipes", node.url)).send().await.unwrap().json().await.unwrap();
+    let recipes: Value = node.get(&http, "/api/recipes", false).await;
     assert!(recipes["recipes"].as_array().unwrap().iter().any(|r| r["name"] == "tiny_cpu_pretrain.yaml"));
 
     // Launch, watch it train, cancel it mid-way.
@@ -349,8 +361,7 @@ async fn recipes_are_registered_and_planned_over_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(dir.path());
     let http = reqwest::Client::new();
-    let post =
-        |path: &str, body: Value| http.post(format!("{}{path}", node.url)).bearer_auth(&node.token).json(&body).send();
+    let post = |path: &str, body: Value| node.post(&http, path, body);
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/tiny_cpu_lora.yaml")).unwrap();
     let mine = yaml.replacen("run_name: ", "run_name: mine-", 1);
     let r = post("/api/recipes", serde_json::json!({"yaml": mine, "name": "mine.yaml"})).await.unwrap();
@@ -364,10 +375,9 @@ async fn recipes_are_registered_and_planned_over_the_api() {
     let bad = post("/api/recipes", serde_json::json!({"yaml": "meta: {", "name": "x.yaml"})).await.unwrap();
     assert_eq!(bad.status(), 400);
 
-    let list: Value = http.get(format!("{}/api/recipes", node.url)).send().await.unwrap().json().await.unwrap();
+    let list: Value = node.get(&http, "/api/recipes", false).await;
     assert!(list["registered"].as_array().unwrap().iter().any(|r| r["blake3"] == blake3.as_str()), "{list}");
-    let shown: Value =
-        http.get(format!("{}/api/recipes/{blake3}", node.url)).send().await.unwrap().json().await.unwrap();
+    let shown: Value = node.get(&http, &format!("/api/recipes/{blake3}"), false).await;
     assert_eq!(shown["yaml"], mine.as_str());
     assert!(shown["resolved"]["train"]["method"].is_object(), "defaults filled in: {shown}");
 
@@ -375,7 +385,7 @@ async fn recipes_are_registered_and_planned_over_the_api() {
     let r = post("/api/plans", serde_json::json!({"recipe": blake3})).await.unwrap();
     assert_eq!(r.status(), 201);
     let measured: Value = r.json().await.unwrap();
-    let plans: Value = http.get(format!("{}/api/plans", node.url)).send().await.unwrap().json().await.unwrap();
+    let plans: Value = node.get(&http, "/api/plans", false).await;
     assert_eq!(plans["events"][0]["subject"], measured["blake3"]);
     let shown: Value = http
         .get(format!("{}/api/plans/{}", node.url, measured["blake3"].as_str().unwrap()))

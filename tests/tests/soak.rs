@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mindxtrain_node::serve::client::PayingClient;
-use mindxtrain_tests::served::{MODEL, Server, key_file, new_node, s, trained};
+use mindxtrain_tests::served::{MODEL, Server, get_json, key_file, new_node, s, trained};
 use mindxtrain_tests::x402_env::{ANVIL_KEY_1, Chain};
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use serde_json::{Value, json};
@@ -224,15 +224,7 @@ async fn two_hundred_clients_read_tail_and_pay_while_a_run_trains() {
     assert!(paid_ok > 0 && reads.ok.load(Ordering::Relaxed) > 0);
 
     // Every paid answer has its settlement in the log.
-    let payments: Value = http
-        .get(format!("{url}/api/payments?limit=1000"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let payments = get_json(&http, &format!("{url}/api/payments?limit=1000"), Some(&token)).await;
     let settled = payments["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "payment.settled").count();
     assert_eq!(settled as u64, paid_ok, "one payment.settled per paid answer");
 
