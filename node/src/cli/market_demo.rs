@@ -169,7 +169,8 @@ async fn operator_calls(url: &str, dir: &Path, run_id: &str) -> Result<Value> {
     let anonymous = http.get(format!("{url}/api/payments")).send().await?.status();
     ensure!(anonymous == 401, "payments without the token answered {anonymous}");
     let payments = get("/api/payments?limit=1000".into(), true).await?;
-    let settled = payments["events"].as_array().map_or(0, |e| e.iter().filter(|e| e["kind"] == "payment.settled").count());
+    let settled =
+        payments["events"].as_array().map_or(0, |e| e.iter().filter(|e| e["kind"] == "payment.settled").count());
     ensure!(settled >= 2, "{settled} payment.settled events after a paid call and a rental");
     let anchors = get("/api/anchors".into(), false).await?;
     let anchored = anchors["items"].as_array().map_or(0, |i| i.iter().filter(|i| i["state"] == "anchored").count());
