@@ -8,6 +8,7 @@
 pub mod cached;
 
 use crate::cpu::{self, dispatch};
+use crate::on_gpu_or;
 use candle_core::{D, DType, Device, Result, Tensor};
 
 /// Which keys each query may attend: token `i` sees `j` when `starts[i] ≤ j ≤ i` (causal,
@@ -52,6 +53,12 @@ impl Mask {
         Tensor::from_vec(bias, (b, 1, t, t), device)?.to_dtype(dtype)
     }
 
+    /// Per token, the first key it may attend.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn starts(&self) -> &[u32] {
+        &self.starts
+    }
+
     fn check(&self, q: &Tensor) -> Result<()> {
         let (b, _, t, _) = q.dims4()?;
         if (b, t) != (self.batch, self.seq) {
@@ -76,8 +83,12 @@ fn check_heads(q: &Tensor, k: &Tensor) -> Result<()> {
 pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> Result<(Tensor, Tensor)> {
     mask.check(q)?;
     check_heads(q, k)?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::attention::forward as gpu;
     use cpu::attention::forward as fused;
-    dispatch!([q, k, v], fused(q, k, v, &mask.starts, scale), reference::forward(q, k, v, mask, scale))
+    let cpu_or_reference =
+        || dispatch!([q, k, v], fused(q, k, v, &mask.starts, scale), reference::forward(q, k, v, mask, scale));
+    on_gpu_or!([q, k, v], gpu(q, k, v, mask, scale), cpu_or_reference())
 }
 
 /// Gradients `(dq, dk, dv)` of [`forward`]; `dout` is `[B, heads, T, hd]`, `lse` its second
@@ -93,12 +104,17 @@ pub fn backward(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     mask.check(q)?;
     check_heads(q, k)?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::attention::backward as gpu;
     use cpu::attention::backward as fused;
-    dispatch!(
-        [dout, q, k, v, lse],
-        fused(dout, q, k, v, lse, &mask.starts, scale),
-        reference::backward(dout, q, k, v, lse, mask, scale)
-    )
+    let cpu_or_reference = || {
+        dispatch!(
+            [dout, q, k, v, lse],
+            fused(dout, q, k, v, lse, &mask.starts, scale),
+            reference::backward(dout, q, k, v, lse, mask, scale)
+        )
+    };
+    on_gpu_or!([dout, q, k, v], gpu(dout, q, k, v, lse, mask, scale), cpu_or_reference())
 }
 
 /// The composed form, on any candle device: the referee of the fused kernels.

@@ -4,18 +4,40 @@
 //!
 //! Each op has a composed form written with candle tensor ops (its `reference` module),
 //! which runs on any candle device, and a fused CPU kernel (module `cpu`) that serves f32/f64 CPU
-//! tensors; tests hold the two together. Fused GPU kernels join them op by op. Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
+//! tensors; tests hold the two together. With the `cuda` feature, CUDA tensors of f32 or bf16
+//! take fused GPU kernels (module `gpu`, sources in `kernels/cuda/`), tested against the same
+//! references on the device (`scripts/gpu-test`). Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
 //! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
 //! against central finite differences ([`gradcheck`]).
 
+pub mod adamw;
 pub mod attention;
 mod cpu;
 pub mod cross_entropy;
 pub mod embedding;
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::cache_freed_memory;
 pub mod gradcheck;
 pub mod linear;
+pub mod lm_head_ce;
+pub mod nf4;
 pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
 
 pub use candle_core::{Error, Result};
+
+/// Under the `cuda` feature, CUDA tensors of f32/bf16 go to the GPU kernel `$gpu` (the caller
+/// imports it under that name, behind the same cfg); everything else evaluates `$rest`.
+macro_rules! on_gpu_or {
+    ([$($t:expr),+], $gpu:ident($($arg:expr),*), $rest:expr) => {{
+        #[cfg(feature = "cuda")]
+        let r = $crate::gpu::dispatch!([$($t),+], $gpu($($arg),*), $rest);
+        #[cfg(not(feature = "cuda"))]
+        let r = $rest;
+        r
+    }};
+}
+pub(crate) use on_gpu_or;

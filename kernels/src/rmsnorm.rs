@@ -2,20 +2,45 @@
 //! Qwen3 applies it to the residual stream and, per head, to q and k.
 
 use crate::cpu::{self, dispatch};
+use crate::on_gpu_or;
 use candle_core::{D, Result, Tensor};
 
 /// Returns `y` and `rstd` (`[.., 1]`), the one statistic the backward needs besides `x`.
+/// On the GPU `rstd` is f32 whatever `x`'s dtype (one value per row: precision for free).
 pub fn forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     check(x, w)?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::rmsnorm::forward as gpu;
     use cpu::rmsnorm::forward as fused;
-    dispatch!([x, w], fused(x, w, eps), reference::forward(x, w, eps))
+    on_gpu_or!([x, w], gpu(x, w, eps), dispatch!([x, w], fused(x, w, eps), reference::forward(x, w, eps)))
+}
+
+/// The residual add fused in front of the norm: `s = a + b`, `(y, rstd) = forward(s)`; returns
+/// `(s, y, rstd)`. The backward is [`backward`] on `s` (the add passes its gradient through).
+pub fn add_forward(a: &Tensor, b: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    check(a, w)?;
+    if a.dims() != b.dims() {
+        candle_core::bail!("rmsnorm: residual of shape {:?} for input {:?}", b.dims(), a.dims());
+    }
+    #[cfg(feature = "cuda")]
+    use crate::gpu::rmsnorm::add_forward as gpu;
+    let unfused = || -> Result<(Tensor, Tensor, Tensor)> {
+        let s = (a + b)?;
+        let (y, rstd) = forward(&s, w, eps)?;
+        Ok((s, y, rstd))
+    };
+    on_gpu_or!([a, b, w], gpu(a, b, w, eps), unfused())
 }
 
 /// `dx = rstd·(g − x̂·mean(g·x̂))` with `g = dy·w`, `x̂ = x·rstd`; `dw = Σ dy·x̂` over all rows.
 pub fn backward(dy: &Tensor, x: &Tensor, w: &Tensor, rstd: &Tensor, want_dw: bool) -> Result<(Tensor, Option<Tensor>)> {
     check(x, w)?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::rmsnorm::backward as gpu;
     use cpu::rmsnorm::backward as fused;
-    dispatch!([dy, x, w, rstd], fused(dy, x, w, rstd, want_dw), reference::backward(dy, x, w, rstd, want_dw))
+    let cpu_or_reference =
+        || dispatch!([dy, x, w, rstd], fused(dy, x, w, rstd, want_dw), reference::backward(dy, x, w, rstd, want_dw));
+    on_gpu_or!([dy, x, w], gpu(dy, x, w, rstd, want_dw), cpu_or_reference())
 }
 
 fn check(x: &Tensor, w: &Tensor) -> Result<()> {

@@ -4,6 +4,7 @@
 //! so packed documents can each restart at 0.
 
 use crate::cpu::{self, dispatch};
+use crate::on_gpu_or;
 use candle_core::{D, DType, Device, Result, Tensor};
 
 /// `cos` and `sin` tables `[positions.len(), head_dim]` for `inv_freq_i = θ^(−2i/head_dim)`.
@@ -60,8 +61,11 @@ pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if !per_token_tables(x, cos, sin) {
         return reference::forward(x, cos, sin);
     }
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::rope as gpu;
     use cpu::elementwise::rope as fused;
-    dispatch!([x, cos, sin], fused(x, cos, sin, false), reference::forward(x, cos, sin))
+    let cpu_or_reference = || dispatch!([x, cos, sin], fused(x, cos, sin, false), reference::forward(x, cos, sin));
+    on_gpu_or!([x, cos, sin], gpu(x, cos, sin, false), cpu_or_reference())
 }
 
 /// The map is linear and orthogonal per pair: `dx = dy·cos + rotate_halfᵀ(dy·sin)` with
@@ -70,8 +74,11 @@ pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if !per_token_tables(dy, cos, sin) {
         return reference::backward(dy, cos, sin);
     }
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::rope as gpu;
     use cpu::elementwise::rope as fused;
-    dispatch!([dy, cos, sin], fused(dy, cos, sin, true), reference::backward(dy, cos, sin))
+    let cpu_or_reference = || dispatch!([dy, cos, sin], fused(dy, cos, sin, true), reference::backward(dy, cos, sin));
+    on_gpu_or!([dy, cos, sin], gpu(dy, cos, sin, true), cpu_or_reference())
 }
 
 /// The fused kernel's case: one table row per token (`x` `[.., heads, hd]` with tables

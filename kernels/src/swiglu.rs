@@ -1,20 +1,26 @@
 //! The SwiGLU gate of the MLP: `h = silu(gate) · up`.
 
 use crate::cpu::{self, dispatch};
+use crate::on_gpu_or;
 use candle_core::{Result, Tensor};
 
 /// Backward needs `gate` and `up`, which the caller keeps; nothing else is saved.
 pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     check(&[gate, up])?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::swiglu_forward as gpu;
     use cpu::elementwise::swiglu_forward as fused;
-    dispatch!([gate, up], fused(gate, up), reference::forward(gate, up))
+    on_gpu_or!([gate, up], gpu(gate, up), dispatch!([gate, up], fused(gate, up), reference::forward(gate, up)))
 }
 
 /// `d_gate = dh·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dh·silu(g)`.
 pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
     check(&[dh, gate, up])?;
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::swiglu_backward as gpu;
     use cpu::elementwise::swiglu_backward as fused;
-    dispatch!([dh, gate, up], fused(dh, gate, up), reference::backward(dh, gate, up))
+    let cpu_or_reference = || dispatch!([dh, gate, up], fused(dh, gate, up), reference::backward(dh, gate, up));
+    on_gpu_or!([dh, gate, up], gpu(dh, gate, up), cpu_or_reference())
 }
 
 fn check(ts: &[&Tensor]) -> Result<()> {

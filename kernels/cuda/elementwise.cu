@@ -1,0 +1,73 @@
+// Elementwise ops: SwiGLU and RoPE. Memory-bound: one read of each input, one write of each
+// output, grid-stride loops so any size fits one launch.
+#include "portable.h"
+
+DEV float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
+
+#define SWIGLU_FWD(S, T)                                                                           \
+  KERNEL void swiglu_fwd_##S(const T* gate, const T* up, T* h, size_t n) {                        \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                 \
+      const float g = to_f(gate[i]);                                                               \
+      h[i] = from_f<T>(g * sigmoid(g) * to_f(up[i]));                                              \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_FWD)
+
+// d_gate = dh·up·(σ + silu·(1 − σ)), d_up = dh·silu.
+#define SWIGLU_BWD(S, T)                                                                           \
+  KERNEL void swiglu_bwd_##S(const T* dh, const T* gate, const T* up, T* dgate, T* dup,          \
+                             size_t n) {                                                           \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                 \
+      const float g = to_f(gate[i]), d = to_f(dh[i]), sg = sigmoid(g), silu = g * sg;              \
+      dgate[i] = from_f<T>(d * to_f(up[i]) * (sg + silu * (1.f - sg)));                           \
+      dup[i] = from_f<T>(d * silu);                                                                \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_BWD)
+
+// RoPE, HF rotate_half convention, on x [tokens, heads, hd] with tables [tokens, hd] shared by a
+// token's heads. One thread per rotated pair (i, i + hd/2). `transposed` applies the map's
+// transpose, which is the backward.
+#define ROPE(S, T)                                                                                 \
+  KERNEL void rope_##S(const T* x, const T* cos, const T* sin, T* y, size_t pairs, int heads,     \
+                       int hd, int transposed) {                                                   \
+    const int half = hd / 2;                                                                       \
+    for (size_t p = global_index(); p < pairs; p += global_stride()) {                             \
+      const size_t vec = p / half, tok = vec / heads;                                              \
+      const int i = p % half;                                                                      \
+      const size_t xo = vec * hd, to = tok * hd;                                                   \
+      const float a = to_f(x[xo + i]), b = to_f(x[xo + i + half]);                                 \
+      const float c1 = to_f(cos[to + i]), c2 = to_f(cos[to + i + half]);                           \
+      const float s1 = to_f(sin[to + i]), s2 = to_f(sin[to + i + half]);                           \
+      if (transposed) {                                                                            \
+        y[xo + i] = from_f<T>(a * c1 + b * s2);                                                    \
+        y[xo + i + half] = from_f<T>(b * c2 - a * s1);                                             \
+      } else {                                                                                     \
+        y[xo + i] = from_f<T>(a * c1 - b * s1);                                                    \
+        y[xo + i + half] = from_f<T>(b * c2 + a * s2);                                             \
+      }                                                                                            \
+    }                                                                                              \
+  }
+FOR_DTYPES(ROPE)
+
+// AdamW, torch's single-tensor arithmetic (see kernels/src/adamw.rs) in one pass: reads p, g,
+// m, v once and writes the new p, m, v. Moments are f32 whatever the parameter's dtype.
+#define ADAMW(S, T)                                                                                \
+  KERNEL void adamw_##S(const T* p, const T* g, const float* m, const float* v, T* p_out,         \
+                        float* m_out, float* v_out, size_t n, int decay, float decay_factor,      \
+                        float lerp_weight, float beta2, float one_minus_beta2, float bc2_sqrt,    \
+                        float eps, float neg_step_size) {                                          \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                 \
+      float pi = to_f(p[i]);                                                                       \
+      const float gi = to_f(g[i]);                                                                 \
+      if (decay) pi *= decay_factor;                                                               \
+      const float mi = fabsf(lerp_weight) < 0.5f ? m[i] + lerp_weight * (gi - m[i])               \
+                                                 : gi - (gi - m[i]) * (1.f - lerp_weight);         \
+      const float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;                                   \
+      const float denom = sqrtf(vi) / bc2_sqrt + eps;                                              \
+      p_out[i] = from_f<T>(pi + neg_step_size * mi / denom);                                       \
+      m_out[i] = mi;                                                                               \
+      v_out[i] = vi;                                                                               \
+    }                                                                                              \
+  }
+FOR_DTYPES(ADAMW)

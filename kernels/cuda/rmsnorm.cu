@@ -1,0 +1,93 @@
+// RMSNorm over rows of d: one warp per row (d = 128 for the per-head q/k norms, up to 4096 for the
+// residual stream; a warp keeps every row's reduction in registers and shuffles).
+// The gain's gradient is summed deterministically: partial sums over fixed blocks of
+// DW_ROWS rows, then over the blocks in order (no atomics).
+#include "portable.h"
+
+#define DW_ROWS 256
+
+template <typename T>
+DEV void norm_row(const T* x, const T* w, T* y, float* rstd, int row, int d, float eps) {
+  const int lane = threadIdx.x % WARP;
+  const T* xr = x + (size_t)row * d;
+  float ss = 0.f;
+  for (int i = lane; i < d; i += WARP) {
+    float v = to_f(xr[i]);
+    ss += v * v;
+  }
+  const float r = rsqrtf(warp_sum(ss) / d + eps);
+  if (lane == 0) rstd[row] = r;
+  T* yr = y + (size_t)row * d;
+  for (int i = lane; i < d; i += WARP) yr[i] = from_f<T>(to_f(xr[i]) * r * to_f(w[i]));
+}
+
+DEV int warp_row() { return blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP; }
+
+#define RMSNORM_FWD(S, T)                                                                          \
+  KERNEL void rmsnorm_fwd_##S(const T* x, const T* w, T* y, float* rstd, int rows, int d,         \
+                              float eps) {                                                         \
+    const int row = warp_row();                                                                    \
+    if (row < rows) norm_row<T>(x, w, y, rstd, row, d, eps);                                       \
+  }
+FOR_DTYPES(RMSNORM_FWD)
+
+// The residual add fused in front of the norm: `s = a + b` (rounded to T, as a separate add
+// would store it), then `y = rmsnorm(s)`. One read of a and b instead of three passes.
+#define ADD_RMSNORM_FWD(S, T)                                                                      \
+  KERNEL void add_rmsnorm_fwd_##S(const T* a, const T* b, const T* w, T* s, T* y, float* rstd,    \
+                                  int rows, int d, float eps) {                                    \
+    const int row = warp_row();                                                                    \
+    if (row >= rows) return;                                                                       \
+    const size_t off = (size_t)row * d;                                                            \
+    for (int i = threadIdx.x % WARP; i < d; i += WARP)                                             \
+      s[off + i] = from_f<T>(to_f(a[off + i]) + to_f(b[off + i]));                                 \
+    /* norm_row reads element i from the lane that wrote it: no barrier needed. */                 \
+    norm_row<T>(s, w, y, rstd, row, d, eps);                                                       \
+  }
+FOR_DTYPES(ADD_RMSNORM_FWD)
+
+// dx = rstd·(g − x̂·mean(g·x̂)), g = dy·w, x̂ = x·rstd.
+#define RMSNORM_BWD(S, T)                                                                          \
+  KERNEL void rmsnorm_bwd_##S(const T* dy, const T* x, const T* w, const float* rstd, T* dx,      \
+                              int rows, int d) {                                                   \
+    const int row = warp_row();                                                                    \
+    if (row >= rows) return;                                                                       \
+    const int lane = threadIdx.x % WARP;                                                           \
+    const size_t off = (size_t)row * d;                                                            \
+    const float r = rstd[row];                                                                     \
+    float gx = 0.f;                                                                                \
+    for (int i = lane; i < d; i += WARP) gx += to_f(dy[off + i]) * to_f(w[i]) * to_f(x[off + i]);  \
+    const float proj = warp_sum(gx) * r * r / d;                                                   \
+    for (int i = lane; i < d; i += WARP) {                                                         \
+      const float g = to_f(dy[off + i]) * to_f(w[i]);                                              \
+      dx[off + i] = from_f<T>(r * (g - to_f(x[off + i]) * proj));                                  \
+    }                                                                                              \
+  }
+FOR_DTYPES(RMSNORM_BWD)
+
+// partial[blk][j] = Σ over the DW_ROWS rows of block blk of dy·x·rstd; grid (column tiles, blocks).
+#define RMSNORM_DW_PARTIAL(S, T)                                                                   \
+  KERNEL void rmsnorm_dw_partial_##S(const T* dy, const T* x, const float* rstd, float* partial,  \
+                                     int rows, int d) {                                            \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;                                           \
+    if (j >= d) return;                                                                            \
+    const int r0 = blockIdx.y * DW_ROWS, r1 = min(rows, r0 + DW_ROWS);                             \
+    float acc = 0.f;                                                                               \
+    for (int r = r0; r < r1; ++r) {                                                                \
+      const size_t o = (size_t)r * d + j;                                                          \
+      acc += to_f(dy[o]) * to_f(x[o]) * rstd[r];                                                   \
+    }                                                                                              \
+    partial[(size_t)blockIdx.y * d + j] = acc;                                                     \
+  }
+FOR_DTYPES(RMSNORM_DW_PARTIAL)
+
+// dw[j] = Σ_blk partial[blk][j], blocks in order.
+#define SUM_BLOCKS(S, T)                                                                           \
+  KERNEL void sum_blocks_##S(const float* partial, T* out, int blocks, int d) {                    \
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;                                           \
+    if (j >= d) return;                                                                            \
+    float acc = 0.f;                                                                               \
+    for (int b = 0; b < blocks; ++b) acc += partial[(size_t)b * d + j];                            \
+    out[j] = from_f<T>(acc);                                                                       \
+  }
+FOR_DTYPES(SUM_BLOCKS)

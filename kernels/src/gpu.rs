@@ -1,0 +1,199 @@
+//! Fused CUDA kernels (feature `cuda`): the sources are in `kernels/cuda/*.cu`, written in the
+//! portable dialect of `kernels/cuda/portable.h` and compiled to PTX by `build.rs`. Each op
+//! module calls its kernel here for CUDA tensors of f32 or bf16 (arithmetic in f32 inside the
+//! kernel) and falls back to the CPU kernel or the composed reference otherwise.
+//!
+//! Determinism: no kernel uses atomics; cross-row reductions go through fixed blocks summed in
+//! order, so a result depends only on the inputs and the shapes.
+
+pub(crate) mod adamw;
+pub(crate) mod attention;
+pub(crate) mod cross_entropy;
+pub(crate) mod elementwise;
+pub(crate) mod nf4;
+pub(crate) mod rmsnorm;
+#[cfg(test)]
+mod tests;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs,
+};
+pub(crate) use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Result, Shape, Storage, Tensor};
+
+/// One `.cu` file's PTX, embedded at build time.
+pub(crate) struct Module {
+    name: &'static str,
+    ptx: &'static str,
+}
+
+macro_rules! module {
+    ($name:literal) => {
+        $crate::gpu::Module { name: $name, ptx: include_str!(concat!(env!("OUT_DIR"), "/", $name, ".ptx")) }
+    };
+}
+pub(crate) use module;
+
+/// The element types the kernels are instantiated for; `SUFFIX` is the one in their names.
+pub(crate) trait Elem: CudaDType + DeviceRepr + Copy + Send + Sync + 'static {
+    const SUFFIX: &'static str;
+}
+impl Elem for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl Elem for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+
+/// Whether the fused GPU kernels serve these tensors (all on one CUDA device, one dtype of
+/// f32 or bf16), and in which dtype.
+pub(crate) fn dtype_of(ts: &[&Tensor]) -> Option<DType> {
+    let first = ts.first()?;
+    let dt = first.dtype();
+    let ok = matches!(dt, DType::F32 | DType::BF16)
+        && ts.iter().all(|t| t.device().is_cuda() && t.device().same_device(first.device()) && t.dtype() == dt);
+    ok.then_some(dt)
+}
+
+/// Calls `$f::<f32>` or `$f::<half::bf16>` when the GPU kernels serve `$ts`, else evaluates `$other`.
+macro_rules! dispatch {
+    ([$($t:expr),+], $f:ident($($arg:expr),*), $other:expr) => {
+        match $crate::gpu::dtype_of(&[$($t),+]) {
+            Some(candle_core::DType::F32) => $f::<f32>($($arg),*),
+            Some(candle_core::DType::BF16) => $f::<half::bf16>($($arg),*),
+            _ => $other,
+        }
+    };
+}
+pub(crate) use dispatch;
+
+/// The CUDA device of a tensor that [`dtype_of`] accepted.
+pub(crate) fn device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        Device::Cuda(d) => Ok(d.clone()),
+        _ => candle_core::bail!("gpu kernel: tensor is not on a CUDA device"),
+    }
+}
+
+/// A kernel of `module` named `{name}_{T::SUFFIX}`, with a launch builder on the device's stream.
+pub(crate) struct Kernel {
+    func: CudaFunction,
+    stream: std::sync::Arc<CudaStream>,
+}
+
+impl Kernel {
+    pub fn new<T: Elem>(dev: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
+        Self::named(dev, module, &format!("{name}_{}", T::SUFFIX))
+    }
+
+    /// A kernel with no dtype suffix.
+    pub fn named(dev: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
+        let f = dev.get_or_load_custom_func(name, module.name, module.ptx)?;
+        Ok(Kernel { func: f.into_cuda_function(), stream: dev.cuda_stream() })
+    }
+
+    pub fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// Launches a built argument list; `args` owns nothing the kernel outlives (cudarc records
+/// the buffers' uses on the stream).
+pub(crate) fn launch(mut args: LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+    #[cfg(test)]
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: every kernel in kernels/cuda takes exactly the arguments its Rust caller pushes,
+    // in that order and of those types, and writes only inside the lengths it is given.
+    unsafe { args.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Kernel launches so far: the tests check that an op really ran on a fused kernel rather
+/// than falling back to the composed reference.
+#[cfg(test)]
+pub(crate) static LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `n` threads in blocks of `block`, for a grid-stride kernel (the grid is capped; the loop
+/// covers the rest).
+pub(crate) fn grid_for(n: usize, block: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(block as usize).clamp(1, 65_535 * 16) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// An output buffer of `n` elements. Kernels write every element; in tests the buffer is
+/// filled with NaN first, so an unwritten element cannot pass a check.
+pub(crate) fn alloc<T: Elem>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: the buffer is written by the kernel before any read (poisoned in tests to prove it).
+    #[allow(unused_mut)]
+    let mut buf = unsafe { dev.alloc::<T>(n) }?;
+    #[cfg(test)]
+    poison(dev, &mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+fn poison<T: Elem>(dev: &CudaDevice, buf: &mut CudaSlice<T>) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
+    let stream = dev.cuda_stream();
+    let bytes = buf.len() * std::mem::size_of::<T>();
+    let (ptr, _sync) = buf.device_ptr_mut(&stream);
+    // All-ones bytes are a NaN in f32 and in bf16.
+    // SAFETY: ptr points at `bytes` bytes owned by `buf`, on this stream.
+    unsafe { candle_core::cuda_backend::cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
+        .w()
+}
+
+/// A tensor owning a kernel's output buffer.
+pub(crate) fn tensor<T: Elem>(buf: CudaSlice<T>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(buf, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// Runs `f` on device views of `ts` (made contiguous first), all of element type `T`.
+pub(crate) fn with_views<T: CudaDType + DeviceRepr, R, const N: usize>(
+    ts: [&Tensor; N],
+    f: impl FnOnce([CudaView<'_, T>; N]) -> Result<R>,
+) -> Result<R> {
+    let owned: Vec<Tensor> = ts.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
+    let guards: Vec<_> = owned.iter().map(|t| t.storage_and_layout()).collect();
+    let mut views = Vec::with_capacity(N);
+    for (storage, layout) in &guards {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("gpu kernel: tensor is not contiguous")
+        };
+        match &**storage {
+            Storage::Cuda(c) => views.push(c.as_cuda_slice::<T>()?.slice(start..end)),
+            _ => candle_core::bail!("gpu kernel: tensor is not on a CUDA device"),
+        }
+    }
+    let views: [CudaView<'_, T>; N] = views.try_into().map_err(|_| candle_core::Error::Msg("view count".into()))?;
+    f(views)
+}
+
+/// A size as the kernels' `int`, refusing what would overflow it.
+pub(crate) fn int(n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("gpu kernel: size {n} exceeds i32")))
+}
+
+/// Makes the device's default memory pool keep freed blocks instead of handing them back to
+/// the driver at every synchronisation. candle allocates every op's output (stream-ordered
+/// `cuMemAllocAsync`) and frees it when the tensor drops; with the pool's default release
+/// threshold of 0, a training step that synchronises pays for mapping its memory again on
+/// each step. Call once per process, before the first step; CPU devices are left alone.
+pub fn cache_freed_memory(device: &Device) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let Device::Cuda(dev) = device else { return Ok(()) };
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    ctx.bind_to_thread().w()?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the device comes from a live context; the attribute takes a u64 by pointer.
+    unsafe {
+        let pool = result::device::get_default_mem_pool(ctx.cu_device()).w()?;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        result::mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast()).w()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! SwiGLU and RoPE on the GPU (`cuda/elementwise.cu`): grid-stride loops, one pass each.
+
+use super::{Elem, Kernel, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor, with_views};
+use candle_core::{Result, Tensor};
+
+const MODULE: Module = module!("elementwise");
+const BLOCK: u32 = 256;
+
+pub(crate) fn swiglu_forward<T: Elem>(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let dev = device(gate)?;
+    let n = gate.elem_count();
+    let mut h = alloc::<T>(&dev, n)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_fwd")?;
+    with_views::<T, _, 2>([gate, up], |[g, u]| {
+        let mut b = k.builder();
+        b.arg(&g).arg(&u).arg(&mut h).arg(&n);
+        launch(b, grid_for(n, BLOCK))
+    })?;
+    Ok(tensor(h, &dev, gate.shape().clone()))
+}
+
+pub(crate) fn swiglu_backward<T: Elem>(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dev = device(gate)?;
+    let n = gate.elem_count();
+    let (mut dg, mut du) = (alloc::<T>(&dev, n)?, alloc::<T>(&dev, n)?);
+    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_bwd")?;
+    with_views::<T, _, 3>([dh, gate, up], |[dh, g, u]| {
+        let mut b = k.builder();
+        b.arg(&dh).arg(&g).arg(&u).arg(&mut dg).arg(&mut du).arg(&n);
+        launch(b, grid_for(n, BLOCK))
+    })?;
+    Ok((tensor(dg, &dev, gate.shape().clone()), tensor(du, &dev, gate.shape().clone())))
+}
+
+/// RoPE on `x` `[.., heads, hd]` with per-token tables (`cos.elem_count()` = tokens · hd).
+pub(crate) fn rope<T: Elem>(x: &Tensor, cos: &Tensor, sin: &Tensor, transposed: bool) -> Result<Tensor> {
+    let dev = device(x)?;
+    let hd = x.dim(candle_core::D::Minus1)?;
+    let heads = x.elem_count() / cos.elem_count().max(1);
+    let pairs = x.elem_count() / 2;
+    let mut y = alloc::<T>(&dev, x.elem_count())?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "rope")?;
+    with_views::<T, _, 3>([x, cos, sin], |[x, c, s]| {
+        let mut b = k.builder();
+        let (heads, hd, tr) = (int(heads)?, int(hd)?, transposed as i32);
+        b.arg(&x).arg(&c).arg(&s).arg(&mut y).arg(&pairs).arg(&heads).arg(&hd).arg(&tr);
+        launch(b, grid_for(pairs, BLOCK))
+    })?;
+    Ok(tensor(y, &dev, x.shape().clone()))
+}

@@ -1,0 +1,111 @@
+//! RMSNorm on the GPU (`cuda/rmsnorm.cu`): one warp per row; `rstd` is kept in f32 whatever the
+//! activations' dtype, since a bf16 statistic would cost the backward precision for no memory
+//! worth saving (one value per row).
+
+use super::{
+    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views,
+};
+use candle_core::{DType, Result, Tensor};
+
+const MODULE: Module = module!("rmsnorm");
+/// Rows per warp-per-row block (8 warps).
+const BLOCK: u32 = 256;
+/// Rows per partial sum of the gain's gradient; must equal DW_ROWS in rmsnorm.cu.
+const DW_ROWS: usize = 256;
+
+fn rows_config(rows: usize) -> LaunchConfig {
+    let per_block = BLOCK as usize / 32;
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(per_block).max(1) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rstd_shape(x: &Tensor) -> Vec<usize> {
+    let mut s = x.dims().to_vec();
+    if let Some(last) = s.last_mut() {
+        *last = 1;
+    }
+    s
+}
+
+pub(crate) fn forward<T: Elem>(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let dev = device(x)?;
+    let d = w.dim(0)?;
+    let rows = x.elem_count() / d.max(1);
+    let mut y = alloc::<T>(&dev, rows * d)?;
+    let mut rstd = alloc::<f32>(&dev, rows)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "rmsnorm_fwd")?;
+    with_views::<T, _, 2>([x, w], |[x, w]| {
+        let mut b = k.builder();
+        let (rows_i, d_i, eps) = (int(rows)?, int(d)?, eps as f32);
+        b.arg(&x).arg(&w).arg(&mut y).arg(&mut rstd).arg(&rows_i).arg(&d_i).arg(&eps);
+        launch(b, rows_config(rows))
+    })?;
+    Ok((tensor(y, &dev, x.shape().clone()), tensor(rstd, &dev, rstd_shape(x))))
+}
+
+/// `s = a + b` and `rmsnorm(s)` in one pass: returns `(s, y, rstd)`.
+pub(crate) fn add_forward<T: Elem>(a: &Tensor, b: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    let dev = device(a)?;
+    let d = w.dim(0)?;
+    let rows = a.elem_count() / d.max(1);
+    let mut s = alloc::<T>(&dev, rows * d)?;
+    let mut y = alloc::<T>(&dev, rows * d)?;
+    let mut rstd = alloc::<f32>(&dev, rows)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "add_rmsnorm_fwd")?;
+    with_views::<T, _, 3>([a, b, w], |[a, b, w]| {
+        let mut l = k.builder();
+        let (rows_i, d_i, eps) = (int(rows)?, int(d)?, eps as f32);
+        l.arg(&a).arg(&b).arg(&w).arg(&mut s).arg(&mut y).arg(&mut rstd).arg(&rows_i).arg(&d_i).arg(&eps);
+        launch(l, rows_config(rows))
+    })?;
+    Ok((tensor(s, &dev, a.shape().clone()), tensor(y, &dev, a.shape().clone()), tensor(rstd, &dev, rstd_shape(a))))
+}
+
+pub(crate) fn backward<T: Elem>(
+    dy: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    rstd: &Tensor,
+    want_dw: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let dev = device(x)?;
+    let d = w.dim(0)?;
+    let rows = x.elem_count() / d.max(1);
+    let rstd = rstd.to_dtype(DType::F32)?;
+    let (rows_i, d_i) = (int(rows)?, int(d)?);
+    let mut dx = alloc::<T>(&dev, rows * d)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "rmsnorm_bwd")?;
+    with_views::<T, _, 3>([dy, x, w], |[dy, x, w]| {
+        with_views::<f32, _, 1>([&rstd], |[r]| {
+            let mut b = k.builder();
+            b.arg(&dy).arg(&x).arg(&w).arg(&r).arg(&mut dx).arg(&rows_i).arg(&d_i);
+            launch(b, rows_config(rows))
+        })
+    })?;
+    let dx = tensor(dx, &dev, x.shape().clone());
+    if !want_dw {
+        return Ok((dx, None));
+    }
+    let blocks = rows.div_ceil(DW_ROWS).max(1);
+    let mut partial = alloc::<f32>(&dev, blocks * d)?;
+    let mut dw = alloc::<T>(&dev, d)?;
+    let cols = (d.div_ceil(256) as u32, 1, 1);
+    let k = Kernel::new::<T>(&dev, &MODULE, "rmsnorm_dw_partial")?;
+    with_views::<T, _, 2>([dy, x], |[dy, x]| {
+        with_views::<f32, _, 1>([&rstd], |[r]| {
+            let mut b = k.builder();
+            b.arg(&dy).arg(&x).arg(&r).arg(&mut partial).arg(&rows_i).arg(&d_i);
+            let grid = (cols.0, blocks as u32, 1);
+            launch(b, LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+        })
+    })?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "sum_blocks")?;
+    let mut b = k.builder();
+    let blocks_i = int(blocks)?;
+    b.arg(&partial).arg(&mut dw).arg(&blocks_i).arg(&d_i);
+    launch(b, LaunchConfig { grid_dim: cols, block_dim: (256, 1, 1), shared_mem_bytes: 0 })?;
+    Ok((dx, Some(tensor(dw, &dev, d))))
+}
