@@ -14,6 +14,8 @@
 mod block;
 mod config;
 mod decode;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 mod lora;
 mod nf4;
 mod params;

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 
+use mindxtrain_kernels::adamw::{Coefficients, update};
+
 use super::OptimError;
 use crate::recipe::Optimizer;
 
@@ -100,7 +102,8 @@ impl AdamW {
         }
 
         self.step += 1;
-        let k = Coefficients::new(&self.config, lr, self.step);
+        let c = &self.config;
+        let k = Coefficients::new(c.betas, c.eps, c.weight_decay, lr, self.step);
         for (name, p) in params.iter_mut() {
             let grad = to_f32_vec(&grads[name])?;
             let mut value = to_f32_vec(p)?;
@@ -109,7 +112,7 @@ impl AdamW {
                 exp_avg: vec![0.0; value.len()],
                 exp_avg_sq: vec![0.0; value.len()],
             });
-            let decay = (self.config.weight_decay != 0.0 && decays(p.dims())).then_some(k.decay);
+            let decay = self.config.weight_decay != 0.0 && decays(p.dims());
             update(&k, decay, &mut value, &grad, &mut m.exp_avg, &mut m.exp_avg_sq);
             *p = Tensor::from_vec(value, p.dims(), p.device())?.to_dtype(p.dtype())?;
         }
@@ -174,55 +177,6 @@ impl AdamW {
             }
         }
         Ok(AdamW { config, step, moments })
-    }
-}
-
-/// The per-step scalars, computed in f64 as Python computes them and rounded to f32 where
-/// torch passes them to a float32 kernel.
-struct Coefficients {
-    decay: f32,
-    lerp_weight: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    neg_step_size: f32,
-}
-
-impl Coefficients {
-    fn new(c: &AdamWConfig, lr: f64, step: u64) -> Self {
-        let [beta1, beta2] = c.betas;
-        let step = step as f64;
-        let bias_correction1 = 1.0 - beta1.powf(step);
-        let bias_correction2 = 1.0 - beta2.powf(step);
-        Coefficients {
-            decay: (1.0 - lr * c.weight_decay) as f32,
-            lerp_weight: (1.0 - beta1) as f32,
-            beta2: beta2 as f32,
-            one_minus_beta2: (1.0 - beta2) as f32,
-            // Python's `x ** 0.5`, i.e. pow, not sqrt.
-            bias_correction2_sqrt: bias_correction2.powf(0.5) as f32,
-            eps: c.eps as f32,
-            neg_step_size: (-(lr / bias_correction1)) as f32,
-        }
-    }
-}
-
-fn update(k: &Coefficients, decay: Option<f32>, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    for i in 0..p.len() {
-        if let Some(d) = decay {
-            p[i] *= d; // param.mul_(1 - lr * weight_decay)
-        }
-        // exp_avg.lerp_(grad, 1 - beta1): ATen's two-sided lerp formula.
-        let w = k.lerp_weight;
-        m[i] = if w.abs() < 0.5 { m[i] + w * (g[i] - m[i]) } else { g[i] - (g[i] - m[i]) * (1.0 - w) };
-        // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        v[i] *= k.beta2;
-        v[i] += k.one_minus_beta2 * g[i] * g[i];
-        // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        let denom = v[i].sqrt() / k.bias_correction2_sqrt + k.eps;
-        // param.addcdiv_(exp_avg, denom, value=-step_size)
-        p[i] += k.neg_step_size * m[i] / denom;
     }
 }
 
