@@ -1,0 +1,111 @@
+//! One LoRA training step of our engine on the GPU at a Qwen3 shape, timed: random-init base in
+//! bf16, LoRA r16 α32 on all seven projections, labels = inputs shifted, AdamW on the adapters
+//! (the fused `kernels::adamw` update, moments on the device). Prints one JSON line per shape
+//! (tok/s, peak memory from the driver) for bench/run.sh, which runs the PEFT peer beside it.
+//! Built by scripts/build-gpu (cuda feature).
+//!
+//! `gpu_step SHAPE BATCH SEQ STEPS` with SHAPE one of 0.6B, 1.7B, 8B.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use mindxtrain_kernels::adamw::{self, Coefficients};
+use mindxtrain_trainer::batch::PackedBatch;
+use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
+use mindxtrain_trainer::recipe::TargetModule;
+
+fn config(shape: &str) -> Qwen3Config {
+    let (hidden, layers, heads, ffn) = match shape {
+        "0.6B" => (1024, 28, 16, 3072),
+        "1.7B" => (2048, 28, 16, 6144),
+        "8B" => (4096, 36, 32, 12288),
+        other => panic!("unknown shape {other}"),
+    };
+    Qwen3Config {
+        vocab_size: 151_936,
+        hidden_size: hidden,
+        intermediate_size: ffn,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        tie_word_embeddings: shape != "8B",
+        max_position_embeddings: 40_960,
+    }
+}
+
+fn batch(b: usize, t: usize, vocab: usize, step: u64) -> PackedBatch {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ step;
+    let mut next = || {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 33) % vocab as u64) as u32
+    };
+    let input_ids: Vec<u32> = (0..b * t).map(|_| next()).collect();
+    let labels = (0..b * t).map(|i| if (i + 1) % t == 0 { -100 } else { input_ids[i + 1] as i64 }).collect();
+    PackedBatch {
+        batch: b,
+        seq_len: t,
+        position_ids: (0..b * t).map(|i| (i % t) as u32).collect(),
+        segment_ids: vec![1; b * t],
+        input_ids,
+        labels,
+    }
+}
+
+fn used_gib() -> f64 {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        .output();
+    out.ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |mib| mib / 1024.0)
+}
+
+fn main() -> candle_core::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (shape, b, t, steps) =
+        (args[1].as_str(), args[2].parse().unwrap(), args[3].parse().unwrap(), args[4].parse::<u64>().unwrap());
+    let dev = Device::new_cuda(0)?;
+    mindxtrain_kernels::cache_freed_memory(&dev)?;
+    let cfg = config(shape);
+    let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
+    let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
+    let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    let mut ad = Adapters::init(&cfg, &lora, 2, DType::BF16, &dev).map_err(err)?;
+    let mut moments: BTreeMap<String, (Tensor, Tensor)> = BTreeMap::new();
+    let (mut peak, mut timed) = (0f64, Vec::new());
+    for step in 1..=steps {
+        let pb = batch(b, t, cfg.vocab_size, step);
+        let t0 = Instant::now();
+        let opts = StepOptions { loss_scale: 1.0 / (b * (t - 1)) as f64, ..StepOptions::default() };
+        let out = model.forward_backward(&pb, Trainable::Adapters, Some(&ad), &opts).map_err(err)?;
+        let k = Coefficients::new([0.9, 0.999], 1e-8, 0.0, 1e-4, step);
+        for (name, p) in ad.tensors.iter_mut() {
+            let g = &out.grads[name];
+            let (m, v) = match moments.remove(name) {
+                Some(mv) => mv,
+                None => (p.to_dtype(DType::F32)?.zeros_like()?, p.to_dtype(DType::F32)?.zeros_like()?),
+            };
+            let (np, nm, nv) = adamw::step(&k, true, p, g, &m, &v)?;
+            *p = np;
+            moments.insert(name.clone(), (nm, nv));
+        }
+        dev.synchronize()?;
+        let s = t0.elapsed().as_secs_f64();
+        peak = peak.max(used_gib());
+        eprintln!("ours {shape} step {step}: {:.3} s, loss {:.4}", s, out.loss_sum / out.target_tokens as f64);
+        if step > 2 {
+            timed.push(s);
+        }
+    }
+    timed.sort_by(f64::total_cmp);
+    let median = timed[timed.len() / 2];
+    println!(
+        "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"batch\":{b},\"seq\":{t},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1}}}",
+        (b * t) as f64 / median
+    );
+    Ok(())
+}
