@@ -8,27 +8,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 
-pub const BLOCK: usize = 64;
-
-/// The 16 NF4 code values, ascending.
-pub const LEVELS: [f32; 16] = [
-    -1.0,
-    -0.696_192_8,
-    -0.525_073_05,
-    -0.394_917_5,
-    -0.284_441_38,
-    -0.184_773_43,
-    -0.091_050_036,
-    0.0,
-    0.079_580_3,
-    0.160_930_2,
-    0.246_112_3,
-    0.337_915_24,
-    0.440_709_83,
-    0.562_617,
-    0.722_956_84,
-    1.0,
-];
+/// The block size and code values are the kernels' (one definition for storage and the
+/// dequant-matmul kernels).
+pub use mindxtrain_kernels::nf4::{BLOCK, LEVELS};
 
 /// A tensor in NF4: two 4-bit codes per byte (low nibble first) and one scale per block.
 #[derive(Debug, Clone, PartialEq)]
