@@ -26,9 +26,13 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 by = {}
 for r in rows:
     by.setdefault(r["shape"], {})[r["who"]] = r
-print(f"{'shape':<6} {'ours tok/s':>11} {'peft tok/s':>11} {'ratio':>6} {'ours GiB':>9} {'peft GiB':>9}")
+# MFU: our model-FLOP count per step (the same work for both sides) over each side's step time,
+# against the bf16 GEMM ceiling our binary measured in this run. Memory: the driver's
+# memory.used after each step, both sides.
+print(f"{'shape':<6} {'ours tok/s':>11} {'peft tok/s':>11} {'ratio':>6} {'ours MFU':>9} {'peft MFU':>9} {'ours GiB':>9} {'peft GiB':>9}")
 for shape, d in by.items():
     o, p = d.get("ours", {}), d.get("peft", {})
     ratio = o["tok_per_s"] / p["tok_per_s"] if "tok_per_s" in o and "tok_per_s" in p else float("nan")
-    print(f"{shape:<6} {o.get('tok_per_s', 'n/a'):>11} {p.get('tok_per_s', 'n/a'):>11} {ratio:>6.2f} {o.get('peak_gib', 'n/a'):>9} {p.get('peak_gib', 'n/a'):>9}")
+    mfu = lambda r: f"{o['step_flops'] / r['s_per_step'] / o['gemm_flops_per_s']:.1%}" if "step_flops" in o and "s_per_step" in r else "n/a"
+    print(f"{shape:<6} {o.get('tok_per_s', 'n/a'):>11} {p.get('tok_per_s', 'n/a'):>11} {ratio:>6.2f} {mfu(o):>9} {mfu(p):>9} {o.get('peak_gib', 'n/a'):>9} {p.get('peak_gib', 'n/a'):>9}")
 PY

@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         );
         c.report(
             "attention bwd",
-            time(&dev, 3, || attention::backward(&out, &q, &k, &v, &lse, &mask, scale))?,
+            time(&dev, 3, || attention::backward(&out, &q, &k, &v, &out, &lse, &mask, scale))?,
             10.0 * pairs * hd as f64,
             5.0 * qb,
         );

@@ -70,6 +70,7 @@ pub fn step(
     m: &Tensor,
     v: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let _profile = crate::profile::scope("adamw", p.device());
     let n = p.elem_count();
     if [g, m, v].iter().any(|t| t.elem_count() != n) || m.dtype() != DType::F32 || v.dtype() != DType::F32 {
         candle_core::bail!("adamw: parameter, gradient and f32 moments must have the same number of elements");

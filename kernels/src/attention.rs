@@ -81,6 +81,7 @@ fn check_heads(q: &Tensor, k: &Tensor) -> Result<()> {
 /// `[B, heads, T, hd]` and the row log-sum-exp of the scaled, masked scores `[B, heads, T]`,
 /// from which the backward recomputes the probabilities (no T×T matrix is kept).
 pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> Result<(Tensor, Tensor)> {
+    let _profile = crate::profile::scope("attention fwd", q.device());
     mask.check(q)?;
     check_heads(q, k)?;
     #[cfg(feature = "cuda")]
@@ -91,17 +92,22 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> R
     on_gpu_or!([q, k, v], gpu(q, k, v, mask, scale), cpu_or_reference())
 }
 
-/// Gradients `(dq, dk, dv)` of [`forward`]; `dout` is `[B, heads, T, hd]`, `lse` its second
-/// output.
+/// Gradients `(dq, dk, dv)` of [`forward`]; `dout` is `[B, heads, T, hd]`, `out` and `lse`
+/// the forward's outputs. `out` serves the GPU flash kernels, which take the softmax
+/// backward's row term D = rowsum(dout∘out) from it instead of another pass over the keys;
+/// the CPU kernels compute D with the scores they already have.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     dout: &Tensor,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    out: &Tensor,
     lse: &Tensor,
     mask: &Mask,
     scale: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let _profile = crate::profile::scope("attention bwd", q.device());
     mask.check(q)?;
     check_heads(q, k)?;
     #[cfg(feature = "cuda")]
@@ -114,7 +120,9 @@ pub fn backward(
             reference::backward(dout, q, k, v, lse, mask, scale)
         )
     };
-    on_gpu_or!([dout, q, k, v], gpu(dout, q, k, v, lse, mask, scale), cpu_or_reference())
+    #[cfg(not(feature = "cuda"))]
+    let _ = out;
+    on_gpu_or!([dout, q, k, v], gpu(dout, q, k, v, out, lse, mask, scale), cpu_or_reference())
 }
 
 /// The composed form, on any candle device: the referee of the fused kernels.
@@ -197,8 +205,8 @@ mod tests {
         let [q, k, v, dy] = inputs(b, h, kv, t, hd, 1)?;
         let mask = Mask::new(&[1, 1, 2, 2, 2, 1, 1, 1, 0, 0], b, t)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let (_, lse) = forward(&q, &k, &v, &mask, scale)?;
-        let (dq, dk, dv) = backward(&dy, &q, &k, &v, &lse, &mask, scale)?;
+        let (o, lse) = forward(&q, &k, &v, &mask, scale)?;
+        let (dq, dk, dv) = backward(&dy, &q, &k, &v, &o, &lse, &mask, scale)?;
         let f = |x: &[Tensor]| Ok(forward(&x[0], &x[1], &x[2], &mask, scale)?.0);
         check(f, &[q, k, v], &dy, &[dq, dk, dv])
     }
@@ -216,7 +224,7 @@ mod tests {
             let (o, lse) = forward(&c(&q)?, &c(&k)?, &c(&v)?, &mask, 0.3)?;
             assert_close(&o, &o_ref, tol)?;
             assert_close(&lse, &lse_ref, tol)?;
-            let (dq, dk, dv) = backward(&c(&dy)?, &c(&q)?, &c(&k)?, &c(&v)?, &lse, &mask, 0.3)?;
+            let (dq, dk, dv) = backward(&c(&dy)?, &c(&q)?, &c(&k)?, &c(&v)?, &o, &lse, &mask, 0.3)?;
             assert_close(&dq, &grads_ref.0, tol)?;
             assert_close(&dk, &grads_ref.1, tol)?;
             assert_close(&dv, &grads_ref.2, tol)?;

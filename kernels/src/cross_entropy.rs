@@ -51,6 +51,7 @@ impl Labels {
 /// `logits` `[N, V]` → per-token losses `[N]` (`lse − logit[target]`, 0 where ignored) and
 /// the row log-sum-exp `[N, 1]`, which the backward needs besides the logits.
 pub fn forward(logits: &Tensor, labels: &Labels) -> Result<(Tensor, Tensor)> {
+    let _profile = crate::profile::scope("cross-entropy fwd", logits.device());
     check(logits, labels)?;
     use cpu::cross_entropy::forward as fused;
     dispatch!([logits], fused(logits, &labels.ids), reference::forward(logits, labels))
@@ -58,6 +59,7 @@ pub fn forward(logits: &Tensor, labels: &Labels) -> Result<(Tensor, Tensor)> {
 
 /// `dlogits = w·(softmax − onehot(target))` with `w = d_losses · valid` per token.
 pub fn backward(d_losses: &Tensor, logits: &Tensor, lse: &Tensor, labels: &Labels) -> Result<Tensor> {
+    let _profile = crate::profile::scope("cross-entropy bwd", logits.device());
     check(logits, labels)?;
     use cpu::cross_entropy::backward as fused;
     dispatch!(

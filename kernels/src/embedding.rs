@@ -4,12 +4,14 @@ use candle_core::{Result, Tensor};
 
 /// `ids`: u32 `[n]`, `table`: `[vocab, hidden]` → `[n, hidden]`.
 pub fn forward(ids: &Tensor, table: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("embedding fwd", table.device());
     table.index_select(ids, 0)
 }
 
 /// Gradient of the table: rows of `dy` added at their token ids (repeated ids accumulate).
 /// candle's CPU index_add walks the ids in order, so the sum is deterministic.
 pub fn backward(dy: &Tensor, ids: &Tensor, table_shape: (usize, usize)) -> Result<Tensor> {
+    let _profile = crate::profile::scope("embedding bwd", dy.device());
     Tensor::zeros(table_shape, dy.dtype(), dy.device())?.index_add(ids, dy, 0)
 }
 

@@ -10,6 +10,7 @@ pub(crate) mod adamw;
 pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
+pub(crate) mod gemm;
 pub(crate) mod nf4;
 pub(crate) mod rmsnorm;
 #[cfg(test)]
@@ -92,6 +93,14 @@ impl Kernel {
     pub fn named(dev: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
         let f = dev.get_or_load_custom_func(name, module.name, module.ptx)?;
         Ok(Kernel { func: f.into_cuda_function(), stream: dev.cuda_stream() })
+    }
+
+    /// Lets launches use `bytes` of dynamic shared memory (past the default 48 KiB).
+    pub fn with_dynamic_shared(self, bytes: u32) -> Result<Kernel> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+        let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        self.func.set_attribute(attr, bytes as i32).w()?;
+        Ok(self)
     }
 
     pub fn builder(&self) -> LaunchArgs<'_> {

@@ -23,6 +23,7 @@ pub mod gradcheck;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod nf4;
+pub mod profile;
 pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;

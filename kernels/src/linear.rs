@@ -24,6 +24,7 @@ pub(crate) fn block_rows() -> usize {
 /// `x`: `[.., in]`, `w`: `[out, in]` → `[.., out]`. Backward needs `x` and `w`, both owned by
 /// the caller already, so nothing extra is saved.
 pub fn forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("linear fwd", x.device());
     let (lead, in_dim) = split_last(x)?;
     let out_dim = w.dim(0)?;
     check(in_dim, w)?;
@@ -38,24 +39,76 @@ pub fn forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// Gradients of [`forward`]: `dx = dy·W`, and `dW = dyᵀ·x` when `want_dw` (frozen weights
 /// skip that GEMM entirely).
 pub fn backward(dy: &Tensor, x: &Tensor, w: &Tensor, want_dw: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let _profile = crate::profile::scope("linear bwd", x.device());
     let (lead, in_dim) = split_last(x)?;
     check(in_dim, w)?;
     let n: usize = lead.iter().product();
-    let dy2 = dy.reshape((n, w.dim(0)?))?;
-    use cpu::linear::input_grad as fused;
-    let dx = dispatch!([&dy2, w], fused(&dy2, w), dy2.matmul(w))?.reshape(x.shape())?;
+    let dx = input_grad(&dy.reshape((n, w.dim(0)?))?, w)?.reshape(x.shape())?;
     let dw = if want_dw { Some(weight_grad(dy, x)?) } else { None };
     Ok((dx, dw))
 }
 
 /// `dW = dyᵀ·x` alone (for a weight whose input gradient is not needed).
 pub fn weight_grad(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("linear dW", x.device());
     let (lead, in_dim) = split_last(x)?;
     let n: usize = lead.iter().product();
     let out_dim = dy.dim(dy.rank() - 1)?;
     let (dy2, x2) = (dy.reshape((n, out_dim))?, x.reshape((n, in_dim))?);
     use cpu::linear::weight_grad as fused;
     dispatch!([&dy2, &x2], fused(&dy2, &x2), dy2.t()?.matmul(&x2))
+}
+
+/// `Σᵢ xᵢ·Wᵢᵀ` over `(xᵢ [N, inᵢ], Wᵢ [out, inᵢ])`: a projection and its LoRA branch
+/// (`x·Wᵀ + (s·x·Aᵀ)·Bᵀ`) as one output. On the GPU every product accumulates into one buffer
+/// (cuBLAS with β = 1), so the branch costs its two thin GEMMs and no pass over `[N, out]`.
+pub fn forward_sum(terms: &[(&Tensor, &Tensor)]) -> Result<Tensor> {
+    let first = terms.first().ok_or_else(|| candle_core::Error::Msg("linear: no terms to sum".into()))?;
+    let _profile = crate::profile::scope("linear fwd", first.0.device());
+    for (x, w) in terms {
+        check(x.dim(1)?, w)?;
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(y) = crate::gpu::gemm::sum(terms, true)? {
+        return Ok(y);
+    }
+    sum_of(terms, forward)
+}
+
+/// `Σᵢ dyᵢ·Wᵢ` over `(dyᵢ [N, outᵢ], Wᵢ [outᵢ, in])`: the input gradient of every projection
+/// (and LoRA branch) that reads one input, summed as [`forward_sum`] sums.
+pub fn input_grad_sum(terms: &[(&Tensor, &Tensor)]) -> Result<Tensor> {
+    let first = terms.first().ok_or_else(|| candle_core::Error::Msg("linear: no terms to sum".into()))?;
+    let _profile = crate::profile::scope("linear bwd", first.0.device());
+    for (dy, w) in terms {
+        if dy.dim(1)? != w.dim(0)? {
+            candle_core::bail!("linear: output gradient {:?} against weight {:?}", dy.dims(), w.dims());
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(dx) = crate::gpu::gemm::sum(terms, false)? {
+        return Ok(dx);
+    }
+    sum_of(terms, input_grad)
+}
+
+/// `dy·W` for a 2-D `dy`.
+fn input_grad(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+    use cpu::linear::input_grad as fused;
+    dispatch!([dy, w], fused(dy, w), dy.matmul(w))
+}
+
+/// The sum of `f(a, b)` over the terms, in order.
+fn sum_of(terms: &[(&Tensor, &Tensor)], f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let mut acc: Option<Tensor> = None;
+    for (a, b) in terms {
+        let y = f(a, b)?;
+        acc = Some(match acc {
+            None => y,
+            Some(acc) => (acc + y)?,
+        });
+    }
+    acc.ok_or_else(|| candle_core::Error::Msg("linear: no terms to sum".into()))
 }
 
 fn check(in_dim: usize, w: &Tensor) -> Result<()> {

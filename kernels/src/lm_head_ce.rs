@@ -38,6 +38,7 @@ fn check(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<(usize
 /// `h` `[N, D]`, lm_head `w` `[V, D]` → per-token losses `[N]` (0 where ignored) and the row
 /// log-sum-exp `[N, 1]` (statistics dtype), which the backward needs.
 pub fn forward(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<(Tensor, Tensor)> {
+    let _profile = crate::profile::scope("lm_head CE fwd", h.device());
     let (_, v) = check(h, w, labels, chunk)?;
     let stat = stat_dtype(h.dtype());
     let mut lse: Option<Tensor> = None;
@@ -67,6 +68,7 @@ pub fn backward(
     chunk: usize,
     want_dw: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    let _profile = crate::profile::scope("lm_head CE bwd", h.device());
     let (_, v) = check(h, w, labels, chunk)?;
     let stat = stat_dtype(h.dtype());
     let weight = (d_losses.to_dtype(stat)?.unsqueeze(1)? * labels.valid.to_dtype(stat)?)?;

@@ -8,6 +8,7 @@ use candle_core::{D, Result, Tensor};
 /// Returns `y` and `rstd` (`[.., 1]`), the one statistic the backward needs besides `x`.
 /// On the GPU `rstd` is f32 whatever `x`'s dtype (one value per row: precision for free).
 pub fn forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let _profile = crate::profile::scope("rmsnorm fwd", x.device());
     check(x, w)?;
     #[cfg(feature = "cuda")]
     use crate::gpu::rmsnorm::forward as gpu;
@@ -18,6 +19,7 @@ pub fn forward(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
 /// The residual add fused in front of the norm: `s = a + b`, `(y, rstd) = forward(s)`; returns
 /// `(s, y, rstd)`. The backward is [`backward`] on `s` (the add passes its gradient through).
 pub fn add_forward(a: &Tensor, b: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
+    let _profile = crate::profile::scope("rmsnorm+residual fwd", a.device());
     check(a, w)?;
     if a.dims() != b.dims() {
         candle_core::bail!("rmsnorm: residual of shape {:?} for input {:?}", b.dims(), a.dims());
@@ -34,6 +36,7 @@ pub fn add_forward(a: &Tensor, b: &Tensor, w: &Tensor, eps: f64) -> Result<(Tens
 
 /// `dx = rstd·(g − x̂·mean(g·x̂))` with `g = dy·w`, `x̂ = x·rstd`; `dw = Σ dy·x̂` over all rows.
 pub fn backward(dy: &Tensor, x: &Tensor, w: &Tensor, rstd: &Tensor, want_dw: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let _profile = crate::profile::scope("rmsnorm bwd", x.device());
     check(x, w)?;
     #[cfg(feature = "cuda")]
     use crate::gpu::rmsnorm::backward as gpu;

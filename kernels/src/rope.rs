@@ -58,6 +58,7 @@ pub fn tables(
 /// `x`: `[.., head_dim]`; `cos`/`sin` broadcastable to it. Nothing is saved: the backward
 /// needs only the tables.
 pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("rope fwd", x.device());
     if !per_token_tables(x, cos, sin) {
         return reference::forward(x, cos, sin);
     }
@@ -71,6 +72,7 @@ pub fn forward(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// The map is linear and orthogonal per pair: `dx = dy·cos + rotate_halfᵀ(dy·sin)` with
 /// `rotate_halfᵀ([g₁, g₂]) = [g₂, −g₁]`.
 pub fn backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("rope bwd", dy.device());
     if !per_token_tables(dy, cos, sin) {
         return reference::backward(dy, cos, sin);
     }

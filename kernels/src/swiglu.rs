@@ -6,6 +6,7 @@ use candle_core::{Result, Tensor};
 
 /// Backward needs `gate` and `up`, which the caller keeps; nothing else is saved.
 pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("swiglu fwd", gate.device());
     check(&[gate, up])?;
     #[cfg(feature = "cuda")]
     use crate::gpu::elementwise::swiglu_forward as gpu;
@@ -15,6 +16,7 @@ pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 /// `d_gate = dh·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dh·silu(g)`.
 pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _profile = crate::profile::scope("swiglu bwd", gate.device());
     check(&[dh, gate, up])?;
     #[cfg(feature = "cuda")]
     use crate::gpu::elementwise::swiglu_backward as gpu;

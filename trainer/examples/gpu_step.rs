@@ -1,7 +1,8 @@
 //! One LoRA training step of our engine on the GPU at a Qwen3 shape, timed: random-init base in
 //! bf16, LoRA r16 α32 on all seven projections, labels = inputs shifted, AdamW on the adapters
 //! (the fused `kernels::adamw` update, moments on the device). Prints one JSON line per shape
-//! (tok/s, peak memory from the driver) for bench/run.sh, which runs the PEFT peer beside it.
+//! (tok/s, peak memory from the driver, model FLOPs per step and the bf16 GEMM ceiling measured
+//! here, for MFU) for bench/run.sh, which runs the PEFT peer beside it.
 //! Built by scripts/build-gpu (cuda feature).
 //!
 //! `gpu_step SHAPE BATCH SEQ STEPS` with SHAPE one of 0.6B, 1.7B, 8B.
@@ -11,6 +12,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::adamw::{self, Coefficients};
+use mindxtrain_kernels::profile;
 use mindxtrain_trainer::batch::PackedBatch;
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
 use mindxtrain_trainer::recipe::TargetModule;
@@ -64,6 +66,36 @@ fn used_gib() -> f64 {
         .map_or(f64::NAN, |mib| mib / 1024.0)
 }
 
+/// Model FLOPs of one LoRA step (no recomputation counted, the adapters' small GEMMs left out):
+/// every base GEMM forward and its input gradient (4·params per token, the lm_head included),
+/// causal attention forward (2 GEMMs over half the T×T scores) and backward (2.5× forward).
+fn step_flops(c: &Qwen3Config, b: usize, t: usize) -> f64 {
+    let (h, f, hd) = (c.hidden_size as f64, c.intermediate_size as f64, c.head_dim as f64);
+    let (heads, kv) = (c.num_attention_heads as f64, c.num_key_value_heads as f64);
+    let per_layer = h * hd * (2.0 * heads + 2.0 * kv) + 3.0 * h * f;
+    let linear = per_layer * c.num_hidden_layers as f64 + h * c.vocab_size as f64;
+    let tokens = (b * t) as f64;
+    let attention = 3.5 * 4.0 * (b as f64) * heads * (t * t) as f64 / 2.0 * hd * c.num_hidden_layers as f64;
+    4.0 * linear * tokens + attention
+}
+
+/// A bf16 8192³ GEMM's rate on this device (median of 5), the MFU denominator.
+fn gemm_ceiling(dev: &Device) -> candle_core::Result<f64> {
+    let n = 8192;
+    let a = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(DType::BF16)?;
+    let mut times = Vec::new();
+    for _ in 0..6 {
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        drop(a.matmul(&a)?);
+        dev.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n as f64).powi(3) / times[times.len() / 2])
+}
+
 fn main() -> candle_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (shape, b, t, steps) =
@@ -71,6 +103,7 @@ fn main() -> candle_core::Result<()> {
     let dev = Device::new_cuda(0)?;
     mindxtrain_kernels::cache_freed_memory(&dev)?;
     let cfg = config(shape);
+    let ceiling = gemm_ceiling(&dev)?;
     let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
     let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
     let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
@@ -79,9 +112,14 @@ fn main() -> candle_core::Result<()> {
     let (mut peak, mut timed) = (0f64, Vec::new());
     for step in 1..=steps {
         let pb = batch(b, t, cfg.vocab_size, step);
+        if step == steps {
+            // MINDXTRAIN_PROFILE: attribute the last step only (the first ones load kernels).
+            drop(profile::take());
+        }
         let t0 = Instant::now();
         let opts = StepOptions { loss_scale: 1.0 / (b * (t - 1)) as f64, ..StepOptions::default() };
         let out = model.forward_backward(&pb, Trainable::Adapters, Some(&ad), &opts).map_err(err)?;
+        let _profile = profile::scope("optimizer (glue)", &dev);
         let k = Coefficients::new([0.9, 0.999], 1e-8, 0.0, 1e-4, step);
         for (name, p) in ad.tensors.iter_mut() {
             let g = &out.grads[name];
@@ -93,6 +131,7 @@ fn main() -> candle_core::Result<()> {
             *p = np;
             moments.insert(name.clone(), (nm, nv));
         }
+        drop(_profile);
         dev.synchronize()?;
         let s = t0.elapsed().as_secs_f64();
         peak = peak.max(used_gib());
@@ -101,11 +140,28 @@ fn main() -> candle_core::Result<()> {
             timed.push(s);
         }
     }
+    let ops = profile::take();
+    if !ops.is_empty() {
+        let last = *timed.last().unwrap_or(&f64::NAN);
+        let attributed: f64 = ops.iter().map(|o| o.2).sum();
+        eprintln!("profile of step {steps} ({last:.3} s, synchronised after every op):");
+        for (label, calls, secs) in ops {
+            eprintln!("  {label:<22} {calls:>5} calls {:>9.1} ms {:>5.1}%", secs * 1e3, 100.0 * secs / last);
+        }
+        eprintln!(
+            "  {:<22} {:>5}       {:>9.1} ms {:>5.1}%",
+            "(outside these ops)",
+            "",
+            (last - attributed) * 1e3,
+            100.0 * (last - attributed) / last
+        );
+    }
     timed.sort_by(f64::total_cmp);
     let median = timed[timed.len() / 2];
     println!(
-        "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"batch\":{b},\"seq\":{t},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1}}}",
-        (b * t) as f64 / median
+        "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"batch\":{b},\"seq\":{t},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1},\"step_flops\":{:.4e},\"gemm_flops_per_s\":{ceiling:.4e}}}",
+        (b * t) as f64 / median,
+        step_flops(&cfg, b, t)
     );
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! Causal GQA attention on the GPU (`cuda/attention.cu`): one warp per row, no T×T matrix.
-//! Head sizes that are not a multiple of the warp (or over 256) take the composed reference.
+//! Causal GQA attention on the GPU, no T×T matrix: bf16 with head size 64 or 128 runs the
+//! tensor-core flash kernels (`cuda/flash_attention.cu`); f32 and other head sizes run the
+//! warp-per-row kernels (`cuda/attention.cu`); head sizes that are not a multiple of the warp
+//! (or over 256) take the composed reference.
 
 use super::{
     Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views,
@@ -8,6 +10,10 @@ use crate::attention::{Mask, reference};
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("attention");
+const FLASH: Module = module!("flash_attention");
+/// Query (forward, dQ) or key (dK/dV) rows per flash block, and its threads.
+const FLASH_ROWS: usize = 64;
+const FLASH_THREADS: u32 = 128;
 /// Warps (rows) per block.
 const ROWS: usize = 8;
 /// `MAXC` in attention.cu: register chunks of 32 per row.
@@ -23,6 +29,37 @@ fn config(t: usize, heads: usize, b: usize) -> LaunchConfig {
         block_dim: ((ROWS * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// One warp per row over `rows` rows.
+fn row_config(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(ROWS) as u32, 1, 1),
+        block_dim: ((ROWS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Whether the flash kernels serve these tensors: bf16 (the MMA's input type), a head size
+/// they are instantiated for, and 16-byte aligned rows (cp.async moves 16 bytes at a time).
+fn flash<T: Elem>(hd: usize, ts: &[&Tensor]) -> bool {
+    T::SUFFIX == "bf16"
+        && matches!(hd, 64 | 128)
+        && ts.iter().all(|t| !t.is_contiguous() || t.layout().start_offset().is_multiple_of(8))
+}
+
+fn flash_config(t: usize, heads: usize, b: usize, shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (t.div_ceil(FLASH_ROWS) as u32, heads as u32, b as u32),
+        block_dim: (FLASH_THREADS, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
+/// Dynamic shared memory of `flash_bwd_dkdv` (`dkdv_smem_bytes` in the source): K and V
+/// tiles of 64 rows, two stages of Q and dO tiles of 32, rows padded by 8 elements.
+fn dkdv_shared(hd: usize) -> u32 {
+    ((2 * 64 + 4 * 32) * (hd + 8) * 2) as u32
 }
 
 /// The mask's per-token first visible key, on the device.
@@ -46,25 +83,36 @@ pub(crate) fn forward<T: Elem>(
     let starts = starts(mask, q)?;
     let mut out = alloc::<T>(&dev, q.elem_count())?;
     let mut lse = alloc::<f32>(&dev, b * heads * t)?;
-    let kernel = Kernel::new::<T>(&dev, &MODULE, "attn_fwd")?;
+    let tensor_cores = flash::<T>(hd, &[q, k, v]);
+    let (h, kvh, tt, hd_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, scale as f32);
     with_views::<T, _, 3>([q, k, v], |[qv, kv_, vv]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
-            let mut a = kernel.builder();
-            let (h, kvh, tt, hd, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, scale as f32);
-            a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
-            a.arg(&h).arg(&kvh).arg(&tt).arg(&hd).arg(&scale);
-            launch(a, config(t, heads, b))
+            if tensor_cores {
+                let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}"))?;
+                let mut a = kernel.builder();
+                a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
+                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                launch(a, flash_config(t, heads, b, 0))
+            } else {
+                let kernel = Kernel::new::<T>(&dev, &MODULE, "attn_fwd")?;
+                let mut a = kernel.builder();
+                a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
+                a.arg(&h).arg(&kvh).arg(&tt).arg(&hd_i).arg(&scale);
+                launch(a, config(t, heads, b))
+            }
         })
     })?;
     Ok((tensor(out, &dev, q.shape().clone()), tensor(lse, &dev, (b, heads, t))))
 }
 
+/// `out` is the forward's output: the flash backward takes D = rowsum(dout∘out) from it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<T: Elem>(
     dout: &Tensor,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    out: &Tensor,
     lse: &Tensor,
     mask: &Mask,
     scale: f64,
@@ -72,6 +120,9 @@ pub(crate) fn backward<T: Elem>(
     let (b, heads, t, hd) = q.dims4()?;
     if !served(hd) {
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
+    }
+    if flash::<T>(hd, &[dout, q, k, v, out]) {
+        return flash_backward(dout, q, k, v, out, lse, mask, scale);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -94,6 +145,53 @@ pub(crate) fn backward<T: Elem>(
                 a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
                 a.arg(&h).arg(&kvh).arg(&tt).arg(&hd_i).arg(&scale);
                 launch(a, config(t, kv, b))
+            })
+        })
+    })?;
+    Ok((tensor(dq, &dev, q.shape().clone()), tensor(dk, &dev, k.shape().clone()), tensor(dv, &dev, v.shape().clone())))
+}
+
+/// The tensor-core backward: D, then dQ per query block and dK/dV per key block (bf16 only).
+#[allow(clippy::too_many_arguments)]
+fn flash_backward(
+    dout: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    mask: &Mask,
+    scale: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    type T = half::bf16;
+    let (b, heads, t, hd) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let dev = device(q)?;
+    let starts = starts(mask, q)?;
+    let lse = lse.to_dtype(DType::F32)?;
+    let rows = b * heads * t;
+    let mut delta = alloc::<f32>(&dev, rows)?;
+    let mut dq = alloc::<T>(&dev, q.elem_count())?;
+    let (mut dk, mut dv) = (alloc::<T>(&dev, k.elem_count())?, alloc::<T>(&dev, v.elem_count())?);
+    let (h, kvh, tt, hd_i, rows_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, int(rows)?, scale as f32);
+    let delta_kernel = Kernel::named(&dev, &FLASH, "attn_bwd_delta_bf16")?;
+    let dq_kernel = Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?;
+    let dkdv_kernel =
+        Kernel::named(&dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?.with_dynamic_shared(dkdv_shared(hd))?;
+    with_views::<T, _, 5>([dout, q, k, v, out], |[dov, qv, kv_, vv, ov]| {
+        with_views::<u32, _, 1>([&starts], |[st]| {
+            with_views::<f32, _, 1>([&lse], |[l]| {
+                let mut a = delta_kernel.builder();
+                a.arg(&dov).arg(&ov).arg(&mut delta).arg(&rows_i).arg(&hd_i);
+                launch(a, row_config(rows))?;
+                let mut a = dq_kernel.builder();
+                a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dq);
+                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                launch(a, flash_config(t, heads, b, 0))?;
+                let mut a = dkdv_kernel.builder();
+                a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
+                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                launch(a, flash_config(t, kv, b, dkdv_shared(hd)))
             })
         })
     })?;

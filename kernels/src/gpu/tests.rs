@@ -268,12 +268,44 @@ fn attention_matches_the_f64_reference() -> Result<()> {
             let (out_ref, lse_ref) = attention::forward(&qr, &kr, &vr, &mask, scale)?;
             expect_close(&format!("{tag} out"), &out, &out_ref, tol, inp.seed)?;
             expect_close(&format!("{tag} lse"), &lse, &lse_ref, F32_TOL, inp.seed)?;
-            let (dq, dk, dv) = fused(|| attention::backward(&dout, &q, &k, &v, &lse, &mask, scale))?;
-            let (dq_ref, dk_ref, dv_ref) = attention::backward(&dor, &qr, &kr, &vr, &lse_ref, &mask, scale)?;
+            let (dq, dk, dv) = fused(|| attention::backward(&dout, &q, &k, &v, &out, &lse, &mask, scale))?;
+            let (dq_ref, dk_ref, dv_ref) = attention::backward(&dor, &qr, &kr, &vr, &out_ref, &lse_ref, &mask, scale)?;
             expect_close(&format!("{tag} dq"), &dq, &dq_ref, tol, inp.seed)?;
             expect_close(&format!("{tag} dk"), &dk, &dk_ref, tol, inp.seed)?;
             expect_close(&format!("{tag} dv"), &dv, &dv_ref, tol, inp.seed)?;
+            // No atomics anywhere: a second run gives the same bits.
+            let again = attention::backward(&dout, &q, &k, &v, &out, &lse, &mask, scale)?;
+            for (first, second) in [(&dq, &again.0), (&dk, &again.1), (&dv, &again.2)] {
+                let bits = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+                assert!(
+                    bits(first)?.iter().zip(bits(second)?).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{tag}: reruns differ"
+                );
+            }
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn gemm_sums_match_the_f64_reference() -> Result<()> {
+    use crate::linear;
+    // A projection with its LoRA branch (forward) and two projections' input gradients
+    // plus a branch (backward); odd sizes so no dimension is a tile multiple.
+    let (n, d_in, d_out, r) = (300, 200, 130, 16);
+    for (dt, tol) in DTYPES {
+        let mut inp = Inputs::new(dt);
+        let ((x, xr), (w, wr)) = (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?);
+        let ((xa, xar), (b, br)) = (inp.make(&[n, r], 1.0)?, inp.make(&[d_out, r], 1.0)?);
+        let y = fused(|| linear::forward_sum(&[(&x, &w), (&xa, &b)]))?;
+        let want = (xr.matmul(&wr.t()?)? + xar.matmul(&br.t()?)?)?;
+        expect_close(&format!("x·Wᵀ + xa·Bᵀ {dt:?}"), &y, &want, tol, inp.seed)?;
+        let ((dy, dyr), (dy2, dy2r)) = (inp.make(&[n, d_out], 1.0)?, inp.make(&[n, d_out], 1.0)?);
+        let ((w2, w2r), (dxa, dxar), (a, ar)) =
+            (inp.make(&[d_out, d_in], 1.0)?, inp.make(&[n, r], 1.0)?, inp.make(&[r, d_in], 1.0)?);
+        let dx = fused(|| linear::input_grad_sum(&[(&dy, &w), (&dy2, &w2), (&dxa, &a)]))?;
+        let want = ((dyr.matmul(&wr)? + dy2r.matmul(&w2r)?)? + dxar.matmul(&ar)?)?;
+        expect_close(&format!("dy·W + dy₂·W₂ + dxa·A {dt:?}"), &dx, &want, tol, inp.seed)?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use candle_core::{Result, Tensor};
-use mindxtrain_kernels::{attention, linear, rmsnorm, rope, swiglu};
+use mindxtrain_kernels::{attention, linear, profile, rmsnorm, rope, swiglu};
 
 use super::lora::{Adapters, adapter_name};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
@@ -51,7 +51,7 @@ pub(super) struct LoraTape {
     mask: Option<Tensor>,
     /// `drop(x)`, the input `A` saw (absent without dropout: it is then `x`).
     dropped: Option<Tensor>,
-    /// `drop(x)·Aᵀ`, the input `B` saw.
+    /// `s·drop(x)·Aᵀ` (s the LoRA scaling), the input `B` saw.
     xa: Tensor,
 }
 
@@ -64,6 +64,23 @@ pub(super) struct BlockTape {
     attn: Tensor,
     tail: BlockTail,
     lora: BTreeMap<Proj, LoraTape>,
+}
+
+/// One projection's share of its input's gradient: products `dyᵢ·Wᵢ` (the base weight, and
+/// the LoRA `A` without dropout) and, with LoRA dropout, the masked branch gradient.
+struct InputGrad {
+    products: Vec<(Tensor, Tensor)>,
+    masked: Option<Tensor>,
+}
+
+/// The sum of every part: all products in one GEMM sum, then any masked branches.
+fn input_grad(parts: &[InputGrad]) -> Result<Tensor> {
+    let products: Vec<(&Tensor, &Tensor)> = parts.iter().flat_map(|p| p.products.iter().map(|(d, w)| (d, w))).collect();
+    let mut dx = linear::input_grad_sum(&products)?;
+    for m in parts.iter().filter_map(|p| p.masked.as_ref()) {
+        dx = (dx + m)?;
+    }
+    Ok(dx)
 }
 
 /// What [`StepCtx::attention_inputs`] computes.
@@ -116,24 +133,26 @@ impl StepCtx<'_> {
         tape: Option<&mut BTreeMap<Proj, LoraTape>>,
     ) -> Result<Tensor> {
         let w = self.weight(&base_weight_name(layer, proj))?;
-        let y = linear::forward(x, &w)?;
-        let Some((a, b)) = self.adapters.and_then(|ad| ad.pair(layer, proj)) else { return Ok(y) };
+        let Some((a, b)) = self.adapters.and_then(|ad| ad.pair(layer, proj)) else { return linear::forward(x, &w) };
+        let _profile = profile::scope("LoRA fwd (glue)", x.device());
         let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
         let mask = self.dropout_mask(layer, proj, x)?;
         let dropped = match &mask {
             Some(m) => Some((x * m)?),
             None => None,
         };
-        let xa = linear::forward(dropped.as_ref().unwrap_or(x), a)?;
-        let y = (y + (linear::forward(&xa, b)? * scale)?)?;
+        // The scaling goes on the thin [N, r] product, and the branch lands in the base
+        // projection's output buffer.
+        let xa = (linear::forward(dropped.as_ref().unwrap_or(x), a)? * scale)?;
+        let y = linear::forward_sum(&[(x, &w), (&xa, b)])?;
         if let Some(tape) = tape {
             tape.insert(proj, LoraTape { mask, dropped, xa });
         }
         Ok(y)
     }
 
-    /// Accumulates this projection's parameter gradients; returns `dx` when asked.
-    #[allow(clippy::too_many_arguments)]
+    /// Accumulates this projection's parameter gradients and returns the parts of its input
+    /// gradient, for [`input_grad`] to sum with those of the other projections of the input.
     fn proj_backward(
         &self,
         layer: usize,
@@ -142,44 +161,36 @@ impl StepCtx<'_> {
         x: &Tensor,
         tape: &BlockTape,
         grads: &mut Grads,
-        want_dx: bool,
-    ) -> Result<Option<Tensor>> {
-        let mut dx = if want_dx {
-            let w = self.weight(&base_weight_name(layer, proj))?;
-            Some(linear::backward(dy, x, &w, false)?.0)
-        } else {
-            None
-        };
+    ) -> Result<InputGrad> {
+        let w = self.weight(&base_weight_name(layer, proj))?.into_owned();
         if self.base_grads {
             accumulate(grads, base_weight_name(layer, proj), linear::weight_grad(dy, x)?)?;
         }
+        let mut part = InputGrad { products: vec![(dy.clone(), w)], masked: None };
         if let (Some(lt), Some((a, b))) = (tape.lora.get(&proj), self.adapters.and_then(|ad| ad.pair(layer, proj))) {
+            let _profile = profile::scope("LoRA bwd (glue)", x.device());
             let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
-            let dy_s = (dy * scale)?;
-            let (dxa, db) = linear::backward(&dy_s, &lt.xa, b, self.adapter_grads)?;
+            // B saw s·drop(x)·Aᵀ: dB = dyᵀ·that, and A's output gradient is s·dy·B.
+            let (dxa, db) = linear::backward(dy, &lt.xa, b, self.adapter_grads)?;
+            let dxa = (dxa * scale)?;
             if let Some(db) = db {
                 accumulate(grads, adapter_name(layer, proj, 'B'), db)?;
             }
             if self.adapter_grads {
-                accumulate(
-                    grads,
-                    adapter_name(layer, proj, 'A'),
-                    linear::weight_grad(&dxa, lt.dropped.as_ref().unwrap_or(x))?,
-                )?;
+                let da = linear::weight_grad(&dxa, lt.dropped.as_ref().unwrap_or(x))?;
+                accumulate(grads, adapter_name(layer, proj, 'A'), da)?;
             }
-            if let Some(dx) = dx.as_mut() {
-                let mut d = linear::forward(&dxa, &a.t()?)?;
-                if let Some(m) = &lt.mask {
-                    d = (d * m)?;
-                }
-                *dx = (&*dx + d)?;
+            match &lt.mask {
+                None => part.products.push((dxa, a.clone())),
+                Some(m) => part.masked = Some((linear::input_grad_sum(&[(&dxa, a)])? * m)?),
             }
         }
-        Ok(dx)
+        Ok(part)
     }
 
     /// Runs block `layer` on `x` (`[N, hidden]`); with `save`, also returns its tape.
     pub fn block_forward(&self, layer: usize, x: &Tensor, save: bool) -> Result<(Tensor, Option<BlockTape>)> {
+        let _profile = profile::scope("block fwd (glue)", x.device());
         let mut lora = BTreeMap::new();
         let qkv = self.attention_inputs(layer, x, &mut lora)?;
         let hd = self.model.config.head_dim;
@@ -243,15 +254,15 @@ impl StepCtx<'_> {
         grads: &mut Grads,
         want_dx: bool,
     ) -> Result<Option<Tensor>> {
+        let _profile = profile::scope("block bwd (glue)", dout.device());
         let c = &self.model.config;
         let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let n = b * t;
         let base = self.base_grads;
         // MLP
-        let dm = self.grad_of(layer, Proj::Down, dout, &tape.tail.m, tape, grads)?;
+        let dm = self.grad_of(layer, &[(Proj::Down, dout)], &tape.tail.m, tape, grads)?;
         let (dgate, dup) = swiglu::backward(&dm, &tape.tail.gate, &tape.tail.up)?;
-        let dh2 = (self.grad_of(layer, Proj::Gate, &dgate, &tape.tail.h2, tape, grads)?
-            + self.grad_of(layer, Proj::Up, &dup, &tape.tail.h2, tape, grads)?)?;
+        let dh2 = self.grad_of(layer, &[(Proj::Gate, &dgate), (Proj::Up, &dup)], &tape.tail.h2, tape, grads)?;
         let ln2 = norm_name(layer, Norm::PostAttention);
         let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.weight(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;
@@ -259,14 +270,16 @@ impl StepCtx<'_> {
             accumulate(grads, ln2, g)?;
         }
         // Attention
-        let dattn = self.grad_of(layer, Proj::O, &dx2, &tape.attn, tape, grads)?;
+        let dattn = self.grad_of(layer, &[(Proj::O, &dx2)], &tape.attn, tape, grads)?;
         let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        let out_heads = tape.attn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let (dq, dk, dv) = attention::backward(
             &dout_heads,
             &tape.inputs.q,
             &tape.inputs.k,
             &tape.inputs.v,
+            &out_heads,
             &tape.lse,
             &self.mask,
             scale,
@@ -285,19 +298,16 @@ impl StepCtx<'_> {
         let dv = dv.transpose(1, 2)?.reshape((n, nkv * hd))?;
         let dq_pre = dq_pre.reshape((n, nh * hd))?;
         let dk_pre = dk_pre.reshape((n, nkv * hd))?;
-        let want = want_dx || base;
-        let dh1 = [(Proj::Q, &dq_pre), (Proj::K, &dk_pre), (Proj::V, &dv)].into_iter().try_fold(
-            None::<Tensor>,
-            |acc, (proj, dy)| -> Result<Option<Tensor>> {
-                let d = self.proj_backward(layer, proj, dy, &tape.inputs.h1, tape, grads, want)?;
-                Ok(match (acc, d) {
-                    (Some(a), Some(d)) => Some((a + d)?),
-                    (a, d) => a.or(d),
-                })
-            },
-        )?;
+        let qkv = [(Proj::Q, &dq_pre), (Proj::K, &dk_pre), (Proj::V, &dv)];
+        if !(want_dx || base) {
+            // The first block of a LoRA run: parameter gradients only, no one needs dx.
+            for (proj, dy) in qkv {
+                self.proj_backward(layer, proj, dy, &tape.inputs.h1, tape, grads)?;
+            }
+            return Ok(None);
+        }
+        let dh1 = self.grad_of(layer, &qkv, &tape.inputs.h1, tape, grads)?;
         let ln1 = norm_name(layer, Norm::Input);
-        let Some(dh1) = dh1 else { return Ok(None) };
         let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.inputs.rstd1, base)?;
         if let Some(g) = dln1 {
             accumulate(grads, ln1, g)?;
@@ -305,16 +315,20 @@ impl StepCtx<'_> {
         Ok(if want_dx { Some((dx2 + dx)?) } else { None })
     }
 
+    /// The input gradient of the projections `projs` of one input `x`, each with its output
+    /// gradient.
     fn grad_of(
         &self,
         layer: usize,
-        proj: Proj,
-        dy: &Tensor,
+        projs: &[(Proj, &Tensor)],
         x: &Tensor,
         tape: &BlockTape,
         grads: &mut Grads,
     ) -> Result<Tensor> {
-        self.proj_backward(layer, proj, dy, x, tape, grads, true)?
-            .ok_or_else(|| candle_core::Error::Msg("input gradient not computed".into()))
+        let parts = projs
+            .iter()
+            .map(|&(proj, dy)| self.proj_backward(layer, proj, dy, x, tape, grads))
+            .collect::<Result<Vec<_>>>()?;
+        input_grad(&parts)
     }
 }

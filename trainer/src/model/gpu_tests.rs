@@ -102,3 +102,89 @@ fn gpu_gradients_match_the_cpu_engine() {
         }
     }
 }
+
+/// The demo recipe (`recipes/tiny_cpu_lora.yaml`): its model with head size 64, so that bf16
+/// attention runs the tensor-core flash kernels, and the first `n` micro-batches of its
+/// generated task data.
+fn demo(n: usize) -> (Qwen3Config, LoraConfig, Vec<PackedBatch>) {
+    use crate::data::{DataCursor, DataOptions, Dataset, tokenizer::Tokenizer};
+    // The GPU machine runs the carried binary from its copy of the repository's root.
+    let cwd = std::env::current_dir().unwrap();
+    let path = [cwd.as_path(), std::path::Path::new(env!("CARGO_MANIFEST_DIR"))]
+        .into_iter()
+        .flat_map(|d| d.ancestors())
+        .map(|dir| dir.join("recipes/tiny_cpu_lora.yaml"))
+        .find(|p| p.exists())
+        .expect("recipes/tiny_cpu_lora.yaml above the working directory");
+    let recipe = crate::recipe::Recipe::from_path(&path).unwrap().recipe;
+    let dataset =
+        Dataset::from_recipe(&recipe, path.parent().unwrap(), &Tokenizer::byte(), DataOptions::default()).unwrap();
+    let mut it = dataset.batches(recipe.train.batch.per_device as usize, DataCursor::default()).unwrap();
+    let batches = (0..n).map(|_| it.next_batch()).collect();
+    let mut cfg = Qwen3Config::from(recipe.model.config.as_ref().expect("the demo recipe sets its model config"));
+    cfg.head_dim = 64;
+    let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    (cfg, lora, batches)
+}
+
+/// LoRA steps with the trainer's AdamW from seeded inits; returns the per-token loss of each
+/// step and the final adapters.
+fn train(
+    cfg: &Qwen3Config,
+    lora: &LoraConfig,
+    batches: &[PackedBatch],
+    dtype: DType,
+    dev: &Device,
+) -> (Vec<f64>, BTreeMap<String, Tensor>) {
+    use crate::optim::{AdamW, AdamWConfig};
+    let model = Qwen3::init_random(cfg, 7, dtype, dev).unwrap();
+    let mut ad = Adapters::init(cfg, lora, 7, dtype, dev).unwrap();
+    let mut opt = AdamW::new(AdamWConfig { betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.0 });
+    let mut losses = Vec::new();
+    for (step, b) in batches.iter().enumerate() {
+        let tokens = b.labels.iter().filter(|&&l| l != IGNORE).count().max(1);
+        let opts = StepOptions { loss_scale: 1.0 / tokens as f64, dropout_seed: step as u64, ..StepOptions::default() };
+        let out = model.forward_backward(b, Trainable::Adapters, Some(&ad), &opts).unwrap();
+        losses.push(out.loss_sum / out.target_tokens as f64);
+        opt.step(&mut ad.tensors, &out.grads, 2e-3).unwrap();
+    }
+    (losses, ad.tensors)
+}
+
+#[test]
+fn fifty_lora_steps_on_the_gpu_follow_the_cpu_loss_curve() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let (cfg, lora, batches) = demo(50);
+    let (cpu, _) = train(&cfg, &lora, &batches, DType::F32, &Device::Cpu);
+    let (bf16, _) = train(&cfg, &lora, &batches, DType::BF16, &gpu);
+    let (f32_gpu, _) = train(&cfg, &lora, &batches, DType::F32, &gpu);
+    let worst = |got: &[f64]| got.iter().zip(&cpu).map(|(g, c)| ((g - c) / c).abs()).fold(0f64, f64::max);
+    for (step, ((c, b), f)) in cpu.iter().zip(&bf16).zip(&f32_gpu).enumerate() {
+        if step % 10 == 0 || step == 49 {
+            println!("step {step:>2}: CPU f32 {c:.5}  GPU bf16 {b:.5}  GPU f32 {f:.5}");
+        }
+    }
+    println!("worst relative gap to the CPU curve: bf16 {:.2e}, f32 {:.2e}", worst(&bf16), worst(&f32_gpu));
+    // Training must have happened (so equal curves are not two flat lines) ...
+    assert!(cpu[49] < 0.8 * cpu[0], "the CPU run did not learn: {} → {}", cpu[0], cpu[49]);
+    // ... and the GPU follows it: f32 to summation order, bf16 to its rounding.
+    assert!(worst(&f32_gpu) <= 1e-3, "GPU f32 leaves the CPU curve by {:e}", worst(&f32_gpu));
+    assert!(worst(&bf16) <= 3e-2, "GPU bf16 leaves the CPU curve by {:e}", worst(&bf16));
+}
+
+#[test]
+fn two_gpu_runs_give_bitwise_identical_checkpoints() {
+    use crate::checkpoint::safetensors_bytes;
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let (cfg, lora, batches) = demo(50);
+    let meta = BTreeMap::new();
+    let digest = |tensors: &BTreeMap<String, Tensor>| blake3::hash(&safetensors_bytes(tensors, None, &meta).unwrap());
+    let (losses_a, a) = train(&cfg, &lora, &batches, DType::BF16, &gpu);
+    let (losses_b, b) = train(&cfg, &lora, &batches, DType::BF16, &gpu);
+    println!("two 50-step bf16 runs: adapter checkpoints {} and {}", digest(&a), digest(&b));
+    assert_eq!(
+        losses_a.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        losses_b.iter().map(|l| l.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(digest(&a), digest(&b), "the checkpoints differ");
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::cross_entropy::{self, Labels};
-use mindxtrain_kernels::{attention, embedding, linear, rmsnorm, rope};
+use mindxtrain_kernels::{attention, embedding, linear, lm_head_ce, rmsnorm, rope};
 
 use super::block::{BlockTape, Grads, StepCtx, accumulate};
 use super::lora::Adapters;
@@ -80,11 +80,24 @@ pub(super) struct Tape {
     x_last: Tensor,
     rstd_f: Tensor,
     xf: Tensor,
-    logits: Tensor,
-    lse: Tensor,
+    head: HeadTape,
     pub(super) labels: Labels,
     checkpointing: bool,
 }
+
+/// What the loss head keeps for its backward. On the CPU, the logits (small at CPU shapes, and
+/// the fused cross-entropy kernel over them is the fastest path there); on a GPU only the row
+/// log-sum-exp: `[tokens × vocab]` logits would be most of a LoRA step's memory there (5 GB in
+/// bf16 at 8×2048 tokens, twice with their gradient), so `lm_head_ce` makes them again chunk
+/// by chunk in the backward.
+enum HeadTape {
+    Logits { logits: Tensor, lse: Tensor },
+    Chunked { lse: Tensor },
+}
+
+/// Vocabulary columns per `lm_head_ce` chunk: 1 GiB of bf16 logits at 8×2048 tokens, and
+/// within 1.3–1.7× of the GEMM floor on an H100 (docs/benchmarks.md).
+const HEAD_CHUNK: usize = 32_768;
 
 impl Qwen3 {
     /// A model from named parameters; every HF name must be present with its shape, one
@@ -171,6 +184,7 @@ impl Qwen3 {
         adapters: Option<&Adapters>,
         opts: &StepOptions,
     ) -> Result<StepOutput, ModelError> {
+        let _profile = mindxtrain_kernels::profile::scope("step (glue)", &self.device);
         let ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed))?;
         let (tape, losses) = self.forward_tape(&ctx, batch, opts.activation_checkpointing)?;
         let loss_sum = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
@@ -281,9 +295,16 @@ impl Qwen3 {
             x = y;
         }
         let (xf, rstd_f) = rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
-        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
-        let (losses, lse) = cross_entropy::forward(&logits, &labels)?;
-        let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, logits, lse, labels, checkpointing };
+        let w = self.weight(self.head_name())?;
+        let (losses, head) = if self.device.is_cuda() {
+            let (losses, lse) = lm_head_ce::forward(&xf, &w, &labels, HEAD_CHUNK)?;
+            (losses, HeadTape::Chunked { lse })
+        } else {
+            let logits = linear::forward(&xf, &w)?;
+            let (losses, lse) = cross_entropy::forward(&logits, &labels)?;
+            (losses, HeadTape::Logits { logits, lse })
+        };
+        let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, head, labels, checkpointing };
         Ok((tape, losses))
     }
 
@@ -291,9 +312,16 @@ impl Qwen3 {
     pub(super) fn backward_tape(&self, ctx: &StepCtx<'_>, tape: &Tape, d_losses: &Tensor) -> Result<Grads, ModelError> {
         let mut grads = Grads::new();
         let base = ctx.base_grads;
-        let dlogits = cross_entropy::backward(d_losses, &tape.logits, &tape.lse, &tape.labels)?;
         let head = self.weight(self.head_name())?;
-        let (dxf, dhead) = linear::backward(&dlogits, &tape.xf, &head, base)?;
+        let (dxf, dhead) = match &tape.head {
+            HeadTape::Logits { logits, lse } => {
+                let dlogits = cross_entropy::backward(d_losses, logits, lse, &tape.labels)?;
+                linear::backward(&dlogits, &tape.xf, &head, base)?
+            }
+            HeadTape::Chunked { lse } => {
+                lm_head_ce::backward(d_losses, &tape.xf, &head, lse, &tape.labels, HEAD_CHUNK, base)?
+            }
+        };
         if let Some(g) = dhead {
             accumulate(&mut grads, self.head_name().to_string(), g)?;
         }

@@ -638,8 +638,8 @@ fn op_timing() {
     let vv = r(&[b, nkv, t, hd], 7);
     let mask = attention::Mask::new(&vec![1; n], b, t).unwrap();
     time("attention fwd", &mut || drop(attention::forward(&q, &k, &vv, &mask, 0.25).unwrap()));
-    let (_, lse) = attention::forward(&q, &k, &vv, &mask, 0.25).unwrap();
-    time("attention bwd", &mut || drop(attention::backward(&q, &q, &k, &vv, &lse, &mask, 0.25).unwrap()));
+    let (o, lse) = attention::forward(&q, &k, &vv, &mask, 0.25).unwrap();
+    time("attention bwd", &mut || drop(attention::backward(&q, &q, &k, &vv, &o, &lse, &mask, 0.25).unwrap()));
     let pos: Vec<u32> = (0..n as u32).map(|i| i % t as u32).collect();
     time("rope tables", &mut || drop(rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap()));
     let (cos, sin) = rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap();

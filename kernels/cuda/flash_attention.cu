@@ -1,0 +1,462 @@
+// Causal GQA flash attention on the tensor cores: bf16 q, k, v, f32 accumulation, head sizes 64
+// and 128, the per-document mask of attention.cu (query i sees keys starts[i] ≤ j ≤ i). No T×T
+// matrix exists anywhere: scores live in registers, one tile at a time.
+//
+// The building block is the warp-wide m16n8k16 bf16 MMA. A warp owns 16 rows of the tile's
+// left-hand side; K, V, Q and dO tiles are staged in shared memory with cp.async (rows padded by
+// 16 bytes so ldmatrix reads are bank-conflict free) and read into MMA fragments with ldmatrix
+// (.trans where the tile is the right-hand side along its rows). The C fragment of one MMA is
+// laid out as the A fragment of the next, which is how probabilities feed P·V without going
+// through memory.
+//
+// Backward is two kernels and no atomics, so results are bitwise reproducible: dK/dV per key
+// block over every query (of every head in the group) that sees it, dQ per query block over its
+// keys. D = rowsum(dO∘O) comes first from attn_bwd_delta.
+//
+// Layouts as attention.cu: q, dout, out [B, H, T, hd]; k, v [B, KV, T, hd]; lse, delta [B, H, T]
+// f32 (natural log); starts [B, T]. Every head's rows are 16-byte aligned (hd·2 bytes each).
+//
+// mma.sync, ldmatrix and cp.async are NVIDIA (sm_80+) instructions: under HIP this file is empty
+// and the portable warp-per-row kernels of attention.cu serve (see docs/benchmarks.md).
+#include "portable.h"
+
+#if !defined(__HIPCC__)
+
+namespace {
+
+constexpr int THREADS = 128;  // 4 warps
+constexpr int PAD = 8;        // bf16 per row of padding in shared memory
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+DEV unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Four 8×8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+DEV void ldsm4(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+DEV void ldsm4t(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a·b for a 16×16 A (row-major fragment), 16×8 B (column-major fragment), f32 d.
+DEV void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as one register of bf16, the first in the low half (the lower column index).
+DEV unsigned pack2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// The A fragment of a 16×16 tile whose columns 0–7 are C fragment c0 and 8–15 are c1.
+DEV void c_to_a(unsigned (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2(c0[0], c0[1]);
+  a[1] = pack2(c0[2], c0[3]);
+  a[2] = pack2(c1[0], c1[1]);
+  a[3] = pack2(c1[2], c1[3]);
+}
+
+// 16 bytes global → shared, asynchronously; `valid` false writes zeros (rows past T).
+DEV void cp16(bf16* dst, const bf16* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+DEV void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> DEV void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Rows r0 .. r0 + ROWS of a [Tn, HD] head into shared memory (row stride HD + PAD).
+template <int ROWS, int HD> DEV void load_tile(bf16* s, const bf16* g, int r0, int Tn) {
+  constexpr int CH = HD / 8;
+  for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+    const int r = c / CH, col = (c % CH) * 8;
+    const bool ok = r0 + r < Tn;
+    cp16(s + r * (HD + PAD) + col, g + (size_t)(ok ? r0 + r : 0) * HD + col, ok);
+  }
+}
+
+// Fragment addresses inside a tile of row stride LD, for this lane:
+// the A fragment of rows r0..r0+16, columns c0..c0+16 (ldsm4);
+DEV const bf16* a_frag(const bf16* s, int ld, int r0, int c0) {
+  const int l = threadIdx.x % 32;
+  return s + (r0 + l % 8 + 8 * ((l / 8) % 2)) * ld + c0 + 8 * (l / 16);
+}
+// two B fragments (n 0–7, 8–15) whose n runs along the tile's rows r0..r0+16 (ldsm4);
+DEV const bf16* b_rows(const bf16* s, int ld, int r0, int c0) {
+  const int l = threadIdx.x % 32;
+  return s + (r0 + l % 8 + 8 * (l / 16)) * ld + c0 + 8 * ((l / 8) % 2);
+}
+// two B fragments whose k runs along the tile's rows r0..r0+16, n along columns c0..c0+16
+// (ldsm4t): the same addresses as an A fragment.
+DEV const bf16* b_cols(const bf16* s, int ld, int r0, int c0) { return a_frag(s, ld, r0, c0); }
+
+DEV float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+DEV float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// acc[16 × 8·N] += A (KS fragments of 16×16) · tileᵀ, the tile's rows r0.. as n.
+template <int KS, int N>
+DEV void mma_rows(float (&acc)[N][4], const unsigned (&a)[KS][4], const bf16* s, int ld, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      unsigned r[4];
+      ldsm4(r, b_rows(s, ld, r0 + np * 16, kk * 16));
+      mma(acc[2 * np], a[kk], r[0], r[1]);
+      mma(acc[2 * np + 1], a[kk], r[2], r[3]);
+    }
+}
+
+// acc[16 × HD] += C (16 × 16·KS as C fragments) · tile (rows r0.. as k, HD columns as n).
+template <int HD, int N2>
+DEV void mma_cols(float (&acc)[HD / 8][4], const float (&c)[N2][4], const bf16* s, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < N2 / 2; ++kk) {
+    unsigned a[4];
+    c_to_a(a, c[2 * kk], c[2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < HD / 16; ++np) {
+      unsigned r[4];
+      ldsm4t(r, b_cols(s, HD + PAD, r0 + kk * 16, np * 16));
+      mma(acc[2 * np], a, r[0], r[1]);
+      mma(acc[2 * np + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// The A fragments of rows r0..r0+16 of a staged tile, every column.
+template <int HD> DEV void load_a(unsigned (&a)[HD / 16][4], const bf16* s, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) ldsm4(a[kk], a_frag(s, HD + PAD, r0, kk * 16));
+}
+
+// Writes a warp's 16 × HD accumulator rows (row0 + g, row0 + g + 8) times `mul`, skipping rows
+// past Tn.
+template <int HD>
+DEV void store_rows(bf16* head, const float (&acc)[HD / 8][4], int row0, int Tn, const float (&mul)[2]) {
+  const int l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + g + 8 * i;
+    if (row >= Tn) continue;
+    bf16* out = head + (size_t)row * HD + 2 * t4;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt)
+      *reinterpret_cast<__nv_bfloat162*>(out + nt * 8) =
+          __floats2bfloat162_rn(acc[nt][2 * i] * mul[i], acc[nt][2 * i + 1] * mul[i]);
+  }
+}
+
+// Forward: one block per 64 query rows of one head; warps own 16 rows each. K and V tiles are
+// loaded one stage apart so the next K streams in during softmax and P·V.
+template <int HD>
+DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse,
+             int H, int KV, int Tn, float scale) {
+  constexpr int BR = 64, BC = 64, LD = HD + PAD;
+  __shared__ __align__(16) bf16 sk[BC * LD], sv[BC * LD];
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
+  const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
+  const unsigned* st = starts + (size_t)b * Tn;
+
+  load_tile<BR, HD>(sk, q + qoff, q0, Tn);  // Q passes through sk before the first K tile
+  cp_commit();
+  cp_wait<0>();
+  BARRIER();
+  unsigned qa[HD / 16][4];
+  load_a<HD>(qa, sk, w * 16);
+  BARRIER();
+
+  int row[2], first[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row[i] = q0 + w * 16 + g + 8 * i;
+    first[i] = row[i] < Tn ? (int)st[row[i]] : 0;
+  }
+  const float c = scale * LOG2E;  // scores in log2 units: exp2 is one instruction
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+  float o[HD / 8][4] = {};
+  const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
+  load_tile<BC, HD>(sk, k + kvoff, kfirst, Tn);
+  cp_commit();
+  load_tile<BC, HD>(sv, v + kvoff, kfirst, Tn);
+  cp_commit();
+  for (int kb = kfirst; kb <= last; kb += BC) {
+    const bool more = kb + BC <= last;
+    cp_wait<1>();
+    BARRIER();
+    float s[BC / 8][4] = {};
+    mma_rows<HD / 16, BC / 8>(s, qa, sk, LD, 0);
+    BARRIER();
+    if (more) {
+      load_tile<BC, HD>(sk, k + kvoff, kb + BC, Tn);
+      cp_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = kb + nt * 8 + 2 * t4 + e;
+          float& x = s[nt][2 * i + e];
+          x = key <= row[i] && key >= first[i] && key < Tn ? x * c : -INFINITY;
+          mx = fmaxf(mx, x);
+        }
+      const float mn = fmaxf(m[i], quad_max(mx));
+      const float base = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet stays 0
+      const float corr = exp2f(m[i] - base);
+      sum[i] *= corr;
+#pragma unroll
+      for (int nt = 0; nt < HD / 8; ++nt) {
+        o[nt][2 * i] *= corr;
+        o[nt][2 * i + 1] *= corr;
+      }
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = exp2f(s[nt][2 * i + e] - base);
+          s[nt][2 * i + e] = p;
+          sum[i] += p;
+        }
+      m[i] = mn;
+    }
+    if (more)
+      cp_wait<1>();
+    else
+      cp_wait<0>();
+    BARRIER();
+    mma_cols<HD, BC / 8>(o, s, sv, 0);
+    BARRIER();
+    if (more) {
+      load_tile<BC, HD>(sv, v + kvoff, kb + BC, Tn);
+      cp_commit();
+    }
+  }
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] = quad_sum(sum[i]);
+    inv[i] = 1.f / sum[i];
+    if (t4 == 0 && row[i] < Tn) lse[((size_t)b * H + h) * Tn + row[i]] = (m[i] + log2f(sum[i])) * LN2;
+  }
+  store_rows<HD>(out + qoff, o, q0 + w * 16, Tn, inv);
+}
+
+// dQ: one block per 64 query rows of one head, over key tiles of 32. Q and dO fragments stay in
+// registers; K and V tiles are staged together.
+template <int HD>
+DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
+                const float* lse, const float* delta, bf16* dq, int H, int KV, int Tn, float scale) {
+  constexpr int BR = 64, BC = 32, LD = HD + PAD;
+  // K and V (2 × 32 rows), or while staging Q and dO, one 64-row tile.
+  __shared__ __align__(16) bf16 smem[2 * BC * LD];
+  bf16 *sk = smem, *sv = smem + BC * LD;
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
+  const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
+  const unsigned* st = starts + (size_t)b * Tn;
+
+  unsigned qa[HD / 16][4], da[HD / 16][4];
+  load_tile<BR, HD>(smem, q + qoff, q0, Tn);
+  cp_commit();
+  cp_wait<0>();
+  BARRIER();
+  load_a<HD>(qa, smem, w * 16);
+  BARRIER();
+  load_tile<BR, HD>(smem, dout + qoff, q0, Tn);
+  cp_commit();
+  cp_wait<0>();
+  BARRIER();
+  load_a<HD>(da, smem, w * 16);
+
+  int row[2], first[2];
+  float l2[2], d[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row[i] = q0 + w * 16 + g + 8 * i;
+    const bool ok = row[i] < Tn;
+    first[i] = ok ? (int)st[row[i]] : 0;
+    l2[i] = ok ? lse[((size_t)b * H + h) * Tn + row[i]] * LOG2E : 0.f;
+    d[i] = ok ? delta[((size_t)b * H + h) * Tn + row[i]] : 0.f;
+  }
+  const float c = scale * LOG2E;
+  float acc[HD / 8][4] = {};
+  const int last = min(q0 + BR, Tn) - 1;
+  for (int kb = (int)st[q0] / BC * BC; kb <= last; kb += BC) {
+    BARRIER();
+    load_tile<BC, HD>(sk, k + kvoff, kb, Tn);
+    load_tile<BC, HD>(sv, v + kvoff, kb, Tn);
+    cp_commit();
+    cp_wait<0>();
+    BARRIER();
+    float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
+    mma_rows<HD / 16, BC / 8>(s, qa, sk, LD, 0);
+    mma_rows<HD / 16, BC / 8>(dp, da, sv, LD, 0);
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = kb + nt * 8 + 2 * t4 + e % 2;
+        const bool seen = key <= row[i] && key >= first[i] && key < Tn;
+        const float p = seen ? exp2f(s[nt][e] * c - l2[i]) : 0.f;
+        s[nt][e] = p * (dp[nt][e] - d[i]);  // dS, unscaled
+      }
+    mma_cols<HD, BC / 8>(acc, s, sk, 0);
+  }
+  const float mul[2] = {scale, scale};
+  store_rows<HD>(dq + qoff, acc, q0 + w * 16, Tn, mul);
+}
+
+// dK, dV: one block per 64 keys of one kv head; warps own 16 keys each and hold their dK and dV
+// in registers over every query tile (32 rows, double-buffered) of every head of the group that
+// can see the block. Shared memory: K, V (64 rows each) and two stages of Q and dO (32 rows each).
+template <int HD> constexpr int dkdv_smem_bytes() { return (2 * 64 + 4 * 32) * (HD + PAD) * 2; }
+
+template <int HD>
+DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
+                  const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int Tn,
+                  float scale) {
+  constexpr int BK = 64, BQ = 32, LD = HD + PAD;
+  extern __shared__ __align__(16) bf16 dyn[];
+  bf16 *sk = dyn, *sv = sk + BK * LD, *sq = sv + BK * LD;  // then sq[2], sdo[2]
+  auto q_stage = [&](int s) { return sq + s * BQ * LD; };
+  auto do_stage = [&](int s) { return sq + (2 + s) * BQ * LD; };
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
+  const size_t kvoff = ((size_t)b * KV + kh) * Tn * HD;
+  const unsigned* st = starts + (size_t)b * Tn;
+  const int kmax = min(kb + BK, Tn) - 1;
+
+  load_tile<BK, HD>(sk, k + kvoff, kb, Tn);
+  load_tile<BK, HD>(sv, v + kvoff, kb, Tn);
+  cp_commit();
+
+  // Query tiles in order: heads of the group, then rows kb.. while a row may see a key ≤ kmax
+  // (starts never decrease, so the first row that starts after kmax ends the head).
+  auto valid = [&](int qs) { return qs < Tn && (int)st[qs] <= kmax; };
+  auto next = [&](int& hh, int& qs) {
+    qs += BQ;
+    if (!valid(qs)) {
+      ++hh;
+      qs = kb;
+    }
+  };
+  auto stage = [&](int hh, int qs, int s) {
+    const size_t qoff = ((size_t)b * H + kh * group + hh) * Tn * HD;
+    load_tile<BQ, HD>(q_stage(s), q + qoff, qs, Tn);
+    load_tile<BQ, HD>(do_stage(s), dout + qoff, qs, Tn);
+    cp_commit();
+  };
+
+  float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};
+  const float c = scale * LOG2E;
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = kb + w * 16 + g + 8 * i;
+  int hh = 0, qs = kb, s = 0;
+  stage(hh, qs, s);
+  while (hh < group) {
+    int nh = hh, nq = qs;
+    next(nh, nq);
+    const bool more = nh < group;
+    if (more) {
+      stage(nh, nq, s ^ 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    BARRIER();
+    const bf16 *tq = q_stage(s), *tdo = do_stage(s);
+    const size_t rows = ((size_t)b * H + kh * group + hh) * Tn;
+    float sc[BQ / 8][4] = {}, dp[BQ / 8][4] = {};
+    {
+      unsigned a[HD / 16][4];
+      load_a<HD>(a, sk, w * 16);
+      mma_rows<HD / 16, BQ / 8>(sc, a, tq, LD, 0);
+      load_a<HD>(a, sv, w * 16);
+      mma_rows<HD / 16, BQ / 8>(dp, a, tdo, LD, 0);
+    }
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int qi = qs + nt * 8 + 2 * t4 + e2;
+        const bool ok = qi < Tn;
+        const float l2 = ok ? lse[rows + qi] * LOG2E : 0.f, dl = ok ? delta[rows + qi] : 0.f;
+        const int firstq = ok ? (int)st[qi] : Tn;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * i + e2;
+          const bool seen = ok && key[i] <= qi && key[i] >= firstq && key[i] < Tn;
+          const float p = seen ? exp2f(sc[nt][e] * c - l2) : 0.f;
+          sc[nt][e] = p;
+          dp[nt][e] = p * (dp[nt][e] - dl);  // dSᵀ, unscaled
+        }
+      }
+    mma_cols<HD, BQ / 8>(dva, sc, tdo, 0);
+    mma_cols<HD, BQ / 8>(dka, dp, tq, 0);
+    BARRIER();
+    hh = nh;
+    qs = nq;
+    s ^= 1;
+  }
+  const float mk[2] = {scale, scale}, mv[2] = {1.f, 1.f};
+  store_rows<HD>(dk + kvoff, dka, kb + w * 16, Tn, mk);
+  store_rows<HD>(dv + kvoff, dva, kb + w * 16, Tn, mv);
+}
+
+}  // namespace
+
+// grid (ceil(T / 64), H, B), 128 threads.
+#define FLASH(HD)                                                                                  \
+  KERNEL void __launch_bounds__(THREADS)                                                           \
+      flash_fwd_hd##HD(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,        \
+                       bf16* out, float* lse, int H, int KV, int Tn, float scale) {                \
+    fwd<HD>(q, k, v, starts, out, lse, H, KV, Tn, scale);                                          \
+  }                                                                                                \
+  KERNEL void __launch_bounds__(THREADS)                                                           \
+      flash_bwd_dq_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,           \
+                          const unsigned* starts, const float* lse, const float* delta, bf16* dq,  \
+                          int H, int KV, int Tn, float scale) {                                    \
+    bwd_dq<HD>(dout, q, k, v, starts, lse, delta, dq, H, KV, Tn, scale);                           \
+  }                                                                                                \
+  /* grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory */       \
+  KERNEL void __launch_bounds__(THREADS)                                                           \
+      flash_bwd_dkdv_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,         \
+                            const unsigned* starts, const float* lse, const float* delta,          \
+                            bf16* dk, bf16* dv, int H, int KV, int Tn, float scale) {              \
+    bwd_dkdv<HD>(dout, q, k, v, starts, lse, delta, dk, dv, H, KV, Tn, scale);                     \
+  }
+FLASH(64)
+FLASH(128)
+
+// D = rowsum(dO ∘ O) per query row, in f32: one warp per row.
+KERNEL void attn_bwd_delta_bf16(const bf16* dout, const bf16* out, float* delta, int rows, int hd) {
+  const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  if (r >= rows) return;
+  float s = 0.f;
+  for (int i = lane; i < hd; i += WARP)
+    s += to_f(dout[(size_t)r * hd + i]) * to_f(out[(size_t)r * hd + i]);
+  s = warp_sum(s);
+  if (lane == 0) delta[r] = s;
+}
+
+#endif
