@@ -5,8 +5,17 @@
 
 #if defined(__HIPCC__)
 #include <hip/hip_runtime.h>
+#if __has_include(<hip/hip_bf16.h>)
 #include <hip/hip_bf16.h>
 typedef __hip_bfloat16 bf16;
+#else
+// ROCm before 5.6 (Debian ships 5.2) has only the older bfloat16 struct; these give it the two
+// conversions the kernels use (round to nearest even, as the CUDA intrinsics).
+#include <hip/hip_bfloat16.h>
+typedef hip_bfloat16 bf16;
+static __device__ __forceinline__ float __bfloat162float(bf16 x) { return static_cast<float>(x); }
+static __device__ __forceinline__ bf16 __float2bfloat16(float x) { return bf16(x); }
+#endif
 // AMD wavefronts are 64 lanes; the warp reductions below use WARP, never 32.
 #define WARP 64
 #define SHFL_XOR(v, m) __shfl_xor((v), (m))
