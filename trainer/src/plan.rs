@@ -17,7 +17,7 @@
 
 mod measure;
 
-pub use measure::{Candidate, MeasureError, Measured, Probe, candidates, measure};
+pub use measure::{Candidate, MeasureError, Measured, Probe, candidates, gpu_candidates, measure};
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;

@@ -14,7 +14,10 @@
 //! uninterrupted one.
 
 mod autotune;
+mod device;
 pub mod eval;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 mod layout;
 mod method;
 mod microbatch;
@@ -22,6 +25,7 @@ mod session;
 mod threads;
 
 pub use autotune::measure_plan;
+pub use device::{device_name, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;

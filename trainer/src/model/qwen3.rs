@@ -114,6 +114,23 @@ impl Qwen3 {
         Ok(Qwen3 { config, params, quantized: BTreeMap::new(), device: device.clone(), dtype })
     }
 
+    /// Weights of the right shapes and scale drawn by the device's own generator (curand on a
+    /// GPU): for timing, where values do not matter and an 8B host-side seeded draw would take
+    /// most of a probe's budget. Not reproducible; train from [`Qwen3::init_random`].
+    pub fn init_for_timing(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+        config.validate()?;
+        let mut p = Params::new();
+        for (name, shape) in params::expected_shapes(config) {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape.as_slice(), dtype, device)?
+            } else {
+                Tensor::randn(0f32, 0.02, shape.as_slice(), device)?.to_dtype(dtype)?
+            };
+            p.insert(name, t);
+        }
+        Qwen3::new(config.clone(), p, device)
+    }
+
     /// Seeded HF-like init (std 0.02, norms 1): same seed, same weights.
     pub fn init_random(config: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
         config.validate()?;

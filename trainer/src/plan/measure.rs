@@ -65,6 +65,23 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
     out
 }
 
+/// Every candidate for a run on one GPU: micro-batches that divide `per_device` (whole batch
+/// first) with activation checkpointing off, then on. A candidate that does not fit the device's
+/// memory fails its step and is recorded with the error, so the plan keeps the fastest that fits.
+/// Host threads and the CPU GEMM blocking do not matter there and keep their defaults.
+pub fn gpu_candidates(per_device: usize) -> Vec<Candidate> {
+    let unmeasured = Choices::unmeasured(1);
+    let mut micro: Vec<usize> =
+        [1, 2, 4, 8].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device.is_multiple_of(m)).collect();
+    micro.dedup();
+    [false, true]
+        .into_iter()
+        .flat_map(|activation_checkpointing| {
+            micro.iter().map(move |&micro_batch| Choices { micro_batch, activation_checkpointing, ..unmeasured })
+        })
+        .collect()
+}
+
 /// Times each candidate (one warm-up step, then up to [`TIMED_STEPS`]) and picks the one
 /// with the lowest median step time; ties keep the earlier candidate. No candidate
 /// starts once the budget is spent, and none is given more than an even share of what
@@ -128,6 +145,7 @@ fn skipped(choices: &Choices, why: &str) -> Measurement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const DEFAULT_GEMM_ROWS: usize = mindxtrain_kernels::linear::DEFAULT_BLOCK_ROWS;
 
     #[test]
     fn candidates_cover_threads_micro_batches_and_checkpointing() {
@@ -137,6 +155,15 @@ mod tests {
         assert!(c.contains(&Choices { threads: 1, micro_batch: 2, activation_checkpointing: true, gemm_rows: 256 }));
         assert_eq!(candidates(1, 1).len(), 2 * 3);
         assert!(candidates(6, 3).iter().all(|c| 3 % c.micro_batch == 0 && c.threads <= 6));
+    }
+
+    #[test]
+    fn gpu_candidates_split_the_batch_then_checkpoint() {
+        let c = gpu_candidates(8);
+        let micro: Vec<(usize, bool)> = c.iter().map(|c| (c.micro_batch, c.activation_checkpointing)).collect();
+        assert_eq!(micro, [(8, false), (4, false), (2, false), (1, false), (8, true), (4, true), (2, true), (1, true)]);
+        assert!(c.iter().all(|c| c.threads == 1 && c.gemm_rows == DEFAULT_GEMM_ROWS));
+        assert_eq!(gpu_candidates(3).iter().map(|c| c.micro_batch).collect::<Vec<_>>(), [3, 1, 3, 1]);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `mindxtrain bench`: measuring the CPU plan with the recipe's own shapes and data.
+//! `mindxtrain bench`: measuring the plan with the recipe's own shapes and data, on the device
+//! the recipe's hardware names (the CPU, or one CUDA GPU).
 
 use super::RunError;
 use super::method::MethodPlan;
@@ -6,9 +7,8 @@ use super::microbatch::{accumulate, split};
 use super::session::dtype_of;
 use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
-use crate::plan::{Choices, Plan, candidates, measure};
+use crate::plan::{Choices, Plan, candidates, gpu_candidates, measure};
 use crate::recipe::LoadedRecipe;
-use candle_core::Device;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use std::time::Duration;
 /// same whatever the choices.
 pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions) -> Result<Plan, RunError> {
     let r = &recipe.recipe;
-    let device = Device::Cpu;
+    let device = super::run_device(r)?;
     let config = match (&r.model.config, &r.model.path) {
         (Some(c), _) => Qwen3Config::from(c),
         (None, Some(p)) => {
@@ -31,7 +31,12 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         }
         (None, None) => return Err(RunError::Recipe("model: give model.path or model.config".into())),
     };
-    let model = Qwen3::init_random(&config, r.meta.seed, dtype_of(r.model.dtype), &device)?;
+    let dtype = dtype_of(r.model.dtype);
+    let model = if device.is_cuda() {
+        Qwen3::init_for_timing(&config, dtype, &device)?
+    } else {
+        Qwen3::init_random(&config, r.meta.seed, dtype, &device)?
+    };
     let method = MethodPlan::from_recipe(&r.train.method)?;
     let adapters = match &method.lora {
         Some(l) => Some(Adapters::init(&config, l, r.meta.seed, model.dtype(), &device)?),
@@ -65,12 +70,16 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
             Ok(())
         })
     };
-    let cands = candidates(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), per_device);
+    let cands = if device.is_cuda() {
+        gpu_candidates(per_device)
+    } else {
+        candidates(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), per_device)
+    };
     let budget = Duration::from_secs(u64::from(r.autotune.budget_seconds));
     let measured = measure(&cands, budget, &mut probe).map_err(|e| RunError::Recipe(format!("autotune: {e}")))?;
     Ok(Plan::new(
         recipe.bytes_blake3,
-        "cpu",
+        &super::device_name(&device),
         measured.best,
         measured.measurements,
         r.autotune.budget_seconds,

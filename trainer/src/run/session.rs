@@ -143,7 +143,7 @@ impl<'a> Session<'a> {
         std::fs::create_dir_all(out.root())
             .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
         let method = MethodPlan::from_recipe(&recipe.train.method)?;
-        let device = Device::Cpu;
+        let device = super::run_device(recipe)?;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
         out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
