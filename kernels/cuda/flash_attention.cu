@@ -9,9 +9,12 @@
 // laid out as the A fragment of the next, which is how probabilities feed P·V without going
 // through memory.
 //
-// Backward is two kernels and no atomics, so results are bitwise reproducible: dK/dV per key
-// block over every query (of every head in the group) that sees it, dQ per query block over its
-// keys. D = rowsum(dO∘O) comes first from attn_bwd_delta.
+// Backward is two kernels: dK/dV per key block over every query (of every head in the group) that
+// sees it, dQ per query block over its keys. D = rowsum(dO∘O) comes first from attn_bwd_delta.
+// The deterministic dQ gives each query block to one thread block, so results are bitwise
+// reproducible. The split dQ divides a block's keys among `splits` thread blocks that add their
+// parts into an f32 buffer with atomics (the order of those adds varies from run to run), which
+// evens out the causal triangle's long and short rows; flash_dq_finish rounds the sum to bf16.
 //
 // Layouts as attention.cu: q, dout, out [B, H, T, hd]; k, v [B, KV, T, hd]; lse, delta [B, H, T]
 // f32 (natural log); starts [B, T]. Every head's rows are 16-byte aligned (hd·2 bytes each).
@@ -162,13 +165,16 @@ DEV void store_rows(bf16* head, const float (&acc)[HD / 8][4], int row0, int Tn,
   }
 }
 
-// Forward: one block per 64 query rows of one head; warps own 16 rows each. K and V tiles are
-// loaded one stage apart so the next K streams in during softmax and P·V.
-template <int HD>
+// Forward: one block per 64 query rows of one head; warps own 16 rows each, over key tiles of
+// BC (32 or 64: the plan's choice; smaller tiles mask less of the diagonal and use fewer registers,
+// larger ones issue fewer barriers). K and V tiles are loaded one stage apart so the next K
+// streams in during softmax and P·V.
+template <int HD, int BC>
 DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse,
              int H, int KV, int Tn, float scale) {
-  constexpr int BR = 64, BC = 64, LD = HD + PAD;
-  __shared__ __align__(16) bf16 sk[BC * LD], sv[BC * LD];
+  constexpr int BR = 64, LD = HD + PAD;
+  // Q is staged through sk before the first K tile, so sk holds at least BR rows.
+  __shared__ __align__(16) bf16 sk[(BC > BR ? BC : BR) * LD], sv[BC * LD];
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
   const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
@@ -260,19 +266,26 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
   store_rows<HD>(out + qoff, o, q0 + w * 16, Tn, inv);
 }
 
-// dQ: one block per 64 query rows of one head, over key tiles of 32. Q and dO fragments stay in
-// registers; K and V tiles are staged together.
-template <int HD>
+// dQ: one block per 64 query rows of one head (SPLIT: per part of them, `splits` parts), over key
+// tiles of 32. Q and dO fragments stay in registers; K and V tiles are staged together.
+template <int HD, bool SPLIT>
 DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
-                const float* lse, const float* delta, bf16* dq, int H, int KV, int Tn, float scale) {
+                const float* lse, const float* delta, bf16* dq, float* dq_sum, int splits, int H, int KV,
+                int Tn, float scale) {
   constexpr int BR = 64, BC = 32, LD = HD + PAD;
   // K and V (2 × 32 rows), or while staging Q and dO, one 64-row tile.
   __shared__ __align__(16) bf16 smem[2 * BC * LD];
   bf16 *sk = smem, *sv = smem + BC * LD;
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
-  const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
+  const int part = SPLIT ? blockIdx.x % splits : 0;
+  const int q0 = (SPLIT ? blockIdx.x / splits : blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z;
   const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
   const unsigned* st = starts + (size_t)b * Tn;
+  // This part's key tiles: an even share of the block's, in order.
+  const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
+  const int tiles = (last - kfirst) / BC + 1, per = (tiles + splits - 1) / splits;
+  const int kbegin = kfirst + part * per * BC, kend = min(last, kfirst + (part + 1) * per * BC - 1);
+  if (kbegin > kend) return;  // the whole block: no barrier is pending
 
   unsigned qa[HD / 16][4], da[HD / 16][4];
   load_tile<BR, HD>(smem, q + qoff, q0, Tn);
@@ -299,8 +312,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   }
   const float c = scale * LOG2E;
   float acc[HD / 8][4] = {};
-  const int last = min(q0 + BR, Tn) - 1;
-  for (int kb = (int)st[q0] / BC * BC; kb <= last; kb += BC) {
+  for (int kb = kbegin; kb <= kend; kb += BC) {
     BARRIER();
     load_tile<BC, HD>(sk, k + kvoff, kb, Tn);
     load_tile<BC, HD>(sv, v + kvoff, kb, Tn);
@@ -321,8 +333,21 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
       }
     mma_cols<HD, BC / 8>(acc, s, sk, 0);
   }
-  const float mul[2] = {scale, scale};
-  store_rows<HD>(dq + qoff, acc, q0 + w * 16, Tn, mul);
+  if (SPLIT) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (row[i] >= Tn) continue;
+      float* out = dq_sum + qoff + (size_t)row[i] * HD + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < HD / 8; ++nt) {
+        atomicAdd(out + nt * 8, acc[nt][2 * i] * scale);
+        atomicAdd(out + nt * 8 + 1, acc[nt][2 * i + 1] * scale);
+      }
+    }
+  } else {
+    const float mul[2] = {scale, scale};
+    store_rows<HD>(dq + qoff, acc, q0 + w * 16, Tn, mul);
+  }
 }
 
 // dK, dV: one block per 64 keys of one kv head; warps own 16 keys each and hold their dK and dV
@@ -426,17 +451,27 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
 }  // namespace
 
 // grid (ceil(T / 64), H, B), 128 threads.
-#define FLASH(HD)                                                                                  \
+#define FLASH_FWD(HD, BC)                                                                          \
   KERNEL void __launch_bounds__(THREADS)                                                           \
-      flash_fwd_hd##HD(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,        \
-                       bf16* out, float* lse, int H, int KV, int Tn, float scale) {                \
-    fwd<HD>(q, k, v, starts, out, lse, H, KV, Tn, scale);                                          \
-  }                                                                                                \
+      flash_fwd_hd##HD##_k##BC(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, \
+                               bf16* out, float* lse, int H, int KV, int Tn, float scale) {        \
+    fwd<HD, BC>(q, k, v, starts, out, lse, H, KV, Tn, scale);                                      \
+  }
+#define FLASH(HD)                                                                                  \
+  FLASH_FWD(HD, 32)                                                                                \
+  FLASH_FWD(HD, 64)                                                                                \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_bwd_dq_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,           \
                           const unsigned* starts, const float* lse, const float* delta, bf16* dq,  \
                           int H, int KV, int Tn, float scale) {                                    \
-    bwd_dq<HD>(dout, q, k, v, starts, lse, delta, dq, H, KV, Tn, scale);                           \
+    bwd_dq<HD, false>(dout, q, k, v, starts, lse, delta, dq, nullptr, 1, H, KV, Tn, scale);        \
+  }                                                                                                \
+  /* grid (ceil(T / 64) · splits, H, B); dq_sum zeroed first */                                   \
+  KERNEL void __launch_bounds__(THREADS)                                                           \
+      flash_bwd_dq_split_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,     \
+                                const unsigned* starts, const float* lse, const float* delta,      \
+                                float* dq_sum, int splits, int H, int KV, int Tn, float scale) {   \
+    bwd_dq<HD, true>(dout, q, k, v, starts, lse, delta, nullptr, dq_sum, splits, H, KV, Tn, scale); \
   }                                                                                                \
   /* grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory */       \
   KERNEL void __launch_bounds__(THREADS)                                                           \
@@ -447,6 +482,11 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   }
 FLASH(64)
 FLASH(128)
+
+// The split dQ's f32 sums rounded to bf16.
+KERNEL void flash_dq_finish(const float* sum, bf16* dq, size_t n) {
+  for (size_t i = global_index(); i < n; i += global_stride()) dq[i] = __float2bfloat16(sum[i]);
+}
 
 // D = rowsum(dO ∘ O) per query row, in f32: one warp per row.
 KERNEL void attn_bwd_delta_bf16(const bf16* dout, const bf16* out, float* delta, int rows, int hd) {

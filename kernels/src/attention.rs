@@ -6,6 +6,9 @@
 //! queries over a key/value cache.
 
 pub mod cached;
+mod choice;
+
+pub use choice::{AttentionKernels, KEY_TILES, MAX_DQ_SPLITS, kernels, set_kernels};
 
 use crate::cpu::{self, dispatch};
 use crate::on_gpu_or;
@@ -54,7 +57,7 @@ impl Mask {
     }
 
     /// Per token, the first key it may attend.
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "hip"))]
     pub(crate) fn starts(&self) -> &[u32] {
         &self.starts
     }

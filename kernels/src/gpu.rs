@@ -11,6 +11,7 @@ pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+pub(crate) mod lt;
 pub(crate) mod nf4;
 pub(crate) mod rmsnorm;
 #[cfg(test)]
@@ -40,12 +41,18 @@ pub(crate) use module;
 /// The element types the kernels are instantiated for; `SUFFIX` is the one in their names.
 pub(crate) trait Elem: CudaDType + DeviceRepr + Copy + Send + Sync + 'static {
     const SUFFIX: &'static str;
+    const ONE: Self;
+    const ZERO: Self;
 }
 impl Elem for f32 {
     const SUFFIX: &'static str = "f32";
+    const ONE: Self = 1.0;
+    const ZERO: Self = 0.0;
 }
 impl Elem for half::bf16 {
     const SUFFIX: &'static str = "bf16";
+    const ONE: Self = half::bf16::ONE;
+    const ZERO: Self = half::bf16::ZERO;
 }
 
 /// Whether the fused GPU kernels serve these tensors (all on one CUDA device, one dtype of

@@ -6,7 +6,9 @@
 //! which runs on any candle device, and a fused CPU kernel (module `cpu`) that serves f32/f64 CPU
 //! tensors; tests hold the two together. With the `cuda` feature, CUDA tensors of f32 or bf16
 //! take fused GPU kernels (module `gpu`, sources in `kernels/cuda/`), tested against the same
-//! references on the device (`scripts/gpu-test`). Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
+//! references on the device (`scripts/gpu-test`). With the `hip` feature the same sources load
+//! on AMD GPUs through hip-sys (module `hip`, on device buffers; built here, never run).
+//! Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
 //! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
 //! against central finite differences ([`gradcheck`]).
 
@@ -15,11 +17,14 @@ pub mod attention;
 mod cpu;
 pub mod cross_entropy;
 pub mod embedding;
+pub mod gemm_algos;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
 pub use gpu::cache_freed_memory;
 pub mod gradcheck;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod nf4;

@@ -29,8 +29,13 @@ pub fn forward(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let out_dim = w.dim(0)?;
     check(in_dim, w)?;
     let x2 = x.reshape((lead.iter().product::<usize>(), in_dim))?;
-    use cpu::linear::forward as fused;
-    let y = dispatch!([&x2, w], fused(&x2, w), x2.matmul(&w.t()?))?;
+    let y = match gpu_sum(&[(&x2, w)], true)? {
+        Some(y) => y,
+        None => {
+            use cpu::linear::forward as fused;
+            dispatch!([&x2, w], fused(&x2, w), x2.matmul(&w.t()?))?
+        }
+    };
     let mut shape = lead;
     shape.push(out_dim);
     y.reshape(shape)
@@ -55,6 +60,10 @@ pub fn weight_grad(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
     let n: usize = lead.iter().product();
     let out_dim = dy.dim(dy.rank() - 1)?;
     let (dy2, x2) = (dy.reshape((n, out_dim))?, x.reshape((n, in_dim))?);
+    #[cfg(feature = "cuda")]
+    if let Some(dw) = crate::gpu::gemm::weight_grad(&dy2, &x2)? {
+        return Ok(dw);
+    }
     use cpu::linear::weight_grad as fused;
     dispatch!([&dy2, &x2], fused(&dy2, &x2), dy2.t()?.matmul(&x2))
 }
@@ -68,8 +77,7 @@ pub fn forward_sum(terms: &[(&Tensor, &Tensor)]) -> Result<Tensor> {
     for (x, w) in terms {
         check(x.dim(1)?, w)?;
     }
-    #[cfg(feature = "cuda")]
-    if let Some(y) = crate::gpu::gemm::sum(terms, true)? {
+    if let Some(y) = gpu_sum(terms, true)? {
         return Ok(y);
     }
     sum_of(terms, forward)
@@ -85,11 +93,22 @@ pub fn input_grad_sum(terms: &[(&Tensor, &Tensor)]) -> Result<Tensor> {
             candle_core::bail!("linear: output gradient {:?} against weight {:?}", dy.dims(), w.dims());
         }
     }
-    #[cfg(feature = "cuda")]
-    if let Some(dx) = crate::gpu::gemm::sum(terms, false)? {
+    if let Some(dx) = gpu_sum(terms, false)? {
         return Ok(dx);
     }
     sum_of(terms, input_grad)
+}
+
+/// The GPU GEMM sum when the `cuda` feature serves these tensors (all on one CUDA device, f32
+/// or bf16); `None` sends the caller to the CPU kernels or the composed form.
+fn gpu_sum(terms: &[(&Tensor, &Tensor)], transposed: bool) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::gemm::sum(terms, transposed);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (terms, transposed);
+        Ok(None)
+    }
 }
 
 /// `dy·W` for a 2-D `dy`.

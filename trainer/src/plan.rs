@@ -8,7 +8,14 @@
 //!
 //! ```
 //! use mindxtrain_trainer::plan::{Choices, Plan};
-//! let choices = Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128 };
+//! use mindxtrain_kernels::attention::AttentionKernels;
+//! let choices = Choices {
+//!     threads: 2,
+//!     micro_batch: 8,
+//!     activation_checkpointing: false,
+//!     gemm_rows: 128,
+//!     attention: AttentionKernels::DEFAULT,
+//! };
 //! let plan = Plan::new([7; 32], "cpu", choices, vec![], 10, 1234, false);
 //! let bytes = plan.to_bytes();
 //! let back = Plan::from_bytes(&bytes, "plan.json").unwrap();
@@ -17,8 +24,12 @@
 
 mod measure;
 
-pub use measure::{Candidate, MeasureError, Measured, Probe, candidates, gpu_candidates, measure};
+pub use measure::{
+    Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure,
+};
 
+use mindxtrain_kernels::attention::AttentionKernels;
+use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use thiserror::Error;
@@ -42,6 +53,10 @@ pub struct Choices {
     /// written before it existed, which then get the kernels' default.
     #[serde(default = "default_gemm_rows")]
     pub gemm_rows: usize,
+    /// The GPU flash-attention kernels: forward key tile, and dQ splits (1 = the deterministic
+    /// backward). CPU runs ignore it; absent in older plans, which get the default.
+    #[serde(default)]
+    pub attention: AttentionKernels,
 }
 
 fn default_gemm_rows() -> usize {
@@ -52,7 +67,13 @@ impl Choices {
     /// Choices without a measurement (evaluation without a plan): `threads`, whole
     /// micro-batches, no checkpointing, the kernels' default blocking.
     pub fn unmeasured(threads: usize) -> Choices {
-        Choices { threads, micro_batch: 1, activation_checkpointing: false, gemm_rows: default_gemm_rows() }
+        Choices {
+            threads,
+            micro_batch: 1,
+            activation_checkpointing: false,
+            gemm_rows: default_gemm_rows(),
+            attention: AttentionKernels::DEFAULT,
+        }
     }
 }
 
@@ -65,6 +86,27 @@ pub struct Measurement {
     pub step_us: Option<u64>,
     pub steps_timed: u32,
     /// Why the candidate has no time (error, or skipped for lack of budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One distinct GEMM shape of a training step on a GPU: every candidate algorithm timed, and
+/// the one a run uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmMeasurement {
+    pub shape: GemmShape,
+    pub chosen: GemmAlgo,
+    pub timings: Vec<GemmTiming>,
+}
+
+/// One GEMM candidate's time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmTiming {
+    pub algo: GemmAlgo,
+    /// Mean microseconds per call; `None` when it failed or was not timed (see `note`).
+    pub us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -110,6 +152,17 @@ pub struct Plan {
     /// True when the budget ran out before every candidate was timed.
     pub truncated: bool,
     pub software: String,
+    /// The recipe asked for bitwise-reproducible runs (`autotune.deterministic`), so only
+    /// deterministic kernels were candidates. Older plans: true.
+    #[serde(default = "yes")]
+    pub deterministic: bool,
+    /// The GPU GEMM algorithm of each distinct shape (empty on a CPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemms: Vec<GemmMeasurement>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Error)]
@@ -146,7 +199,14 @@ impl Plan {
             elapsed_ms,
             truncated,
             software: concat!("mindxtrain-trainer/", env!("CARGO_PKG_VERSION")).to_string(),
+            deterministic: true,
+            gemms: Vec::new(),
         }
+    }
+
+    /// The GEMM table a run installs: each measured shape and its chosen algorithm.
+    pub fn gemm_algos(&self) -> impl Iterator<Item = (GemmShape, GemmAlgo)> + '_ {
+        self.gemms.iter().map(|g| (g.shape, g.chosen.clone()))
     }
 
     /// The file form: pretty JSON with a final newline. The plan's identity is the BLAKE3
@@ -167,11 +227,16 @@ impl Plan {
         let plan: Plan = serde_json::from_value(value)
             .map_err(|e| PlanError::Invalid { path: path.to_string(), message: e.to_string() })?;
         let c = plan.choices;
+        let invalid = |message: String| PlanError::Invalid { path: path.to_string(), message };
         if c.threads == 0 || c.micro_batch == 0 {
-            return Err(PlanError::Invalid {
-                path: path.to_string(),
-                message: "choices.threads and choices.micro_batch must be at least 1".into(),
-            });
+            return Err(invalid("choices.threads and choices.micro_batch must be at least 1".into()));
+        }
+        c.attention.validate().map_err(|e| invalid(format!("choices.attention: {e}")))?;
+        if plan.deterministic && !c.attention.deterministic() {
+            return Err(invalid("a deterministic plan chose a non-deterministic attention backward".into()));
+        }
+        for g in &plan.gemms {
+            g.chosen.lt_bytes().map_err(|e| invalid(format!("gemms: {e}")))?;
         }
         Ok(plan)
     }
@@ -204,9 +269,55 @@ mod tests {
     use super::*;
 
     fn plan() -> Plan {
-        let c = Choices { threads: 2, micro_batch: 4, activation_checkpointing: true, gemm_rows: 64 };
+        let c = Choices {
+            threads: 2,
+            micro_batch: 4,
+            activation_checkpointing: true,
+            gemm_rows: 64,
+            attention: AttentionKernels { key_tile: 32, dq_splits: 1 },
+        };
         let m = vec![Measurement { choices: c, step_us: Some(1500), steps_timed: 3, note: None }];
-        Plan::new([1; 32], "cpu", c, m, 10, 900, false)
+        let mut p = Plan::new([1; 32], "cuda:0", c, m, 10, 900, false);
+        let lt = GemmAlgo::Lt { index: 1, algo: "0a".repeat(64) };
+        p.gemms.push(GemmMeasurement {
+            shape: GemmShape { m: 1024, n: 16384, k: 1024, transa: true, transb: false, bf16: true },
+            chosen: lt.clone(),
+            timings: vec![
+                GemmTiming { algo: GemmAlgo::Default, us: Some(41.5), note: None },
+                GemmTiming { algo: lt, us: Some(39.25), note: None },
+            ],
+        });
+        p
+    }
+
+    #[test]
+    fn kernel_choices_are_checked_on_read() {
+        let p = plan();
+        assert_eq!(p.gemm_algos().count(), 1);
+        let mut v = serde_json::to_value(&p).unwrap();
+        v["choices"]["attention"]["dq_splits"] = 2.into();
+        let err = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap_err();
+        assert!(err.to_string().contains("deterministic plan"), "{err}");
+        v["deterministic"] = false.into();
+        assert!(Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").is_ok());
+        v["choices"]["attention"]["key_tile"] = 48.into();
+        let err = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap_err();
+        assert!(err.to_string().contains("key tile 48"), "{err}");
+
+        let mut v = serde_json::to_value(&p).unwrap();
+        v["gemms"][0]["chosen"]["algo"] = "xyz".into();
+        let err = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap_err();
+        assert!(err.to_string().contains("gemms: gemm algorithm"), "{err}");
+
+        // A plan from before these fields reads with the defaults.
+        let mut v = serde_json::to_value(&p).unwrap();
+        for key in ["deterministic", "gemms"] {
+            v.as_object_mut().unwrap().remove(key);
+        }
+        v["choices"].as_object_mut().unwrap().remove("attention");
+        let old = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap();
+        assert!(old.deterministic && old.gemms.is_empty());
+        assert_eq!(old.choices.attention, AttentionKernels::DEFAULT);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use eval::{EvalReport, check_regression, evaluate};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
 pub use session::{Session, evaluate_checkpoint, load_checkpoint};
-pub use threads::{apply_choices, apply_threads};
+pub use threads::{apply_choices, apply_plan, apply_threads};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};
 use crate::data::{DataError, DataOptions};
@@ -140,6 +140,6 @@ pub fn train(
     observer: &mut (dyn Observer + Send),
 ) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
-    let pool = apply_choices(&spec.plan.choices)?;
+    let pool = apply_plan(&spec.plan)?;
     pool.install(|| Session::open(spec, sink)?.run(sink, observer))
 }

@@ -88,7 +88,8 @@ pub(crate) fn forward<T: Elem>(
     with_views::<T, _, 3>([q, k, v], |[qv, kv_, vv]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             if tensor_cores {
-                let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}"))?;
+                let tile = crate::attention::kernels().key_tile;
+                let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}_k{tile}"))?;
                 let mut a = kernel.builder();
                 a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
                 a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
@@ -151,7 +152,8 @@ pub(crate) fn backward<T: Elem>(
     Ok((tensor(dq, &dev, q.shape().clone()), tensor(dk, &dev, k.shape().clone()), tensor(dv, &dev, v.shape().clone())))
 }
 
-/// The tensor-core backward: D, then dQ per query block and dK/dV per key block (bf16 only).
+/// The tensor-core backward: D, then dQ per query block (or per part of one, added with
+/// atomics, when the selected kernels split it) and dK/dV per key block (bf16 only).
 #[allow(clippy::too_many_arguments)]
 fn flash_backward(
     dout: &Tensor,
@@ -174,8 +176,12 @@ fn flash_backward(
     let mut dq = alloc::<T>(&dev, q.elem_count())?;
     let (mut dk, mut dv) = (alloc::<T>(&dev, k.elem_count())?, alloc::<T>(&dev, v.elem_count())?);
     let (h, kvh, tt, hd_i, rows_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, int(rows)?, scale as f32);
+    let splits = crate::attention::kernels().dq_splits;
     let delta_kernel = Kernel::named(&dev, &FLASH, "attn_bwd_delta_bf16")?;
-    let dq_kernel = Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?;
+    let dq_kernel = match splits {
+        1 => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?,
+        _ => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_split_hd{hd}"))?,
+    };
     let dkdv_kernel =
         Kernel::named(&dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?.with_dynamic_shared(dkdv_shared(hd))?;
     with_views::<T, _, 5>([dout, q, k, v, out], |[dov, qv, kv_, vv, ov]| {
@@ -184,10 +190,26 @@ fn flash_backward(
                 let mut a = delta_kernel.builder();
                 a.arg(&dov).arg(&ov).arg(&mut delta).arg(&rows_i).arg(&hd_i);
                 launch(a, row_config(rows))?;
-                let mut a = dq_kernel.builder();
-                a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dq);
-                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
-                launch(a, flash_config(t, heads, b, 0))?;
+                if splits == 1 {
+                    let mut a = dq_kernel.builder();
+                    a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dq);
+                    a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                    launch(a, flash_config(t, heads, b, 0))?;
+                } else {
+                    let mut sum = dev.alloc_zeros::<f32>(q.elem_count())?;
+                    let splits_i = int(splits)?;
+                    let mut a = dq_kernel.builder();
+                    a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut sum);
+                    a.arg(&splits_i).arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                    let mut cfg = flash_config(t, heads, b, 0);
+                    cfg.grid_dim.0 *= splits as u32;
+                    launch(a, cfg)?;
+                    let finish = Kernel::named(&dev, &FLASH, "flash_dq_finish")?;
+                    let mut a = finish.builder();
+                    let n = q.elem_count();
+                    a.arg(&sum).arg(&mut dq).arg(&n);
+                    launch(a, super::grid_for(n, 256))?;
+                }
                 let mut a = dkdv_kernel.builder();
                 a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
                 a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);

@@ -242,7 +242,7 @@ fn lm_head_cross_entropy_matches_full_logits_in_f64() -> Result<()> {
 
 #[test]
 fn attention_matches_the_f64_reference() -> Result<()> {
-    use crate::attention::{self, Mask};
+    use crate::attention::{self, AttentionKernels, Mask};
     // GQA 8 over 2, head sizes 64 and 128; batch row 1 packs three documents, row 0 one.
     let (b, heads, kv, t) = (2, 8, 2, 300);
     let mut segments = vec![0u32; b * t];
@@ -256,32 +256,59 @@ fn attention_matches_the_f64_reference() -> Result<()> {
         };
     }
     let mask = Mask::new(&segments, b, t)?;
+    // Every flash variant the plan can choose (bf16); f32 has one kernel.
+    let variants =
+        [(64, 1), (32, 1), (64, 2), (32, 4)].map(|(key_tile, dq_splits)| AttentionKernels { key_tile, dq_splits });
     for hd in [64, 128] {
         let scale = 1.0 / (hd as f64).sqrt();
         for (dt, tol) in DTYPES {
-            let mut inp = Inputs::new(dt);
-            let (q, qr) = inp.make(&[b, heads, t, hd], 2.0)?;
-            let ((k, kr), (v, vr)) = (inp.make(&[b, kv, t, hd], 2.0)?, inp.make(&[b, kv, t, hd], 1.0)?);
-            let (dout, dor) = inp.make(&[b, heads, t, hd], 1.0)?;
-            let tag = format!("attention hd {hd} {dt:?}");
-            let (out, lse) = fused(|| attention::forward(&q, &k, &v, &mask, scale))?;
-            let (out_ref, lse_ref) = attention::forward(&qr, &kr, &vr, &mask, scale)?;
-            expect_close(&format!("{tag} out"), &out, &out_ref, tol, inp.seed)?;
-            expect_close(&format!("{tag} lse"), &lse, &lse_ref, F32_TOL, inp.seed)?;
-            let (dq, dk, dv) = fused(|| attention::backward(&dout, &q, &k, &v, &out, &lse, &mask, scale))?;
-            let (dq_ref, dk_ref, dv_ref) = attention::backward(&dor, &qr, &kr, &vr, &out_ref, &lse_ref, &mask, scale)?;
-            expect_close(&format!("{tag} dq"), &dq, &dq_ref, tol, inp.seed)?;
-            expect_close(&format!("{tag} dk"), &dk, &dk_ref, tol, inp.seed)?;
-            expect_close(&format!("{tag} dv"), &dv, &dv_ref, tol, inp.seed)?;
-            // No atomics anywhere: a second run gives the same bits.
-            let again = attention::backward(&dout, &q, &k, &v, &out, &lse, &mask, scale)?;
-            for (first, second) in [(&dq, &again.0), (&dk, &again.1), (&dv, &again.2)] {
-                let bits = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-                assert!(
-                    bits(first)?.iter().zip(bits(second)?).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{tag}: reruns differ"
-                );
+            for &variant in if dt == DType::BF16 { &variants[..] } else { &variants[..1] } {
+                attention::set_kernels(variant)?;
+                let tag = format!("attention hd {hd} {dt:?} {variant:?}");
+                let result =
+                    attention_case(&tag, &mask, [b, heads, kv, t, hd], scale, dt, tol, variant.deterministic());
+                attention::set_kernels(AttentionKernels::DEFAULT)?;
+                result?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// One attention check: forward and backward against the f64 reference; a deterministic
+/// backward must also give the same bits twice.
+#[allow(clippy::too_many_arguments)]
+fn attention_case(
+    tag: &str,
+    mask: &crate::attention::Mask,
+    [b, heads, kv, t, hd]: [usize; 5],
+    scale: f64,
+    dt: DType,
+    tol: f64,
+    deterministic: bool,
+) -> Result<()> {
+    use crate::attention;
+    let mut inp = Inputs::new(dt);
+    let (q, qr) = inp.make(&[b, heads, t, hd], 2.0)?;
+    let ((k, kr), (v, vr)) = (inp.make(&[b, kv, t, hd], 2.0)?, inp.make(&[b, kv, t, hd], 1.0)?);
+    let (dout, dor) = inp.make(&[b, heads, t, hd], 1.0)?;
+    let (out, lse) = fused(|| attention::forward(&q, &k, &v, mask, scale))?;
+    let (out_ref, lse_ref) = attention::forward(&qr, &kr, &vr, mask, scale)?;
+    expect_close(&format!("{tag} out"), &out, &out_ref, tol, inp.seed)?;
+    expect_close(&format!("{tag} lse"), &lse, &lse_ref, F32_TOL, inp.seed)?;
+    let (dq, dk, dv) = fused(|| attention::backward(&dout, &q, &k, &v, &out, &lse, mask, scale))?;
+    let (dq_ref, dk_ref, dv_ref) = attention::backward(&dor, &qr, &kr, &vr, &out_ref, &lse_ref, mask, scale)?;
+    expect_close(&format!("{tag} dq"), &dq, &dq_ref, tol, inp.seed)?;
+    expect_close(&format!("{tag} dk"), &dk, &dk_ref, tol, inp.seed)?;
+    expect_close(&format!("{tag} dv"), &dv, &dv_ref, tol, inp.seed)?;
+    if deterministic {
+        let again = attention::backward(&dout, &q, &k, &v, &out, &lse, mask, scale)?;
+        for (first, second) in [(&dq, &again.0), (&dk, &again.1), (&dv, &again.2)] {
+            let bits = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            assert!(
+                bits(first)?.iter().zip(bits(second)?).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{tag}: reruns differ"
+            );
         }
     }
     Ok(())
@@ -306,6 +333,49 @@ fn gemm_sums_match_the_f64_reference() -> Result<()> {
         let dx = fused(|| linear::input_grad_sum(&[(&dy, &w), (&dy2, &w2), (&dxa, &a)]))?;
         let want = ((dyr.matmul(&wr)? + dy2r.matmul(&w2r)?)? + dxar.matmul(&ar)?)?;
         expect_close(&format!("dy·W + dy₂·W₂ + dxa·A {dt:?}"), &dx, &want, tol, inp.seed)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn every_planned_gemm_algorithm_computes_the_same_products() -> Result<()> {
+    use crate::gemm_algos::{self, GemmAlgo};
+    use crate::linear;
+    // Shapes of a LoRA projection at small scale: the base forward, its input gradient, a
+    // weight gradient, and a thin rank-16 product.
+    let (n, d_in, d_out) = (512, 256, 384);
+    for (dt, tol) in DTYPES {
+        let mut inp = Inputs::new(dt);
+        let ((x, xr), (w, wr), (dy, dyr)) =
+            (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?, inp.make(&[n, d_out], 1.0)?);
+        let ops = |x: &Tensor, w: &Tensor, dy: &Tensor| -> Result<[Tensor; 3]> {
+            Ok([linear::forward(x, w)?, linear::input_grad_sum(&[(dy, w)])?, linear::weight_grad(dy, x)?])
+        };
+        gemm_algos::record_shapes();
+        let defaults = fused(|| ops(&x, &w, &dy))?;
+        let shapes = gemm_algos::recorded_shapes();
+        assert_eq!(shapes.len(), 3, "{shapes:?}");
+        let want = [xr.matmul(&wr.t()?)?, dyr.matmul(&wr)?, dyr.t()?.matmul(&xr)?];
+        for (got, want) in defaults.iter().zip(&want) {
+            expect_close(&format!("default gemm {dt:?} {:?}", got.dims()), got, want, tol, inp.seed)?;
+        }
+        for shape in &shapes {
+            let timings = gemm_algos::time_candidates(&gpu(), shape, 4, 1.0)?;
+            println!("{shape:?}: {:?}", timings.iter().map(|t| (t.algo.label(), t.us)).collect::<Vec<_>>());
+            assert!(timings.len() >= 2, "cuBLASLt proposed no algorithm for {shape:?}");
+            for t in &timings {
+                assert!(t.us.is_some_and(|us| us > 0.0), "{shape:?} {}: {:?}", t.algo.label(), t.error);
+            }
+            // Every Lt candidate, installed for this shape alone, gives the reference's products.
+            for t in timings.iter().filter(|t| t.algo != GemmAlgo::Default) {
+                gemm_algos::set_gemm_algos([(*shape, t.algo.clone())]).map_err(candle_core::Error::Msg)?;
+                let got = ops(&x, &w, &dy);
+                gemm_algos::set_gemm_algos([]).map_err(candle_core::Error::Msg)?;
+                for (got, want) in got?.iter().zip(&want) {
+                    expect_close(&format!("{} {shape:?} {dt:?}", t.algo.label()), got, want, tol, inp.seed)?;
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Timing candidate choices inside a hard time budget.
 
 use super::{Choices, Measurement};
+use mindxtrain_kernels::attention::{AttentionKernels, KEY_TILES};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -57,7 +58,8 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
         for &threads in &threads {
             for &micro_batch in &micro {
                 for gemm_rows in GEMM_ROWS {
-                    out.push(Choices { threads, micro_batch, activation_checkpointing, gemm_rows });
+                    let attention = AttentionKernels::DEFAULT;
+                    out.push(Choices { threads, micro_batch, activation_checkpointing, gemm_rows, attention });
                 }
             }
         }
@@ -80,6 +82,26 @@ pub fn gpu_candidates(per_device: usize) -> Vec<Candidate> {
             micro.iter().map(move |&micro_batch| Choices { micro_batch, activation_checkpointing, ..unmeasured })
         })
         .collect()
+}
+
+/// dQ splits tried when the recipe allows a non-deterministic backward.
+const ATOMIC_DQ_SPLITS: [usize; 2] = [2, 4];
+
+/// The GPU attention kernels to time on top of `base` (the fastest batch split): every forward
+/// key tile with the deterministic backward, and, unless `deterministic`, the split dQ with
+/// atomics. `base`'s own kernels come first.
+pub fn attention_candidates(base: Choices, deterministic: bool) -> Vec<Candidate> {
+    let splits: &[usize] = if deterministic { &[1] } else { &[1, ATOMIC_DQ_SPLITS[0], ATOMIC_DQ_SPLITS[1]] };
+    let mut out = vec![base];
+    for &dq_splits in splits {
+        for key_tile in KEY_TILES {
+            let c = Choices { attention: AttentionKernels { key_tile, dq_splits }, ..base };
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// Times each candidate (one warm-up step, then up to [`TIMED_STEPS`]) and picks the one
@@ -151,8 +173,18 @@ mod tests {
     fn candidates_cover_threads_micro_batches_and_checkpointing() {
         let c = candidates(2, 8);
         assert_eq!(c.len(), 2 * 3 * 2 * 3);
-        assert_eq!(c[0], Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128 });
-        assert!(c.contains(&Choices { threads: 1, micro_batch: 2, activation_checkpointing: true, gemm_rows: 256 }));
+        let attention = AttentionKernels::DEFAULT;
+        assert_eq!(
+            c[0],
+            Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128, attention }
+        );
+        assert!(c.contains(&Choices {
+            threads: 1,
+            micro_batch: 2,
+            activation_checkpointing: true,
+            gemm_rows: 256,
+            attention
+        }));
         assert_eq!(candidates(1, 1).len(), 2 * 3);
         assert!(candidates(6, 3).iter().all(|c| 3 % c.micro_batch == 0 && c.threads <= 6));
     }
@@ -164,6 +196,19 @@ mod tests {
         assert_eq!(micro, [(8, false), (4, false), (2, false), (1, false), (8, true), (4, true), (2, true), (1, true)]);
         assert!(c.iter().all(|c| c.threads == 1 && c.gemm_rows == DEFAULT_GEMM_ROWS));
         assert_eq!(gpu_candidates(3).iter().map(|c| c.micro_batch).collect::<Vec<_>>(), [3, 1, 3, 1]);
+    }
+
+    #[test]
+    fn attention_candidates_keep_the_base_and_respect_determinism() {
+        let base = gpu_candidates(4)[1];
+        let det = attention_candidates(base, true);
+        assert_eq!(det[0], base);
+        assert_eq!(det.len(), KEY_TILES.len());
+        assert!(det.iter().all(|c| c.attention.deterministic() && c.micro_batch == base.micro_batch));
+        let all = attention_candidates(base, false);
+        assert_eq!(all.len(), KEY_TILES.len() * 3);
+        assert!(all.iter().any(|c| c.attention == AttentionKernels { key_tile: 32, dq_splits: 4 }));
+        assert!(all.iter().all(|c| c.attention.validate().is_ok()));
     }
 
     #[test]
@@ -181,7 +226,11 @@ mod tests {
             Ok(())
         };
         let m = measure(&cands, Duration::from_secs(60), &mut probe).unwrap();
-        assert_eq!(m.best, Choices { threads: 2, micro_batch: 4, activation_checkpointing: false, gemm_rows: 64 });
+        let attention = AttentionKernels::DEFAULT;
+        assert_eq!(
+            m.best,
+            Choices { threads: 2, micro_batch: 4, activation_checkpointing: false, gemm_rows: 64, attention }
+        );
         assert_eq!(m.measurements.len(), cands.len());
         assert!(!m.truncated);
     }

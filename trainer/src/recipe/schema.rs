@@ -144,6 +144,10 @@ pub struct Autotune {
     /// Where the ahead-of-time plan is read from or written to; the node picks when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<String>,
+    /// Bitwise-reproducible runs: the probe only considers deterministic kernels (no atomic
+    /// accumulation). `false` lets it pick faster atomic ones when they win.
+    #[serde(default = "yes")]
+    pub deterministic: bool,
 }
 
 impl Autotune {
@@ -154,7 +158,7 @@ impl Autotune {
 
 impl Default for Autotune {
     fn default() -> Self {
-        Autotune { enabled: true, policy: AutotunePolicy::AotOnly, budget_seconds: 60, plan: None }
+        Autotune { enabled: true, policy: AutotunePolicy::AotOnly, budget_seconds: 60, plan: None, deterministic: true }
     }
 }
 

@@ -1,5 +1,10 @@
 //! `mindxtrain bench`: measuring the plan with the recipe's own shapes and data, on the device
 //! the recipe's hardware names (the CPU, or one CUDA GPU).
+//!
+//! On a CPU every candidate is a whole training step. On a GPU the budget is spent in three
+//! stages: the batch split × activation checkpointing (half the budget), then the attention
+//! kernels at the winner (most of the rest; the GEMM shapes of those steps are recorded), then
+//! every recorded GEMM shape against cuBLASLt's candidates (what is left).
 
 use super::RunError;
 use super::method::MethodPlan;
@@ -7,11 +12,14 @@ use super::microbatch::{accumulate, split};
 use super::session::dtype_of;
 use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
-use crate::plan::{Choices, Plan, candidates, gpu_candidates, measure};
+use crate::plan::{
+    Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates, measure,
+};
 use crate::recipe::LoadedRecipe;
+use mindxtrain_kernels::gemm_algos::{self, GemmAlgo, GemmShape};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Times every candidate [`Choices`] on this machine within `autotune.budget_seconds`
 /// and returns the plan. The model is the recipe's shape (random weights: speed does not
@@ -67,23 +75,138 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
                     model.forward_backward(&mb, trainable, adapters.as_ref(), &opts).map_err(|e| e.to_string())?;
                 accumulate(&mut grads, out.grads).map_err(|e| e.to_string())?;
             }
-            Ok(())
+            // GPU work is queued: a step's time is until it has finished.
+            device.synchronize().map_err(|e| e.to_string())
         })
     };
-    let cands = if device.is_cuda() {
-        gpu_candidates(per_device)
-    } else {
-        candidates(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), per_device)
-    };
     let budget = Duration::from_secs(u64::from(r.autotune.budget_seconds));
-    let measured = measure(&cands, budget, &mut probe).map_err(|e| RunError::Recipe(format!("autotune: {e}")))?;
-    Ok(Plan::new(
+    let failed = |e: crate::plan::MeasureError| RunError::Recipe(format!("autotune: {e}"));
+    let start = Instant::now();
+    let deterministic = r.autotune.deterministic;
+    let (best, measurements, truncated, gemms) = if device.is_cuda() {
+        // Steps are timed with cuBLAS's default algorithms; the GEMM stage picks per shape.
+        gemm_algos::set_gemm_algos([]).map_err(RunError::Recipe)?;
+        let batch_split = measure(&gpu_candidates(per_device), budget / 2, &mut probe).map_err(failed)?;
+        gemm_algos::record_shapes();
+        let kernels = measure(
+            &attention_candidates(batch_split.best, deterministic),
+            budget.saturating_sub(start.elapsed()).mul_f64(0.7),
+            &mut probe,
+        );
+        let shapes = gemm_algos::recorded_shapes();
+        let kernels = kernels.map_err(failed)?;
+        let (gemms, gemms_truncated) = measure_gemms(&device, &shapes, budget.saturating_sub(start.elapsed()));
+        let mut measurements = batch_split.measurements;
+        measurements.extend(kernels.measurements);
+        (kernels.best, measurements, batch_split.truncated || kernels.truncated || gemms_truncated, gemms)
+    } else {
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let m = measure(&candidates(cpus, per_device), budget, &mut probe).map_err(failed)?;
+        (m.best, m.measurements, m.truncated, Vec::new())
+    };
+    let mut plan = Plan::new(
         recipe.bytes_blake3,
         &super::device_name(&device),
-        measured.best,
-        measured.measurements,
+        best,
+        measurements,
         r.autotune.budget_seconds,
-        measured.elapsed.as_millis() as u64,
-        measured.truncated,
-    ))
+        start.elapsed().as_millis() as u64,
+        truncated,
+    );
+    plan.deterministic = deterministic;
+    plan.gemms = gemms;
+    Ok(plan)
+}
+
+/// cuBLASLt candidates timed per GEMM shape beside cuBLAS's default.
+const LT_CANDIDATES: usize = 4;
+/// A cuBLASLt algorithm is chosen only when it beats the default by more than this fraction:
+/// smaller differences are within the timing noise.
+const LT_MARGIN: f64 = 0.01;
+
+/// Times every shape's candidates within `budget` (an even share of what is left each) and
+/// picks the fastest; shapes the budget does not reach keep the default. Returns whether any
+/// were left untimed.
+fn measure_gemms(device: &candle_core::Device, shapes: &[GemmShape], budget: Duration) -> (Vec<GemmMeasurement>, bool) {
+    let start = Instant::now();
+    let mut truncated = false;
+    let mut out = Vec::with_capacity(shapes.len());
+    for (i, shape) in shapes.iter().enumerate() {
+        let left = budget.saturating_sub(start.elapsed());
+        // Half the share goes to timed calls: warm-ups and the heuristic query take the rest.
+        let per_candidate_ms =
+            (left.as_secs_f64() * 1e3 / ((shapes.len() - i) * (LT_CANDIDATES + 1)) as f64 / 2.0).min(20.0);
+        let timings = if per_candidate_ms < 0.5 {
+            truncated = true;
+            vec![GemmTiming {
+                algo: GemmAlgo::Default,
+                us: None,
+                note: Some("not timed: the autotune budget was spent".into()),
+            }]
+        } else {
+            time_gemm(device, shape, per_candidate_ms)
+        };
+        out.push(GemmMeasurement { shape: *shape, chosen: fastest(&timings), timings });
+    }
+    (out, truncated)
+}
+
+/// The default unless a timed cuBLASLt algorithm beats it by more than [`LT_MARGIN`].
+fn fastest(timings: &[GemmTiming]) -> GemmAlgo {
+    let default_us = timings.iter().find(|t| t.algo == GemmAlgo::Default).and_then(|t| t.us);
+    timings
+        .iter()
+        .filter_map(|t| Some((t.us?, &t.algo)))
+        .filter(|(us, algo)| **algo == GemmAlgo::Default || default_us.is_none_or(|d| *us < d * (1.0 - LT_MARGIN)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, algo)| algo.clone())
+        .unwrap_or(GemmAlgo::Default)
+}
+
+#[cfg(feature = "cuda")]
+fn time_gemm(device: &candle_core::Device, shape: &GemmShape, per_candidate_ms: f64) -> Vec<GemmTiming> {
+    match gemm_algos::time_candidates(device, shape, LT_CANDIDATES, per_candidate_ms) {
+        Ok(ts) => ts
+            .into_iter()
+            .map(|t| GemmTiming { algo: t.algo, us: t.us, note: t.error.map(|e| format!("failed: {e}")) })
+            .collect(),
+        Err(e) => vec![GemmTiming { algo: GemmAlgo::Default, us: None, note: Some(format!("failed: {e}")) }],
+    }
+}
+
+/// Without CUDA there is no GPU GEMM to time (and no GPU run reaches here).
+#[cfg(not(feature = "cuda"))]
+fn time_gemm(_: &candle_core::Device, _: &GemmShape, _: f64) -> Vec<GemmTiming> {
+    vec![GemmTiming { algo: GemmAlgo::Default, us: None, note: Some("not timed: built without cuda".into()) }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(algo: GemmAlgo, us: Option<f64>) -> GemmTiming {
+        GemmTiming { algo, us, note: None }
+    }
+
+    #[test]
+    fn a_cublaslt_algorithm_must_beat_the_default_clearly() {
+        let lt = |index| GemmAlgo::Lt { index, algo: "00".repeat(64) };
+        let d = GemmAlgo::Default;
+        assert_eq!(fastest(&[timing(d.clone(), Some(100.0)), timing(lt(0), Some(99.5))]), d);
+        assert_eq!(
+            fastest(&[timing(d.clone(), Some(100.0)), timing(lt(0), Some(90.0)), timing(lt(1), Some(95.0))]),
+            lt(0)
+        );
+        // A failed default: the fastest timed algorithm; nothing timed: the default.
+        assert_eq!(fastest(&[timing(d.clone(), None), timing(lt(2), Some(120.0))]), lt(2));
+        assert_eq!(fastest(&[timing(lt(0), None)]), d);
+    }
+
+    #[test]
+    fn shapes_past_the_budget_keep_the_default() {
+        let shape = GemmShape { m: 8, n: 8, k: 8, transa: false, transb: false, bf16: false };
+        let (gemms, truncated) = measure_gemms(&candle_core::Device::Cpu, &[shape, shape], Duration::ZERO);
+        assert!(truncated);
+        assert!(gemms.iter().all(|g| g.chosen == GemmAlgo::Default && g.timings[0].us.is_none()));
+    }
 }

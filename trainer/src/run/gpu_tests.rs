@@ -50,6 +50,19 @@ fn spec(recipe: &LoadedRecipe, dir: &Path, plan: &Plan, out: &Path) -> RunSpec {
     }
 }
 
+/// Every timing of a plan, and what it chose.
+fn print_plan(plan: &Plan) {
+    for m in &plan.measurements {
+        println!("  {:?}: {:?} µs {}", m.choices, m.step_us, m.note.as_deref().unwrap_or(""));
+    }
+    for g in &plan.gemms {
+        let t: Vec<String> =
+            g.timings.iter().map(|t| format!("{} {:.1}", t.algo.label(), t.us.unwrap_or(f64::NAN))).collect();
+        println!("  gemm {:?}: chose {} of [{}]", g.shape, g.chosen.label(), t.join(", "));
+    }
+    println!("chose {:?}, truncated {}", plan.choices, plan.truncated);
+}
+
 #[test]
 fn the_gpu_plan_replayed_twice_gives_identical_checkpoints() {
     let (recipe, dir) = recipe(demo_on_gpu);
@@ -63,6 +76,10 @@ fn the_gpu_plan_replayed_twice_gives_identical_checkpoints() {
         plan.choices
     );
     assert_eq!(plan.machine.device, "cuda:0");
+    print_plan(&plan);
+    // Every GPU axis was measured: the attention kernels and the GEMM algorithms.
+    assert!(plan.measurements.iter().any(|m| m.choices.attention.key_tile == 32 && m.step_us.is_some()));
+    assert!(!plan.gemms.is_empty() && plan.gemms.iter().all(|g| g.timings.len() > 1), "{:?}", plan.gemms);
     let tmp = std::env::temp_dir().join(format!("mindxtrain-gpu-run-{}", std::process::id()));
     let mut digests = Vec::new();
     for name in ["a", "b"] {
@@ -114,9 +131,7 @@ fn the_probe_at_the_8b_shape_fits_in_a_minute() {
     let t0 = Instant::now();
     let plan = measure_plan(&recipe, &dir, DataOptions::default()).unwrap();
     let secs = t0.elapsed().as_secs_f64();
-    for m in &plan.measurements {
-        println!("  {:?}: {:?} µs {}", m.choices, m.step_us, m.note.as_deref().unwrap_or(""));
-    }
-    println!("8B-shape probe: {secs:.1} s in all ({} ms timing), chose {:?}", plan.elapsed_ms, plan.choices);
+    print_plan(&plan);
+    println!("8B-shape probe: {secs:.1} s in all ({} ms timing)", plan.elapsed_ms);
     assert!(secs < 60.0, "the 8B-shape probe took {secs:.1} s");
 }

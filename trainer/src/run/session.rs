@@ -562,7 +562,7 @@ fn new_run_id(spec: &RunSpec) -> String {
 /// Evaluates a finished checkpoint directory (`mindxtrain eval`): base weights from the
 /// recipe (or `init_from`), plus the adapter when the directory holds one.
 pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<EvalReport, RunError> {
-    let pool = super::apply_choices(&spec.plan.choices)?;
+    let pool = super::apply_plan(&spec.plan)?;
     pool.install(|| {
         let recipe = &spec.recipe.recipe;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;

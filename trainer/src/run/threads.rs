@@ -1,11 +1,21 @@
-//! Applying the plan's CPU choices (thread count, matmul blocking) to every CPU kernel.
+//! Applying the plan to the kernels: CPU choices (thread count, matmul blocking), the GPU
+//! attention kernels and the GEMM algorithm of each shape. All are process-wide and set once
+//! before the first step.
 
 use super::RunError;
-use crate::plan::Choices;
+use crate::plan::{Choices, Plan};
 
-/// Applies every process-wide choice of the plan and returns the pool to run in.
+/// Applies the whole plan (its choices and its GEMM table) and returns the pool to run in.
+pub fn apply_plan(plan: &Plan) -> Result<rayon::ThreadPool, RunError> {
+    mindxtrain_kernels::gemm_algos::set_gemm_algos(plan.gemm_algos())
+        .map_err(|e| RunError::Recipe(format!("plan: {e}")))?;
+    apply_choices(&plan.choices)
+}
+
+/// Applies every process-wide choice of one candidate and returns the pool to run in.
 pub fn apply_choices(c: &Choices) -> Result<rayon::ThreadPool, RunError> {
     mindxtrain_kernels::linear::set_block_rows(c.gemm_rows);
+    mindxtrain_kernels::attention::set_kernels(c.attention).map_err(|e| RunError::Recipe(format!("plan: {e}")))?;
     apply_threads(c.threads)
 }
 
