@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use mindxtrain_kernels::adamw::{Coefficients, update};
+use mindxtrain_kernels::adamw::Coefficients;
 
 use super::OptimError;
 use crate::recipe::Optimizer;
@@ -40,18 +40,32 @@ const EXP_AVG: &str = "exp_avg.";
 const EXP_AVG_SQ: &str = "exp_avg_sq.";
 
 /// AdamW state: the number of updates taken and, per parameter, the first and second moments.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct AdamW {
     config: AdamWConfig,
     step: u64,
     moments: BTreeMap<String, Moments>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// A parameter's moments: f32 tensors of its shape, on its device (a CUDA parameter's update is
+/// one fused kernel over device memory; nothing crosses to the host).
+#[derive(Debug, Clone)]
 struct Moments {
-    shape: Vec<usize>,
-    exp_avg: Vec<f32>,
-    exp_avg_sq: Vec<f32>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+impl PartialEq for AdamW {
+    /// Same configuration, step and moment values (wherever the moments live).
+    fn eq(&self, other: &Self) -> bool {
+        let values = |m: &Moments| Ok::<_, candle_core::Error>((to_f32_vec(&m.exp_avg)?, to_f32_vec(&m.exp_avg_sq)?));
+        self.config == other.config
+            && self.step == other.step
+            && self.moments.len() == other.moments.len()
+            && self.moments.iter().zip(&other.moments).all(|((a, ma), (b, mb))| {
+                a == b && ma.exp_avg.dims() == mb.exp_avg.dims() && values(ma).ok() == values(mb).ok()
+            })
+    }
 }
 
 impl AdamW {
@@ -91,11 +105,11 @@ impl AdamW {
                 });
             }
             if let Some(m) = self.moments.get(name)
-                && m.shape != p.dims()
+                && m.exp_avg.dims() != p.dims()
             {
                 return Err(OptimError::State(format!(
                     "moments of `{name}` have shape {:?}, parameter has {:?}",
-                    m.shape,
+                    m.exp_avg.dims(),
                     p.dims()
                 )));
             }
@@ -105,16 +119,24 @@ impl AdamW {
         let c = &self.config;
         let k = Coefficients::new(c.betas, c.eps, c.weight_decay, lr, self.step);
         for (name, p) in params.iter_mut() {
-            let grad = to_f32_vec(&grads[name])?;
-            let mut value = to_f32_vec(p)?;
-            let m = self.moments.entry(name.clone()).or_insert_with(|| Moments {
-                shape: p.dims().to_vec(),
-                exp_avg: vec![0.0; value.len()],
-                exp_avg_sq: vec![0.0; value.len()],
-            });
+            let m = match self.moments.remove(name) {
+                // Moments restored from a checkpoint are on the host: they move to the
+                // parameter's device once.
+                Some(m) if m.exp_avg.device().same_device(p.device()) => m,
+                Some(m) => Moments {
+                    exp_avg: m.exp_avg.to_device(p.device())?,
+                    exp_avg_sq: m.exp_avg_sq.to_device(p.device())?,
+                },
+                None => {
+                    let zeros = Tensor::zeros(p.dims(), DType::F32, p.device())?;
+                    Moments { exp_avg: zeros.clone(), exp_avg_sq: zeros }
+                }
+            };
             let decay = self.config.weight_decay != 0.0 && decays(p.dims());
-            update(&k, decay, &mut value, &grad, &mut m.exp_avg, &mut m.exp_avg_sq);
-            *p = Tensor::from_vec(value, p.dims(), p.device())?.to_dtype(p.dtype())?;
+            let (value, exp_avg, exp_avg_sq) =
+                mindxtrain_kernels::adamw::step(&k, decay, p, &grads[name], &m.exp_avg, &m.exp_avg_sq)?;
+            *p = value;
+            self.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
         }
         Ok(())
     }
@@ -126,11 +148,8 @@ impl AdamW {
         let step = i64::try_from(self.step).map_err(|_| OptimError::State("step overflows i64".into()))?;
         out.insert(STEP_KEY.to_string(), Tensor::new(step, &Device::Cpu)?);
         for (name, m) in &self.moments {
-            out.insert(format!("{EXP_AVG}{name}"), Tensor::from_slice(&m.exp_avg, m.shape.as_slice(), &Device::Cpu)?);
-            out.insert(
-                format!("{EXP_AVG_SQ}{name}"),
-                Tensor::from_slice(&m.exp_avg_sq, m.shape.as_slice(), &Device::Cpu)?,
-            );
+            out.insert(format!("{EXP_AVG}{name}"), m.exp_avg.to_device(&Device::Cpu)?);
+            out.insert(format!("{EXP_AVG_SQ}{name}"), m.exp_avg_sq.to_device(&Device::Cpu)?);
         }
         Ok(out)
     }
@@ -166,7 +185,7 @@ impl AdamW {
             }
             moments.insert(
                 name.to_string(),
-                Moments { shape: t.dims().to_vec(), exp_avg: to_f32_vec(avg)?, exp_avg_sq: to_f32_vec(t)? },
+                Moments { exp_avg: avg.to_dtype(DType::F32)?, exp_avg_sq: t.to_dtype(DType::F32)? },
             );
         }
         for key in state.keys() {

@@ -2,18 +2,28 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::OptimError;
 use super::adamw::to_f32_vec;
 
 /// The L2 norm of all gradients together: sqrt of the sum of the per-tensor norms squared.
 /// Accumulated in f64 in key order, so it is deterministic and at least as exact as torch's f32.
+/// Gradients on a GPU are squared and summed there (f32 products, f64 sums; candle's reduction
+/// has a fixed order), with one transfer of the per-tensor sums at the end.
 pub fn global_grad_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64, OptimError> {
     let mut total = 0.0f64;
+    let mut on_device = Vec::new();
     for g in grads.values() {
-        let sum_sq: f64 = to_f32_vec(g)?.iter().map(|&x| (x as f64) * (x as f64)).sum();
-        total += sum_sq;
+        if g.device().is_cuda() {
+            on_device.push(g.to_dtype(DType::F32)?.sqr()?.to_dtype(DType::F64)?.sum_all()?);
+        } else {
+            total += to_f32_vec(g)?.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+        }
+    }
+    if !on_device.is_empty() {
+        total +=
+            Tensor::stack(&on_device, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1::<f64>()?.iter().sum::<f64>();
     }
     Ok(total.sqrt())
 }
@@ -33,8 +43,13 @@ pub fn clip_grad_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> Re
         return Ok(norm); // torch multiplies by exactly 1.0: no change
     }
     for g in grads.values_mut() {
-        let scaled: Vec<f32> = to_f32_vec(g)?.into_iter().map(|x| x * coef).collect();
-        *g = Tensor::from_vec(scaled, g.dims(), g.device())?.to_dtype(g.dtype())?;
+        *g = if g.device().is_cuda() {
+            // One f32 multiply per element, as below, without leaving the device.
+            (g.to_dtype(DType::F32)? * f64::from(coef))?.to_dtype(g.dtype())?
+        } else {
+            let scaled: Vec<f32> = to_f32_vec(g)?.into_iter().map(|x| x * coef).collect();
+            Tensor::from_vec(scaled, g.dims(), g.device())?.to_dtype(g.dtype())?
+        };
     }
     Ok(norm)
 }

@@ -25,7 +25,7 @@ impl<F: FnMut(&Choices) -> Result<(), String>> Probe for F {
 #[derive(Debug, Error)]
 pub enum MeasureError {
     #[error("no candidate completed a step within the {budget_s} s budget: {reasons}")]
-    NothingMeasured { budget_s: f64, reasons: String },
+    NothingMeasured { budget_s: f64, reasons: String, measurements: Vec<Measurement> },
 }
 
 /// The outcome of [`measure`].
@@ -70,9 +70,10 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
 /// Every candidate for a run on one GPU: micro-batches that divide `per_device` (whole batch
 /// first) with activation checkpointing off, then on. A candidate that does not fit the device's
 /// memory fails its step and is recorded with the error, so the plan keeps the fastest that fits.
-/// Host threads and the CPU GEMM blocking do not matter there and keep their defaults.
-pub fn gpu_candidates(per_device: usize) -> Vec<Candidate> {
-    let unmeasured = Choices::unmeasured(1);
+/// The CPU GEMM blocking does not matter there and keeps its default; the host threads are all
+/// of `logical_cpus`, for what still runs on the host (drawing a model's initial weights, data).
+pub fn gpu_candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
+    let unmeasured = Choices::unmeasured(logical_cpus.max(1));
     let mut micro: Vec<usize> =
         [1, 2, 4, 8].iter().map(|d| per_device / d).filter(|&m| m >= 1 && per_device.is_multiple_of(m)).collect();
     micro.dedup();
@@ -129,6 +130,7 @@ pub fn measure(candidates: &[Candidate], budget: Duration, probe: &mut impl Prob
         None => Err(MeasureError::NothingMeasured {
             budget_s: budget.as_secs_f64(),
             reasons: measurements.iter().filter_map(|m| m.note.clone()).collect::<Vec<_>>().join("; "),
+            measurements,
         }),
     }
 }
@@ -191,16 +193,17 @@ mod tests {
 
     #[test]
     fn gpu_candidates_split_the_batch_then_checkpoint() {
-        let c = gpu_candidates(8);
+        let c = gpu_candidates(16, 8);
         let micro: Vec<(usize, bool)> = c.iter().map(|c| (c.micro_batch, c.activation_checkpointing)).collect();
         assert_eq!(micro, [(8, false), (4, false), (2, false), (1, false), (8, true), (4, true), (2, true), (1, true)]);
-        assert!(c.iter().all(|c| c.threads == 1 && c.gemm_rows == DEFAULT_GEMM_ROWS));
-        assert_eq!(gpu_candidates(3).iter().map(|c| c.micro_batch).collect::<Vec<_>>(), [3, 1, 3, 1]);
+        assert!(c.iter().all(|c| c.threads == 16 && c.gemm_rows == DEFAULT_GEMM_ROWS));
+        assert_eq!(gpu_candidates(0, 3)[0].threads, 1);
+        assert_eq!(gpu_candidates(2, 3).iter().map(|c| c.micro_batch).collect::<Vec<_>>(), [3, 1, 3, 1]);
     }
 
     #[test]
     fn attention_candidates_keep_the_base_and_respect_determinism() {
-        let base = gpu_candidates(4)[1];
+        let base = gpu_candidates(2, 4)[1];
         let det = attention_candidates(base, true);
         assert_eq!(det[0], base);
         assert_eq!(det.len(), KEY_TILES.len());

@@ -83,10 +83,18 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let failed = |e: crate::plan::MeasureError| RunError::Recipe(format!("autotune: {e}"));
     let start = Instant::now();
     let deterministic = r.autotune.deterministic;
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (best, measurements, truncated, gemms) = if device.is_cuda() {
         // Steps are timed with cuBLAS's default algorithms; the GEMM stage picks per shape.
         gemm_algos::set_gemm_algos([]).map_err(RunError::Recipe)?;
-        let batch_split = measure(&gpu_candidates(per_device), budget / 2, &mut probe).map_err(failed)?;
+        let cands = gpu_candidates(cpus, per_device);
+        // One untimed step first, outside the budget, like loading the model: the first launch
+        // of each kernel module JIT-compiles its PTX (seconds on a cold machine), which no
+        // candidate should be charged for. Its error, if any, recurs in the timed step and is
+        // recorded there.
+        let _ = probe(&cands[0]);
+        let start = Instant::now();
+        let batch_split = measure(&cands, budget / 2, &mut probe).map_err(failed)?;
         gemm_algos::record_shapes();
         let kernels = measure(
             &attention_candidates(batch_split.best, deterministic),
@@ -94,13 +102,22 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
             &mut probe,
         );
         let shapes = gemm_algos::recorded_shapes();
-        let kernels = kernels.map_err(failed)?;
+        // Stage 1 may have spent the budget (a first step on a cold machine compiles every
+        // kernel module): the batch split it found stands, with the default kernels.
+        let kernels = match kernels {
+            Err(crate::plan::MeasureError::NothingMeasured { measurements, .. }) => crate::plan::Measured {
+                best: batch_split.best,
+                measurements,
+                elapsed: start.elapsed(),
+                truncated: true,
+            },
+            other => other.map_err(failed)?,
+        };
         let (gemms, gemms_truncated) = measure_gemms(&device, &shapes, budget.saturating_sub(start.elapsed()));
         let mut measurements = batch_split.measurements;
         measurements.extend(kernels.measurements);
         (kernels.best, measurements, batch_split.truncated || kernels.truncated || gemms_truncated, gemms)
     } else {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let m = measure(&candidates(cpus, per_device), budget, &mut probe).map_err(failed)?;
         (m.best, m.measurements, m.truncated, Vec::new())
     };
