@@ -146,9 +146,10 @@ pub fn check_names_and_shapes(
 }
 
 /// HF's `_init_weights` for Qwen3: linear and embedding weights `N(0, 0.02²)`, norms 1.
-/// Each tensor draws from its own stream of `seed`, so adding layers never shifts others.
-/// Tensors are drawn on every core, a batch at a time (the host holds one batch), and
-/// uploaded in `dtype`: an 8B base is minutes of serial f64 draws otherwise.
+/// Each tensor draws from its own streams of `seed`, so adding layers never shifts others.
+/// Tensors, and blocks of large ones, are drawn on every core, a batch of tensors at a time
+/// (the host holds one batch), and uploaded in `dtype`: an 8B base is minutes of serial f64
+/// draws otherwise.
 pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Params, ModelError> {
     use rayon::prelude::*;
     let shapes: Vec<(String, Vec<usize>)> = expected_shapes(c).into_iter().collect();
@@ -162,12 +163,47 @@ pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) ->
     Ok(params)
 }
 
+/// Values per stream within one tensor. The first block of a tensor draws from the tensor's own
+/// stream, so tensors up to this size hold what they always held; later blocks draw from streams
+/// derived from the tensor's and the block's index, so one large tensor (an 8B model's 622M-value
+/// embedding) fills on every core instead of one.
+const DRAW_BLOCK: usize = 1 << 22;
+
 /// One parameter of [`init_random`], on the host.
 fn draw(seed: u64, name: &str, shape: &[usize], dtype: DType) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
     if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
         return Tensor::ones(shape, dtype, &Device::Cpu);
     }
-    let mut rng = SplitMix64::derive(seed, &[name_id(name)]);
-    let v: Vec<f64> = (0..shape.iter().product()).map(|_| 0.02 * rng.normal()).collect();
+    let mut v = vec![0f64; shape.iter().product()];
+    v.par_chunks_mut(DRAW_BLOCK).enumerate().for_each(|(block, values)| {
+        let mut rng = match block {
+            0 => SplitMix64::derive(seed, &[name_id(name)]),
+            b => SplitMix64::derive(seed, &[name_id(name), b as u64]),
+        };
+        values.iter_mut().for_each(|x| *x = 0.02 * rng.normal());
+    });
     Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_tensor_keeps_its_first_block_and_draws_the_same_on_any_thread_count() {
+        let shape = [DRAW_BLOCK + 1000];
+        let values = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64)).unwrap().to_vec1::<f64>().unwrap()
+        };
+        let (one, many) = (values(1), values(4));
+        assert_eq!(one, many);
+        // The first block is the tensor's own stream, as before blocks existed.
+        let mut rng = SplitMix64::derive(3, &[name_id("model.embed_tokens.weight")]);
+        let serial: Vec<f64> = (0..DRAW_BLOCK + 1000).map(|_| 0.02 * rng.normal()).collect();
+        assert_eq!(one[..DRAW_BLOCK], serial[..DRAW_BLOCK]);
+        // The second block has its own stream.
+        assert_ne!(one[DRAW_BLOCK..], serial[DRAW_BLOCK..]);
+    }
 }
