@@ -43,7 +43,7 @@ pub fn forward(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<
     let stat = stat_dtype(h.dtype());
     let mut lse: Option<Tensor> = None;
     for v0 in (0..v).step_by(chunk) {
-        let logits = h.matmul(&w.narrow(0, v0, chunk.min(v - v0))?.t()?)?;
+        let logits = chunk_logits(h, &w.narrow(0, v0, chunk.min(v - v0))?)?;
         let part = row_lse(&logits)?;
         lse = Some(match lse {
             None => part,
@@ -77,16 +77,26 @@ pub fn backward(
     let mut dws = Vec::new();
     for v0 in (0..v).step_by(chunk) {
         let wc = w.narrow(0, v0, chunk.min(v - v0))?;
-        let logits = h.matmul(&wc.t()?)?;
+        let logits = chunk_logits(h, &wc)?;
         let g = chunk_grad(&logits, &lse, &weight, &labels.targets, v0)?;
+        let (dh_part, dw_part) = if h.device().is_cuda() {
+            let dw = if want_dw { Some(crate::linear::weight_grad(&g, h)?) } else { None };
+            (crate::linear::input_grad_sum(&[(&g, &wc)])?, dw)
+        } else {
+            (g.matmul(&wc)?, if want_dw { Some(g.t()?.matmul(h)?) } else { None })
+        };
         // Summed in the statistics dtype: dozens of bf16 partial sums would lose bits.
-        dh = (dh + g.matmul(&wc)?.to_dtype(stat)?)?;
-        if want_dw {
-            dws.push(g.t()?.matmul(h)?);
-        }
+        dh = (dh + dh_part.to_dtype(stat)?)?;
+        dws.extend(dw_part);
     }
     let dw = if want_dw { Some(Tensor::cat(&dws, 0)?) } else { None };
     Ok((dh.to_dtype(h.dtype())?, dw))
+}
+
+/// A chunk's logits `h·W_cᵀ`. On a GPU they go through the linear ops' planned GEMM path, like
+/// every projection (so the probe times their shapes too); elsewhere candle's matmul.
+fn chunk_logits(h: &Tensor, wc: &Tensor) -> Result<Tensor> {
+    if h.device().is_cuda() { crate::linear::forward(h, wc) } else { h.matmul(&wc.t()?) }
 }
 
 /// `log(eᵃ + eᵇ)` elementwise, stable.
