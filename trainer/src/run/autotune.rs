@@ -102,8 +102,8 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
             &mut probe,
         );
         let shapes = gemm_algos::recorded_shapes();
-        // Stage 1 may have spent the budget (a first step on a cold machine compiles every
-        // kernel module): the batch split it found stands, with the default kernels.
+        // Stage 1 may have spent the budget (slow steps, or candidates that fail slowly): the
+        // batch split it found stands, with the default kernels.
         let kernels = match kernels {
             Err(crate::plan::MeasureError::NothingMeasured { measurements, .. }) => crate::plan::Measured {
                 best: batch_split.best,
