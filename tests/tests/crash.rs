@@ -40,6 +40,7 @@ fn no_acknowledged_event_is_lost_across_kill_9() {
     let key = Identity::load_from(&node_dir).unwrap();
     let mut acked: Vec<Ack> = Vec::new();
     let mut total_torn = 0;
+    let mut cycles_with_appends = 0u64;
     for cycle in 0..cycles {
         let mut child = Command::new(workspace_bin("crash-appender"))
             .arg(&node_dir)
@@ -76,12 +77,22 @@ fn no_acknowledged_event_is_lost_across_kill_9() {
             total_torn += 1;
         }
         assert!(!stderr.contains("append failed"), "cycle {cycle}: {stderr}");
+        let before = acked.iter().map(|a| a.seq).max();
+        let acked_before = acked.len();
         for line in rx.try_iter() {
             let mut parts = line.split_whitespace();
             if parts.next() == Some("ack") {
                 let seq = parts.next().unwrap().parse().unwrap();
                 acked.push(Ack { seq, id: parts.next().unwrap().into(), hash: parts.next().unwrap().into() });
             }
+        }
+        // Appends continue on top of what the kill left: nothing acknowledged now reuses
+        // a seq acknowledged before the restart.
+        if let (Some(before), Some(first)) = (before, acked[acked_before..].iter().map(|a| a.seq).min()) {
+            assert!(first > before, "cycle {cycle}: seq {first} acknowledged again after {before}");
+        }
+        if acked.len() > acked_before {
+            cycles_with_appends += 1;
         }
         // Every acknowledged event, from every cycle so far, must be there.
         let reader = LogReader::open(&node_dir).unwrap();
@@ -99,6 +110,9 @@ fn no_acknowledged_event_is_lost_across_kill_9() {
     let report = verify::verify(&node_dir, TrustedKey::pinned(key.verifying_key(), "test")).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
     assert!(acked.len() as u64 > cycles, "the child must have made progress");
+    // A kill can land before a restarted child's first acknowledgement, but most
+    // restarts must go on appending.
+    assert!(cycles_with_appends * 2 > cycles, "only {cycles_with_appends} of {cycles} restarts appended");
     eprintln!(
         "{} acknowledged events over {cycles} kills, all present; {} torn tails recovered",
         acked.len(),

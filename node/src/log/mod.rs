@@ -133,11 +133,13 @@ pub struct OpenReport {
 pub struct LogOptions {
     /// A segment is closed once it reaches this size.
     pub max_segment_bytes: u64,
+    /// Threads that sign events; 0 means one per CPU the process may use.
+    pub signers: usize,
 }
 
 impl Default for LogOptions {
     fn default() -> Self {
-        Self { max_segment_bytes: 64 << 20 }
+        Self { max_segment_bytes: 64 << 20, signers: 0 }
     }
 }
 
@@ -176,8 +178,8 @@ pub struct WriterTimes {
     pub sequence_ns: u64,
     /// Sequencer: signing a lone append itself (no other batch in flight).
     pub sign_ns: u64,
-    /// Signing jobs on the rayon pool, summed over jobs (they run in parallel).
-    pub pool_sign_ns: u64,
+    /// Signer threads, summed over them (they run in parallel).
+    pub signers_ns: u64,
     /// Sequencer: framing and writing the batch (and starting segments).
     pub write_ns: u64,
     /// Syncer: `fdatasync`.
@@ -325,12 +327,18 @@ impl EventLog {
         let (batch_tx, batch_rx) = mpsc::channel();
         let (index_tx, index_rx) = mpsc::channel::<Vec<IndexEntry>>();
         let mut threads = Vec::new();
-        let signed_tx = tx.clone();
-        threads.push(spawn("log-sequencer", move || sequencer.run(rx, signed_tx, batch_tx)));
+        let signer_count = match opts.signers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let (signers, signer_threads) = writer::Signers::start(signer_count, &key, &tx, &shared).map_err(io(&dir))?;
+        threads.push(spawn("log-sequencer", move || sequencer.run(rx, signers, batch_tx)));
         let s2 = shared.clone();
         threads.push(spawn("log-syncer", move || writer::run_syncer(batch_rx, s2, index_tx)));
         let (s3, idx) = (shared.clone(), index.clone());
         threads.push(spawn("log-indexer", move || run_indexer(index_rx, s3, idx)));
+        // After the sequencer: they stop once it is done with them.
+        threads.extend(signer_threads);
         let log = Self { shared, tx: Some(tx), threads, index, public_key: key.public_bytes(), _lock: lock };
         report.events = log.len();
         report.segments = scan.segments.len();

@@ -93,7 +93,7 @@ fn invalid_events_are_refused_with_reasons() {
 #[test]
 fn concurrent_appenders_get_no_duplicates_and_no_gaps() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 64 << 10 });
+    let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 64 << 10, signers: 3 });
     let log = Arc::new(log);
     let threads: Vec<_> = (0..16)
         .map(|t| {
@@ -116,7 +116,10 @@ fn concurrent_appenders_get_no_duplicates_and_no_gaps() {
     let unique: BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(unique.len(), 1600);
     assert_eq!(unique.iter().copied().collect::<Vec<_>>(), (1..=1600).collect::<Vec<_>>());
-    assert!(log.stats().syncs < 3200, "group commit shares syncs");
+    // 1600 new events (the retries need no sync of their own): group commit must have
+    // shared syncs between appenders, not merely skipped the duplicates'.
+    let syncs = log.stats().syncs;
+    assert!(syncs < 1200, "group commit shares syncs: {syncs} fdatasyncs for 1600 events");
     drop(log);
     assert!(segments(dir.path()).len() > 1, "rotation happened");
     assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
@@ -298,7 +301,7 @@ fn appends_overwrite_pre_written_space_and_zeros_end_every_segment() {
     let dir = tempfile::tempdir().unwrap();
     let size = |p: &Path| std::fs::metadata(p).unwrap().len();
     {
-        let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10 });
+        let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10, ..Default::default() });
         fill(&log, 3);
         let seg = &segments(dir.path())[0];
         let before = size(seg);
@@ -317,7 +320,7 @@ fn appends_overwrite_pre_written_space_and_zeros_end_every_segment() {
         assert!(bytes.len() as u64 <= 256 << 10, "{} is {} bytes", seg.display(), bytes.len());
     }
     assert!(verify::verify(dir.path(), pinned()).unwrap().ok());
-    let (log, report) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10 });
+    let (log, report) = open(dir.path(), LogOptions { max_segment_bytes: 256 << 10, ..Default::default() });
     assert_eq!((report.events, report.torn), (64, None));
     assert_eq!(log.append(AppendRequest::new("a.b", "s", json!({}))).unwrap().seq, 64);
     drop(log);
@@ -476,7 +479,7 @@ fn proofs_and_checkpoints_verify_against_the_view() {
 #[test]
 fn reader_follows_a_live_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 2048 });
+    let (log, _) = open(dir.path(), LogOptions { max_segment_bytes: 2048, ..Default::default() });
     let mut reader = LogReader::open(dir.path()).unwrap();
     assert_eq!(reader.view().len(), 1);
     fill(&log, 30);

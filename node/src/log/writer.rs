@@ -1,14 +1,17 @@
 //! Group commit: many appenders, one fdatasync.
 //!
-//! Two threads form a pipeline. The *sequencer* drains every waiting request, checks
-//! ids and expected seqs, and builds and hashes the envelopes, which chains them; the
-//! batch's signatures are then made on the rayon pool while the sequencer goes on with
-//! the next batch (signing is most of the CPU an event costs, and it needs only the
-//! hash). Batches whose signatures are back are written in order, as many as are ready
-//! with one `write`. The *syncer* takes every written batch, calls `fdatasync` once for
-//! all of them, and only then publishes the events to readers and answers the
-//! appenders. While one batch syncs, the next ones are being signed and written, so the
-//! disk and the CPUs work at the same time.
+//! Threads form a pipeline. The *sequencer* drains every waiting request, checks ids
+//! and expected seqs, and builds and hashes the envelopes, which chains them; the
+//! batch's signatures are then made by the *signer* threads while the sequencer goes
+//! on with the next batch (signing is most of the CPU an event costs, and it needs only
+//! the hash). Signers do nothing else and sleep on their channels when idle: on the
+//! rayon pool, shared with other work, signing took more CPU (idle workers spin) and
+//! gave fewer appends per second at 256 appenders (docs/benchmarks.md). Batches whose
+//! signatures are all back are written in order, as many as are ready with one
+//! `write`. The *syncer* takes every written batch, calls `fdatasync` once for all of
+//! them, and only then publishes the events to readers and answers the appenders.
+//! While one batch syncs, the next ones are being signed and written, so the disk and
+//! the CPUs work at the same time.
 //!
 //! An fsync error stops the writer for good: after a failed fsync the kernel may have
 //! dropped dirty pages, so nothing written since the last good sync can be vouched for;
@@ -29,7 +32,6 @@ use crate::fsutil;
 use crate::identity::Identity;
 use rand_chacha::ChaCha12Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
-use rayon::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -37,14 +39,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
+use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Most requests folded into one batch; bounds latency and memory per sync.
 const MAX_BATCH: usize = 8192;
-/// A signing job splits its batch over the pool from this many records on: one
-/// signature takes tens of µs, far more than handing one to another thread.
-const PARALLEL_SIGN_MIN: usize = 2;
+/// Fewest records a signer is handed: one signature takes tens of µs, far more than
+/// handing records to another thread.
+const SIGN_CHUNK_MIN: usize = 2;
 /// Pre-written space grows by the segment's current size, within these bounds.
 const GROW_MIN: u64 = 64 << 10;
 const GROW_MAX: u64 = 4 << 20;
@@ -55,7 +58,7 @@ static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 pub(crate) struct Clock {
     sequence: AtomicU64,
     sign: AtomicU64,
-    pool_sign: AtomicU64,
+    signers: AtomicU64,
     write: AtomicU64,
     sync: AtomicU64,
     ack: AtomicU64,
@@ -75,7 +78,7 @@ impl Clock {
         WriterTimes {
             sequence_ns: get(&self.sequence),
             sign_ns: get(&self.sign),
-            pool_sign_ns: get(&self.pool_sign),
+            signers_ns: get(&self.signers),
             write_ns: get(&self.write),
             sync_ns: get(&self.sync),
             ack_ns: get(&self.ack),
@@ -94,30 +97,77 @@ pub(crate) struct Request {
 /// What the sequencer thread receives.
 pub(crate) enum Input {
     Append(Request),
-    /// A signing job's result for batch `batch`, one signature per record in order.
+    /// A signer's signatures for records `start..` of batch `batch`, in order.
     Signed {
         batch: u64,
+        start: usize,
         sigs: Vec<[u8; SIG_LEN]>,
     },
     /// The log is being closed: finish what is in flight, then stop.
     Close,
 }
 
-/// Signs a batch on the rayon pool while the sequencer goes on with the next one.
-fn spawn_signing(key: &Arc<Identity>, b: &InFlight, tx: &Sender<Input>, shared: &Arc<Shared>) {
-    let hashes: Vec<Hash> = b.pending.iter().map(|p| p.ev.hash).collect();
-    let (key, tx, shared, batch) = (key.clone(), tx.clone(), shared.clone(), b.id);
-    rayon::spawn(move || {
-        let t = Instant::now();
-        let sign = |h: &Hash| key.sign(&record::signing_message(h));
-        let sigs = if hashes.len() >= PARALLEL_SIGN_MIN {
-            hashes.par_iter().map(sign).collect()
-        } else {
-            hashes.iter().map(sign).collect()
-        };
-        Clock::lap(&shared.clock.pool_sign, t);
-        let _ = tx.send(Input::Signed { batch, sigs });
-    });
+/// Records of one batch for one signer to sign.
+struct SignJob {
+    batch: u64,
+    start: usize,
+    hashes: Vec<Hash>,
+}
+
+/// Threads that only sign, each fed its own share of every batch.
+pub(crate) struct Signers {
+    jobs: Vec<Sender<SignJob>>,
+    /// Where the next batch's first share goes, so small batches spread over all signers.
+    next: usize,
+}
+
+impl Signers {
+    /// Starts `count` signer threads (at least one) that answer on `to_sequencer`; each
+    /// stops once the sequencer drops its `Signers`.
+    pub fn start(
+        count: usize,
+        key: &Identity,
+        to_sequencer: &Sender<Input>,
+        shared: &Arc<Shared>,
+    ) -> std::io::Result<(Signers, Vec<JoinHandle<()>>)> {
+        let key = Arc::new(key.clone());
+        let mut jobs = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..count.max(1) {
+            let (tx, rx) = std::sync::mpsc::channel::<SignJob>();
+            let (key, out, shared) = (key.clone(), to_sequencer.clone(), shared.clone());
+            let run = move || {
+                for job in rx {
+                    let t = Instant::now();
+                    let sigs = job.hashes.iter().map(|h| key.sign(&record::signing_message(h))).collect();
+                    Clock::lap(&shared.clock.signers, t);
+                    if out.send(Input::Signed { batch: job.batch, start: job.start, sigs }).is_err() {
+                        return;
+                    }
+                }
+            };
+            threads.push(std::thread::Builder::new().name(format!("log-signer-{i}")).spawn(run)?);
+            jobs.push(tx);
+        }
+        Ok((Signers { jobs, next: 0 }, threads))
+    }
+
+    /// Hands the batch's records to the signers in contiguous shares.
+    fn sign(&mut self, b: &InFlight) {
+        let n = b.pending.len();
+        let shares = (n / SIGN_CHUNK_MIN).clamp(1, self.jobs.len());
+        let (base, extra) = (n / shares, n % shares);
+        let mut start = 0;
+        for i in 0..shares {
+            let len = base + usize::from(i < extra);
+            let hashes = b.pending[start..start + len].iter().map(|p| p.ev.hash).collect();
+            let signer = (self.next + i) % self.jobs.len();
+            // A signer only stops when these senders are dropped, so this cannot fail.
+            let _ = self.jobs[signer].send(SignJob { batch: b.id, start, hashes });
+            start += len;
+        }
+        self.next = (self.next + shares) % self.jobs.len();
+    }
 }
 
 /// An append request checked and encoded on the appender's own thread, so that the
@@ -233,14 +283,15 @@ struct InFlight {
     pending: Vec<Pending>,
     /// Duplicates, answered after this batch's sync.
     replies: Vec<(Reply, Result<Appended, AppendError>)>,
-    sigs: Option<Vec<[u8; SIG_LEN]>>,
+    /// One per pending record, filled in as the signers answer.
+    sigs: Vec<[u8; SIG_LEN]>,
+    unsigned: usize,
 }
 
 impl Sequencer {
     /// Takes requests and signatures from `rx` until [`Input::Close`], then finishes
-    /// what it holds. `tx` is `rx`'s own sender, for the signing jobs to answer on.
-    pub fn run(mut self, rx: Receiver<Input>, tx: Sender<Input>, to_syncer: Sender<Batch>) {
-        let key = Arc::new(self.key.clone());
+    /// what it holds. `signers` answer on `rx`.
+    pub fn run(mut self, rx: Receiver<Input>, mut signers: Signers, to_syncer: Sender<Batch>) {
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
         let mut next_id = 0u64;
         let mut closing = false;
@@ -251,10 +302,11 @@ impl Sequencer {
             while let Some(m) = input.take() {
                 match m {
                     Input::Append(r) => reqs.push(r),
-                    Input::Signed { batch, sigs } => {
+                    Input::Signed { batch, start, sigs } => {
                         // Batches that failed meanwhile are gone; their signatures are dropped.
                         if let Some(b) = inflight.iter_mut().find(|b| b.id == batch) {
-                            b.sigs = Some(sigs);
+                            b.sigs[start..start + sigs.len()].copy_from_slice(&sigs);
+                            b.unsigned -= sigs.len();
                         }
                     }
                     Input::Close => closing = true,
@@ -267,15 +319,14 @@ impl Sequencer {
                 && let Some(mut b) = self.sequence_batch(reqs, next_id)
             {
                 next_id += 1;
-                if b.pending.is_empty() {
-                    b.sigs = Some(Vec::new());
-                } else if b.pending.len() == 1 && inflight.is_empty() {
+                if b.pending.len() == 1 && inflight.is_empty() {
                     // A lone append: handing it to another thread would only add latency.
                     let t = Instant::now();
-                    b.sigs = Some(vec![key.sign(&record::signing_message(&b.pending[0].ev.hash))]);
+                    b.sigs[0] = self.key.sign(&record::signing_message(&b.pending[0].ev.hash));
+                    b.unsigned = 0;
                     Clock::lap(&self.shared.clock.sign, t);
-                } else {
-                    spawn_signing(&key, &b, &tx, &self.shared);
+                } else if b.unsigned > 0 {
+                    signers.sign(&b);
                 }
                 inflight.push_back(b);
             }
@@ -316,13 +367,14 @@ impl Sequencer {
         if pending.is_empty() && replies.is_empty() {
             return None;
         }
-        Some(InFlight { id, start_seq, start_prev, pending, replies, sigs: None })
+        let n = pending.len();
+        Some(InFlight { id, start_seq, start_prev, pending, replies, sigs: vec![[0; SIG_LEN]; n], unsigned: n })
     }
 
     /// Writes every batch at the front of `inflight` whose signatures are back, with one
     /// `write`, and returns them as one batch for the syncer.
     fn write_ready(&mut self, inflight: &mut VecDeque<InFlight>) -> Option<Batch> {
-        let ready = inflight.iter().take_while(|b| b.sigs.is_some()).count();
+        let ready = inflight.iter().take_while(|b| b.unsigned == 0).count();
         if ready == 0 {
             return None;
         }
@@ -333,7 +385,7 @@ impl Sequencer {
         }
         let t0 = Instant::now();
         let group: Vec<InFlight> = inflight.drain(..ready).collect();
-        let records = || group.iter().flat_map(|b| b.pending.iter().zip(b.sigs.iter().flatten()));
+        let records = || group.iter().flat_map(|b| b.pending.iter().zip(&b.sigs));
         let bytes: usize = records().map(|(p, _)| record::framed_len(&p.ev.envelope)).sum();
         let new_segment = match records().next() {
             Some((first, _)) => match self.rotate_if_full(first.ev.seq, bytes as u64) {
@@ -475,6 +527,7 @@ impl Sequencer {
         if self.seg_len == 0 || self.seg_len + batch_bytes <= self.max_segment {
             return Ok(None);
         }
+        self.shared.count_sync();
         self.file.sync_data()?;
         let path = self.dir.join(segment::segment_name(first_seq));
         let file = OpenOptions::new().create_new(true).read(true).write(true).open(&path)?;
@@ -519,13 +572,13 @@ pub(crate) fn run_syncer(rx: Receiver<Batch>, shared: Arc<Shared>, to_indexer: S
                 result = Err(std::io::Error::new(kind, "injected fdatasync failure"));
                 break;
             }
+            shared.count_sync();
             if let Err(e) = b.file.sync_data() {
                 result = Err(e);
                 break;
             }
             synced.push(ptr);
         }
-        shared.count_sync();
         let t1 = Clock::lap(&shared.clock.sync, t0);
         shared.clock.batches.fetch_add(batches.len() as u64, Ordering::Relaxed);
         match result {

@@ -2,7 +2,7 @@
 //! print the ratio. Results go to docs/benchmarks.md by hand, with date and machine.
 //!
 //! ```text
-//! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR] [--stages]
+//! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR] [--stages] [--signers N]
 //! mindxtrain-bench train [--threads 1,2] [--steps 30] [--full] [--python target/pyenv/bin/python]
 //! ```
 //! `log`: durable appends per second (acknowledged only after fdatasync) at several
@@ -48,6 +48,9 @@ enum Cmd {
         /// Also print where our writer threads spent the time (tasks run).
         #[arg(long)]
         stages: bool,
+        /// Signer threads of our log (0: the log's default, one per CPU).
+        #[arg(long, default_value_t = 0)]
+        signers: usize,
     },
     /// CPU training steps/s vs PyTorch + PEFT (same shape, same threads).
     Train {
@@ -79,7 +82,10 @@ enum Cmd {
 fn main() -> Result<()> {
     mindxtrain_node::training::keep_freed_memory();
     match Cli::parse().cmd {
-        Cmd::Log { seconds, appenders, dir, json, stages } => bench_log(seconds, &appenders, dir, json, stages),
+        Cmd::Log { seconds, appenders, dir, json, stages, signers } => {
+            let opts = LogOptions { signers, ..LogOptions::default() };
+            bench_log(seconds, &appenders, dir, json, stages, &opts)
+        }
         Cmd::Train { threads, steps, warmup, batch, seq, full, python, script, json } => {
             let cfg = train::TrainBench {
                 threads: &threads,
@@ -101,7 +107,14 @@ fn payload(i: u64) -> serde_json::Value {
     json!({"run_id": "run-bench", "step": i, "loss": 2.3456 - (i as f64) * 1e-6, "lr": 0.0001, "tok_s": 12345.6})
 }
 
-fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: bool, stages: bool) -> Result<()> {
+fn bench_log(
+    seconds: f64,
+    appenders: &[usize],
+    dir: Option<PathBuf>,
+    as_json: bool,
+    stages: bool,
+    opts: &LogOptions,
+) -> Result<()> {
     let base = match dir {
         Some(d) => d,
         None => std::env::current_dir()?,
@@ -116,9 +129,9 @@ fn bench_log(seconds: f64, appenders: &[usize], dir: Option<PathBuf>, as_json: b
     let mut rows = Vec::new();
     let mut stage_lines = Vec::new();
     for &n in appenders {
-        let (tasks, per_sync, times) = run_ours_async(&base, n, dur)?;
+        let (tasks, per_sync, times) = run_ours_async(&base, n, dur, opts)?;
         stage_lines.push(stage_line(n, &times));
-        let (threads, _) = run_ours(&base, n, dur)?;
+        let (threads, _) = run_ours(&base, n, dur, opts)?;
         let theirs = run_sqlite(&base, n, dur)?;
         let ratio = tasks / theirs.max(1e-9);
         println!("{n:>10} {tasks:>14.0} {threads:>14.0} {theirs:>14.0} {ratio:>7.1}x {per_sync:>12.1}");
@@ -143,13 +156,13 @@ fn stage_line(n: usize, t: &StageTimes) -> String {
     let per_event = |ns: u64| ns as f64 / 1e3 / t.events.max(1) as f64;
     format!(
         "{n:>10} appenders: sequencer busy {:>3.0}% (sequence {:.2} + sign {:.2} + write {:.2} µs/event), \
-         pool signing {:.1} µs/event, syncer busy {:>3.0}% (fdatasync {:.0} µs/sync, ack {:.2} µs/event), \
+         signers {:.1} µs/event, syncer busy {:>3.0}% (fdatasync {:.0} µs/sync, ack {:.2} µs/event), \
          {:.0} events/write, process CPU {:.1} of {} cores",
         (w.sequence_ns + w.sign_ns + w.write_ns) as f64 / d * 100.0,
         per_event(w.sequence_ns),
         per_event(w.sign_ns),
         per_event(w.write_ns),
-        per_event(w.pool_sign_ns),
+        per_event(w.signers_ns),
         (w.sync_ns + w.ack_ns) as f64 / d * 100.0,
         w.sync_ns as f64 / 1e3 / t.syncs.max(1) as f64,
         per_event(w.ack_ns),
@@ -216,9 +229,9 @@ fn drive(n: usize, dur: Duration, op: impl Fn(usize, u64) -> Result<()> + Send +
     Ok(done as f64 / elapsed)
 }
 
-fn run_ours(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
+fn run_ours(base: &Path, n: usize, dur: Duration, opts: &LogOptions) -> Result<(f64, f64)> {
     let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
-    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), LogOptions::default())?;
+    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
     let log = Arc::new(log);
     let l2 = log.clone();
     let before = log.stats();
@@ -232,9 +245,9 @@ fn run_ours(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64)> {
 }
 
 /// Same measurement with `n` tokio tasks on a runtime of one worker per core.
-fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64, StageTimes)> {
+fn run_ours_async(base: &Path, n: usize, dur: Duration, opts: &LogOptions) -> Result<(f64, f64, StageTimes)> {
     let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
-    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), LogOptions::default())?;
+    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
     let log = Arc::new(log);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -278,7 +291,7 @@ fn run_ours_async(base: &Path, n: usize, dur: Duration) -> Result<(f64, f64, Sta
     let times = WriterTimes {
         sequence_ns: a.sequence_ns - b.sequence_ns,
         sign_ns: a.sign_ns - b.sign_ns,
-        pool_sign_ns: a.pool_sign_ns - b.pool_sign_ns,
+        signers_ns: a.signers_ns - b.signers_ns,
         write_ns: a.write_ns - b.write_ns,
         sync_ns: a.sync_ns - b.sync_ns,
         ack_ns: a.ack_ns - b.ack_ns,
