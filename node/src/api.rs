@@ -37,22 +37,35 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::StatusCode;
-use axum::middleware;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tower_http::timeout::TimeoutLayer;
 
 use crate::identity::Identity;
 use crate::log::EventLog;
+use crate::serve::openai::ApiError;
 use auth::Credentials;
 use metrics::Metrics;
 
-/// Largest request body the operator routes read.
+/// Largest request body any route of the node reads ([`with_limits`]).
 pub const MAX_BODY: usize = 1 << 20;
 
-/// Longest an operator request may take to its response head (streams go on after it).
+/// Longest a request may take to its response head (streams go on after it), on every
+/// route but those of [`OWN_DEADLINE`] and [`PAID_ROUTES`].
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest a paid model request may take to its response head: the generation, then the
+/// facilitator's settlement (whose own HTTP timeout is 60 s), which is better not cut short.
+pub const PAID_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Routes that bound their own time (method, route pattern): `POST /api/plans` runs the
+/// probe for the recipe's `autotune.budget_seconds` ([`plans::deadline`]).
+pub const OWN_DEADLINE: &[(&str, &str)] = &[("POST", "/api/plans")];
+
+/// Routes sold over x402 (method, route pattern): they get [`PAID_REQUEST_TIMEOUT`].
+pub const PAID_ROUTES: &[(&str, &str)] = &[("POST", "/v1/chat/completions"), ("POST", "/v1/rentals")];
 
 /// What the operator routes share.
 pub struct ApiState {
@@ -62,6 +75,8 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// The served model's id, when one is.
     pub model: Option<String>,
+    /// Whether `/facilitator/{verify,settle,supported}` are served (in-process facilitator).
+    pub facilitator: bool,
     pub started: Instant,
     pub launches: runs::Launches,
     /// On-chain receipt checks go one at a time (each may start a read-only anvil).
@@ -70,16 +85,24 @@ pub struct ApiState {
 
 impl ApiState {
     /// The state, with metrics following the log from its first event.
-    pub fn new(log: Arc<EventLog>, identity: Arc<Identity>, node_dir: PathBuf, model: Option<String>) -> Arc<Self> {
+    pub fn new(
+        log: Arc<EventLog>,
+        identity: Arc<Identity>,
+        node_dir: PathBuf,
+        model: Option<String>,
+        facilitator: bool,
+    ) -> Arc<Self> {
         let metrics = Arc::new(Metrics::default());
         metrics.follow(log.clone());
         let launches = runs::Launches::default();
         let chain_checks = tokio::sync::Mutex::new(());
-        Arc::new(ApiState { log, identity, node_dir, metrics, model, started: Instant::now(), launches, chain_checks })
+        let started = Instant::now();
+        Arc::new(ApiState { log, identity, node_dir, metrics, model, facilitator, started, launches, chain_checks })
     }
 }
 
-/// The operator routes (those of [`openapi::routes`]).
+/// The operator routes (those of [`openapi::routes`]), without limits: the server applies
+/// [`with_limits`] to the whole app once the model routes are merged in.
 pub fn router(state: Arc<ApiState>, credentials: Arc<Credentials>) -> Router {
     let (mut open, mut guarded) = (Router::new(), Router::new());
     for c in &records::COLLECTIONS {
@@ -124,10 +147,60 @@ pub fn router(state: Arc<ApiState>, credentials: Arc<Credentials>) -> Router {
         .route("/api/runs/{id}/cancel", post(runs::cancel))
         .route("/api/runs/{id}/resume", post(runs::resume))
         .route_layer(middleware::from_fn_with_state(credentials, auth::require));
-    open.merge(guarded)
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
+    open.merge(guarded).with_state(state)
+}
+
+/// `app` (every route it has now) with the request limits: bodies over [`MAX_BODY`] are
+/// refused with 413 before any handler or guard reads them, and a request that has no
+/// response head after [`REQUEST_TIMEOUT`] (or its route's own deadline) gets 408.
+pub fn with_limits(app: Router) -> Router {
+    app.layer(middleware::from_fn(deadline))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
+        .layer(middleware::from_fn(body_limit))
+}
+
+/// 413 for a declared length over [`MAX_BODY`], before anything reads the body. A body
+/// without one (chunked) meets the same limit where it is read: axum's extractors (by
+/// [`DefaultBodyLimit`]), the signed-request guard and the x402 layer (1 MiB each).
+async fn body_limit(req: Request, next: Next) -> Response {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
+    next.run(req).await
+}
+
+fn too_large() -> Response {
+    let message = format!("request body over {MAX_BODY} bytes");
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "body_too_large", message).into_response()
+}
+
+/// The time limit of a request, by its route.
+fn limit_of(method: &str, route: Option<&str>) -> Option<Duration> {
+    let is = |list: &[(&str, &str)]| route.is_some_and(|r| list.iter().any(|&(m, p)| m == method && p == r));
+    if is(OWN_DEADLINE) {
+        None
+    } else if is(PAID_ROUTES) {
+        Some(PAID_REQUEST_TIMEOUT)
+    } else {
+        Some(REQUEST_TIMEOUT)
+    }
+}
+
+/// 408 when the response head takes longer than the route's limit.
+async fn deadline(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
+    let Some(limit) = limit_of(req.method().as_str(), route.as_deref()) else { return next.run(req).await };
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => timed_out(limit),
+    }
+}
+
+/// The 408 answer after `limit`.
+pub fn timed_out(limit: Duration) -> Response {
+    let message = format!("no answer within {} s", limit.as_secs());
+    ApiError::new(StatusCode::REQUEST_TIMEOUT, "server_error", "request_timeout", message).into_response()
 }
 
 /// `app` with every request counted in `metrics` (by route pattern and status).

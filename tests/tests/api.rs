@@ -7,13 +7,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use mindxtrain_tests::mindxtrain;
-use mindxtrain_tests::served::{Server, get_json};
+use mindxtrain_tests::served::{self, Server, get_json};
 use serde_json::Value;
 
 /// `mindxtrain serve` (operator API only) in a new node, with its token checked.
 struct Node {
     /// Kept for its lifetime: the node is killed when the test drops it.
-    _server: Server,
+    server: Server,
     url: String,
     token: String,
 }
@@ -27,7 +27,7 @@ impl Node {
         assert_eq!(server.started["token_file"], token_file.display().to_string());
         let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the token file is private");
-        Node { url: server.url.clone(), token: Server::token(dir), _server: server }
+        Node { url: server.url.clone(), token: Server::token(dir), server }
     }
 
     /// POSTs `body` as JSON to `path` with the token.
@@ -53,25 +53,19 @@ fn concrete(path: &str) -> String {
         .fold(path.replace("{seq}", "0"), |p, param| p.replace(param, "unknown"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_documented_route_answers_and_guards_as_documented() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(dir.path());
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-    let doc: Value = node.get(&http, "/openapi.json", false).await;
-    assert_eq!(doc["openapi"], "3.1.0");
+/// Calls every route of `doc` on `url` without, with a wrong and with the right token;
+/// checks each guards as documented and exists. Returns how many were called.
+async fn walk(http: &reqwest::Client, url: &str, token: &str, doc: &Value) -> usize {
     let paths = doc["paths"].as_object().unwrap();
-    assert!(paths.len() >= 9, "{paths:?}");
-    assert!(!paths.contains_key("/v1/chat/completions"), "no model routes without a model");
     let mut checked = 0;
     for (path, methods) in paths {
         for (method, op) in methods.as_object().unwrap() {
-            let url = format!("{}{}", node.url, concrete(path));
+            let full = format!("{url}{}", concrete(path));
             let guarded = op["security"].as_array().unwrap().iter().any(|s| s.get("bearer").is_some());
             let request = |token: Option<&str>| {
                 let mut r = match method.as_str() {
-                    "get" => http.get(&url),
-                    "post" => http.post(&url),
+                    "get" => http.get(&full),
+                    "post" => http.post(&full),
                     m => panic!("{m} {path}: method not covered by this test"),
                 };
                 if let Some(t) = token {
@@ -82,7 +76,7 @@ async fn every_documented_route_answers_and_guards_as_documented() {
             };
             let anonymous = request(None).await.unwrap();
             let wrong = request(Some("mxa1.not-the-token")).await.unwrap();
-            let with_token = request(Some(&node.token)).await.unwrap();
+            let with_token = request(Some(token)).await.unwrap();
             let (a, w, t) = (anonymous.status().as_u16(), wrong.status().as_u16(), with_token.status().as_u16());
             if guarded {
                 assert_eq!((a, w), (401, 401), "{method} {path} needs the token");
@@ -101,6 +95,23 @@ async fn every_documented_route_answers_and_guards_as_documented() {
             checked += 1;
         }
     }
+    checked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_answers_and_guards_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let doc: Value = node.get(&http, "/openapi.json", false).await;
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 9, "{paths:?}");
+    assert!(!paths.contains_key("/v1/chat/completions"), "no model routes without a model");
+    for ui in ["/", "/ui/", "/ui/app.js", "/ui/app.css"] {
+        assert!(paths.contains_key(ui), "{ui} is documented");
+    }
+    let checked = walk(&http, &node.url, &node.token, &doc).await;
     assert!(checked >= 10, "{checked} routes checked");
 
     // An ed25519-signed request (here with the node's own key) passes the same guard, once.
@@ -147,6 +158,86 @@ async fn every_documented_route_answers_and_guards_as_documented() {
     // Undocumented paths are 404, even with the token.
     let r = http.get(format!("{}/api/nothing", node.url)).bearer_auth(&node.token).send().await.unwrap();
     assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_routes_answer_as_documented_on_a_serving_node() {
+    let t = served::trained(1);
+    let dir = served::new_node(&t, "server");
+    let server = Server::start(&dir, &t, &["--free"]);
+    let token = Server::token(&dir);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let doc = get_json(&http, &format!("{}/openapi.json", server.url), None).await;
+    let paths = doc["paths"].as_object().unwrap();
+    for model_route in ["/v1/models", "/v1/models/{id}", "/v1/chat/completions", "/v1/rentals", "/v1/rentals/{id}"] {
+        assert!(paths.contains_key(model_route), "{model_route} is documented when a model is served");
+    }
+    assert!(!paths.contains_key("/facilitator/settle"), "served for free: no facilitator");
+    let checked = walk(&http, &server.url, &token, &doc).await;
+    assert!(checked >= 15, "{checked} routes checked");
+    // The limits cover the model routes too.
+    let big = vec![b' '; (1 << 20) + 1];
+    let r = http.post(format!("{}/v1/chat/completions", server.url)).body(big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let http = reqwest::Client::new();
+    let size = |http: &reqwest::Client| {
+        let url = format!("{}/readyz", node.url);
+        let http = http.clone();
+        async move { get_json(&http, &url, None).await["log_size"].as_u64().unwrap() }
+    };
+    let before = size(&http).await;
+    let yaml = "#".repeat((1 << 20) + 16);
+    for path in ["/api/recipes", "/api/log/checkpoints", "/api/runs"] {
+        let r = node.post(&http, path, serde_json::json!({"yaml": yaml, "name": "big.yaml"})).await.unwrap();
+        assert_eq!(r.status(), 413, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+    }
+    assert_eq!(get_json(&http, &format!("{}/healthz", node.url), None).await["status"], "ok");
+    assert_eq!(size(&http).await, before, "nothing was appended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_the_run_closes_the_log_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path());
+    let http = reqwest::Client::new();
+    let r = node.post(&http, "/api/runs", serde_json::json!({"recipe": "tiny_cpu_pretrain.yaml"})).await.unwrap();
+    assert_eq!(r.status(), 202);
+    let launched: Value = r.json().await.unwrap();
+    let status_url = format!("{}/api/runs/{}", node.url, launched["id"].as_str().unwrap());
+    let st = wait_for(&http, &status_url, |s| s["phase"] == "training" && s["step"].as_u64() >= Some(2)).await;
+    let out_dir = std::path::PathBuf::from(st["out_dir"].as_str().unwrap());
+
+    let pid = node.server.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut exited = None;
+    for _ in 0..1200 {
+        if let Some(status) = node.server.child.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = exited.expect("serve exits within 120 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "a clean exit");
+
+    // The log (no longer locked) verifies and tells the run's end; the cancel checkpointed.
+    let verify = mindxtrain(dir.path(), &["log", "verify"]).output().unwrap();
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let shown = served::ok(mindxtrain(dir.path(), &["--json", "log", "show"]).output().unwrap());
+    let events = shown.as_array().unwrap();
+    let run_id = events.iter().find(|e| e["kind"] == "run.started").expect("run.started")["subject"].clone();
+    let of_run = |kind: &str| events.iter().filter(|e| e["kind"] == kind && e["subject"] == run_id).count();
+    assert_eq!(of_run("run.cancelled"), 1, "{events:?}");
+    assert!(of_run("checkpoint.saved") >= 1, "{events:?}");
+    assert!(out_dir.join("checkpoints").read_dir().unwrap().next().is_some(), "checkpointed when stopped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,6 +382,32 @@ async fn a_run_is_launched_cancelled_resumed_and_sealed_over_the_api() {
     assert_eq!(done["run_id"], run_id.as_str(), "the same run");
     assert_eq!(done["step"], done["total_steps"]);
     assert!(std::path::Path::new(done["manifest"].as_str().unwrap()).is_file());
+
+    // Metrics follow the run from the log (a fold, a moment behind): its last recorded step,
+    // loss, lr and throughput; the log's syncs.
+    let series = |name: &str| format!("{name}{{run_id=\"{run_id}\"}} ");
+    let mut text = String::new();
+    for _ in 0..100 {
+        let r = http.get(format!("{}/metrics", node.url)).bearer_auth(&node.token).send().await.unwrap();
+        text = r.text().await.unwrap();
+        if text.contains(&series("mindxtrain_train_step")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let value = |name: &str| -> f64 {
+        let line = text.lines().find_map(|l| l.strip_prefix(series(name).as_str()));
+        line.unwrap_or_else(|| panic!("no {name} of {run_id} in {text}")).parse().unwrap()
+    };
+    let step = value("mindxtrain_train_step");
+    assert!(step > stopped_at as f64 && step <= done["total_steps"].as_f64().unwrap(), "step {step}: {text}");
+    let loss = value("mindxtrain_train_loss");
+    assert!(loss.is_finite() && loss > 0.0 && loss < 20.0, "loss {loss}");
+    let lr = value("mindxtrain_train_lr");
+    assert!(lr.is_finite() && (0.0..1.0).contains(&lr), "lr {lr}");
+    assert!(value("mindxtrain_train_tokens_per_second") > 0.0, "{text}");
+    let syncs: u64 = text.lines().find_map(|l| l.strip_prefix("mindxtrain_log_syncs_total ")).unwrap().parse().unwrap();
+    assert!(syncs > 0, "{text}");
 
     // The run's live stream saw its whole story, in order.
     let mut seen = String::new();

@@ -19,6 +19,9 @@ pub enum Access {
     Token,
     /// x402 payment (or a rental token), when the model is sold.
     Paid,
+    /// Anyone, though it changes state: an x402 facilitator verifies and settles EIP-3009
+    /// authorizations that the payer signed, so the signature is the authorization.
+    Facilitator,
 }
 
 /// One documented route.
@@ -36,7 +39,10 @@ const fn route(method: &'static str, path: &'static str, access: Access, summary
 
 /// The operator API: always served.
 pub const OPERATOR: &[RouteDoc] = &[
-    route("get", "/ui/", Access::Open, "The Coach web UI (also at /, redirected)"),
+    route("get", "/", Access::Open, "Redirects to the Coach web UI (/ui/)"),
+    route("get", "/ui/", Access::Open, "The Coach web UI"),
+    route("get", "/ui/app.js", Access::Open, "The web UI's script"),
+    route("get", "/ui/app.css", Access::Open, "The web UI's style sheet"),
     route("get", "/healthz", Access::Open, "Liveness: the process answers"),
     route("get", "/readyz", Access::Open, "Readiness: 503 once the log's writer has stopped"),
     route("get", "/openapi.json", Access::Open, "This document"),
@@ -51,7 +57,12 @@ pub const OPERATOR: &[RouteDoc] = &[
     route("post", "/api/recipes", Access::Token, "Register a recipe (recipe.registered; kept by its blake3)"),
     route("get", "/api/recipes/{name}", Access::Open, "One recipe resolved with its defaults, and its text"),
     route("post", "/api/recipes/validate", Access::Open, "Check a recipe's YAML: every error with line, column, field"),
-    route("post", "/api/plans", Access::Token, "Run the AOT probe for a recipe and record the plan"),
+    route(
+        "post",
+        "/api/plans",
+        Access::Token,
+        "Run the AOT probe for a recipe and record the plan (408 after autotune.budget_seconds + 60 s)",
+    ),
     route("get", "/api/plans/{blake3}", Access::Open, "A recorded plan by its digest"),
     route("get", "/api/manifests/{run_id}/envelope", Access::Open, "A run's sealed manifest (DSSE envelope)"),
     route("get", "/api/receipts/{run_id}", Access::Open, "A run's receipt bundle, exported now"),
@@ -74,8 +85,19 @@ pub const MODEL: &[RouteDoc] = &[
     route("get", "/v1/rentals/{id}", Access::Open, "A rental's state"),
 ];
 
-/// The routes this node serves.
-pub fn routes(model: bool) -> Vec<RouteDoc> {
+/// The x402 facilitator, served beside a sold model when it settles in-process. Public by
+/// x402 design: what it settles is an EIP-3009 authorization the payer signed (amount,
+/// payee, validity window, nonce), so no bearer token is needed; `/verify` changes nothing,
+/// and `/settle` only submits what the payer authorized, once (the nonce).
+pub const FACILITATOR: &[RouteDoc] = &[
+    route("post", "/facilitator/verify", Access::Facilitator, "x402: check a payment payload against requirements"),
+    route("post", "/facilitator/settle", Access::Facilitator, "x402: settle a payer-signed EIP-3009 authorization"),
+    route("get", "/facilitator/supported", Access::Open, "x402: the schemes and networks settled here"),
+];
+
+/// The routes this node serves: the operator API, the model's when `model`, the
+/// facilitator's when `facilitator`.
+pub fn routes(model: bool, facilitator: bool) -> Vec<RouteDoc> {
     let mut all = OPERATOR.to_vec();
     for c in &super::records::COLLECTIONS {
         let access = if c.guarded { Access::Token } else { Access::Open };
@@ -83,6 +105,9 @@ pub fn routes(model: bool) -> Vec<RouteDoc> {
     }
     if model {
         all.extend_from_slice(MODEL);
+    }
+    if facilitator {
+        all.extend_from_slice(FACILITATOR);
     }
     all
 }
@@ -113,13 +138,25 @@ pub fn document(routes: &[RouteDoc]) -> Value {
                 op["x-payment"] = json!({"protocol": "x402", "versions": [2, 1], "scheme": "exact"});
                 op["responses"]["402"] = json!({"description": "payment required (PAYMENT-REQUIRED header)"});
             }
+            Access::Facilitator => {
+                op["security"] = json!([]);
+                op["description"] = json!(
+                    "Public by x402 design, the exception to state-changing routes needing the operator token: \
+                     the payload is an EIP-3009 transferWithAuthorization the payer signed (amount, payee, \
+                     validity window, single-use nonce), checked here and settled on chain as signed."
+                );
+            }
         }
         let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
         entry[r.method] = op;
     }
     json!({
         "openapi": "3.1.0",
-        "info": {"title": "mindxtrain node", "version": env!("CARGO_PKG_VERSION")},
+        "info": {"title": "mindxtrain node", "version": env!("CARGO_PKG_VERSION"),
+            "description": "Every route: bodies over 1 MiB get 413; no response head within 30 s (120 s on \
+                paid routes, the recipe's autotune budget + 60 s on POST /api/plans) gets 408. Routes that \
+                change state or reveal payer data need the bearer token, except /facilitator/verify and \
+                /facilitator/settle, public by x402 design (they act on payer-signed EIP-3009 authorizations)."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
             "description": "node-dir/api.token"}}},
         "paths": paths,
@@ -128,5 +165,5 @@ pub fn document(routes: &[RouteDoc]) -> Value {
 
 /// `GET /openapi.json`.
 pub async fn serve(State(s): State<Arc<ApiState>>) -> Json<Value> {
-    Json(document(&routes(s.model.is_some())))
+    Json(document(&routes(s.model.is_some(), s.facilitator)))
 }

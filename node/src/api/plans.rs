@@ -1,8 +1,13 @@
 //! AOT plans over HTTP: the probe run for a recipe (within its `autotune.budget_seconds`),
 //! the plan written under `node-dir/plans/` and recorded as `plan.emitted`; a recorded plan
 //! read back by its digest.
+//!
+//! The probe runs on a blocking thread, and the request is bounded by [`deadline`] (the
+//! recipe's budget and a margin for loading the model) instead of the 30 s every other
+//! operator request gets.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -16,8 +21,18 @@ use super::records::{seqs_of, unreadable};
 use crate::serve::openai::ApiError;
 use crate::training::{self, PLAN_EMITTED};
 
+/// Time a probe may take beyond the recipe's `autotune.budget_seconds`: loading the model
+/// and data, a first untimed step on a GPU, writing and recording the plan.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(60);
+
+/// How long `POST /api/plans` waits for the probe of a recipe with this budget.
+pub fn deadline(budget_seconds: u32) -> Duration {
+    Duration::from_secs(u64::from(budget_seconds)) + DEADLINE_MARGIN
+}
+
 /// `POST /api/plans`: `{recipe}` or `{yaml, name}` → the probe measured now, answered with
-/// the plan and its digest once recorded.
+/// the plan and its digest once recorded (201); 408 when it takes longer than [`deadline`]
+/// (the probe still finishes, and its plan is recorded as `plan.emitted`).
 pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) -> Response {
     let (_, src, loaded) = match req.load(&s.node_dir) {
         Ok(r) => r,
@@ -30,7 +45,8 @@ pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>)
     let dir = s.node_dir.clone();
     let log = s.log.clone();
     let file = dir.join("plans").join(format!("{}-{}.plan.json", loaded.recipe.meta.run_name, hex::encode(random)));
-    let measured = tokio::task::spawn_blocking(move || {
+    let limit = deadline(loaded.recipe.autotune.budget_seconds);
+    let probe = tokio::task::spawn_blocking(move || {
         let recipe_dir = dir.join("recipes");
         std::fs::create_dir_all(&recipe_dir).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir.join("plans")).map_err(|e| e.to_string())?;
@@ -39,8 +55,10 @@ pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>)
             crate::fsutil::write_new_durably(&kept, src.as_bytes(), 0o644).map_err(|e| e.to_string())?;
         }
         training::measure_and_record_plan(&log, &loaded, &recipe_dir, &file).map_err(|e| e.to_string())
-    })
-    .await;
+    });
+    let Ok(measured) = tokio::time::timeout(limit, probe).await else {
+        return super::timed_out(limit);
+    };
     match measured {
         Ok(Ok(p)) => {
             let plan: Value = serde_json::from_slice(&p.bytes).unwrap_or(Value::Null);

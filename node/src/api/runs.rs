@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -69,6 +71,8 @@ pub struct Launch {
     plan: PathBuf,
     /// The log's size when the run was launched: its events come after.
     first_seq: u64,
+    /// The thread training it (the latest, after a resume).
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Launch {
@@ -85,6 +89,8 @@ impl Launch {
 #[derive(Default)]
 pub struct Launches {
     by_id: Mutex<BTreeMap<String, Arc<Launch>>>,
+    /// Set at shutdown: nothing is launched or resumed any more.
+    closed: AtomicBool,
 }
 
 impl Launches {
@@ -101,13 +107,55 @@ impl Launches {
         Some([launch.status().out_dir, launch.plan.clone(), recipe])
     }
 
-    fn running(&self) -> Option<String> {
-        lock(&self.by_id)
-            .values()
-            .map(|l| l.status())
-            .find(|s| matches!(s.phase, Phase::Planning | Phase::Training | Phase::Sealing))
-            .map(|s| s.id)
+    /// For shutdown: refuses launches and resumes from now on, and asks every going run to
+    /// stop after its current step, as `POST /api/runs/{id}/cancel` does (a checkpoint, then
+    /// `run.cancelled`). Returns the ids of the runs asked.
+    pub fn close(&self) -> Vec<String> {
+        let all = lock(&self.by_id);
+        self.closed.store(true, Ordering::Release);
+        let mut asked = Vec::new();
+        for l in all.values().filter(|l| going(l.status().phase)) {
+            l.cancel.store(true, Ordering::Release);
+            asked.push(l.status().id);
+        }
+        asked
     }
+
+    /// Waits up to `limit` for every run's thread to end (the log's last events of them
+    /// written); true when all have.
+    pub async fn finished(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let busy = lock(&self.by_id)
+                .values()
+                .any(|l| going(l.status().phase) || lock(&l.thread).as_ref().is_some_and(|t| !t.is_finished()));
+            if !busy {
+                for l in lock(&self.by_id).values() {
+                    if let Some(t) = lock(&l.thread).take() {
+                        let _ = t.join();
+                    }
+                }
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn shutting_down() -> ApiError {
+        let message = "the node is shutting down";
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", message)
+    }
+
+    fn running(&self) -> Option<String> {
+        lock(&self.by_id).values().map(|l| l.status()).find(|s| going(s.phase)).map(|s| s.id)
+    }
+}
+
+fn going(phase: Phase) -> bool {
+    matches!(phase, Phase::Planning | Phase::Training | Phase::Sealing)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -122,6 +170,9 @@ pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) 
         Ok(r) => r,
         Err(rejected) => return rejected.into_response(),
     };
+    if s.launches.closed.load(Ordering::Acquire) {
+        return Launches::shutting_down().into_response();
+    }
     if let Some(other) = s.launches.running() {
         let message = format!("run {other} is going; cancel it or wait (one run at a time)");
         return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "run_in_progress", message)
@@ -153,6 +204,7 @@ pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) 
         source: (name, src),
         plan: s.node_dir.join("plans").join(format!("{id}.plan.json")),
         first_seq: s.log.len(),
+        thread: Mutex::new(None),
     });
     lock(&s.launches.by_id).insert(id, launch.clone());
     start(&s, launch.clone(), loaded, false);
@@ -160,15 +212,21 @@ pub async fn launch(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>) 
 }
 
 fn start(s: &Arc<ApiState>, launch: Arc<Launch>, loaded: LoadedRecipe, resume: bool) {
-    let s = s.clone();
-    std::thread::spawn(move || {
-        let outcome = execute(&s, &launch, loaded, resume);
-        launch.update(|st| match outcome {
+    let state = s.clone();
+    let run = launch.clone();
+    let thread = std::thread::spawn(move || {
+        let outcome = execute(&state, &run, loaded, resume);
+        run.update(|st| match outcome {
             Ok(manifest) => (st.phase, st.manifest) = (Phase::Finished, Some(manifest)),
             Err(RunFailure::Cancelled) => st.phase = Phase::Cancelled,
             Err(RunFailure::Failed(e)) => (st.phase, st.error) = (Phase::Failed, Some(e)),
         });
     });
+    *lock(&launch.thread) = Some(thread);
+    // Launched as shutdown began: it stops at its first step, like the others.
+    if s.launches.closed.load(Ordering::Acquire) {
+        launch.cancel.store(true, Ordering::Release);
+    }
 }
 
 enum RunFailure {
@@ -304,6 +362,9 @@ pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> R
     if !matches!(phase, Phase::Cancelled | Phase::Failed) {
         let message = format!("run {id} is {phase:?}: only a cancelled or failed run resumes");
         return Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "not_resumable", message));
+    }
+    if s.launches.closed.load(Ordering::Acquire) {
+        return Err(Launches::shutting_down());
     }
     if let Some(other) = s.launches.running() {
         let message = format!("run {other} is going; one run at a time");

@@ -80,13 +80,14 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         _ => None,
     };
     let (log, id, _) = node::open(node_dir).with_context(|| format!("opening the node at {}", node_dir.display()))?;
+    let log = Arc::new(log);
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async {
         let sale = match &model {
             Some((_, loaded)) if !args.free => sale(loaded, &args).await?,
             _ => None,
         };
-        let node = NodeParts { log: Arc::new(log), id: Arc::new(id), dir: node_dir.to_path_buf() };
+        let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
         let running = start(node, model.map(|(m, _)| m), sale, args.listen).await?;
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
@@ -100,13 +101,51 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
                     }
                     None => "the operator API".into(),
                 };
-                format!("serving {what} at {}; operator token in {}; Ctrl-C stops", running.url, token_file.display())
+                format!(
+                    "serving {what} at {}; operator token in {}; Ctrl-C or SIGTERM stops",
+                    running.url,
+                    token_file.display()
+                )
             },
         );
-        tokio::signal::ctrl_c().await?;
+        let signal = shutdown_signal().await?;
+        tracing::warn!(signal, "shutdown: signal received");
         running.stop().await;
-        anyhow::Ok(ExitCode::SUCCESS)
+        anyhow::Ok(())
+    });
+    // What is left on the runtime (the metrics' fold of the log, idle tasks) lets go of the log.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    served?;
+    close_log(log);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM; returns its name.
+async fn shutdown_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
     })
+}
+
+/// Closes the log: its writer answers every queued append and syncs before this returns.
+fn close_log(log: Arc<EventLog>) {
+    match Arc::try_unwrap(log) {
+        Ok(log) => {
+            let events = log.len();
+            drop(log);
+            tracing::warn!(events, "shutdown: log closed");
+        }
+        Err(log) => {
+            tracing::warn!(
+                events = log.len(),
+                "shutdown: the log is still held (a probe still running?); closed at exit"
+            )
+        }
+    }
 }
 
 fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
@@ -136,6 +175,8 @@ pub struct Running {
     pub url: String,
     /// The model routes' state, when a model is served.
     pub state: Option<Arc<AppState>>,
+    /// The operator routes' state (the runs launched over the API).
+    pub api: Arc<ApiState>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -151,11 +192,12 @@ pub async fn start(
     if created {
         tracing::info!(file = %node.dir.join(api::auth::TOKEN_FILE).display(), "created the operator token");
     }
-    let api_state =
-        ApiState::new(node.log.clone(), node.id.clone(), node.dir.clone(), model.as_ref().map(|m| m.name.clone()));
+    let model_name = model.as_ref().map(|m| m.name.clone());
+    let facilitator = model.is_some() && sale.as_ref().is_some_and(|s| s.facilitator_routes);
+    let api_state = ApiState::new(node.log.clone(), node.id.clone(), node.dir.clone(), model_name, facilitator);
     let metrics = api_state.metrics.clone();
     let keys = api::signed::Keyring::load(&node.dir, &node.id).map_err(anyhow::Error::msg)?;
-    let mut app = api::router(api_state, Arc::new(api::auth::Credentials { token, keys }));
+    let mut app = api::router(api_state.clone(), Arc::new(api::auth::Credentials { token, keys }));
     let state = match model {
         Some(model) => {
             let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
@@ -165,7 +207,8 @@ pub async fn start(
         }
         None => None,
     };
-    let app = api::with_metrics(app, metrics);
+    // The limits (body size, time to the response head) cover every route, the model's too.
+    let app = api::with_metrics(api::with_limits(app), metrics);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, rx) = tokio::sync::oneshot::channel::<()>();
@@ -176,17 +219,45 @@ pub async fn start(
             })
             .await
     });
-    Ok(Running { url, state, shutdown, task })
+    Ok(Running { url, state, api: api_state, shutdown, task })
 }
 
+/// How long a shutdown waits for a run launched over the API to stop after its current
+/// step (a checkpoint, then `run.cancelled`; a run still planning finishes its probe first).
+pub const RUN_STOP_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Running {
-    /// Stops admitting, lets running completions finish (up to a limit), and returns.
+    /// The graceful shutdown: stops accepting connections and admitting completions, asks a
+    /// run launched over the API to stop as its cancel route does, lets in-flight requests
+    /// finish (up to [`serve::DRAIN_TIMEOUT`]), then waits for the run's thread (up to
+    /// [`RUN_STOP_TIMEOUT`]). The log is the caller's to close after.
     pub async fn stop(self) {
         if let Some(s) = &self.state {
             s.admission.close();
         }
+        let cancelled = self.api.launches.close();
+        for run in &cancelled {
+            tracing::warn!(run, "shutdown: cancelling the run (a checkpoint, then run.cancelled)");
+        }
         let _ = self.shutdown.send(());
-        let _ = tokio::time::timeout(serve::DRAIN_TIMEOUT, self.task).await;
+        tracing::warn!(
+            limit_s = serve::DRAIN_TIMEOUT.as_secs(),
+            "shutdown: not accepting; draining in-flight requests"
+        );
+        match tokio::time::timeout(serve::DRAIN_TIMEOUT, self.task).await {
+            Ok(_) => tracing::warn!("shutdown: requests drained"),
+            Err(_) => tracing::warn!("shutdown: requests still open after the drain timeout are dropped"),
+        }
+        if !cancelled.is_empty() {
+            tracing::warn!(limit_s = RUN_STOP_TIMEOUT.as_secs(), "shutdown: waiting for the run to stop");
+        }
+        if self.api.launches.finished(RUN_STOP_TIMEOUT).await {
+            if !cancelled.is_empty() {
+                tracing::warn!("shutdown: runs stopped");
+            }
+        } else {
+            tracing::error!("shutdown: a run did not stop in time; its last step is not checkpointed");
+        }
     }
 }
 
