@@ -31,6 +31,7 @@ pub use measure::{
 use mindxtrain_kernels::attention::AttentionKernels;
 use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 use thiserror::Error;
 
@@ -159,6 +160,12 @@ pub struct Plan {
     /// The GPU GEMM algorithm of each distinct shape (empty on a CPU).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gemms: Vec<GemmMeasurement>,
+    /// Overrides of the recipe's `train.env`: a string sets or replaces a key, `null` removes
+    /// it. Applied with [`crate::recipe::apply_plan_env`], so on MI300-class hardware a plan
+    /// may retune a mandatory ROCm key but never drop or empty it. Absent in older plans
+    /// (and written only when non-empty).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, Option<String>>,
 }
 
 fn yes() -> bool {
@@ -201,6 +208,7 @@ impl Plan {
             software: concat!("mindxtrain-trainer/", env!("CARGO_PKG_VERSION")).to_string(),
             deterministic: true,
             gemms: Vec::new(),
+            env: BTreeMap::new(),
         }
     }
 
@@ -311,18 +319,20 @@ mod tests {
 
         // A plan from before these fields reads with the defaults.
         let mut v = serde_json::to_value(&p).unwrap();
-        for key in ["deterministic", "gemms"] {
+        for key in ["deterministic", "gemms", "env"] {
             v.as_object_mut().unwrap().remove(key);
         }
         v["choices"].as_object_mut().unwrap().remove("attention");
         let old = Plan::from_bytes(&serde_json::to_vec(&v).unwrap(), "p.json").unwrap();
-        assert!(old.deterministic && old.gemms.is_empty());
+        assert!(old.deterministic && old.gemms.is_empty() && old.env.is_empty());
         assert_eq!(old.choices.attention, AttentionKernels::DEFAULT);
     }
 
     #[test]
     fn round_trips_byte_for_byte() {
-        let p = plan();
+        let mut p = plan();
+        p.env.insert("NCCL_MIN_NCHANNELS".into(), Some("64".into()));
+        p.env.insert("EXTRA".into(), None);
         let bytes = p.to_bytes();
         let back = Plan::from_bytes(&bytes, "p.json").unwrap();
         assert_eq!(back, p);

@@ -38,7 +38,8 @@ use crate::events::EventSink;
 use crate::model::ModelError;
 use crate::optim::OptimError;
 use crate::plan::Plan;
-use crate::recipe::LoadedRecipe;
+use crate::recipe::{EnvOverrideError, LoadedRecipe, apply_plan_env};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -123,6 +124,10 @@ pub enum RunError {
     Tensor(#[from] candle_core::Error),
     #[error("recipe: {0}")]
     Recipe(String),
+    /// The plan's `env` overrides would drop, empty or misname a key of the recipe's
+    /// `train.env` (see [`crate::recipe::apply_plan_env`]); refused before training starts.
+    #[error(transparent)]
+    Env(#[from] EnvOverrideError),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
     #[error("recording an event failed, so the run stopped: {0}")]
@@ -140,6 +145,106 @@ pub fn train(
     observer: &mut (dyn Observer + Send),
 ) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
+    effective_env(spec)?;
     let pool = apply_plan(&spec.plan)?;
     pool.install(|| Session::open(spec, sink)?.run(sink, observer))
+}
+
+/// The environment the run asks for: the recipe's `train.env` with the plan's `env`
+/// overrides applied. A plan that would drop or empty a mandatory ROCm key on MI300-class
+/// hardware is refused ([`RunError::Env`]). The result is recorded in `run.started`; it is
+/// not exported into the trainer's own process.
+pub fn effective_env(spec: &RunSpec) -> Result<BTreeMap<String, String>, RunError> {
+    Ok(apply_plan_env(&spec.recipe.recipe, &spec.plan.env)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Discard, TrainerEvent};
+    use crate::plan::Choices;
+    use crate::recipe::Recipe;
+    use std::path::Path;
+
+    struct Collect(Vec<TrainerEvent>);
+
+    impl EventSink for Collect {
+        type Error = std::convert::Infallible;
+
+        fn emit(&mut self, event: TrainerEvent) -> Result<(), Self::Error> {
+            self.0.push(event);
+            Ok(())
+        }
+    }
+
+    fn spec(recipe: LoadedRecipe, env: &[(&str, Option<&str>)], out: &Path) -> RunSpec {
+        let mut plan = Plan::new(recipe.bytes_blake3, "cpu", Choices::unmeasured(1), vec![], 0, 0, false);
+        plan.env = env.iter().map(|(k, v)| ((*k).to_string(), v.map(str::to_string))).collect();
+        RunSpec {
+            recipe,
+            recipe_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes"),
+            plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
+            plan,
+            out_dir: out.to_path_buf(),
+            resume: false,
+            data: DataOptions::default(),
+            init_from: None,
+            eval_prompts: 1,
+        }
+    }
+
+    fn mi300() -> LoadedRecipe {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/qwen3_8b_sft_lora.yaml");
+        Recipe::from_path(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_plan_env_override_is_applied_to_the_run_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(mi300(), &[("NCCL_MIN_NCHANNELS", Some("64")), ("EXTRA_FLAG", Some("1"))], dir.path());
+        let env = effective_env(&s).unwrap();
+        assert_eq!(env["NCCL_MIN_NCHANNELS"], "64");
+        assert_eq!(env["EXTRA_FLAG"], "1");
+        assert_eq!(env["HSA_NO_SCRATCH_RECLAIM"], "1");
+        assert_eq!(env.len(), 8);
+
+        // No overrides: the recipe's env as it is.
+        let s = spec(mi300(), &[], dir.path());
+        assert_eq!(effective_env(&s).unwrap(), s.recipe.recipe.train.env);
+    }
+
+    #[test]
+    fn a_plan_that_drops_a_mandatory_env_key_is_refused_before_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        for (env, want) in [
+            (None, EnvOverrideError::RemovesMandatoryKey { key: "HSA_NO_SCRATCH_RECLAIM".into() }),
+            (Some(""), EnvOverrideError::EmptiesMandatoryKey { key: "HSA_NO_SCRATCH_RECLAIM".into() }),
+        ] {
+            let s = spec(mi300(), &[("HSA_NO_SCRATCH_RECLAIM", env)], &out);
+            let err = train(&s, &mut Discard, &mut Quiet).unwrap_err();
+            match &err {
+                RunError::Env(e) => assert_eq!(e, &want),
+                other => panic!("expected RunError::Env, got {other:?}"),
+            }
+            assert!(err.to_string().contains("mandatory ROCm env key HSA_NO_SCRATCH_RECLAIM"), "{err}");
+            assert!(!out.exists(), "nothing may be written before the refusal");
+            assert!(matches!(evaluate_checkpoint(&s, dir.path()), Err(RunError::Env(_))));
+        }
+    }
+
+    #[test]
+    fn run_started_records_the_effective_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_lora.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text
+            .replace("  log_every_steps: 10\n", "  log_every_steps: 10\n  env:\n    KEEP: \"a\"\n    GONE: \"b\"\n");
+        let recipe = Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let s = spec(recipe, &[("KEEP", Some("c")), ("GONE", None), ("NEW", Some("d"))], dir.path());
+        let mut sink = Collect(Vec::new());
+        Session::open(&s, &mut sink).unwrap();
+        let started = sink.0.iter().find(|e| e.kind == "run.started").expect("run.started");
+        assert_eq!(started.data["env"], serde_json::json!({"KEEP": "c", "NEW": "d"}));
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use common::{BASE, at, edit, errors, only_error};
 use mindxtrain_trainer::recipe::{
-    EnvOverrideError, ErrorKind, Location, Recipe, apply_plan_env, mandatory_rocm_env_keys,
+    EnvOverrideError, ErrorKind, Kto, Location, Method, MethodKind, Recipe, apply_plan_env, mandatory_rocm_env_keys,
 };
 
 fn with_billing(x402: &str) -> String {
@@ -190,6 +190,11 @@ fn plan_may_retune_but_never_drop_mandatory_env() {
     }
     let bad = apply_plan_env(&recipe, &overrides(&[("bad-key", Some("1"))])).unwrap_err();
     assert!(matches!(bad, EnvOverrideError::InvalidKey { .. }));
+    // The arch list may grow, never lose the hardware's own arch.
+    let env = apply_plan_env(&recipe, &overrides(&[("PYTORCH_ROCM_ARCH", Some("gfx90a;gfx942"))])).expect("ok");
+    assert_eq!(env["PYTORCH_ROCM_ARCH"], "gfx90a;gfx942");
+    let err = apply_plan_env(&recipe, &overrides(&[("PYTORCH_ROCM_ARCH", Some("gfx90a"))])).unwrap_err();
+    assert_eq!(err, EnvOverrideError::DropsHardwareArch { value: "gfx90a".into(), arch: "gfx942".into() });
 }
 
 #[test]
@@ -212,4 +217,101 @@ fn defaults_are_resolved_and_shown() {
     assert_eq!(shown["train"]["method"]["target_modules"].as_array().map(Vec::len), Some(7));
     assert_eq!(shown["data"]["seq_len"], 4096);
     assert_eq!(shown["receipt"]["include"][0], "recipe_hash");
+}
+
+/// `BASE` with its LoRA method replaced by `method` (indented fields after `kind`) and
+/// `data.format: {format}` inserted, which moves `train.method.kind` to line 17.
+fn with_method(method: &str, format: &str) -> String {
+    edit("    kind: lora\n    r: 16\n", method).replacen(
+        "  hf_id: HuggingFaceH4/ultrachat_200k\n",
+        &format!("  hf_id: HuggingFaceH4/ultrachat_200k\n  format: {format}\n"),
+        1,
+    )
+}
+
+#[test]
+fn kto_parses_with_its_fields_and_defaults() {
+    let src = with_method("    kind: kto\n    desirable_weight: 1.5\n", "preference");
+    let r = Recipe::from_str(&src, "x.yaml").unwrap_or_else(|e| panic!("{e}")).recipe;
+    assert_eq!(r.train.method.kind(), MethodKind::Kto);
+    assert_eq!(
+        r.train.method,
+        Method::Kto(Kto { beta: 0.1, desirable_weight: 1.5, undesirable_weight: 1.0, lora: None })
+    );
+    assert!(r.train.method.adapter().is_none());
+
+    let src = with_method("    kind: kto\n    beta: 0.3\n    undesirable_weight: 2\n    lora: {r: 8}\n", "preference");
+    let r = Recipe::from_str(&src, "x.yaml").unwrap_or_else(|e| panic!("{e}")).recipe;
+    let Method::Kto(k) = &r.train.method else { panic!("{:?}", r.train.method) };
+    assert_eq!((k.beta, k.desirable_weight, k.undesirable_weight), (0.3, 1.0, 2.0));
+    assert_eq!(k.lora.as_ref().map(|l| l.r), Some(8));
+    let shown = serde_json::to_value(&r).expect("serializes");
+    assert_eq!(shown["train"]["method"]["kind"], "kto");
+}
+
+#[test]
+fn kto_wrong_fields_are_located() {
+    let e = only_error(&with_method("    kind: kto\n    gamma: 0.5\n", "preference"));
+    assert_eq!(at(&e), (18, 5, "train.method.gamma"));
+    assert!(e.message().contains("`desirable_weight`"), "{e}");
+    assert!(e.to_string().starts_with("x.yaml:18:5 train.method.gamma: "), "{e}");
+
+    let e = only_error(&with_method("    kind: kto\n    beta: 0.1\n    undesirable_weight: high\n", "preference"));
+    assert_eq!(at(&e), (19, 5, "train.method.undesirable_weight"));
+    assert!(e.to_string().starts_with("x.yaml:19:5 train.method.undesirable_weight: expected"), "{e}");
+
+    let e = only_error(&with_method("    kind: kto\n    desirable_weight: 0\n", "preference"));
+    assert_eq!(at(&e).2, "train.method.desirable_weight");
+    assert!(e.message().contains("> 0"), "{e}");
+
+    let e = only_error(&with_method("    kind: kto\n", "chat"));
+    assert_eq!(e.path(), "data.format");
+    assert!(e.message().contains("`kind: kto` needs"), "{e}");
+}
+
+#[test]
+fn gspo_parses_with_its_fields_and_defaults() {
+    let src = with_method("    kind: gspo\n    num_generations: 8\n", "chat");
+    let r = Recipe::from_str(&src, "x.yaml").unwrap_or_else(|e| panic!("{e}")).recipe;
+    assert_eq!(r.train.method.kind(), MethodKind::Gspo);
+    let Method::Gspo(g) = &r.train.method else { panic!("{:?}", r.train.method) };
+    assert_eq!(g.num_generations, 8);
+    // Sequence-level clipping: a much smaller range than GRPO's, and no KL term by default.
+    assert_eq!((g.kl_coef, g.clip_epsilon, g.temperature), (0.0, 4e-4, 1.0));
+    assert_eq!(g.max_new_tokens, 512);
+    assert!(g.lora.is_none());
+    let shown = serde_json::to_value(&r).expect("serializes");
+    assert_eq!(shown["train"]["method"]["kind"], "gspo");
+    assert_eq!(shown["train"]["method"]["rewards"], serde_json::json!(["numeric_match", "format"]));
+
+    let src = with_method(
+        "    kind: gspo\n    clip_epsilon: 0.001\n    kl_coef: 0.01\n    rewards: [exact_match]\n    lora: {r: 8}\n",
+        "instruction",
+    );
+    let r = Recipe::from_str(&src, "x.yaml").unwrap_or_else(|e| panic!("{e}")).recipe;
+    let Method::Gspo(g) = &r.train.method else { panic!("{:?}", r.train.method) };
+    assert_eq!((g.clip_epsilon, g.kl_coef), (0.001, 0.01));
+    assert_eq!(g.lora.as_ref().map(|l| l.r), Some(8));
+    let shown = serde_json::to_value(&r).expect("serializes");
+    assert_eq!(shown["train"]["method"]["rewards"], serde_json::json!(["exact_match"]));
+}
+
+#[test]
+fn gspo_wrong_fields_are_located() {
+    let e = only_error(&with_method("    kind: gspo\n    clip_range: 0.1\n", "chat"));
+    assert_eq!(at(&e), (18, 5, "train.method.clip_range"));
+    assert!(e.message().contains("`clip_epsilon`"), "{e}");
+    assert!(e.to_string().starts_with("x.yaml:18:5 train.method.clip_range: "), "{e}");
+
+    let e = only_error(&with_method("    kind: gspo\n    num_generations: 1\n", "chat"));
+    assert_eq!(at(&e), (18, 5, "train.method.num_generations"));
+    assert_eq!(e.message(), "expected integer 2..=64, found 1");
+
+    let e = only_error(&with_method("    kind: gspo\n    rewards: [format, vibes]\n", "chat"));
+    assert_eq!((at(&e).0, at(&e).2), (18, "train.method.rewards[1]"));
+    assert!(e.message().contains("vibes"), "{e}");
+
+    let e = only_error(&with_method("    kind: gspo\n", "preference"));
+    assert_eq!(e.path(), "data.format");
+    assert!(e.message().contains("`kind: gspo` needs"), "{e}");
 }

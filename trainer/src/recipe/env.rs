@@ -29,6 +29,11 @@ pub fn mandatory_rocm_env_keys() -> &'static [&'static str] {
     &MANDATORY_ROCM_ENV_KEYS
 }
 
+/// Whether a `PYTORCH_ROCM_ARCH` value (`;`-separated) lists the hardware's arch.
+pub(crate) fn lists_arch(archs: &str, arch: &str) -> bool {
+    archs.split(';').any(|a| a.trim() == arch)
+}
+
 /// `[A-Z_][A-Z0-9_]*`: portable across shells and what ROCm/CUDA variables look like.
 pub(crate) fn is_env_key(key: &str) -> bool {
     let mut bytes = key.bytes();
@@ -75,6 +80,13 @@ pub fn apply_plan_env(
             }
             Some(v) if mandatory && v.trim().is_empty() => {
                 return Err(EnvOverrideError::EmptiesMandatoryKey { key: key.clone() });
+            }
+            // Kernels built for another arch would not load: the recipe's check, kept.
+            Some(v) if mandatory && key == "PYTORCH_ROCM_ARCH" && !lists_arch(v, &recipe.hardware.arch) => {
+                return Err(EnvOverrideError::DropsHardwareArch {
+                    value: v.clone(),
+                    arch: recipe.hardware.arch.clone(),
+                });
             }
             None => {
                 env.remove(key);

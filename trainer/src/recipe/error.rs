@@ -258,6 +258,9 @@ pub enum EnvOverrideError {
     /// The plan set a required key to the empty string, which ROCm reads as unset.
     #[error("plan sets mandatory ROCm env key {key} to an empty value, which ROCm treats as unset")]
     EmptiesMandatoryKey { key: String },
+    /// The plan's `PYTORCH_ROCM_ARCH` leaves out the recipe's `hardware.arch`.
+    #[error("plan sets PYTORCH_ROCM_ARCH to {value:?}, which leaves out the hardware's arch {arch}")]
+    DropsHardwareArch { value: String, arch: String },
     /// The plan named a key that is not a valid environment variable name.
     #[error("plan names an invalid env key {key:?}: expected [A-Z_][A-Z0-9_]*")]
     InvalidKey { key: String },

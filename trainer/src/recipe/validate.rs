@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use super::env::{is_env_key, mandatory_rocm_env_keys};
+use super::env::{is_env_key, lists_arch, mandatory_rocm_env_keys};
 use super::error::FieldPath;
 use super::publish::{Pricing, Usdc};
 use super::schema::{DataFormat, DataSource, HardwareName, ModelFamily, Recipe, Vendor};
@@ -180,7 +180,7 @@ fn hardware(c: &mut Checks, r: &Recipe) {
     }
     if let Some(archs) = r.train.env.get("PYTORCH_ROCM_ARCH")
         && !archs.is_empty()
-        && !archs.split(';').any(|a| a.trim() == hw.arch)
+        && !lists_arch(archs, &hw.arch)
     {
         c.fail("train.env.PYTORCH_ROCM_ARCH", format!("must include {} (hardware.arch), found {archs:?}", hw.arch));
     }

@@ -36,6 +36,8 @@ pub struct Session<'a> {
     /// DPO's reference policy when all weights train: a frozen copy of the starting
     /// weights (with adapters, the reference is the base with adapters off).
     reference: Option<Qwen3>,
+    /// The recipe's `train.env` with the plan's overrides applied, as `run.started` records it.
+    env: BTreeMap<String, String>,
 }
 
 fn emit(sink: &mut impl EventSink, kind: &str, run_id: &str, data: Value) -> Result<(), RunError> {
@@ -139,6 +141,7 @@ impl<'a> Session<'a> {
     /// Prepares the run, resuming when asked, and records `run.started`.
     pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
         let recipe = &spec.recipe.recipe;
+        let env = super::effective_env(spec)?;
         let out = OutDir::new(&spec.out_dir);
         std::fs::create_dir_all(out.root())
             .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
@@ -218,6 +221,7 @@ impl<'a> Session<'a> {
             cursor,
             base_files,
             reference,
+            env,
         };
         emit(
             sink,
@@ -236,6 +240,7 @@ impl<'a> Session<'a> {
             "recipe_file": self.spec.recipe.source_name,
             "plan_blake3": self.record.plan_blake3,
             "plan": self.spec.plan.choices,
+            "env": self.env,
             "method": self.method.name,
             "model": recipe.model.name,
             "dataset_blake3": self.dataset.manifest.digest(),
@@ -562,6 +567,7 @@ fn new_run_id(spec: &RunSpec) -> String {
 /// Evaluates a finished checkpoint directory (`mindxtrain eval`): base weights from the
 /// recipe (or `init_from`), plus the adapter when the directory holds one.
 pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<EvalReport, RunError> {
+    super::effective_env(spec)?;
     let pool = super::apply_plan(&spec.plan)?;
     pool.install(|| {
         let recipe = &spec.recipe.recipe;
