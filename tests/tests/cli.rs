@@ -27,6 +27,7 @@ fn init_append_show_verify_and_tamper() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mode = std::fs::metadata(dir.join("node.key")).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
+    assert_token_made_quietly(&dir, &o);
     let again = run(&dir, &["init"]);
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already a node directory"));
@@ -83,6 +84,31 @@ fn init_append_show_verify_and_tamper() {
     let w = run(&dir, &["log", "append", "--kind", "x.z"]);
     assert_eq!(w.status.code(), Some(1));
     assert_eq!(std::fs::read(&seg).unwrap(), bytes);
+}
+
+/// `init` made the operator API token: `api.token`, mode 0600, whose secret it does not print.
+fn assert_token_made_quietly(dir: &Path, init: &Output) {
+    let path = dir.join("api.token");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "api.token mode {mode:o}");
+    let token = std::fs::read_to_string(&path).unwrap();
+    let token = token.trim();
+    assert!(token.len() >= 32, "api.token holds {} bytes", token.len());
+    // Neither the whole token nor its random part appears in what init wrote.
+    let secret = token.rsplit('.').next().unwrap();
+    for shown in [&init.stdout, &init.stderr] {
+        let shown = String::from_utf8_lossy(shown);
+        assert!(!shown.contains(token) && !shown.contains(secret), "init printed the token: {shown}");
+    }
+}
+
+#[test]
+fn init_makes_the_api_token_without_printing_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    let o = run(&dir, &["init"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_token_made_quietly(&dir, &o);
 }
 
 #[test]
@@ -180,6 +206,9 @@ fn demo_runs_and_verifies_its_own_log() {
     assert_eq!(s["receipt"]["anchored"], true);
     assert_eq!(s["receipt"]["verified_on_chain"], true);
     assert!(s["receipt"]["files_checked"].as_u64().unwrap() >= 5, "{}", s["receipt"]);
+    // The whole demo fits the budget the issue sets: under 10 minutes on 2 cores.
+    let seconds = s["seconds"].as_f64().expect("the summary reports its total seconds");
+    assert!(seconds > 0.0 && seconds < 600.0, "the demo took {seconds:.1}s, over 10 minutes");
     // The kept node audits clean with the CLI too.
     let v = run(&keep, &["log", "verify", "--json"]);
     assert_eq!(json(&v)["ok"], true);

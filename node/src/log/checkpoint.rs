@@ -63,6 +63,14 @@ pub fn verifier_key(name: &str, public_key: &[u8; 32]) -> String {
     format!("{name}+{}+{}", hex::encode(key_id(name, public_key)), B64.encode(k))
 }
 
+/// A signed note: `text` (which ends in a newline), a blank line, and one signature line
+/// `— name base64(key id ‖ Ed25519 signature of text)`.
+pub(crate) fn sign_note(text: &str, name: &str, key: &Identity) -> String {
+    let mut sig = key_id(name, &key.public_bytes()).to_vec();
+    sig.extend_from_slice(&key.sign(text.as_bytes()));
+    format!("{text}\n\u{2014} {name} {}\n", B64.encode(sig))
+}
+
 impl Checkpoint {
     /// The signed part of the note.
     pub fn body(&self) -> String {
@@ -71,11 +79,7 @@ impl Checkpoint {
 
     /// The full note, signed by `key` under the checkpoint's origin as key name.
     pub fn sign(&self, key: &Identity) -> String {
-        let body = self.body();
-        let pk = key.public_bytes();
-        let mut sig = key_id(&self.origin, &pk).to_vec();
-        sig.extend_from_slice(&key.sign(body.as_bytes()));
-        format!("{body}\n\u{2014} {} {}\n", self.origin, B64.encode(sig))
+        sign_note(&self.body(), &self.origin, key)
     }
 
     /// Parses a note and checks that `public_key` signed it under the origin's name.
@@ -150,5 +154,41 @@ mod tests {
         assert_eq!(key_id("example.com/log", &pk).to_vec(), Sha256::digest(&buf)[..4].to_vec());
         let vk = verifier_key("example.com/log", &pk);
         assert!(vk.starts_with("example.com/log+"));
+    }
+
+    /// Known-answer test against the reference implementation of the signed-note spec:
+    /// the constants of golang.org/x/mod/sumdb/note's note_test.go (TestNewVerifier,
+    /// TestNewSigner, TestSign).
+    #[test]
+    fn matches_the_go_sumdb_note_test_vectors() {
+        const NAME: &str = "PeterNeumann";
+        const VERIFIER_KEY: &str = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW";
+        const SIGNER_KEY: &str = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz";
+        const TEXT: &str = "If you think cryptography is the answer to your problem,\n\
+                            then you don't know what your problem is.\n";
+        const SIGNATURE: &str =
+            "x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6RyyBwJnAM=";
+
+        // The private key is `PRIVATE+KEY+name+hash+base64(0x01 ‖ Ed25519 seed)`.
+        // (The base64 may itself contain '+', so split off the four fields before it.)
+        let encoded = SIGNER_KEY.splitn(5, '+').nth(4).unwrap();
+        let raw = B64.decode(encoded).unwrap();
+        assert_eq!((raw.len(), raw[0]), (33, ED25519_TYPE));
+        let key = Identity::from_seed(raw[1..].try_into().unwrap());
+        let pk = key.public_bytes();
+
+        // The public key derived from the seed is the one in Go's verifier key.
+        let published = B64.decode(VERIFIER_KEY.splitn(3, '+').nth(2).unwrap()).unwrap();
+        assert_eq!(published[0], ED25519_TYPE);
+        assert_eq!(published[1..], pk);
+
+        assert_eq!(hex::encode(key_id(NAME, &pk)), "c74f20a3");
+        assert_eq!(verifier_key(NAME, &pk), VERIFIER_KEY);
+
+        // Ed25519 is deterministic, so signing reproduces Go's note byte for byte.
+        let note = sign_note(TEXT, NAME, &key);
+        assert_eq!(note, format!("{TEXT}\n\u{2014} {NAME} {SIGNATURE}\n"));
+        let sig: [u8; 64] = B64.decode(SIGNATURE).unwrap()[4..].try_into().unwrap();
+        assert!(identity::verify(&key.verifying_key(), TEXT.as_bytes(), &sig));
     }
 }

@@ -253,3 +253,128 @@ fn key(tag: u8, name: &str, seq: u64) -> Vec<u8> {
     k.extend_from_slice(&(seq / BUCKET).to_be_bytes());
     k
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AppendRequest, EventLog, GENESIS_KIND, INDEX_DIR, LogOptions};
+    use super::{Query, Reconciled};
+    use crate::identity::Identity;
+    use serde_json::json;
+    use std::path::Path;
+
+    fn open(dir: &Path) -> (EventLog, Reconciled) {
+        let (log, report) = EventLog::open(dir, Identity::from_seed([12; 32]), LogOptions::default()).unwrap();
+        (log, report.index)
+    }
+
+    /// Appends `n` `train.progress` events for runs `run-0..3` in turn (seqs 1..=n after
+    /// the genesis event), with `step` offset by `offset` so two logs can differ in content.
+    fn fill(log: &EventLog, n: u64, offset: u64) {
+        for i in 0..n {
+            let run = format!("run-{}", i % 3);
+            let data = json!({"run_id": run, "step": i + offset});
+            log.append(AppendRequest::new("train.progress", run.clone(), data)).unwrap();
+        }
+    }
+
+    fn seqs(log: &EventLog, q: Query) -> Vec<u64> {
+        log.query(&q).unwrap()
+    }
+
+    fn replace_index(from: &Path, to: &Path) {
+        std::fs::remove_dir_all(to.join(INDEX_DIR)).unwrap();
+        copy_dir(&from.join(INDEX_DIR), &to.join(INDEX_DIR));
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.path().is_dir() {
+                copy_dir(&e.path(), &target)
+            } else {
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn an_index_whose_hash_differs_at_the_same_seq_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let twin = tempfile::tempdir().unwrap();
+        let longer = tempfile::tempdir().unwrap();
+        {
+            let (log, _) = open(dir.path());
+            fill(&log, 9, 0);
+        }
+        {
+            // As many events, other contents: the index's last seq exists in `dir`'s log,
+            // but with another hash.
+            let (log, _) = open(twin.path());
+            fill(&log, 9, 100);
+        }
+        {
+            let (log, _) = open(longer.path());
+            fill(&log, 9, 100);
+            log.append(AppendRequest::new("other.kind", "elsewhere", json!({"run_id": "run-x"}))).unwrap();
+        }
+        replace_index(twin.path(), dir.path());
+        let (log, reconciled) = open(dir.path());
+        assert_eq!(log.len(), 10);
+        match &reconciled {
+            Reconciled::Rebuilt { reason, events } => {
+                assert_eq!(reason, "its hash for seq 9 differs from the log's");
+                assert_eq!(*events, 10);
+            }
+            other => panic!("expected a rebuild, got {other:?}"),
+        }
+        assert_eq!(seqs(&log, Query::Kind("train.progress".into())), (1..=9).collect::<Vec<_>>());
+        assert_eq!(seqs(&log, Query::Kind(GENESIS_KIND.into())), vec![0]);
+        assert_eq!(seqs(&log, Query::Run("run-1".into())), vec![2, 5, 8]);
+        assert_eq!(seqs(&log, Query::Subject("run-2".into())), vec![3, 6, 9]);
+        drop(log);
+
+        // An index of a longer, different log is rebuilt too, and none of its postings
+        // survive; after the rebuild the next open finds the index current.
+        replace_index(longer.path(), dir.path());
+        let (log, reconciled) = open(dir.path());
+        assert!(matches!(reconciled, Reconciled::Rebuilt { .. }), "{reconciled:?}");
+        assert!(seqs(&log, Query::Kind("other.kind".into())).is_empty());
+        assert!(seqs(&log, Query::Run("run-x".into())).is_empty());
+        drop(log);
+        let (_, reconciled) = open(dir.path());
+        assert_eq!(reconciled, Reconciled::Current);
+    }
+
+    #[test]
+    fn an_index_behind_the_log_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = tempfile::tempdir().unwrap();
+        {
+            let (log, _) = open(dir.path());
+            fill(&log, 6, 0);
+        }
+        copy_dir(&dir.path().join(INDEX_DIR), &saved.path().join(INDEX_DIR));
+        {
+            let (log, reconciled) = open(dir.path());
+            assert_eq!(reconciled, Reconciled::Current);
+            fill(&log, 3, 6); // seqs 7..=9, runs 0, 1, 2
+            for i in 0..2 {
+                let data = json!({"run_id": "run-1", "step": i});
+                log.append(AppendRequest::new("checkpoint.saved", format!("ckpt-{i}"), data)).unwrap();
+            }
+        }
+        // The index as it was after seq 6: five events behind.
+        replace_index(saved.path(), dir.path());
+        let (log, reconciled) = open(dir.path());
+        assert_eq!(log.len(), 12);
+        assert_eq!(reconciled, Reconciled::CaughtUp(5));
+        assert_eq!(seqs(&log, Query::Kind("train.progress".into())), (1..=9).collect::<Vec<_>>());
+        assert_eq!(seqs(&log, Query::Kind("checkpoint.saved".into())), vec![10, 11]);
+        assert_eq!(seqs(&log, Query::Run("run-1".into())), vec![2, 5, 8, 10, 11]);
+        assert_eq!(seqs(&log, Query::Run("run-0".into())), vec![1, 4, 7]);
+        assert_eq!(seqs(&log, Query::Subject("ckpt-1".into())), vec![11]);
+        assert_eq!(seqs(&log, Query::Subject("run-2".into())), vec![3, 6, 9]);
+    }
+}
