@@ -256,6 +256,7 @@ fn key(tag: u8, name: &str, seq: u64) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::copy_dir;
     use super::super::{AppendRequest, EventLog, GENESIS_KIND, INDEX_DIR, LogOptions};
     use super::{Query, Reconciled};
     use crate::identity::Identity;
@@ -284,19 +285,6 @@ mod tests {
     fn replace_index(from: &Path, to: &Path) {
         std::fs::remove_dir_all(to.join(INDEX_DIR)).unwrap();
         copy_dir(&from.join(INDEX_DIR), &to.join(INDEX_DIR));
-    }
-
-    fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            let target = to.join(e.file_name());
-            if e.path().is_dir() {
-                copy_dir(&e.path(), &target)
-            } else {
-                std::fs::copy(e.path(), target).unwrap();
-            }
-        }
     }
 
     #[test]

@@ -196,7 +196,8 @@ fn index_answers_queries_and_is_rebuilt_when_missing_stale_or_corrupt() {
     assert_eq!(log.query(&index::Query::Kind("train.progress".into())).unwrap().len(), 9);
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+/// Copies a directory tree (an index taken from another log, say).
+pub(super) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
