@@ -23,3 +23,30 @@ pub async fn readyz(State(s): State<Arc<ApiState>>) -> (StatusCode, Json<Value>)
         Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "reason": reason}))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+    use crate::log::{AppendRequest, EventLog, LogOptions};
+
+    #[test]
+    fn readiness_turns_503_with_the_reason_once_the_log_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Identity::from_seed([3; 32]);
+        let (log, _) = EventLog::open(dir.path(), id.clone(), LogOptions::default()).unwrap();
+        let log = Arc::new(log);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let state = rt.block_on(async { ApiState::new(log.clone(), Arc::new(id), dir.path().into(), None, false) });
+        let (status, Json(body)) = rt.block_on(readyz(State(state.clone())));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["ready"], true);
+
+        log.fail_next_sync(std::io::ErrorKind::Other);
+        assert!(log.append(AppendRequest::new("a.b", "s", json!({}))).is_err());
+        let (status, Json(body)) = rt.block_on(readyz(State(state)));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["ready"], false);
+        assert!(body["reason"].as_str().unwrap().contains("fdatasync failed"), "{body}");
+    }
+}
