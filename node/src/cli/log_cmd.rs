@@ -172,7 +172,10 @@ fn tail(dir: &Path, out: &Output, lines: u64, follow: bool) -> Result<ExitCode> 
     loop {
         let len = r.view().len();
         for ev in r.view().range(next, len)? {
-            out.line(&ev.to_json(), || event_line(&ev));
+            if !out.line(&ev.to_json(), || event_line(&ev)) {
+                // The reader went away (`| head`, say): nothing more to do.
+                return Ok(ExitCode::SUCCESS);
+            }
         }
         next = len;
         if !follow {

@@ -92,7 +92,7 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
         let token_file = node_dir.join(api::auth::TOKEN_FILE);
-        out.line(
+        let _ = out.line(
             &json!({"listening": running.url, "model": model_name, "price_per_call": price, "token_file": token_file}),
             || {
                 let what = match &model_name {
@@ -109,14 +109,18 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
             },
         );
         let signal = shutdown_signal().await?;
-        tracing::warn!(signal, "shutdown: signal received");
+        let _ = out.line(&json!({"shutdown": signal}), || {
+            format!("{signal}: shutting down (requests drain, a run launched over the API stops at a checkpoint)")
+        });
         running.stop().await;
         anyhow::Ok(())
     });
     // What is left on the runtime (the metrics' fold of the log, idle tasks) lets go of the log.
     rt.shutdown_timeout(Duration::from_secs(5));
     served?;
-    close_log(log);
+    let events = close_log(log);
+    let _ =
+        out.line(&json!({"stopped": true, "log_events": events}), || format!("stopped; the log holds {events} events"));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -131,21 +135,18 @@ async fn shutdown_signal() -> Result<&'static str> {
     })
 }
 
-/// Closes the log: its writer answers every queued append and syncs before this returns.
-fn close_log(log: Arc<EventLog>) {
+/// Closes the log (its writer answers every queued append and syncs before this returns)
+/// and returns how many events it holds.
+fn close_log(log: Arc<EventLog>) -> u64 {
+    let events = log.len();
     match Arc::try_unwrap(log) {
         Ok(log) => {
-            let events = log.len();
             drop(log);
-            tracing::warn!(events, "shutdown: log closed");
+            tracing::info!(events, "shutdown: log closed");
         }
-        Err(log) => {
-            tracing::warn!(
-                events = log.len(),
-                "shutdown: the log is still held (a probe still running?); closed at exit"
-            )
-        }
+        Err(_) => tracing::warn!(events, "shutdown: the log is still held (a probe still running?); closed at exit"),
     }
+    events
 }
 
 fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
@@ -237,23 +238,23 @@ impl Running {
         }
         let cancelled = self.api.launches.close();
         for run in &cancelled {
-            tracing::warn!(run, "shutdown: cancelling the run (a checkpoint, then run.cancelled)");
+            tracing::info!(run, "shutdown: cancelling the run (a checkpoint, then run.cancelled)");
         }
         let _ = self.shutdown.send(());
-        tracing::warn!(
+        tracing::info!(
             limit_s = serve::DRAIN_TIMEOUT.as_secs(),
             "shutdown: not accepting; draining in-flight requests"
         );
         match tokio::time::timeout(serve::DRAIN_TIMEOUT, self.task).await {
-            Ok(_) => tracing::warn!("shutdown: requests drained"),
+            Ok(_) => tracing::info!("shutdown: requests drained"),
             Err(_) => tracing::warn!("shutdown: requests still open after the drain timeout are dropped"),
         }
         if !cancelled.is_empty() {
-            tracing::warn!(limit_s = RUN_STOP_TIMEOUT.as_secs(), "shutdown: waiting for the run to stop");
+            tracing::info!(limit_s = RUN_STOP_TIMEOUT.as_secs(), "shutdown: waiting for the run to stop");
         }
         if self.api.launches.finished(RUN_STOP_TIMEOUT).await {
             if !cancelled.is_empty() {
-                tracing::warn!("shutdown: runs stopped");
+                tracing::info!("shutdown: runs stopped");
             }
         } else {
             tracing::error!("shutdown: a run did not stop in time; its last step is not checkpointed");
