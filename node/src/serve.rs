@@ -30,10 +30,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use mindxtrain_trainer::recipe as publish;
-use mindxtrain_x402::pricing::TokenBudget;
-use mindxtrain_x402::{Facilitator, Offer, PaidRoute, PaidRouteConfig, Pricing, facilitator_routes};
+use mindxtrain_x402::pricing::Prepare;
+use mindxtrain_x402::{
+    Evidence, Facilitator, Offer, PaidRoute, PaidRouteConfig, PaymentEvents, Payments, Pricing, Quote, SettleWhen,
+    facilitator_routes, reconcile,
+};
 
 use crate::log::{AppendRequest, EventLog};
 use model::ServedModel;
@@ -54,12 +58,12 @@ pub struct AppState {
     pub rental_prices: Option<RentalPrices>,
 }
 
-/// How the model is sold: one offer (asset, network, payee), the facilitator that checks
-/// and settles payments, and the recipe's prices.
+/// How the model is sold: one offer (asset, network, payee), who checks and settles payments
+/// with the one ledger every paid route shares, and the recipe's prices.
 #[derive(Clone)]
 pub struct Sale {
     pub offer: Offer,
-    pub facilitator: Arc<dyn Facilitator>,
+    pub payments: Payments,
     pub prices: publish::Pricing,
     pub rental: Option<publish::Rental>,
     /// Also serve `/facilitator/{verify,settle,supported}` with this facilitator.
@@ -91,28 +95,39 @@ fn per_call_ceiling(p: &publish::Pricing) -> u64 {
     p.per_call.or(p.max_charge).map_or(1, publish::Usdc::atomic)
 }
 
-/// The model routes, sold through x402 when `sale` is given.
+/// The model routes, sold through x402 when `sale` is given. Every paid route and the
+/// facilitator routes share the sale's ledger: an authorization buys one answer, wherever it
+/// is presented.
 pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
     let mut chat = post(chat::completions);
     let mut rentals = post(rental_routes::open);
     let mut app = Router::new();
     if let Some(sale) = sale {
-        let events = Arc::new(payments::LogPayments::new(state.log.clone()));
-        let mut chat_sale = PaidRouteConfig::new(vec![sale.offer.clone()], chat_pricing(&state, &sale.prices));
+        let price = ChatPrice::of(&sale.prices);
+        let s = state.clone();
+        let prepare: Prepare =
+            Arc::new(move |_, body| chat::prepare_paid(&s, price, body).map_err(|e| e.into_response()));
+        let mut chat_sale = PaidRouteConfig::new(vec![sale.offer.clone()], Pricing::Prepared(prepare));
         chat_sale.description = Some(format!("chat completion from {}", state.model.name));
         // A rental token pays for the call instead: the handler checks and meters it.
         chat_sale.exempt =
             Some(Arc::new(|parts: &axum::http::request::Parts| chat::rental_token(&parts.headers).is_some()));
-        chat = chat.layer(PaidRoute::new(chat_sale, sale.facilitator.clone(), events.clone()));
+        chat = chat.layer(PaidRoute::new(chat_sale, sale.payments.clone()));
         let prices = state.rental_prices.unwrap_or(RentalPrices { per_call: 1, per_hour: None });
         let name = state.model.name.clone();
-        let quote: mindxtrain_x402::pricing::Quote =
-            Arc::new(move |_: &axum::http::request::Parts, body: &[u8]| prices.quote(&name, body).map(|(_, p)| p));
-        let mut rental_sale = PaidRouteConfig::new(vec![sale.offer.clone()], Pricing::Quoted(quote));
+        // A rental is opened (and recorded) only once its payment has settled.
+        let quote: Prepare = Arc::new(move |_, body| {
+            let (terms, amount) =
+                prices.quote(&name, body).map_err(|m| openai::ApiError::invalid("body", m).into_response())?;
+            let mut q = Quote::new(amount, SettleWhen::BeforeHandler);
+            q.extensions.insert(terms);
+            Ok(q)
+        });
+        let mut rental_sale = PaidRouteConfig::new(vec![sale.offer.clone()], Pricing::Prepared(quote));
         rental_sale.description = Some(format!("rental of {}", state.model.name));
-        rentals = rentals.layer(PaidRoute::new(rental_sale, sale.facilitator.clone(), events));
+        rentals = rentals.layer(PaidRoute::new(rental_sale, sale.payments.clone()));
         if sale.facilitator_routes {
-            app = app.nest("/facilitator", facilitator_routes(sale.facilitator.clone()));
+            app = app.nest("/facilitator", facilitator_routes(sale.payments.clone(), vec![sale.offer.clone()]));
         }
     }
     let model_routes = Router::new()
@@ -125,16 +140,58 @@ pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
     app.merge(model_routes)
 }
 
-fn chat_pricing(state: &Arc<AppState>, prices: &publish::Pricing) -> Pricing {
-    match (prices.per_call, prices.per_1k_tokens) {
-        (_, Some(per_1k)) => {
-            let s = state.clone();
-            let budget: TokenBudget = Arc::new(move |_, body| chat::token_budget(&s, body));
-            Pricing::Per1kTokens { per_1k: per_1k.atomic(), max_charge: per_call_ceiling(prices), budget }
+/// What one chat completion costs, from the recipe's `publish.billing.x402.pricing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatPrice {
+    PerCall(u64),
+    /// Charged on the request's token budget (prompt + max tokens), capped.
+    Per1kTokens {
+        per_1k: u64,
+        max_charge: u64,
+    },
+}
+
+impl ChatPrice {
+    pub fn of(prices: &publish::Pricing) -> Self {
+        match (prices.per_call, prices.per_1k_tokens) {
+            (_, Some(per_1k)) => {
+                ChatPrice::Per1kTokens { per_1k: per_1k.atomic(), max_charge: per_call_ceiling(prices) }
+            }
+            (Some(p), None) => ChatPrice::PerCall(p.atomic()),
+            (None, None) => ChatPrice::PerCall(1),
         }
-        (Some(p), None) => Pricing::PerCall { amount: p.atomic() },
-        (None, None) => Pricing::PerCall { amount: 1 },
     }
+
+    /// Atomic units for a request that may consume `budget` tokens.
+    pub fn amount(self, budget: usize) -> u64 {
+        match self {
+            ChatPrice::PerCall(a) => a,
+            ChatPrice::Per1kTokens { per_1k, max_charge } => {
+                mindxtrain_x402::pricing::per_1k_price(per_1k, budget as u64).min(max_charge)
+            }
+        }
+    }
+}
+
+/// How often settlements of unknown outcome are looked for on chain.
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(2);
+
+/// A sale's payments: `facilitator` verifying and settling, events into `log`, the ledger
+/// as the log records it, and its reconciler (on the current tokio runtime) finding every
+/// settlement a restart interrupted.
+pub fn payments(
+    log: &Arc<EventLog>,
+    facilitator: Arc<dyn Facilitator>,
+    evidence: Evidence,
+) -> Result<Payments, payments::RestoreError> {
+    let events: Arc<dyn PaymentEvents> = Arc::new(payments::LogPayments::new(log.clone()));
+    let ledger = payments::restore_ledger(log, unix_now())?;
+    let pending = ledger.pending().len();
+    if pending > 0 {
+        tracing::info!(pending, "settlements of unknown outcome in the log: reconciling them against the chain");
+    }
+    reconcile::spawn(ledger.clone(), evidence.clone(), events.clone(), RECONCILE_EVERY);
+    Ok(Payments { facilitator, events, ledger, evidence: Some(evidence) })
 }
 
 /// Seconds since the Unix epoch.

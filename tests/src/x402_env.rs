@@ -17,10 +17,11 @@ use mindxtrain_x402::alloy::primitives::{Address, B256, U256};
 use mindxtrain_x402::alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use mindxtrain_x402::eip712::{TransferWithAuthorization, sign_authorization};
+use mindxtrain_x402::ledger::{Intent, Landed};
 use mindxtrain_x402::wire::{PaymentPayload, PaymentRequired, PaymentRequirements};
 use mindxtrain_x402::{
     Asset, Facilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, PaidRoute, PaidRouteConfig,
-    PaymentEvents, PaymentFacts, Pricing, RejectReason, SettlerKey, facilitator_routes, header,
+    PaymentEvents, PaymentFacts, Payments, Pricing, RejectReason, SettledBy, SettlerKey, facilitator_routes, header,
 };
 
 #[allow(clippy::too_many_arguments)]
@@ -63,9 +64,19 @@ impl PaymentEvents for RecordedEvents {
     fn verified(&self, f: &PaymentFacts) {
         self.push(format!("verified:{}", f.payer.clone().unwrap_or_default()));
     }
-    fn settled(&self, _: &PaymentFacts, tx: &str) -> mindxtrain_x402::Recorded {
-        self.push(format!("settled:{tx}"));
+    fn settling(&self, _: &Intent) -> mindxtrain_x402::Recorded {
+        self.push("settling".into());
         mindxtrain_x402::events::recorded()
+    }
+    fn settled(&self, _: &Intent, landed: &Landed, _: SettledBy) -> mindxtrain_x402::Recorded {
+        self.push(format!("settled:{}", landed.tx));
+        mindxtrain_x402::events::recorded()
+    }
+    fn failed(&self, _: &Intent, reason: &RejectReason, _: Option<&str>) {
+        self.push(format!("failed:{}", reason.code()));
+    }
+    fn served(&self, _: &Intent, landed: &Landed, attempt: u32) {
+        self.push(format!("served:{}:{attempt}", landed.tx));
     }
     fn rejected(&self, _: &PaymentFacts, reason: &RejectReason, _: Option<&str>) {
         self.push(format!("rejected:{}", reason.code()));
@@ -129,11 +140,13 @@ impl Chain {
 
 /// An axum app on loopback: `POST /echo` (paid, echoes its JSON), `POST /fail` (paid, 500),
 /// `POST /drain` (paid; moves the payer's whole balance away before answering, so
-/// settlement fails), and the facilitator routes under `/facilitator`.
+/// settlement fails), `POST /other` (paid, the same price: another route on the same
+/// ledger), and the facilitator routes under `/facilitator` (settling only to `pay_to`).
 pub struct PaidServer {
     pub url: String,
     pub pay_to: Address,
     pub events: Arc<RecordedEvents>,
+    pub payments: Payments,
     /// How many times a paid handler ran.
     pub served: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -155,18 +168,32 @@ pub async fn serve(router: Router) -> anyhow::Result<(String, tokio::task::JoinH
 }
 
 impl PaidServer {
+    /// Routes behind `facilitator`; the facilitator routes serve `local`. The chain is read
+    /// through `local`'s provider when `facilitator` has no reader of its own (a remote one).
     pub async fn start(
         chain: &Chain,
         facilitator: Arc<dyn Facilitator>,
         local: Arc<dyn Facilitator>,
     ) -> anyhow::Result<Self> {
-        let pay_to = PrivateKeySigner::random().address();
+        Self::start_paying(chain, facilitator, local, PrivateKeySigner::random().address()).await
+    }
+
+    /// [`PaidServer::start`], paid to `pay_to`.
+    pub async fn start_paying(
+        chain: &Chain,
+        facilitator: Arc<dyn Facilitator>,
+        local: Arc<dyn Facilitator>,
+        pay_to: Address,
+    ) -> anyhow::Result<Self> {
         let events = Arc::new(RecordedEvents::default());
         let served = Arc::new(AtomicUsize::new(0));
         let offer = Offer { asset: chain.asset.clone(), pay_to, max_timeout_seconds: 120 };
-        let config = PaidRouteConfig::new(vec![offer], Pricing::PerCall { amount: PRICE });
-        let layer = PaidRoute::new(config, facilitator, events.clone());
-        let (s1, s2, s3) = (served.clone(), served.clone(), served.clone());
+        let config = PaidRouteConfig::new(vec![offer.clone()], Pricing::PerCall { amount: PRICE });
+        let mut payments = Payments::new(facilitator, events.clone());
+        payments.evidence = payments.evidence.or_else(|| local.evidence());
+        let layer = PaidRoute::new(config.clone(), payments.clone());
+        let other = PaidRoute::new(config, payments.clone());
+        let (s1, s2, s3, s4) = (served.clone(), served.clone(), served.clone(), served.clone());
         let drain_token = ITestToken::new(chain.usdc, chain.admin.clone());
         let drain_rpc = chain.rpc.clone();
         let router = Router::new()
@@ -205,9 +232,17 @@ impl PaidServer {
                 })
                 .layer(layer),
             )
-            .nest("/facilitator", facilitator_routes(local));
+            .route(
+                "/other",
+                post(move |body: Bytes| async move {
+                    s4.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(serde_json::json!({ "other": body.len() }))
+                })
+                .layer(other),
+            )
+            .nest("/facilitator", facilitator_routes(Payments { facilitator: local, ..payments.clone() }, vec![offer]));
         let (url, task) = serve(router).await?;
-        Ok(Self { url, pay_to, events, served, task })
+        Ok(Self { url, pay_to, events, payments, served, task })
     }
 }
 

@@ -4,10 +4,20 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::evidence::Evidence;
+use crate::ledger::Landed;
 use crate::reason::RejectReason;
 use crate::wire::{PaymentPayload, PaymentRequirements, SettlementResponse, SupportedResponse, VerifyResponse};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A settlement's answer with the transfer the chain showed for it: `landed` is set when the
+/// facilitator read the receipt and checked its logs itself (the in-process one does).
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub response: SettlementResponse,
+    pub landed: Option<Landed>,
+}
 
 /// Verifies and settles payments. Failures are answers, not errors: an unreachable
 /// facilitator is `isValid: false` / `success: false` with `facilitator_unavailable`.
@@ -20,6 +30,16 @@ pub trait Facilitator: Send + Sync + 'static {
         req: &'a PaymentRequirements,
     ) -> BoxFuture<'a, SettlementResponse>;
     fn supported(&self) -> BoxFuture<'_, SupportedResponse>;
+
+    /// [`Facilitator::settle`], with the checked transfer when this facilitator reads the chain.
+    fn settle_checked<'a>(&'a self, payload: &'a PaymentPayload, req: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
+        Box::pin(async move { Settled { response: self.settle(payload, req).await, landed: None } })
+    }
+
+    /// The chain reader this facilitator settles through, if it has one.
+    fn evidence(&self) -> Option<Evidence> {
+        None
+    }
 }
 
 pub fn verify_ok(payer: &str) -> VerifyResponse {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use alloy::primitives::{Address, B256, Bytes};
+use alloy::primitives::{Address, B256};
 use http::{HeaderMap, StatusCode};
 use tokio::sync::watch;
 
@@ -17,7 +17,8 @@ use tokio::sync::watch;
 pub struct StoredAnswer {
     pub payer: Address,
     pub nonce: B256,
-    pub signature: Bytes,
+    /// [`crate::ledger::fingerprint`] of the authorization that paid.
+    pub fingerprint: B256,
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: bytes::Bytes,
@@ -132,7 +133,7 @@ mod tests {
         StoredAnswer {
             payer: Address::repeat_byte(1),
             nonce: B256::repeat_byte(2),
-            signature: Bytes::new(),
+            fingerprint: B256::ZERO,
             status: StatusCode::OK,
             headers: HeaderMap::new(),
             body: bytes::Bytes::from_static(b"served"),

@@ -8,8 +8,10 @@
 //! * [`exact`]: offer matching and the checks that need no chain;
 //! * [`facilitator`], [`local`], [`remote`]: verify/settle/supported;
 //! * [`paid`]: the layer; [`events`]: what it reports; [`pricing`]: what a call costs;
-//! * [`idempotency`]: the payment-identifier extension; [`key`]: the settling key;
-//! * [`vouch`]: verifying a payer again without a chain round trip while the head stands.
+//! * [`ledger`]: every authorization consumed at most once, across routes and restarts;
+//!   [`evidence`]: what the chain says about an authorization; [`reconcile`]: settlements
+//!   whose outcome was unknown, found on chain;
+//! * [`idempotency`]: the payment-identifier extension; [`key`]: the settling key.
 //!
 //! This crate knows nothing of the node or the trainer: prices arrive as plain numbers
 //! and payment events leave through [`PaymentEvents`].
@@ -30,27 +32,31 @@ server! {
     pub mod events;
     pub mod exact;
     pub mod facilitator;
+    pub mod evidence;
     pub mod idempotency;
     pub mod key;
+    pub mod ledger;
     pub mod local;
     pub mod network;
     pub mod paid;
     pub mod pricing;
     pub mod reason;
+    pub mod reconcile;
     pub mod recover;
     pub mod remote;
-    pub mod vouch;
 
     /// The alloy version these APIs speak.
     pub use alloy;
-    pub use events::{NoEvents, PaymentEvents, PaymentFacts, Recorded};
+    pub use events::{NoEvents, PaymentEvents, PaymentFacts, Recorded, SettledBy};
+    pub use evidence::Evidence;
     pub use exact::Offer;
-    pub use facilitator::Facilitator;
+    pub use facilitator::{Facilitator, Settled};
+    pub use ledger::{Ledger, Record};
     pub use key::SettlerKey;
     pub use local::{LocalFacilitator, LocalFacilitatorConfig, SettleVia};
     pub use network::{Asset, Network};
-    pub use paid::{PaidRoute, PaidRouteConfig, VerifiedPayment};
-    pub use pricing::Pricing;
+    pub use paid::{PaidRoute, PaidRouteConfig, Payments, Settlement, VerifiedPayment};
+    pub use pricing::{Pricing, Quote, SettleWhen};
     pub use reason::RejectReason;
     pub use remote::{HttpFacilitator, facilitator_routes};
 }

@@ -1,7 +1,7 @@
 //! The in-process facilitator: verifies against the chain and settles with a funded key
 //! over alloy.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,12 +10,13 @@ use alloy::primitives::{Address, B256, Bytes, U256, keccak256};
 use alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use thiserror::Error;
 
+use crate::evidence::{Evidence, Expected, check_receipt};
 use crate::exact::{CheckedPayment, check_offline, now_secs};
-use crate::facilitator::{BoxFuture, Facilitator, settle_failed, verify_ok, verify_rejected};
+use crate::facilitator::{BoxFuture, Facilitator, Settled, settle_failed, verify_ok, verify_rejected};
 use crate::key::SettlerKey;
+use crate::ledger::Landed;
 use crate::network::Network;
 use crate::reason::RejectReason;
-use crate::vouch::Vouchers;
 use crate::wire::{
     PaymentPayload, PaymentRequirements, SettlementResponse, SupportedKind, SupportedResponse, VerifyResponse,
 };
@@ -62,12 +63,10 @@ pub struct LocalFacilitatorConfig {
     pub rpc_url: String,
     pub network: Network,
     pub settle_via: SettleVia,
-    /// Simulate the transfer with `eth_call` during verify (what the reference does).
+    /// Simulate the transfer with `eth_call` during verify (what the reference does); off,
+    /// the nonce, balance and signature are read one by one. Either way every verify asks
+    /// the chain: no earlier answer stands in for it.
     pub simulate: bool,
-    /// Follow the chain head this often and let a payer's successful simulation vouch for
-    /// its further payments until the head moves ([`crate::vouch`]); `None`: simulate
-    /// every payment.
-    pub head_poll: Option<Duration>,
     /// How long to wait for a settlement's receipt.
     pub receipt_timeout: Duration,
 }
@@ -79,7 +78,6 @@ impl LocalFacilitatorConfig {
             network,
             settle_via: SettleVia::Token,
             simulate: true,
-            head_poll: Some(Duration::from_millis(100)),
             receipt_timeout: Duration::from_secs(60),
         }
     }
@@ -101,16 +99,13 @@ pub struct LocalFacilitator {
     provider: DynProvider,
     settler: Address,
     config: LocalFacilitatorConfig,
-    /// Authorizations being settled right now: a second settle of one is refused.
+    /// Authorizations being settled right now: a second settle of one is refused. A settled
+    /// one needs no memory here: the token refuses it.
     settling: Mutex<HashSet<AuthKey>>,
-    /// Settled authorizations → their result, so a retried `/settle` answers the same.
-    settled: Mutex<HashMap<AuthKey, SettlementResponse>>,
     /// One sender at a time: account nonces stay in order without a nonce cache.
     send_lock: tokio::sync::Mutex<()>,
-    vouchers: Option<Vouchers>,
+    evidence: Evidence,
 }
-
-const SETTLED_MEMORY: usize = 100_000;
 
 impl LocalFacilitator {
     /// Connects and checks the endpoint's chain id against the configured network.
@@ -130,19 +125,12 @@ impl LocalFacilitator {
         if actual != config.network.chain_id {
             return Err(FacilitatorError::WrongChain { expected: config.network.chain_id, actual });
         }
-        let vouchers = match config.head_poll {
-            Some(poll) if config.simulate => Some(
-                Vouchers::follow(provider.clone(), poll).await.map_err(|e| FacilitatorError::Rpc(e.to_string()))?,
-            ),
-            _ => None,
-        };
         Ok(Self {
-            vouchers,
+            evidence: Evidence::new(provider.clone()),
             provider,
             settler: key.address(),
             config,
             settling: Mutex::new(HashSet::new()),
-            settled: Mutex::new(HashMap::new()),
             send_lock: tokio::sync::Mutex::new(()),
         })
     }
@@ -151,10 +139,9 @@ impl LocalFacilitator {
         self.settler
     }
 
-    /// The newest block this facilitator has seen (followed, or from its own receipts);
-    /// `None` when it simulates every payment.
-    pub fn followed_head(&self) -> Option<u64> {
-        self.vouchers.as_ref().map(Vouchers::head)
+    /// The chain reader settlements are checked with (the same provider).
+    pub fn evidence(&self) -> Evidence {
+        self.evidence.clone()
     }
 
     fn check(&self, payload: &PaymentPayload, req: &PaymentRequirements) -> Result<CheckedPayment, RejectReason> {
@@ -169,25 +156,13 @@ impl LocalFacilitator {
     /// (authorization unused, signature valid for `from`, balance ≥ value, time window), so
     /// the explicit `authorizationState` / `balanceOf` reads could only agree with it. They
     /// run when the simulation fails, to name the reason precisely (and in the same order as
-    /// without simulation), or when simulation is off. A payer whose simulation succeeded at
-    /// the current head needs no call at all ([`crate::vouch`]).
+    /// without simulation), or when simulation is off.
     async fn verify_on_chain(&self, p: &CheckedPayment) -> Result<(), (RejectReason, Option<String>)> {
         if !self.config.simulate {
             return self.explicit_checks(p).await;
         }
-        let payer = (p.asset.address, p.from(), p.auth.message.to);
-        let vouched_at = match &self.vouchers {
-            Some(v) if p.ecdsa_ok && v.covers(&payer, p.value()) => return Ok(()),
-            Some(v) => Some((v, v.head())),
-            None => None,
-        };
         match self.settle_call_data(p).from(self.settler).call().await {
-            Ok(_) if p.ecdsa_ok => {
-                if let Some((v, head)) = vouched_at {
-                    v.grant(payer, head, p.value());
-                }
-                Ok(())
-            }
+            Ok(_) if p.ecdsa_ok => Ok(()),
             // A signature that is not `from`'s ECDSA one passed the token: ERC-1271 is still
             // checked here rather than left to whatever the token accepts.
             Ok(_) if self.erc1271_accepts(p).await? => Ok(()),
@@ -271,26 +246,27 @@ impl LocalFacilitator {
         alloy::contract::RawCallBuilder::new_raw(&self.provider, input.into()).to(target)
     }
 
-    async fn send_and_wait(&self, p: &CheckedPayment) -> Result<B256, (RejectReason, Option<String>)> {
+    /// Sends the settlement and waits for its receipt, which must show the transfer.
+    async fn send_and_wait(&self, p: &CheckedPayment) -> Result<Landed, (RejectReason, Option<String>)> {
         let pending = {
             let _one_sender = self.send_lock.lock().await;
             self.settle_call_data(p).from(self.settler).send().await.map_err(|e| revert_reason(&e))?
         };
         let tx = *pending.tx_hash();
+        let m = &p.auth.message;
+        let expected = Expected { asset: p.asset.address, from: m.from, to: m.to, value: m.value, nonce: m.nonce };
         let deadline = Instant::now() + self.config.receipt_timeout;
         loop {
-            let receipt = self.provider.get_transaction_receipt(tx).await;
-            if let (Ok(Some(r)), Some(v)) = (&receipt, &self.vouchers) {
-                v.advance(r.block_number.unwrap_or_default());
-            }
-            match receipt {
-                Ok(Some(r)) if r.status() => return Ok(tx),
+            match self.provider.get_transaction_receipt(tx).await {
+                Ok(Some(r)) if r.status() => {
+                    return check_receipt(&r, &expected).map_err(|m| (RejectReason::SettlementFailed, Some(m)));
+                }
                 Ok(Some(_)) => {
                     return Err((RejectReason::SettlementFailed, Some(format!("transaction {tx} reverted"))));
                 }
                 Ok(None) | Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
-                Ok(None) => return Err((RejectReason::SettlementFailed, Some(format!("no receipt for {tx}")))),
-                Err(e) => return Err((RejectReason::SettlementFailed, Some(e.to_string()))),
+                Ok(None) => return Err((RejectReason::SettlementPending, Some(format!("no receipt for {tx} yet")))),
+                Err(e) => return Err((RejectReason::SettlementPending, Some(e.to_string()))),
             }
         }
     }
@@ -350,42 +326,43 @@ impl Facilitator for LocalFacilitator {
         payload: &'a PaymentPayload,
         req: &'a PaymentRequirements,
     ) -> BoxFuture<'a, SettlementResponse> {
+        Box::pin(async move { self.settle_checked(payload, req).await.response })
+    }
+
+    fn settle_checked<'a>(&'a self, payload: &'a PaymentPayload, req: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
         Box::pin(async move {
             let payer = Some(payload.payload.authorization.from.clone());
+            let failed = |r: &RejectReason, msg| Settled { response: settle_failed(r, req, payer.clone(), msg), landed: None };
             let checked = match self.check(payload, req) {
                 Ok(c) => c,
-                Err(r) => return settle_failed(&r, req, payer, None),
+                Err(r) => return failed(&r, None),
             };
             let key = (checked.asset.address, checked.from(), checked.nonce());
-            if let Some(done) = lock(&self.settled).get(&key) {
-                return done.clone();
-            }
             if !lock(&self.settling).insert(key) {
-                return settle_failed(&RejectReason::NonceInFlight, req, payer, None);
+                return failed(&RejectReason::NonceInFlight, None);
             }
             let outcome = self.send_and_wait(&checked).await;
             lock(&self.settling).remove(&key);
             match outcome {
-                Ok(tx) => {
-                    let done = SettlementResponse {
+                Ok(landed) => Settled {
+                    response: SettlementResponse {
                         success: true,
                         error_reason: None,
                         error_message: None,
                         payer: Some(checked.from().to_checksum(None)),
-                        transaction: tx.to_string(),
+                        transaction: landed.tx.to_string(),
                         network: req.network.clone(),
                         amount: Some(checked.value().to_string()),
-                    };
-                    let mut settled = lock(&self.settled);
-                    if settled.len() >= SETTLED_MEMORY {
-                        settled.clear();
-                    }
-                    settled.insert(key, done.clone());
-                    done
-                }
-                Err((r, msg)) => settle_failed(&r, req, payer, msg),
+                    },
+                    landed: Some(landed),
+                },
+                Err((r, msg)) => failed(&r, msg),
             }
         })
+    }
+
+    fn evidence(&self) -> Option<Evidence> {
+        Some(LocalFacilitator::evidence(self))
     }
 
     fn supported(&self) -> BoxFuture<'_, SupportedResponse> {

@@ -1,33 +1,40 @@
 //! `PaidRoute`: a tower layer that puts any axum handler behind an x402 payment.
 //!
-//! unpaid → 402 (`PAYMENT-REQUIRED` + v1 body) · paid → verify → handler, response buffered
-//! → status < 400: settle → 200 + `PAYMENT-RESPONSE` · handler status ≥ 400: returned as is,
-//! nothing settled · settlement fails: 402, no body.
+//! unpaid → 402 (`PAYMENT-REQUIRED` + v1 body) · paid → the shared [`Ledger`] claims the
+//! authorization (one request at a time, across every route; a spent one is refused) →
+//! verify → handler and settlement in the order the route's [`SettleWhen`] says → 200 +
+//! `PAYMENT-RESPONSE`. A handler status ≥ 400 before settlement settles nothing; a failed
+//! settlement answers 402 with no body. A settled payment whose answer was never delivered
+//! (a crash, a client gone mid-stream) is redeemed by a retry with the same header.
 
-use std::collections::HashSet;
+mod respond;
+pub(crate) mod settle;
+
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use alloy::primitives::{Address, B256};
 use axum::body::Body;
 use axum::response::Response;
-use http::{HeaderMap, HeaderValue, Request, StatusCode};
+use http::{HeaderValue, Request, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::eip712::ParsedAuthorization;
 use crate::events::{PaymentEvents, PaymentFacts};
+use crate::evidence::Evidence;
 use crate::exact::{Offer, match_offer, requirement_asset};
 use crate::facilitator::{BoxFuture, Facilitator};
 use crate::header::{self, HeaderError, MAX_HEADER_LEN};
-use crate::idempotency::{self, Claim, IdempotencyCache, Running, StoredAnswer};
+use crate::idempotency::{self, Claim as IdClaim, IdempotencyCache, Running};
+use crate::ledger::{self, Claim, Intent, Ledger};
 use crate::network::Network;
-use crate::pricing::Pricing;
+use crate::pricing::{Pricing, SettleWhen};
 use crate::reason::RejectReason;
-use crate::wire::{
-    self, PaymentPayload, PaymentRequired, PaymentRequiredV1, PaymentRequirements, PaymentRequirementsV1, ResourceInfo,
-};
+use crate::wire::{self, PaymentPayload, PaymentRequirements, ResourceInfo};
+use respond::{payment_required, plain, reject, replay};
+use settle::{Delivery, Found, Settling};
 
 /// Decides that a request needs no payment (e.g. it carries a valid rental token). The
 /// handler behind the layer must then do its own accounting.
@@ -73,6 +80,27 @@ impl PaidRouteConfig {
     }
 }
 
+/// What every paid route of a server shares: who verifies and settles, where the events
+/// go, the one ledger of authorizations, and a chain reader.
+#[derive(Clone)]
+pub struct Payments {
+    pub facilitator: Arc<dyn Facilitator>,
+    pub events: Arc<dyn PaymentEvents>,
+    pub ledger: Arc<Ledger>,
+    /// Checks settlements the facilitator did not check itself (a remote one's) and finds
+    /// the transfer of a settlement whose outcome was unknown. Without one, a remote
+    /// facilitator's settlement cannot be vouched for and is treated as pending.
+    pub evidence: Option<Evidence>,
+}
+
+impl Payments {
+    /// The facilitator's own chain reader, a fresh ledger.
+    pub fn new(facilitator: Arc<dyn Facilitator>, events: Arc<dyn PaymentEvents>) -> Self {
+        let evidence = facilitator.evidence();
+        Self { facilitator, events, ledger: Ledger::new(), evidence }
+    }
+}
+
 /// What the handler behind the layer learns about the payment (request extension).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedPayment {
@@ -83,30 +111,32 @@ pub struct VerifiedPayment {
     pub payment_id: Option<String>,
 }
 
-type AuthKey = (Address, Address, B256);
+/// The transfer that paid for the request, for handlers that run after settlement
+/// ([`SettleWhen::BeforeHandler`], and redemptions on any route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    pub tx: B256,
+    pub block: u64,
+    /// `true` when this request redeems a settlement whose earlier answer was lost.
+    pub redeemed: bool,
+}
 
 struct Shared {
     config: PaidRouteConfig,
-    facilitator: Arc<dyn Facilitator>,
-    events: Arc<dyn PaymentEvents>,
-    /// Authorizations between claim and settlement: a second request carrying one is
-    /// refused while the first runs (the check-then-use window).
-    in_flight: Mutex<HashSet<AuthKey>>,
+    payments: Payments,
     idempotency: Arc<IdempotencyCache>,
 }
 
-/// The layer. Cheap to clone; one instance per paid route keeps its own in-flight set and
-/// payment-identifier memory.
+/// The layer. Cheap to clone; every route built from the same [`Payments`] shares its ledger.
 #[derive(Clone)]
 pub struct PaidRoute {
     shared: Arc<Shared>,
 }
 
 impl PaidRoute {
-    pub fn new(config: PaidRouteConfig, facilitator: Arc<dyn Facilitator>, events: Arc<dyn PaymentEvents>) -> Self {
+    pub fn new(config: PaidRouteConfig, payments: Payments) -> Self {
         let idempotency = IdempotencyCache::new(config.idempotency_ttl, config.idempotency_capacity);
-        let shared = Shared { config, facilitator, events, in_flight: Mutex::new(HashSet::new()), idempotency };
-        Self { shared: Arc::new(shared) }
+        Self { shared: Arc::new(Shared { config, payments, idempotency }) }
     }
 }
 
@@ -151,9 +181,29 @@ struct Priced {
     path: String,
 }
 
-enum Version {
+#[derive(Clone, Copy)]
+pub(crate) enum Version {
     V1,
     V2,
+}
+
+impl Version {
+    fn response_header(self) -> &'static str {
+        match self {
+            Version::V2 => header::PAYMENT_RESPONSE,
+            Version::V1 => header::X_PAYMENT_RESPONSE,
+        }
+    }
+}
+
+/// A payment understood and matched to an offer, before the ledger is asked.
+struct Presented {
+    version: Version,
+    payload: PaymentPayload,
+    requirements: PaymentRequirements,
+    asset: crate::network::Asset,
+    auth: ParsedAuthorization,
+    payment_id: Option<String>,
 }
 
 async fn handle<S>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Response
@@ -161,142 +211,201 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if shared.config.exempt.as_ref().is_some_and(|f| f(&parts)) {
         return run(inner, Request::from_parts(parts, body)).await;
     }
     let Ok(body) = axum::body::to_bytes(body, shared.config.max_request_body).await else {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
     };
-    let amount = match shared.config.pricing.price(&parts, &body) {
-        Ok(a) => a,
-        Err(why) => {
-            let mut r = Response::new(Body::from(why));
-            *r.status_mut() = StatusCode::BAD_REQUEST;
-            return r;
-        }
+    let quote = match shared.config.pricing.quote(&parts, &body) {
+        Ok(q) => q,
+        Err(answer) => return answer,
     };
-    let priced = price(&shared.config, &parts, amount);
-
-    let (version, raw) = match (parts.headers.get(header::PAYMENT_SIGNATURE), parts.headers.get(header::X_PAYMENT)) {
-        (Some(v), _) => (Version::V2, v.as_bytes()),
-        (None, Some(v)) => (Version::V1, v.as_bytes()),
-        (None, None) => return payment_required(&shared.config, &priced, None),
-    };
+    let priced = price(&shared.config, &parts, quote.amount);
     let mut facts = PaymentFacts {
         resource: priced.path.clone(),
         network: priced.offered.first().map(|r| r.network.clone()).unwrap_or_default(),
         asset: priced.offered.first().map(|r| r.asset.clone()).unwrap_or_default(),
-        amount: amount.to_string(),
-        payer: None,
-        nonce: None,
-        payment_id: None,
+        amount: quote.amount.to_string(),
+        ..PaymentFacts::default()
     };
-    let payload = match decode(&version, raw, &priced.offered) {
-        Ok(p) => p,
-        Err(reason) => return reject(&shared, &priced, &facts, reason, None),
+    let p = match present(&shared.config, &parts, &priced, &mut facts) {
+        Ok(Some(p)) => p,
+        Ok(None) => return payment_required(&shared.config, &priced, None),
+        Err((reason, msg)) => return reject(&shared, &priced, &facts, reason, msg.as_deref()),
     };
-    facts.payer = Some(payload.payload.authorization.from.clone());
-    facts.nonce = Some(payload.payload.authorization.nonce.clone());
-    let requirements = match match_offer(&payload.accepted, &priced.offered) {
-        Ok(r) => r.clone(),
-        Err(reason) => return reject(&shared, &priced, &facts, reason, None),
-    };
-    facts.network = requirements.network.clone();
-    facts.asset = requirements.asset.clone();
-    let (asset, auth) =
-        match requirement_asset(&requirements).and_then(|a| Ok((a, ParsedAuthorization::parse(&payload.payload)?))) {
-            Ok(x) => x,
-            Err(reason) => return reject(&shared, &priced, &facts, reason, None),
-        };
-    let payment_id = match wire::payment_identifier(&payload) {
-        Ok(None) if shared.config.require_payment_identifier => {
-            let msg = Some("this route requires a payment-identifier");
-            return reject(&shared, &priced, &facts, RejectReason::InvalidPaymentIdentifier, msg);
-        }
-        Ok(id) => id.map(str::to_owned),
-        Err(msg) => return reject(&shared, &priced, &facts, RejectReason::InvalidPaymentIdentifier, Some(msg)),
-    };
-    facts.payment_id = payment_id.clone();
 
     // One payment-identifier, one payment: run it, wait for the run in progress, or replay.
     let mut running: Option<Running> = None;
-    if let Some(id) = &payment_id {
+    if let Some(id) = &p.payment_id {
         loop {
             match shared.idempotency.claim(id) {
-                Claim::Fresh(r) => {
+                IdClaim::Fresh(r) => {
                     running = Some(r);
                     break;
                 }
-                Claim::Wait(rx) => {
+                IdClaim::Wait(rx) => {
                     if let Some(answer) = idempotency::wait(rx).await {
-                        return replay(&shared, &priced, &facts, &asset, &auth, &answer);
+                        return replay(&shared, &priced, &facts, &p.asset, &p.auth, &answer);
                     }
                 }
-                Claim::Done(answer) => return replay(&shared, &priced, &facts, &asset, &auth, &answer),
+                IdClaim::Done(answer) => return replay(&shared, &priced, &facts, &p.asset, &p.auth, &answer),
             }
         }
     }
 
-    let key = (asset.address, auth.message.from, auth.message.nonce);
-    let Some(_claim) = InFlight::claim(&shared, key) else {
-        return reject(&shared, &priced, &facts, RejectReason::NonceInFlight, None);
+    let m = &p.auth.message;
+    let key = (p.asset.address, m.from, m.nonce);
+    let fingerprint = ledger::fingerprint(&p.auth);
+    let intent = Intent {
+        facts: facts.clone(),
+        pay_to: m.to,
+        value: quote.amount,
+        valid_before: u64::try_from(m.validBefore).unwrap_or(u64::MAX),
+        fingerprint,
     };
-    let verdict = shared.facilitator.verify(&payload, &requirements).await;
+    parts.extensions.extend(quote.extensions);
+    parts.extensions.insert(VerifiedPayment {
+        payer: m.from,
+        amount: quote.amount,
+        network: p.asset.network,
+        asset: p.asset.address,
+        payment_id: p.payment_id.clone(),
+    });
+    let ticket = match shared.payments.ledger.claim(key, fingerprint, &priced.path, crate::exact::now_secs()) {
+        Claim::Refused(reason) => return reject(&shared, &priced, &facts, reason, None),
+        Claim::Redeem(ticket, landed) => {
+            let delivery = Delivery::new(&shared.payments, intent, landed, ticket, p.version, &p.requirements, true);
+            parts.extensions.insert(delivery.settlement());
+            return deliver(&shared, inner, parts, body, quote.settle, delivery, None).await;
+        }
+        Claim::Fresh(ticket) => ticket,
+    };
+    let settling = Settling::new(&shared.payments, &p.payload, &p.requirements, p.version, intent, ticket);
+
+    // The earlier attempt of a settlement whose outcome was unknown may have landed.
+    let settling = match settling.found_on_chain().await {
+        Found::Yes(delivery) => {
+            parts.extensions.insert(delivery.settlement());
+            return deliver(&shared, inner, parts, body, quote.settle, delivery, running).await;
+        }
+        Found::Refused(refusal) => return refusal.response(p.version),
+        Found::No(s) => s,
+    };
+
+    let verdict = shared.payments.facilitator.verify(&p.payload, &p.requirements).await;
     if !verdict.is_valid {
         let reason = RejectReason::from_code(verdict.invalid_reason.as_deref().unwrap_or("unexpected_error"));
         return reject(&shared, &priced, &facts, reason, verdict.invalid_message.as_deref());
     }
-    shared.events.verified(&facts);
+    shared.payments.events.verified(&facts);
 
-    let mut parts = parts;
-    parts.extensions.insert(VerifiedPayment {
-        payer: auth.message.from,
-        amount,
-        network: asset.network,
-        asset: asset.address,
-        payment_id: payment_id.clone(),
-    });
+    match quote.settle {
+        SettleWhen::BeforeHandler => {
+            let delivery = match settling.settle().await {
+                Ok(d) => d,
+                Err(refusal) => return refusal.response(p.version),
+            };
+            parts.extensions.insert(delivery.settlement());
+            deliver(&shared, inner, parts, body, quote.settle, delivery, running).await
+        }
+        SettleWhen::AfterHead | SettleWhen::AfterBody => {
+            let answer = run(inner, Request::from_parts(parts, Body::from(body))).await;
+            let (head, answer) = match read_answer(&shared.config, answer, quote.settle).await {
+                Ok(a) => a,
+                Err(too_large) => {
+                    shared.payments.events.not_settled(&facts, 500);
+                    return too_large;
+                }
+            };
+            if head.status.as_u16() >= 400 {
+                shared.payments.events.not_settled(&facts, head.status.as_u16());
+                return Response::from_parts(head, answer.into_body());
+            }
+            match settling.settle().await {
+                Ok(delivery) => respond(head, answer, delivery, running),
+                Err(refusal) => refusal.response(p.version),
+            }
+        }
+    }
+}
+
+/// A handler's answer: whole (buffered) or a stream.
+enum Answer {
+    Whole(bytes::Bytes),
+    Stream(Body),
+}
+
+impl Answer {
+    fn into_body(self) -> Body {
+        match self {
+            Answer::Whole(b) => Body::from(b),
+            Answer::Stream(b) => b,
+        }
+    }
+}
+
+/// Splits the handler's response, reading the whole body when the route settles after it.
+async fn read_answer(
+    config: &PaidRouteConfig,
+    answer: Response,
+    when: SettleWhen,
+) -> Result<(http::response::Parts, Answer), Response> {
+    let (head, body) = answer.into_parts();
+    match when {
+        SettleWhen::AfterBody => match axum::body::to_bytes(body, config.max_response_body).await {
+            Ok(b) => Ok((head, Answer::Whole(b))),
+            Err(_) => Err(plain(StatusCode::INTERNAL_SERVER_ERROR, "response too large to serve")),
+        },
+        _ => Ok((head, Answer::Stream(body))),
+    }
+}
+
+/// Runs the handler for a request that is already paid (settled before it, or redeemed) and
+/// delivers its answer; an answer ≥ 400 leaves the payment redeemable.
+async fn deliver<S>(
+    shared: &Shared,
+    inner: S,
+    parts: http::request::Parts,
+    body: bytes::Bytes,
+    when: SettleWhen,
+    delivery: Delivery,
+    running: Option<Running>,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send,
+{
     let answer = run(inner, Request::from_parts(parts, Body::from(body))).await;
-    let (mut head, body) = answer.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, shared.config.max_response_body).await else {
-        shared.events.not_settled(&facts, 500);
-        return plain(StatusCode::INTERNAL_SERVER_ERROR, "response too large to serve");
+    let (head, answer) = match read_answer(&shared.config, answer, when).await {
+        Ok(a) => a,
+        Err(too_large) => return too_large,
     };
     if head.status.as_u16() >= 400 {
-        shared.events.not_settled(&facts, head.status.as_u16());
-        return Response::from_parts(head, Body::from(body));
+        return Response::from_parts(head, answer.into_body());
     }
+    respond(head, answer, delivery, running)
+}
 
-    let settlement = shared.facilitator.settle(&payload, &requirements).await;
-    let encoded = header::encode(&settlement);
-    let response_header = match version {
-        Version::V2 => header::PAYMENT_RESPONSE,
-        Version::V1 => header::X_PAYMENT_RESPONSE,
-    };
-    let encoded = HeaderValue::from_str(&encoded).unwrap_or(HeaderValue::from_static(""));
-    if !settlement.success {
-        let reason = RejectReason::from_code(settlement.error_reason.as_deref().unwrap_or("unexpected_error"));
-        shared.events.rejected(&facts, &reason, settlement.error_message.as_deref());
-        let mut r = Response::new(Body::empty());
-        *r.status_mut() = StatusCode::PAYMENT_REQUIRED;
-        r.headers_mut().insert(response_header, encoded);
-        return r;
-    }
-    shared.events.settled(&facts, &settlement.transaction).await;
-    head.headers.insert(response_header, encoded);
+/// The paid answer: the settlement header on the handler's head, the body delivered (its
+/// last byte marks the payment served). A whole answer is also kept for payment-identifier
+/// retries.
+fn respond(mut head: http::response::Parts, answer: Answer, delivery: Delivery, running: Option<Running>) -> Response {
+    let (name, value) = delivery.response_header();
+    head.headers.insert(name, value);
     head.headers.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
-    if let Some(run) = running {
-        run.finish(StoredAnswer {
-            payer: auth.message.from,
-            nonce: auth.message.nonce,
-            signature: auth.signature.clone(),
+    if let (Some(run), Answer::Whole(bytes)) = (running, &answer) {
+        run.finish(idempotency::StoredAnswer {
+            payer: delivery.payer(),
+            nonce: delivery.nonce(),
+            fingerprint: delivery.fingerprint(),
             status: head.status,
             headers: head.headers.clone(),
-            body: body.clone(),
+            body: bytes.clone(),
         });
     }
-    Response::from_parts(head, Body::from(body))
+    Response::from_parts(head, delivery.wrap(answer.into_body()))
 }
 
 async fn run<S>(inner: S, req: Request<Body>) -> Response
@@ -322,9 +431,43 @@ fn price(config: &PaidRouteConfig, parts: &http::request::Parts, amount: u64) ->
     Priced { resource, offered, path }
 }
 
+type Refusal = (RejectReason, Option<String>);
+
+/// The payment header decoded, matched to an offer and parsed; `None` without one.
+fn present(
+    config: &PaidRouteConfig,
+    parts: &http::request::Parts,
+    priced: &Priced,
+    facts: &mut PaymentFacts,
+) -> Result<Option<Presented>, Refusal> {
+    let (version, raw) = match (parts.headers.get(header::PAYMENT_SIGNATURE), parts.headers.get(header::X_PAYMENT)) {
+        (Some(v), _) => (Version::V2, v.as_bytes()),
+        (None, Some(v)) => (Version::V1, v.as_bytes()),
+        (None, None) => return Ok(None),
+    };
+    let payload = decode(version, raw, &priced.offered).map_err(|r| (r, None))?;
+    facts.payer = Some(payload.payload.authorization.from.clone());
+    facts.nonce = Some(payload.payload.authorization.nonce.clone());
+    let requirements = match_offer(&payload.accepted, &priced.offered).map_err(|r| (r, None))?.clone();
+    facts.network = requirements.network.clone();
+    facts.asset = requirements.asset.clone();
+    let asset = requirement_asset(&requirements).map_err(|r| (r, None))?;
+    let auth = ParsedAuthorization::parse(&payload.payload).map_err(|r| (r, None))?;
+    let payment_id = match wire::payment_identifier(&payload) {
+        Ok(None) if config.require_payment_identifier => {
+            let msg = "this route requires a payment-identifier".to_owned();
+            return Err((RejectReason::InvalidPaymentIdentifier, Some(msg)));
+        }
+        Ok(id) => id.map(str::to_owned),
+        Err(msg) => return Err((RejectReason::InvalidPaymentIdentifier, Some(msg.to_owned()))),
+    };
+    facts.payment_id = payment_id.clone();
+    Ok(Some(Presented { version, payload, requirements, asset, auth, payment_id }))
+}
+
 /// The payment header as a v2 payload; a v1 payment becomes the v2 payload of the offer
 /// it names (v1 carries only scheme and network).
-fn decode(version: &Version, raw: &[u8], offered: &[PaymentRequirements]) -> Result<PaymentPayload, RejectReason> {
+fn decode(version: Version, raw: &[u8], offered: &[PaymentRequirements]) -> Result<PaymentPayload, RejectReason> {
     let header_reason = |e: HeaderError| match e {
         HeaderError::TooLarge { .. } => RejectReason::HeaderTooLarge,
         HeaderError::Version(_) => RejectReason::UnsupportedVersion,
@@ -346,96 +489,6 @@ fn decode(version: &Version, raw: &[u8], offered: &[PaymentRequirements]) -> Res
             Ok(PaymentPayload { x402_version: 2, resource: None, accepted, payload: p.payload, extensions: None })
         }
     }
-}
-
-/// The claim on an authorization while its request runs; released on drop.
-struct InFlight {
-    shared: Arc<Shared>,
-    key: AuthKey,
-}
-
-impl InFlight {
-    fn claim(shared: &Arc<Shared>, key: AuthKey) -> Option<Self> {
-        let fresh = shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-        fresh.then(|| Self { shared: shared.clone(), key })
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.shared.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
-    }
-}
-
-fn replay(
-    shared: &Shared,
-    priced: &Priced,
-    facts: &PaymentFacts,
-    asset: &crate::network::Asset,
-    auth: &ParsedAuthorization,
-    answer: &StoredAnswer,
-) -> Response {
-    // Only the payer who paid gets the stored answer: the same signed authorization, or a
-    // fresh one by the same key.
-    let same_authorization =
-        auth.message.from == answer.payer && auth.message.nonce == answer.nonce && auth.signature == answer.signature;
-    let same_signer = auth.ecdsa_signer(&auth.digest(asset)) == Some(answer.payer);
-    if !(same_authorization || same_signer) {
-        return reject(shared, priced, facts, RejectReason::PaymentIdentifierConflict, None);
-    }
-    shared.events.replayed(facts);
-    let mut r = Response::new(Body::from(answer.body.clone()));
-    *r.status_mut() = answer.status;
-    *r.headers_mut() = answer.headers.clone();
-    r
-}
-
-fn reject(shared: &Shared, priced: &Priced, facts: &PaymentFacts, reason: RejectReason, msg: Option<&str>) -> Response {
-    shared.events.rejected(facts, &reason, msg);
-    payment_required(&shared.config, priced, Some(&reason))
-}
-
-/// 402 with `PAYMENT-REQUIRED` (v2) and the v1 body; `error` names the refusal, if any.
-fn payment_required(config: &PaidRouteConfig, priced: &Priced, reason: Option<&RejectReason>) -> Response {
-    let error = reason.map(|r| r.code().to_owned());
-    let mut extensions = serde_json::Map::new();
-    extensions.insert(
-        wire::PAYMENT_IDENTIFIER.into(),
-        wire::payment_identifier_declaration(config.require_payment_identifier),
-    );
-    let v2 = PaymentRequired {
-        x402_version: 2,
-        error: error.clone(),
-        resource: priced.resource.clone(),
-        accepts: priced.offered.clone(),
-        extensions: Some(extensions),
-    };
-    let v1 = PaymentRequiredV1 {
-        x402_version: 1,
-        error: error.unwrap_or_else(|| "X-PAYMENT header is required".into()),
-        accepts: config
-            .offers
-            .iter()
-            .zip(&priced.offered)
-            .map(|(o, r)| PaymentRequirementsV1::from_v2(r, &o.asset.network.v1_name(), &priced.resource))
-            .collect(),
-    };
-    let mut headers = HeaderMap::new();
-    if let Ok(v) = HeaderValue::from_str(&header::encode(&v2)) {
-        headers.insert(header::PAYMENT_REQUIRED, v);
-    }
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    let mut r = Response::new(Body::from(serde_json::to_vec(&v1).unwrap_or_default()));
-    *r.status_mut() = StatusCode::PAYMENT_REQUIRED;
-    *r.headers_mut() = headers;
-    r
-}
-
-fn plain(status: StatusCode, msg: &'static str) -> Response {
-    let mut r = Response::new(Body::from(msg));
-    *r.status_mut() = status;
-    r
 }
 
 /// Header values longer than this are refused before decoding (re-exported for callers

@@ -1,41 +1,72 @@
-//! What one call costs, in atomic units of the asset.
+//! What one call costs, in atomic units of the asset, and when it is settled.
 //!
-//! `exact` settles exactly what was signed before the handler runs, so a token-metered
-//! price is charged on the token *budget* the request asks for (prompt + `max_tokens`,
-//! as the caller's counter reports it), capped by `max_charge`; nothing is settled above
-//! what the client saw in the 402.
+//! A route either charges a fixed amount per call or *prepares* each request: it reads the
+//! request once (parses, tokenizes, checks it against what it serves), says what it costs
+//! and when to settle, and hands what it prepared to the handler as request extensions, so
+//! the paid path does that work once. A request it cannot serve is answered before any
+//! payment is asked for.
+//!
+//! `exact` settles exactly what was signed before the handler runs, so a token-metered price
+//! is charged on the token *budget* the request asks for (prompt + `max_tokens`), capped;
+//! nothing is settled above what the client saw in the 402.
 
 use std::fmt;
 use std::sync::Arc;
 
-/// Counts the tokens a request may consume (prompt plus generation budget) from its head
-/// and body; `None` when it cannot tell, which prices the call at `max_charge`.
-pub type TokenBudget = Arc<dyn Fn(&http::request::Parts, &[u8]) -> Option<u64> + Send + Sync>;
+use axum::response::Response;
 
-/// Prices a request from its head and body (what a rental of N calls costs, say), or says
-/// why the request cannot be priced: that is answered 400, before any payment.
-pub type Quote = Arc<dyn Fn(&http::request::Parts, &[u8]) -> Result<u64, String> + Send + Sync>;
+/// When the payment is settled relative to the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettleWhen {
+    /// The handler runs and its whole answer is buffered; settled only if it succeeded, and
+    /// the answer leaves after settlement. A failed handler costs the payer nothing.
+    #[default]
+    AfterBody,
+    /// The handler runs until its response head (a stream's, say), then the payment is
+    /// settled while the body is produced; the first byte leaves after settlement. A stream
+    /// that dies after that stays redeemable with the same header.
+    AfterHead,
+    /// Settled before the handler runs: for handlers that record facts that must follow
+    /// the payment (a rental). A handler that fails after that leaves the payment
+    /// redeemable with the same header.
+    BeforeHandler,
+}
+
+/// What a prepared request costs and carries on.
+#[derive(Clone, Default)]
+pub struct Quote {
+    /// Atomic units; at least 1 is charged (a zero-value authorization proves nothing).
+    pub amount: u64,
+    pub settle: SettleWhen,
+    /// Handed to the handler with the request (what was prepared).
+    pub extensions: http::Extensions,
+}
+
+impl Quote {
+    pub fn new(amount: u64, settle: SettleWhen) -> Self {
+        Self { amount, settle, extensions: http::Extensions::new() }
+    }
+}
+
+/// Reads a request's head and body and quotes it, or answers it outright (a 4xx that needs
+/// no payment).
+pub type Prepare = Arc<dyn Fn(&http::request::Parts, &bytes::Bytes) -> Result<Quote, Response> + Send + Sync>;
 
 #[derive(Clone)]
 pub enum Pricing {
+    /// The same amount for every call, settled after the handler's whole answer.
     PerCall { amount: u64 },
-    Per1kTokens { per_1k: u64, max_charge: u64, budget: TokenBudget },
-    Quoted(Quote),
+    Prepared(Prepare),
 }
 
 impl Pricing {
-    /// The amount for this request; at least 1 atomic unit (a zero-value authorization
-    /// proves nothing). An error says why the request cannot be priced.
-    pub fn price(&self, parts: &http::request::Parts, body: &[u8]) -> Result<u64, String> {
-        let amount = match self {
-            Pricing::PerCall { amount } => *amount,
-            Pricing::Per1kTokens { per_1k, max_charge, budget } => match budget(parts, body) {
-                Some(tokens) => per_1k_price(*per_1k, tokens).min(*max_charge),
-                None => *max_charge,
-            },
-            Pricing::Quoted(quote) => quote(parts, body)?,
+    pub fn quote(&self, parts: &http::request::Parts, body: &bytes::Bytes) -> Result<Quote, Response> {
+        let mut quote = match self {
+            Pricing::PerCall { amount } => Quote::new(*amount, SettleWhen::AfterBody),
+            Pricing::Prepared(prepare) => prepare(parts, body)?,
         };
-        Ok(amount.max(1))
+        quote.amount = quote.amount.max(1);
+        Ok(quote)
     }
 }
 
@@ -49,8 +80,7 @@ impl fmt::Debug for Pricing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Pricing::PerCall { amount } => write!(f, "PerCall({amount})"),
-            Pricing::Per1kTokens { per_1k, max_charge, .. } => write!(f, "Per1kTokens({per_1k}, max {max_charge})"),
-            Pricing::Quoted(_) => write!(f, "Quoted"),
+            Pricing::Prepared(_) => write!(f, "Prepared"),
         }
     }
 }
@@ -64,20 +94,23 @@ mod tests {
     }
 
     #[test]
-    fn per_call_and_token_budget_prices() {
-        assert_eq!(Pricing::PerCall { amount: 1000 }.price(&parts(), b""), Ok(1000));
-        let budget: TokenBudget = Arc::new(|_, body| std::str::from_utf8(body).ok()?.parse().ok());
-        let p = Pricing::Per1kTokens { per_1k: 200, max_charge: 5000, budget };
-        assert_eq!(p.price(&parts(), b"1500"), Ok(300));
-        assert_eq!(p.price(&parts(), b"1"), Ok(1), "rounded up, never free");
-        assert_eq!(p.price(&parts(), b"999999"), Ok(5000), "capped");
-        assert_eq!(p.price(&parts(), b"not a number"), Ok(5000), "unknown budget pays the cap");
-        let quote: Quote = Arc::new(|_, body| match body {
-            b"" => Err("empty".into()),
-            b => Ok(b.len() as u64 * 10),
+    fn per_call_and_prepared_quotes() {
+        let q = Pricing::PerCall { amount: 1000 }.quote(&parts(), &bytes::Bytes::new()).unwrap();
+        assert_eq!((q.amount, q.settle), (1000, SettleWhen::AfterBody));
+        let prepare: Prepare = Arc::new(|_, body| match body.as_ref() {
+            b"" => Err(Response::new(axum::body::Body::from("empty"))),
+            b => {
+                let mut q = Quote::new(b.len() as u64 * 10, SettleWhen::AfterHead);
+                q.extensions.insert(b.len());
+                Ok(q)
+            }
         });
-        assert_eq!(Pricing::Quoted(quote.clone()).price(&parts(), b"abc"), Ok(30));
-        assert_eq!(Pricing::Quoted(quote).price(&parts(), b""), Err("empty".to_string()));
+        let q = Pricing::Prepared(prepare.clone()).quote(&parts(), &bytes::Bytes::from_static(b"abc")).unwrap();
+        assert_eq!((q.amount, q.settle, q.extensions.get::<usize>()), (30, SettleWhen::AfterHead, Some(&3)));
+        assert!(Pricing::Prepared(prepare).quote(&parts(), &bytes::Bytes::new()).is_err());
+        assert_eq!(Pricing::PerCall { amount: 0 }.quote(&parts(), &bytes::Bytes::new()).unwrap().amount, 1, "never free");
+        assert_eq!(per_1k_price(200, 1500), 300);
+        assert_eq!(per_1k_price(200, 1), 1, "rounded up");
         assert_eq!(per_1k_price(u64::MAX, u64::MAX), u64::MAX);
     }
 }

@@ -34,6 +34,10 @@ pub enum RejectReason {
     /// A payment-identifier seen before, presented by a different payer.
     PaymentIdentifierConflict,
     SettlementFailed,
+    /// The settlement was sent but its outcome could not be read in time: the payment is
+    /// pending and will be reconciled; a retry with the same header gets its answer once the
+    /// transfer is found, or is refused once the authorization has expired unused.
+    SettlementPending,
     /// The facilitator could not be reached or answered nonsense.
     FacilitatorUnavailable,
     /// A code from a remote facilitator that we do not model.
@@ -62,6 +66,7 @@ const CODES: &[(RejectReason, &str)] = &[
     (RejectReason::InvalidPaymentIdentifier, "invalid_payment_identifier"),
     (RejectReason::PaymentIdentifierConflict, "payment_identifier_conflict"),
     (RejectReason::SettlementFailed, "invalid_exact_evm_transaction_failed"),
+    (RejectReason::SettlementPending, "settlement_pending"),
     (RejectReason::FacilitatorUnavailable, "facilitator_unavailable"),
 ];
 

@@ -12,7 +12,16 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 
+use alloy::primitives::B256;
+
+use crate::eip712::ParsedAuthorization;
+use crate::events::PaymentFacts;
+use crate::exact::{Offer, now_secs, requirement_asset};
 use crate::facilitator::{BoxFuture, Facilitator, settle_failed, verify_rejected};
+use crate::ledger::{self, Claim, Intent};
+use crate::paid::Payments;
+use crate::paid::Version;
+use crate::paid::settle::{Delivery, Settling};
 use crate::reason::RejectReason;
 use crate::wire::{
     FacilitatorRequest, PaymentPayload, PaymentRequirements, SettlementResponse, SupportedResponse, VerifyResponse,
@@ -93,15 +102,26 @@ impl Facilitator for HttpFacilitator {
 /// Largest `/verify` or `/settle` body the routes read.
 pub const MAX_FACILITATOR_BODY: usize = 64 * 1024;
 
-/// `POST /verify`, `POST /settle`, `GET /supported` over `facilitator`. Nest it where it
-/// should live (`Router::new().nest("/x402", facilitator_routes(f))`).
-pub fn facilitator_routes(facilitator: Arc<dyn Facilitator>) -> Router {
+/// What the facilitator routes settle: only payments to one of `offers` (their network,
+/// asset and `payTo`; any amount), through the same ledger as the paid routes, so an
+/// authorization is consumed once whichever way it comes in. Anything else would have the
+/// node's settler key pay gas for strangers' transfers.
+#[derive(Clone)]
+struct Routes {
+    payments: Payments,
+    offers: Vec<Offer>,
+}
+
+/// `POST /verify`, `POST /settle`, `GET /supported` over `payments`. Nest it where it
+/// should live (`Router::new().nest("/x402", facilitator_routes(payments, offers))`).
+/// `/verify` checks any payment; `/settle` settles only payments to `offers`.
+pub fn facilitator_routes(payments: Payments, offers: Vec<Offer>) -> Router {
     Router::new()
         .route("/verify", post(verify_route))
         .route("/settle", post(settle_route))
         .route("/supported", get(supported_route))
         .layer(DefaultBodyLimit::max(MAX_FACILITATOR_BODY))
-        .with_state(facilitator)
+        .with_state(Arc::new(Routes { payments, offers }))
 }
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, String> {
@@ -109,12 +129,12 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, String> {
 }
 
 async fn verify_route(
-    State(f): State<Arc<dyn Facilitator>>,
+    State(r): State<Arc<Routes>>,
     req: Result<Json<FacilitatorRequest>, JsonRejection>,
 ) -> (StatusCode, Json<VerifyResponse>) {
     match body(req) {
-        Ok(r) => {
-            let v = f.verify(&r.payment_payload, &r.payment_requirements).await;
+        Ok(req) => {
+            let v = r.payments.facilitator.verify(&req.payment_payload, &req.payment_requirements).await;
             (StatusCode::OK, Json(v))
         }
         Err(e) => (StatusCode::BAD_REQUEST, Json(verify_rejected(&RejectReason::MalformedHeader, None, Some(e)))),
@@ -122,11 +142,11 @@ async fn verify_route(
 }
 
 async fn settle_route(
-    State(f): State<Arc<dyn Facilitator>>,
+    State(r): State<Arc<Routes>>,
     req: Result<Json<FacilitatorRequest>, JsonRejection>,
 ) -> (StatusCode, Json<SettlementResponse>) {
-    match body(req) {
-        Ok(r) => (StatusCode::OK, Json(f.settle(&r.payment_payload, &r.payment_requirements).await)),
+    let req = match body(req) {
+        Ok(req) => req,
         Err(e) => {
             let failed = SettlementResponse {
                 success: false,
@@ -137,11 +157,78 @@ async fn settle_route(
                 network: String::new(),
                 amount: None,
             };
-            (StatusCode::BAD_REQUEST, Json(failed))
+            return (StatusCode::BAD_REQUEST, Json(failed));
         }
+    };
+    match settle_own(&r, &req.payment_payload, &req.payment_requirements).await {
+        Ok(settled) => (StatusCode::OK, Json(settled)),
+        Err((status, refused)) => (status, Json(refused)),
     }
 }
 
-async fn supported_route(State(f): State<Arc<dyn Facilitator>>) -> Json<SupportedResponse> {
-    Json(f.supported().await)
+async fn settle_own(
+    r: &Routes,
+    payload: &PaymentPayload,
+    req: &PaymentRequirements,
+) -> Result<SettlementResponse, (StatusCode, SettlementResponse)> {
+    let payer = Some(payload.payload.authorization.from.clone());
+    let refuse = |status, reason: RejectReason, msg: &str| {
+        (status, settle_failed(&reason, req, payer.clone(), Some(msg.to_owned())))
+    };
+    let own = r.offers.iter().any(|o| {
+        o.asset.network.caip2() == req.network
+            && req.asset.parse().ok() == Some(o.asset.address)
+            && req.pay_to.parse().ok() == Some(o.pay_to)
+    });
+    if !own || payload.accepted.pay_to != req.pay_to || payload.accepted.asset != req.asset {
+        let msg = "this facilitator settles only payments to this node's own payTo and assets";
+        return Err(refuse(StatusCode::FORBIDDEN, RejectReason::RecipientMismatch, msg));
+    }
+    let asset = requirement_asset(req).map_err(|e| refuse(StatusCode::OK, e, "unknown asset"))?;
+    let auth = ParsedAuthorization::parse(&payload.payload).map_err(|e| refuse(StatusCode::OK, e, "bad authorization"))?;
+    let m = &auth.message;
+    let fingerprint = ledger::fingerprint(&auth);
+    let facts = PaymentFacts {
+        resource: SETTLE_RESOURCE.into(),
+        network: req.network.clone(),
+        asset: req.asset.clone(),
+        amount: req.amount.clone(),
+        payer: payer.clone(),
+        nonce: Some(payload.payload.authorization.nonce.clone()),
+        payment_id: None,
+    };
+    let key = (asset.address, m.from, m.nonce);
+    let ticket = match r.payments.ledger.claim(key, fingerprint, SETTLE_RESOURCE, now_secs()) {
+        Claim::Fresh(t) => t,
+        // Settled and never answered through here: the caller asking again gets the same
+        // answer's settlement, with no new transfer.
+        Claim::Redeem(t, landed) => {
+            let intent = intent(facts, m, fingerprint);
+            return Ok(Delivery::new(&r.payments, intent, landed, t, Version::V2, req, true).served_now());
+        }
+        Claim::Refused(reason) => return Err(refuse(StatusCode::OK, reason, "the ledger refused this authorization")),
+    };
+    let intent = intent(facts, m, fingerprint);
+    let settling = Settling::new(&r.payments, payload, req, Version::V2, intent, ticket);
+    match settling.settle().await {
+        Ok(delivery) => Ok(delivery.served_now()),
+        Err(refusal) => Err((StatusCode::OK, refusal.into_settlement_response())),
+    }
+}
+
+/// The resource the facilitator's own settlements are recorded under.
+pub const SETTLE_RESOURCE: &str = "/facilitator/settle";
+
+fn intent(facts: PaymentFacts, m: &crate::eip712::TransferWithAuthorization, fingerprint: B256) -> Intent {
+    Intent {
+        pay_to: m.to,
+        value: u64::try_from(m.value).unwrap_or(u64::MAX),
+        valid_before: u64::try_from(m.validBefore).unwrap_or(u64::MAX),
+        fingerprint,
+        facts,
+    }
+}
+
+async fn supported_route(State(r): State<Arc<Routes>>) -> Json<SupportedResponse> {
+    Json(r.payments.facilitator.supported().await)
 }

@@ -86,12 +86,18 @@ pub const MODEL: &[RouteDoc] = &[
 ];
 
 /// The x402 facilitator, served beside a sold model when it settles in-process. Public by
-/// x402 design: what it settles is an EIP-3009 authorization the payer signed (amount,
-/// payee, validity window, nonce), so no bearer token is needed; `/verify` changes nothing,
-/// and `/settle` only submits what the payer authorized, once (the nonce).
+/// x402 design: `/verify` changes nothing, and `/settle` submits only an EIP-3009
+/// authorization the payer signed *to this node's own payTo and asset* (403 otherwise, so
+/// the settler key never pays gas for strangers' transfers), through the same ledger as the
+/// paid routes (an authorization is consumed once, whichever way it arrives).
 pub const FACILITATOR: &[RouteDoc] = &[
     route("post", "/facilitator/verify", Access::Facilitator, "x402: check a payment payload against requirements"),
-    route("post", "/facilitator/settle", Access::Facilitator, "x402: settle a payer-signed EIP-3009 authorization"),
+    route(
+        "post",
+        "/facilitator/settle",
+        Access::Facilitator,
+        "x402: settle a payer-signed EIP-3009 authorization to this node's own payTo and asset",
+    ),
     route("get", "/facilitator/supported", Access::Open, "x402: the schemes and networks settled here"),
 ];
 
@@ -143,8 +149,11 @@ pub fn document(routes: &[RouteDoc]) -> Value {
                 op["description"] = json!(
                     "Public by x402 design, the exception to state-changing routes needing the operator token: \
                      the payload is an EIP-3009 transferWithAuthorization the payer signed (amount, payee, \
-                     validity window, single-use nonce), checked here and settled on chain as signed."
+                     validity window, single-use nonce), checked here and settled on chain as signed. \
+                     /settle settles only payments to this node's own payTo and asset (403 otherwise) and \
+                     shares the paid routes' ledger: an authorization is consumed at most once."
                 );
+                op["responses"]["403"] = json!({"description": "not a payment to this node's payTo and asset"});
             }
         }
         let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
@@ -156,7 +165,8 @@ pub fn document(routes: &[RouteDoc]) -> Value {
             "description": "Every route: bodies over 1 MiB get 413; no response head within 30 s (120 s on \
                 paid routes, the recipe's autotune budget + 60 s on POST /api/plans) gets 408. Routes that \
                 change state or reveal payer data need the bearer token, except /facilitator/verify and \
-                /facilitator/settle, public by x402 design (they act on payer-signed EIP-3009 authorizations)."},
+                /facilitator/settle, public by x402 design (they act on payer-signed EIP-3009 authorizations; \
+                /settle only on payments to this node's own payTo and asset)."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
             "description": "node-dir/api.token"}}},
         "paths": paths,

@@ -52,7 +52,16 @@ pub const COLLECTIONS: [Collection; 6] = [
     },
     Collection {
         path: "/api/payments",
-        kinds: &["payment.verified", "payment.settled", "payment.rejected", "payment.unsettled", "payment.replayed"],
+        kinds: &[
+            "payment.verified",
+            "payment.settling",
+            "payment.settled",
+            "payment.failed",
+            "payment.served",
+            "payment.rejected",
+            "payment.unsettled",
+            "payment.replayed",
+        ],
         guarded: true,
         about: "x402 payments (payer, amount, tx), newest first",
     },

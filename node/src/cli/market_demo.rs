@@ -90,9 +90,10 @@ pub fn demo_step(
         let mut config = LocalFacilitatorConfig::new(&rpc, network);
         config.settle_via = SettleVia::Receiver(receiver);
         let facilitator = LocalFacilitator::connect(config, settler).await?;
+        let evidence = facilitator.evidence();
         let sale = Sale {
             offer: Offer { asset: Asset::test_usdc(network, usdc), pay_to: receiver, max_timeout_seconds: 300 },
-            facilitator: Arc::new(facilitator),
+            payments: mindxtrain_node::serve::payments(&log, Arc::new(facilitator), evidence)?,
             prices: billing.pricing.clone(),
             rental: billing.rental.clone(),
             facilitator_routes: true,

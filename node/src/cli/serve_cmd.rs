@@ -16,7 +16,7 @@ use mindxtrain_trainer::recipe::{self as publish, Usdc};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_x402::alloy::primitives::Address;
 use mindxtrain_x402::{
-    Asset, Facilitator, HttpFacilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettleVia,
+    Asset, Evidence, Facilitator, HttpFacilitator, LocalFacilitator, LocalFacilitatorConfig, Network, Offer, SettleVia,
     SettlerKey,
 };
 use serde_json::json;
@@ -52,14 +52,17 @@ pub struct ServeArgs {
     /// Serve without charging, even if the recipe sets a price.
     #[arg(long)]
     pub free: bool,
-    /// JSON-RPC endpoint of the recipe's network (the in-process facilitator verifies and settles there).
+    /// JSON-RPC endpoint of the recipe's network: the in-process facilitator verifies and settles
+    /// there; with --facilitator, the node reads it to check each settlement's transfer and to
+    /// reconcile settlements a restart interrupted.
     #[arg(long, env = "MINDXTRAIN_RPC_URL")]
     pub rpc_url: Option<String>,
     /// File with the hex private key (mode 0600) that pays settlement gas.
     #[arg(long)]
     pub settler_key: Option<PathBuf>,
-    /// Use this HTTP facilitator (/verify, /settle, /supported) instead of settling in-process.
-    #[arg(long, conflicts_with_all = ["rpc_url", "settler_key"])]
+    /// Use this HTTP facilitator (/verify, /settle, /supported) instead of settling in-process
+    /// (with --rpc-url, read-only).
+    #[arg(long, conflicts_with = "settler_key")]
     pub facilitator: Option<String>,
     /// The token contract (required on a local chain, where TestUSDC is deployed per chain).
     #[arg(long)]
@@ -84,7 +87,7 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     let rt = tokio::runtime::Runtime::new()?;
     let served = rt.block_on(async {
         let sale = match &model {
-            Some((_, loaded)) if !args.free => sale(loaded, &args).await?,
+            Some((_, loaded)) if !args.free => sale(loaded, &args, &log).await?,
             _ => None,
         };
         let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
@@ -263,16 +266,19 @@ impl Running {
 }
 
 /// How the recipe's `publish.billing.x402` is sold here, or `None` when it sets no price.
-async fn sale(loaded: &LoadedRecipe, args: &ServeArgs) -> Result<Option<Sale>> {
+async fn sale(loaded: &LoadedRecipe, args: &ServeArgs, log: &Arc<EventLog>) -> Result<Option<Sale>> {
     let Some(billing) = loaded.recipe.publish.billing.x402.clone() else { return Ok(None) };
     let network = Network::new(billing.network.chain_id());
     let asset = asset(&billing, network, args.asset)?;
-    let (facilitator, settler): (Arc<dyn Facilitator>, Option<Address>) = match &args.facilitator {
-        Some(url) => (Arc::new(HttpFacilitator::new(url, Duration::from_secs(60))?), None),
+    let no_rpc = "the recipe sells the model: give --rpc-url and --settler-key (in-process facilitator), \
+                  --facilitator URL with --rpc-url, or --free";
+    let rpc = args.rpc_url.as_deref().context(no_rpc)?;
+    let (facilitator, settler, evidence): (Arc<dyn Facilitator>, Option<Address>, Evidence) = match &args.facilitator {
+        Some(url) => {
+            let evidence = Evidence::connect(rpc).map_err(anyhow::Error::msg)?;
+            (Arc::new(HttpFacilitator::new(url, Duration::from_secs(60))?), None, evidence)
+        }
         None => {
-            let rpc = args.rpc_url.as_deref().context(
-                "the recipe sells the model: give --rpc-url and --settler-key (in-process facilitator), --facilitator URL, or --free",
-            )?;
             let key_path = args.settler_key.as_deref().context("--settler-key FILE is needed to settle payments")?;
             let key = SettlerKey::from_file(key_path)?;
             let address = key.address();
@@ -280,7 +286,9 @@ async fn sale(loaded: &LoadedRecipe, args: &ServeArgs) -> Result<Option<Sale>> {
             if let Some(receiver) = args.receiver {
                 config.settle_via = SettleVia::Receiver(receiver);
             }
-            (Arc::new(LocalFacilitator::connect(config, key).await?), Some(address))
+            let local = LocalFacilitator::connect(config, key).await?;
+            let evidence = local.evidence();
+            (Arc::new(local), Some(address), evidence)
         }
     };
     let pay_to = args
@@ -290,9 +298,10 @@ async fn sale(loaded: &LoadedRecipe, args: &ServeArgs) -> Result<Option<Sale>> {
         .or(settler)
         .context("who is paid? give --pay-to (or publish.billing.x402.pay_to)")?;
     let offer = Offer { asset, pay_to, max_timeout_seconds: 300 };
+    let payments = serve::payments(log, facilitator, evidence).context("reading the payment ledger from the log")?;
     Ok(Some(Sale {
         offer,
-        facilitator,
+        payments,
         prices: billing.pricing.clone(),
         rental: billing.rental.clone(),
         facilitator_routes: args.facilitator.is_none(),

@@ -1,16 +1,15 @@
 //! `GET /v1/models`, `GET /v1/models/{id}` and `POST /v1/chat/completions` (whole or
 //! streamed as server-sent events), with rental tokens standing in for payment.
 
-use std::convert::Infallible;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use mindxtrain_trainer::generate::Sampling;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -20,7 +19,8 @@ use super::model::{Job, Outcome};
 use super::openai::{ApiError, ChatRequest, Usage, chunk_body, completion_body, usage_chunk_body};
 use super::queue::{Refused, Slot};
 use super::rentals::{RentalError, Reservation};
-use super::{AppState, unix_now};
+use super::{AppState, ChatPrice, unix_now};
+use mindxtrain_x402::{Quote, SettleWhen};
 
 pub async fn list_models(State(s): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [model_object(&s)]}))
@@ -48,17 +48,44 @@ pub fn rental_token(headers: &HeaderMap) -> Option<&str> {
     token.starts_with(super::rentals::TOKEN_PREFIX).then_some(token)
 }
 
-pub async fn completions(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    match completion(s, &headers, &body).await {
-        Ok(r) => r,
+/// A chat request read once on the paid path (parsed, checked, tokenized), handed to the
+/// handler in the request's extensions so the answer does not read it again.
+#[derive(Clone)]
+pub struct PreparedChat(Arc<(ChatRequest, Job)>);
+
+/// Prices a paid chat request: what it costs, and when it settles (a stream before its first
+/// byte, a whole answer after it is complete). A request this model cannot answer is refused
+/// here, before any payment is asked for.
+pub fn prepare_paid(s: &AppState, price: ChatPrice, body: &[u8]) -> Result<Quote, ApiError> {
+    let req = parse(body)?;
+    let job = prepare(s, &req)?;
+    let settle = if req.stream { SettleWhen::AfterHead } else { SettleWhen::AfterBody };
+    let mut quote = Quote::new(price.amount(job.prompt_ids.len() + job.max_tokens), settle);
+    quote.extensions.insert(PreparedChat(Arc::new((req, job))));
+    Ok(quote)
+}
+
+fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", format!("not a chat request: {e}")))
+}
+
+pub async fn completions(
+    State(s): State<Arc<AppState>>,
+    prepared: Option<Extension<PreparedChat>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let prepared = match prepared {
+        Some(Extension(PreparedChat(p))) => Ok(p),
+        None => parse(&body).and_then(|req| prepare(&s, &req).map(|job| Arc::new((req, job)))),
+    };
+    match prepared {
+        Ok(p) => completion(s, &headers, &p.0, p.1.clone()).await.unwrap_or_else(|e| e.into_response()),
         Err(e) => e.into_response(),
     }
 }
 
-async fn completion(s: Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-    let req: ChatRequest =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", format!("not a chat request: {e}")))?;
-    let job = prepare(&s, &req)?;
+async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, job: Job) -> Result<Response, ApiError> {
     let rental = match rental_token(headers) {
         Some(token) => Some(s.rentals.reserve(token, &req.model, unix_now()).map_err(rental_refusal)?),
         None => None,
@@ -146,14 +173,6 @@ fn prepare(s: &AppState, req: &ChatRequest) -> Result<Job, ApiError> {
     Ok(Job { prompt_ids, max_tokens, sampling, stops: req.stops()? })
 }
 
-/// The budget a request may consume (prompt + max tokens), for per-token pricing; `None`
-/// when the request is not one this model would serve.
-pub fn token_budget(s: &AppState, body: &[u8]) -> Option<u64> {
-    let req: ChatRequest = serde_json::from_slice(body).ok()?;
-    let job = prepare(s, &req).ok()?;
-    Some((job.prompt_ids.len() + job.max_tokens) as u64)
-}
-
 struct Meta {
     id: String,
     created: u64,
@@ -168,7 +187,9 @@ fn stream(
     meta: Meta,
     include_usage: bool,
 ) -> Response {
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    // A failed generation ends the body with an error after its error chunk, so a paid
+    // stream that did not complete is not counted as delivered (and stays redeemable).
+    let (tx, rx) = mpsc::channel::<Result<Event, std::io::Error>>(64);
     let model = s.model.clone();
     let prompt_tokens = job.prompt_ids.len();
     let generation = tokio::task::spawn_blocking(move || {
@@ -190,6 +211,7 @@ fn stream(
             }
             Err(e) => {
                 send(internal(e.to_string()).body());
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
             }
         }
         result

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use mindxtrain_x402::VerifiedPayment;
+use axum::{Extension, Json};
 use mindxtrain_x402::alloy::primitives::Address;
+use mindxtrain_x402::{Settlement, VerifiedPayment};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -68,12 +68,17 @@ impl RentalPrices {
     }
 }
 
+/// Opens a rental whose payment has settled (the paid layer settles this route before it
+/// runs, so `rental.opened` always follows its transfer, which it names).
 pub async fn open(
     State(s): State<Arc<AppState>>,
-    payment: Option<axum::Extension<VerifiedPayment>>,
+    payment: Option<Extension<VerifiedPayment>>,
+    settlement: Option<Extension<Settlement>>,
+    terms: Option<Extension<Terms>>,
     body: Bytes,
 ) -> Response {
-    let (Some(prices), Some(axum::Extension(payment))) = (s.rental_prices, payment) else {
+    let (Some(prices), Some(Extension(payment)), Some(Extension(settlement))) = (s.rental_prices, payment, settlement)
+    else {
         return ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -82,7 +87,11 @@ pub async fn open(
         )
         .into_response();
     };
-    let (terms, price) = match prices.quote(&s.model.name, &body) {
+    let quoted = match terms {
+        Some(Extension(terms)) => Ok((terms, payment.amount)),
+        None => prices.quote(&s.model.name, &body),
+    };
+    let (terms, price) = match quoted {
         Ok(q) => q,
         Err(m) => return ApiError::invalid("body", m).into_response(),
     };
@@ -93,6 +102,8 @@ pub async fn open(
         "network": payment.network.caip2(),
         "asset": Address::to_checksum(&payment.asset, None),
         "payment_id": payment.payment_id,
+        "tx": settlement.tx.to_string(),
+        "block": settlement.block,
     });
     match s.rentals.open(&s.model.name, &payer, terms, paid, unix_now()).await {
         Ok((claims, token)) => Json(json!({
@@ -105,7 +116,8 @@ pub async fn open(
             "token": token,
         }))
         .into_response(),
-        // A 5xx: the layer settles nothing.
+        // The payment is settled; a retry with the same payment header opens the rental
+        // without paying again.
         Err(e @ RentalError::Log(_)) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "log_unavailable", e.to_string())
                 .into_response()

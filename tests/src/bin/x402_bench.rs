@@ -1,15 +1,20 @@
-//! x402 benchmark: paid-request throughput and added latency on the verify path,
-//! mindxtrain's `PaidRoute` against the reference `@x402/express` 2.27 middleware, both
-//! around the same echo handler and the same facilitator, on loopback, in one run.
+//! x402 benchmark: paid-request throughput and added latency, mindxtrain's `PaidRoute`
+//! against the reference `@x402/express` 2.27 middleware, both around the same echo handler
+//! and the same facilitator, on loopback, in one run; once with settlement stubbed and once
+//! with every payment settled for real on anvil.
 //!
-//! The facilitator is mindxtrain's `LocalFacilitator` on anvil (real EIP-712 recovery,
-//! a real transfer simulation against TestUSDC for each wallet's first payment at a head,
-//! vouchers for the rest),
-//! wrapped in `StubSettle`: `/settle` answers success with a synthetic transaction id
-//! (keccak of the signature) and sends nothing. Both servers settle through that same
-//! object — express over HTTP (`/verify`, `/settle` on loopback), ours once over the same
-//! HTTP routes and once in-process. Every paid request carries a fresh, pre-signed
-//! authorization (signing is the client's cost and happens before timing).
+//! The facilitator is mindxtrain's `LocalFacilitator` on anvil: real EIP-712 recovery and a
+//! real transfer simulation against TestUSDC (`eth_call`) for every payment. Stubbed, it is
+//! wrapped in `StubSettle`, whose settlement answers success with a synthetic transaction and
+//! sends nothing; real, each settlement is a `transferWithAuthorization` mined by anvil, its
+//! receipt's logs checked. Both servers settle through the same object: express over HTTP
+//! (`/verify`, `/settle` on loopback), ours once over the same HTTP routes and once in-process.
+//! Ours records what the node records: `payment.*` events in a real event log (fdatasync'd
+//! group commit) in a temporary node directory, the settlement intent durable before each
+//! broadcast. With real settlement a fourth server is ours without the intent record (the
+//! settlement event still durable before the answer): the difference at p50 is what the
+//! exactly-once ledger costs. Every paid request carries a fresh, pre-signed authorization
+//! (signing is the client's cost and happens before timing).
 //!
 //! "Added latency" = a paid `POST /echo` minus an unpaid `POST /free` (the same handler
 //! without the layer) on the same server, at p50 and p99 over sequential requests, paid and
@@ -24,32 +29,40 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use clap::Parser;
+use mindxtrain_node::log::EventLog;
+use mindxtrain_node::serve::payments::LogPayments;
 use mindxtrain_tests::x402_env::{Chain, ensure_js, js_dir, serve, signed_payment};
 use mindxtrain_x402::alloy::primitives::keccak256;
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use mindxtrain_x402::facilitator::BoxFuture;
+use mindxtrain_x402::ledger::{Intent, Landed};
 use mindxtrain_x402::wire::{
     PaymentPayload, PaymentRequirements, SettlementResponse, SupportedResponse, VerifyResponse,
 };
 use mindxtrain_x402::{
-    Facilitator, HttpFacilitator, NoEvents, Offer, PaidRoute, PaidRouteConfig, Pricing, facilitator_routes, header,
+    Facilitator, HttpFacilitator, NoEvents, Offer, PaidRoute, PaidRouteConfig, PaymentEvents, PaymentFacts, Payments,
+    Pricing, Recorded, RejectReason, Settled, SettledBy, facilitator_routes, header,
 };
 
 #[derive(Parser)]
 #[command(about = "x402 paid-request benchmark: PaidRoute vs @x402/express, same facilitator")]
 struct Args {
-    /// Paid requests per server for the throughput run.
+    /// Paid requests per server for the throughput run, settlement stubbed.
     #[arg(long, default_value_t = 2000)]
     requests: usize,
+    /// Paid requests per server for the throughput run, settled on anvil.
+    #[arg(long, default_value_t = 600)]
+    settled_requests: usize,
     /// Requests in flight during the throughput run.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Sequential requests per latency sample (paid and unpaid each, in turn).
+    /// Sequential requests per latency sample (paid and unpaid each, in turn), stubbed.
     #[arg(long, default_value_t = 2000)]
     samples: usize,
-    /// Paying wallets, used in turn. A wallet's first payment at a chain head is simulated
-    /// with `eth_call`; its next ones at that head are vouched for (no settlement lands here,
-    /// so the head stands): the more wallets, the more payments are simulated.
+    /// Sequential requests per latency sample, settled on anvil.
+    #[arg(long, default_value_t = 400)]
+    settled_samples: usize,
+    /// Paying wallets, used in turn.
     #[arg(long, default_value_t = 8)]
     payers: usize,
 }
@@ -64,21 +77,59 @@ impl Facilitator for StubSettle {
         self.0.verify(p, r)
     }
     fn settle<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, SettlementResponse> {
+        Box::pin(async move { self.settle_checked(p, r).await.response })
+    }
+    fn settle_checked<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
         Box::pin(async move {
-            SettlementResponse {
+            let tx = keccak256(p.payload.signature.as_bytes());
+            let response = SettlementResponse {
                 success: true,
                 error_reason: None,
                 error_message: None,
                 payer: Some(p.payload.authorization.from.clone()),
-                transaction: keccak256(p.payload.signature.as_bytes()).to_string(),
+                transaction: tx.to_string(),
                 network: r.network.clone(),
                 amount: Some(r.amount.clone()),
-            }
+            };
+            Settled { response, landed: Some(Landed { tx, block: 0 }) }
         })
     }
     fn supported(&self) -> BoxFuture<'_, SupportedResponse> {
         self.0.supported()
     }
+}
+
+/// The node's payment events, except that the settlement intent is not recorded: the
+/// baseline for what the exactly-once ledger adds.
+struct WithoutIntent(LogPayments);
+
+impl PaymentEvents for WithoutIntent {
+    fn verified(&self, f: &PaymentFacts) {
+        self.0.verified(f)
+    }
+    fn settling(&self, _: &Intent) -> Recorded {
+        mindxtrain_x402::events::recorded()
+    }
+    fn settled(&self, i: &Intent, l: &Landed, by: SettledBy) -> Recorded {
+        self.0.settled(i, l, by)
+    }
+    fn failed(&self, i: &Intent, r: &RejectReason, m: Option<&str>) {
+        self.0.failed(i, r, m)
+    }
+    fn served(&self, i: &Intent, l: &Landed, a: u32) {
+        self.0.served(i, l, a)
+    }
+    fn rejected(&self, f: &PaymentFacts, r: &RejectReason, m: Option<&str>) {
+        self.0.rejected(f, r, m)
+    }
+}
+
+/// A node's event log in a temporary directory.
+fn temp_log() -> anyhow::Result<(tempfile::TempDir, Arc<EventLog>)> {
+    let dir = tempfile::tempdir()?;
+    mindxtrain_node::node::init(dir.path())?;
+    let (log, _, _) = mindxtrain_node::node::open(dir.path())?;
+    Ok((dir, Arc::new(log)))
 }
 
 fn echo_router(layer: Option<PaidRoute>) -> Router {
@@ -119,6 +170,7 @@ fn start_express(port: u16, facilitator: &str, pay_to: &str, asset: &str) -> any
 }
 
 struct Row {
+    mode: &'static str,
     server: &'static str,
     link: &'static str,
     paid_rps: f64,
@@ -199,12 +251,16 @@ async fn throughput(
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn measure(
+    mode: &'static str,
     server: &'static str,
     link: &'static str,
     base: &str,
     payers: &[PrivateKeySigner],
     chain: &Chain,
+    requests: usize,
+    samples: usize,
     args: &Args,
 ) -> anyhow::Result<Row> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency * 2).build()?;
@@ -217,11 +273,12 @@ async fn measure(
     };
     let (paid, free) = (format!("{base}/echo"), format!("{base}/free"));
     interleaved(&http, &free, &paid, &sign(50), 50).await?;
-    let (free_t, paid_t) = interleaved(&http, &free, &paid, &sign(args.samples), args.samples).await?;
-    let free_rps = throughput(&http, &free, None, args.requests, args.concurrency).await?;
-    let bulk = Arc::new(sign(args.requests));
-    let paid_rps = throughput(&http, &paid, Some(bulk), args.requests, args.concurrency).await?;
+    let (free_t, paid_t) = interleaved(&http, &free, &paid, &sign(samples), samples).await?;
+    let free_rps = throughput(&http, &free, None, requests, args.concurrency).await?;
+    let bulk = Arc::new(sign(requests));
+    let paid_rps = throughput(&http, &paid, Some(bulk), requests, args.concurrency).await?;
     Ok(Row {
+        mode,
         server,
         link,
         paid_rps,
@@ -231,6 +288,64 @@ async fn measure(
         p50_added_us: pct(&paid_t, 0.5) - pct(&free_t, 0.5),
         p99_added_us: pct(&paid_t, 0.99) - pct(&free_t, 0.99),
     })
+}
+
+/// One settlement mode: the servers up together, measured one after the other.
+async fn run_mode(
+    label: &'static str,
+    facilitator: Arc<dyn Facilitator>,
+    chain: &Chain,
+    payers: &[PrivateKeySigner],
+    args: &Args,
+) -> anyhow::Result<Vec<Row>> {
+    let settled = label != "stubbed";
+    let pay_to = PrivateKeySigner::random().address();
+    let offer = Offer { asset: chain.asset.clone(), pay_to, max_timeout_seconds: 120 };
+    let evidence = chain.facilitator().await?.evidence();
+    let routes_payments =
+        Payments { evidence: Some(evidence.clone()), ..Payments::new(facilitator.clone(), Arc::new(NoEvents)) };
+    let (facilitator_url, _f) = serve(facilitator_routes(routes_payments, vec![offer.clone()])).await?;
+    let (_dirs, logs) = {
+        let (a, la) = temp_log()?;
+        let (b, lb) = temp_log()?;
+        let (c, lc) = temp_log()?;
+        (vec![a, b, c], vec![la, lb, lc])
+    };
+    let layer = |f: Arc<dyn Facilitator>, events: Arc<dyn PaymentEvents>| {
+        let payments = Payments { evidence: Some(evidence.clone()), ..Payments::new(f, events) };
+        PaidRoute::new(PaidRouteConfig::new(vec![offer.clone()], Pricing::PerCall { amount: PRICE }), payments)
+    };
+    let over_http: Arc<dyn Facilitator> = Arc::new(HttpFacilitator::new(&facilitator_url, Duration::from_secs(30))?);
+    let node_events = |log: &Arc<EventLog>| -> Arc<dyn PaymentEvents> { Arc::new(LogPayments::new(log.clone())) };
+    let (ours_local, _a) = serve(echo_router(Some(layer(facilitator.clone(), node_events(&logs[0]))))).await?;
+    let (ours_http, _b) = serve(echo_router(Some(layer(over_http, node_events(&logs[1]))))).await?;
+    let without_intent: Arc<dyn PaymentEvents> = Arc::new(WithoutIntent(LogPayments::new(logs[2].clone())));
+    let (ours_no_intent, _c) = serve(echo_router(Some(layer(facilitator.clone(), without_intent)))).await?;
+    let port = mindxtrain_chain::anvil::free_port()?;
+    let _express = start_express(port, &facilitator_url, &pay_to.to_checksum(None), &chain.usdc.to_checksum(None))?;
+    let express = format!("http://127.0.0.1:{port}");
+    let (n, samples) =
+        if settled { (args.settled_requests, args.settled_samples) } else { (args.requests, args.samples) };
+    let mut rows = vec![
+        measure(label, "@x402/express 2.27", "HTTP", &express, payers, chain, n, samples, args).await?,
+        measure(label, "mindxtrain PaidRoute", "HTTP", &ours_http, payers, chain, n, samples, args).await?,
+        measure(label, "mindxtrain PaidRoute", "in-process", &ours_local, payers, chain, n, samples, args).await?,
+    ];
+    if settled {
+        let r = measure(
+            label,
+            "PaidRoute, no intent record",
+            "in-process",
+            &ours_no_intent,
+            payers,
+            chain,
+            n,
+            samples,
+            args,
+        );
+        rows.push(r.await?);
+    }
+    Ok(rows)
 }
 
 #[tokio::main]
@@ -244,47 +359,48 @@ async fn main() -> anyhow::Result<()> {
         chain.mint(p.address(), 1_000_000_000_000).await?;
     }
     let local: Arc<dyn Facilitator> = chain.facilitator().await?;
-    let stub: Arc<dyn Facilitator> = Arc::new(StubSettle(local));
-    let (facilitator_url, _f) = serve(facilitator_routes(stub.clone())).await?;
-
-    let pay_to = PrivateKeySigner::random().address();
-    let offer = Offer { asset: chain.asset.clone(), pay_to, max_timeout_seconds: 120 };
-    let layer = |f: Arc<dyn Facilitator>| {
-        PaidRoute::new(
-            PaidRouteConfig::new(vec![offer.clone()], Pricing::PerCall { amount: PRICE }),
-            f,
-            Arc::new(NoEvents),
-        )
-    };
-    let over_http: Arc<dyn Facilitator> = Arc::new(HttpFacilitator::new(&facilitator_url, Duration::from_secs(30))?);
-    let (ours_local, _a) = serve(echo_router(Some(layer(stub.clone())))).await?;
-    let (ours_http, _b) = serve(echo_router(Some(layer(over_http)))).await?;
-    let port = mindxtrain_chain::anvil::free_port()?;
-    let _express = start_express(port, &facilitator_url, &pay_to.to_checksum(None), &chain.usdc.to_checksum(None))?;
-    let express = format!("http://127.0.0.1:{port}");
-
-    let rows = vec![
-        measure("@x402/express 2.27", "HTTP", &express, &payers, &chain, &args).await?,
-        measure("mindxtrain PaidRoute", "HTTP", &ours_http, &payers, &chain, &args).await?,
-        measure("mindxtrain PaidRoute", "in-process", &ours_local, &payers, &chain, &args).await?,
-    ];
+    let stub: Arc<dyn Facilitator> = Arc::new(StubSettle(local.clone()));
+    let mut rows = run_mode("stubbed", stub, &chain, &payers, &args).await?;
+    rows.extend(run_mode("settled on anvil", local, &chain, &payers, &args).await?);
     println!(
-        "requests {} · concurrency {} · latency samples {} · payers {} · facilitator: LocalFacilitator on anvil, settle stubbed\n",
-        args.requests, args.concurrency, args.samples, args.payers
+        "concurrency {} · payers {} · stubbed: {} requests, {} latency samples · settled: {} requests, {} samples\n",
+        args.concurrency, args.payers, args.requests, args.samples, args.settled_requests, args.settled_samples
     );
     println!(
-        "| server | facilitator | paid req/s | unpaid req/s | paid p50 µs | paid p99 µs | added p50 µs | added p99 µs |"
+        "| settlement | server | facilitator | paid req/s | unpaid req/s | paid p50 µs | paid p99 µs | added p50 µs | added p99 µs |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
-            r.server, r.link, r.paid_rps, r.free_rps, r.p50_paid_us, r.p99_paid_us, r.p50_added_us, r.p99_added_us
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            r.mode,
+            r.server,
+            r.link,
+            r.paid_rps,
+            r.free_rps,
+            r.p50_paid_us,
+            r.p99_paid_us,
+            r.p50_added_us,
+            r.p99_added_us
         );
     }
-    let reference = rows[0].paid_rps;
-    for r in &rows[1..] {
-        println!("{} ({}): {:.1}x the reference's paid req/s", r.server, r.link, r.paid_rps / reference);
+    for mode in ["stubbed", "settled on anvil"] {
+        let of: Vec<&Row> = rows.iter().filter(|r| r.mode == mode).collect();
+        let reference = of[0].paid_rps;
+        for r in &of[1..] {
+            println!("{mode}: {} ({}): {:.1}x the reference's paid req/s", r.server, r.link, r.paid_rps / reference);
+        }
+    }
+    let settled: Vec<&Row> = rows.iter().filter(|r| r.mode == "settled on anvil").collect();
+    if let (Some(with), Some(without)) = (settled.get(2), settled.get(3)) {
+        let added = with.p50_paid_us - without.p50_paid_us;
+        println!(
+            "exactly-once ledger (intent record): paid p50 {:.0} µs with, {:.0} µs without: {:+.0} µs ({:+.1}%)",
+            with.p50_paid_us,
+            without.p50_paid_us,
+            added,
+            100.0 * added / without.p50_paid_us
+        );
     }
     Ok(())
 }
