@@ -106,7 +106,7 @@ pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
         let price = ChatPrice::of(&sale.prices);
         let s = state.clone();
         let prepare: Prepare =
-            Arc::new(move |_, body| chat::prepare_paid(&s, price, body).map_err(|e| e.into_response()));
+            Arc::new(move |_, body| chat::prepare_paid(&s, price, body).map_err(|e| Box::new(e.into_response())));
         let mut chat_sale = PaidRouteConfig::new(vec![sale.offer.clone()], Pricing::Prepared(prepare));
         chat_sale.description = Some(format!("chat completion from {}", state.model.name));
         // A rental token pays for the call instead: the handler checks and meters it.

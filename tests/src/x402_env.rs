@@ -29,6 +29,7 @@ mod abi {
     mindxtrain_x402::alloy::sol! {
         #[sol(rpc)]
         interface ITestToken {
+            event Transfer(address indexed from, address indexed to, uint256 value);
             function mint(address to, uint256 amount) external;
             function balanceOf(address account) external view returns (uint256);
             function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
@@ -122,6 +123,38 @@ impl Chain {
     pub async fn balance(&self, who: Address) -> anyhow::Result<u64> {
         let b = ITestToken::new(self.usdc, &self.admin).balanceOf(who).call().await?;
         Ok(u64::try_from(b)?)
+    }
+
+    /// Turns anvil's automine on or off (off: transactions wait in the pool for [`Chain::mine`]).
+    pub async fn automine(&self, on: bool) -> anyhow::Result<()> {
+        self.admin.raw_request::<_, ()>("evm_setAutomine".into(), (on,)).await?;
+        Ok(())
+    }
+
+    /// Mines one block with what the pool holds.
+    pub async fn mine(&self) -> anyhow::Result<()> {
+        self.admin.raw_request::<_, serde_json::Value>("evm_mine".into(), ()).await?;
+        Ok(())
+    }
+
+    /// Transactions waiting in anvil's pool.
+    pub async fn pending(&self) -> anyhow::Result<u64> {
+        let status: serde_json::Value = self.admin.raw_request("txpool_status".into(), ()).await?;
+        let pending = status["pending"].as_str().unwrap_or("0x0");
+        Ok(u64::from_str_radix(pending.trim_start_matches("0x"), 16)?)
+    }
+
+    /// The transactions that moved TestUSDC to `to` (its `Transfer` logs), in chain order.
+    pub async fn transfers_to(&self, to: Address) -> anyhow::Result<Vec<B256>> {
+        use mindxtrain_x402::alloy::rpc::types::Filter;
+        use mindxtrain_x402::alloy::sol_types::SolEvent;
+        let filter = Filter::new()
+            .address(self.usdc)
+            .event_signature(abi::ITestToken::Transfer::SIGNATURE_HASH)
+            .topic2(to.into_word())
+            .from_block(0);
+        let logs = self.admin.get_logs(&filter).await?;
+        Ok(logs.iter().filter_map(|l| l.transaction_hash).collect())
     }
 
     pub async fn nonce_used(&self, from: Address, nonce: B256) -> anyhow::Result<bool> {
@@ -240,10 +273,40 @@ impl PaidServer {
                 })
                 .layer(other),
             )
+            .route(
+                "/stream",
+                post(stream_handler).layer(PaidRoute::new(stream_config(offer.clone()), payments.clone())),
+            )
             .nest("/facilitator", facilitator_routes(Payments { facilitator: local, ..payments.clone() }, vec![offer]));
         let (url, task) = serve(router).await?;
         Ok(Self { url, pay_to, events, payments, served, task })
     }
+}
+
+/// How many chunks `/stream` sends, one every [`STREAM_GAP`].
+pub const STREAM_CHUNKS: usize = 10;
+pub const STREAM_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `/stream` is sold like a streamed completion: settled after its response head, before
+/// its first byte.
+fn stream_config(offer: Offer) -> PaidRouteConfig {
+    let prepare: mindxtrain_x402::pricing::Prepare =
+        Arc::new(|_, _| Ok(mindxtrain_x402::Quote::new(PRICE, mindxtrain_x402::SettleWhen::AfterHead)));
+    PaidRouteConfig::new(vec![offer], Pricing::Prepared(prepare))
+}
+
+/// `chunk 0\n`, `chunk 1\n`, … one every [`STREAM_GAP`].
+async fn stream_handler() -> axum::body::Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    tokio::spawn(async move {
+        for i in 0..STREAM_CHUNKS {
+            if tx.send(Ok(Bytes::from(format!("chunk {i}\n")))).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(STREAM_GAP).await;
+        }
+    });
+    axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// The 402 a route answers without payment.

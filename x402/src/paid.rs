@@ -220,7 +220,7 @@ where
     };
     let quote = match shared.config.pricing.quote(&parts, &body) {
         Ok(q) => q,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     let priced = price(&shared.config, &parts, quote.amount);
     let mut facts = PaymentFacts {
@@ -288,10 +288,10 @@ where
     let settling = match settling.found_on_chain().await {
         Found::Yes(delivery) => {
             parts.extensions.insert(delivery.settlement());
-            return deliver(&shared, inner, parts, body, quote.settle, delivery, running).await;
+            return deliver(&shared, inner, parts, body, quote.settle, *delivery, running).await;
         }
         Found::Refused(refusal) => return refusal.response(p.version),
-        Found::No(s) => s,
+        Found::No(s) => *s,
     };
 
     let verdict = shared.payments.facilitator.verify(&p.payload, &p.requirements).await;

@@ -50,7 +50,7 @@ impl Quote {
 
 /// Reads a request's head and body and quotes it, or answers it outright (a 4xx that needs
 /// no payment).
-pub type Prepare = Arc<dyn Fn(&http::request::Parts, &bytes::Bytes) -> Result<Quote, Response> + Send + Sync>;
+pub type Prepare = Arc<dyn Fn(&http::request::Parts, &bytes::Bytes) -> Result<Quote, Box<Response>> + Send + Sync>;
 
 #[derive(Clone)]
 pub enum Pricing {
@@ -60,7 +60,7 @@ pub enum Pricing {
 }
 
 impl Pricing {
-    pub fn quote(&self, parts: &http::request::Parts, body: &bytes::Bytes) -> Result<Quote, Response> {
+    pub fn quote(&self, parts: &http::request::Parts, body: &bytes::Bytes) -> Result<Quote, Box<Response>> {
         let mut quote = match self {
             Pricing::PerCall { amount } => Quote::new(*amount, SettleWhen::AfterBody),
             Pricing::Prepared(prepare) => prepare(parts, body)?,
@@ -98,7 +98,7 @@ mod tests {
         let q = Pricing::PerCall { amount: 1000 }.quote(&parts(), &bytes::Bytes::new()).unwrap();
         assert_eq!((q.amount, q.settle), (1000, SettleWhen::AfterBody));
         let prepare: Prepare = Arc::new(|_, body| match body.as_ref() {
-            b"" => Err(Response::new(axum::body::Body::from("empty"))),
+            b"" => Err(Box::new(Response::new(axum::body::Body::from("empty")))),
             b => {
                 let mut q = Quote::new(b.len() as u64 * 10, SettleWhen::AfterHead);
                 q.extensions.insert(b.len());

@@ -93,7 +93,7 @@ pub fn demo_step(
         let evidence = facilitator.evidence();
         let sale = Sale {
             offer: Offer { asset: Asset::test_usdc(network, usdc), pay_to: receiver, max_timeout_seconds: 300 },
-            payments: mindxtrain_node::serve::payments(&log, Arc::new(facilitator), evidence)?,
+            payments: mindxtrain_node::serve::payments(log, Arc::new(facilitator), evidence)?,
             prices: billing.pricing.clone(),
             rental: billing.rental.clone(),
             facilitator_routes: true,

@@ -36,8 +36,8 @@ pub(crate) struct Settling {
 
 /// What a takeover found on chain.
 pub(super) enum Found {
-    Yes(Delivery),
-    No(Settling),
+    Yes(Box<Delivery>),
+    No(Box<Settling>),
     Refused(SettleRefusal),
 }
 
@@ -72,15 +72,15 @@ impl Settling {
     /// A request that took over a settlement of unknown outcome looks for its transfer
     /// first: found, the payment is settled and its answer is delivered without a new one.
     pub(super) async fn found_on_chain(self) -> Found {
-        let (true, Some(evidence)) = (self.took_over, &self.payments.evidence) else { return Found::No(self) };
+        let (true, Some(evidence)) = (self.took_over, &self.payments.evidence) else { return Found::No(Box::new(self)) };
         let Ok(Some(landed)) = evidence.find(&Expected::of(&self.key, &self.intent)).await else {
-            return Found::No(self);
+            return Found::No(Box::new(self));
         };
         let payer = self.payload.payload.authorization.from.clone();
         let Settling { payments, requirements, intent, ticket, version, .. } = self;
         match record_settled(&payments, intent, ticket, landed, SettledBy::Reconciled).await {
             Ok((intent, ticket)) => {
-                Found::Yes(Delivery::new(&payments, intent, landed, ticket, version, &requirements, true))
+                Found::Yes(Box::new(Delivery::new(&payments, intent, landed, ticket, version, &requirements, true)))
             }
             Err(e) => Found::Refused(SettleRefusal::new(&RejectReason::SettlementPending, &requirements, payer, Some(e), true)),
         }
