@@ -195,11 +195,13 @@ pub fn record(kind: &str, data: &Value) -> Option<Record> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_ledger_event_reads_back_as_its_record() {
         let dir = tempfile::tempdir().unwrap();
-        crate::node::init(dir.path()).unwrap();
-        let (log, _, _) = crate::node::open(dir.path()).unwrap();
+        let (log, _, _) = tokio::task::block_in_place(|| {
+            crate::node::init(dir.path()).unwrap();
+            crate::node::open(dir.path()).unwrap()
+        });
         let log = Arc::new(log);
         let events = LogPayments::new(log.clone());
         let facts = PaymentFacts {
