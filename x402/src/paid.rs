@@ -278,7 +278,7 @@ where
         Claim::Redeem(ticket, landed) => {
             let delivery = Delivery::new(&shared.payments, intent, landed, ticket, p.version, &p.requirements, true);
             parts.extensions.insert(delivery.settlement());
-            return deliver(&shared, inner, parts, body, quote.settle, delivery, None).await;
+            return deliver(&shared, inner, parts, body, quote.settle, delivery, running).await;
         }
         Claim::Fresh(ticket) => ticket,
     };

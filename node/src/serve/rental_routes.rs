@@ -95,17 +95,15 @@ pub async fn open(
         Ok(q) => q,
         Err(m) => return ApiError::invalid("body", m).into_response(),
     };
-    let payer = Address::to_checksum(&payment.payer, None);
-    let paid = json!({
-        "amount": payment.amount.to_string(),
-        "quoted": price.to_string(),
-        "network": payment.network.caip2(),
-        "asset": Address::to_checksum(&payment.asset, None),
-        "payment_id": payment.payment_id,
-        "tx": settlement.tx.to_string(),
-        "block": settlement.block,
-    });
-    match s.rentals.open(&s.model.name, &payer, terms, paid, unix_now()).await {
+    // A redemption (the first answer was lost) gets the rental its payment already opened.
+    let opened = match s.rentals.opened_by(&settlement.tx.to_string()) {
+        Some(done) => Ok(done),
+        None => {
+            let payer = Address::to_checksum(&payment.payer, None);
+            s.rentals.open(&s.model.name, &payer, terms, paid(&payment, price, &settlement), unix_now()).await
+        }
+    };
+    match opened {
         Ok((claims, token)) => Json(json!({
             "id": claims.id,
             "object": "rental",
@@ -125,6 +123,19 @@ pub async fn open(
         Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "rental_failed", e.to_string())
             .into_response(),
     }
+}
+
+/// What a rental's `rental.opened` records of its payment.
+fn paid(payment: &VerifiedPayment, quoted: u64, settlement: &Settlement) -> serde_json::Value {
+    json!({
+        "amount": payment.amount.to_string(),
+        "quoted": quoted.to_string(),
+        "network": payment.network.caip2(),
+        "asset": Address::to_checksum(&payment.asset, None),
+        "payment_id": payment.payment_id,
+        "tx": settlement.tx.to_string(),
+        "block": settlement.block,
+    })
 }
 
 pub async fn show(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {

@@ -139,6 +139,14 @@ impl RentalBook {
         Ok((claims.clone(), sign_token(&self.identity, &claims)))
     }
 
+    /// The rental a settled payment already opened (its transaction), with its token: a
+    /// retry whose first answer was lost gets the same rental, not a second one.
+    pub fn opened_by(&self, tx: &str) -> Option<(RentalClaims, String)> {
+        let rentals = self.lock();
+        let r = rentals.values().find(|r| r.opened["payment"]["tx"].as_str() == Some(tx))?;
+        Some((r.claims.clone(), sign_token(&self.identity, &r.claims)))
+    }
+
     /// Admits one call carrying `token` for `model`.
     pub fn reserve(self: &Arc<Self>, token: &str, model: &str, now: u64) -> Result<Reservation, RentalError> {
         let claims = verify_token(token, &self.identity.verifying_key())?;
@@ -347,6 +355,21 @@ mod tests {
         }
         assert!(verify_token(&token[..token.len() - 3], &node.verifying_key()).is_err());
         assert!(verify_token(&token.replacen("mxr1.", "mxr2.", 1), &node.verifying_key()).is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_payment_opens_one_rental_and_a_retry_gets_the_same_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, id, _) = tokio::task::block_in_place(|| {
+            crate::node::init(dir.path()).unwrap();
+            crate::node::open(dir.path()).unwrap()
+        });
+        let book = RentalBook::load(Arc::new(log), Arc::new(id)).unwrap();
+        assert!(book.opened_by("0xabc").is_none());
+        let payment = json!({"tx": "0xabc", "amount": "10"});
+        let (claims, token) = book.open("m", "0x01", Terms::Calls(2), payment, 5).await.unwrap();
+        assert_eq!(book.opened_by("0xabc"), Some((claims, token)), "the same claims and token");
+        assert!(book.opened_by("0xdef").is_none());
     }
 
     proptest! {
