@@ -76,6 +76,9 @@ impl PaymentEvents for RecordedEvents {
     fn failed(&self, _: &Intent, reason: &RejectReason, _: Option<&str>) {
         self.push(format!("failed:{}", reason.code()));
     }
+    fn void(&self, _: &Intent) {
+        self.push("void".into());
+    }
     fn served(&self, _: &Intent, landed: &Landed, attempt: u32) {
         self.push(format!("served:{}:{attempt}", landed.tx));
     }

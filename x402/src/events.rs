@@ -67,6 +67,9 @@ pub trait PaymentEvents: Send + Sync + 'static {
     fn settled(&self, intent: &Intent, landed: &Landed, by: SettledBy) -> Recorded;
     /// `payment.failed`: a settlement was attempted (or left pending) and will never land.
     fn failed(&self, intent: &Intent, reason: &RejectReason, message: Option<&str>);
+    /// `payment.failed` with nothing sent: the intent was recorded, then the payment was
+    /// refused or dropped before its settlement was sent.
+    fn void(&self, _intent: &Intent) {}
     /// `payment.served`: the paid answer's last byte was handed to the connection;
     /// `attempt` > 1 when it redeemed a settlement whose earlier answers were lost.
     fn served(&self, intent: &Intent, landed: &Landed, attempt: u32);

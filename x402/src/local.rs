@@ -256,6 +256,8 @@ impl LocalFacilitator {
         let m = &p.auth.message;
         let expected = Expected { asset: p.asset.address, from: m.from, to: m.to, value: m.value, nonce: m.nonce };
         let deadline = Instant::now() + self.config.receipt_timeout;
+        // A local chain mines at once, a public one in seconds: poll soon, then less often.
+        let mut wait = Duration::from_millis(1);
         loop {
             match self.provider.get_transaction_receipt(tx).await {
                 Ok(Some(r)) if r.status() => {
@@ -264,7 +266,10 @@ impl LocalFacilitator {
                 Ok(Some(_)) => {
                     return Err((RejectReason::SettlementFailed, Some(format!("transaction {tx} reverted"))));
                 }
-                Ok(None) | Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
+                Ok(None) | Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(100));
+                }
                 Ok(None) => return Err((RejectReason::SettlementPending, Some(format!("no receipt for {tx} yet")))),
                 Err(e) => return Err((RejectReason::SettlementPending, Some(e.to_string()))),
             }

@@ -294,6 +294,13 @@ where
         Found::No(s) => *s,
     };
 
+    // Refused without a chain call or a record when it is wrong on its face (recipient, value,
+    // time window); the facilitator checks the same again.
+    if let Err(reason) = crate::exact::check_offline(&p.payload.payload, &p.requirements, crate::exact::now_secs()) {
+        return reject(&shared, &priced, &facts, reason, None);
+    }
+    let mut settling = settling;
+    settling.record_intent();
     let verdict = shared.payments.facilitator.verify(&p.payload, &p.requirements).await;
     if !verdict.is_valid {
         let reason = RejectReason::from_code(verdict.invalid_reason.as_deref().unwrap_or("unexpected_error"));

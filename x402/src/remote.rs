@@ -180,7 +180,8 @@ async fn settle_own(
             && req.asset.parse().ok() == Some(o.asset.address)
             && req.pay_to.parse().ok() == Some(o.pay_to)
     });
-    if !own || payload.accepted.pay_to != req.pay_to || payload.accepted.asset != req.asset {
+    let same = |a: &str, b: &str| a.parse::<alloy::primitives::Address>().ok() == b.parse().ok();
+    if !own || !same(&payload.accepted.pay_to, &req.pay_to) || !same(&payload.accepted.asset, &req.asset) {
         let msg = "this facilitator settles only payments to this node's own payTo and assets";
         return Err(refuse(StatusCode::FORBIDDEN, RejectReason::RecipientMismatch, msg));
     }

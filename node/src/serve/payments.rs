@@ -3,9 +3,9 @@
 //! | event | when | durable before |
 //! |---|---|---|
 //! | `payment.verified` | the facilitator accepted the payment | (group-committed in the background) |
-//! | `payment.settling` | settlement is about to be sent (the intent) | anything is broadcast |
+//! | `payment.settling` | the intent, written as soon as the authorization is claimed (the write overlaps with verification and the handler) | anything is broadcast |
 //! | `payment.settled` | the transfer is on chain, its receipt's logs checked | the answer's first byte |
-//! | `payment.failed` | settlement was attempted and will never land | — |
+//! | `payment.failed` | the intent is void: settlement was sent and will never land (`sent: true`), or the payment was refused or dropped before anything was sent (`sent: false`) | — |
 //! | `payment.served` | the answer's last byte went to the connection | — |
 //! | `payment.rejected` | refused before anything was settled | — |
 //! | `payment.unsettled` | the handler failed after verification: nothing charged | — |
@@ -64,14 +64,17 @@ impl LogPayments {
         })
     }
 
-    /// Submits the event without waiting for it; a failure is logged.
+    /// Submits the event without waiting for it (it is queued for the group commit at once); a
+    /// failure is logged when a runtime is there to wait for the answer.
     fn background(&self, kind: &str, facts: &PaymentFacts, extra: Value) {
         let recorded = self.record(kind, facts, extra);
-        tokio::spawn(async move {
-            if let Err(e) = recorded.await {
-                tracing::error!(error = %e, "payment event");
-            }
-        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = recorded.await {
+                    tracing::error!(error = %e, "payment event");
+                }
+            });
+        }
     }
 }
 
@@ -114,7 +117,17 @@ impl PaymentEvents for LogPayments {
     }
 
     fn failed(&self, intent: &Intent, reason: &RejectReason, message: Option<&str>) {
-        self.background("payment.failed", &intent.facts, json!({"reason": reason.code(), "message": message}));
+        let extra = json!({"reason": reason.code(), "message": message, "sent": true});
+        self.background("payment.failed", &intent.facts, extra);
+    }
+
+    fn void(&self, intent: &Intent) {
+        let message = "refused or abandoned after its intent was recorded, before anything was sent";
+        self.background(
+            "payment.failed",
+            &intent.facts,
+            json!({"reason": "not_sent", "message": message, "sent": false}),
+        );
     }
 
     fn served(&self, intent: &Intent, landed: &Landed, attempt: u32) {

@@ -99,6 +99,29 @@ impl Facilitator for StubSettle {
     }
 }
 
+/// A remote facilitator whose settlements are taken as landed without reading a receipt: for
+/// the stubbed run only, where no transaction exists to read.
+struct TakenAsLanded(Arc<dyn Facilitator>);
+
+impl Facilitator for TakenAsLanded {
+    fn verify<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, VerifyResponse> {
+        self.0.verify(p, r)
+    }
+    fn settle<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, SettlementResponse> {
+        self.0.settle(p, r)
+    }
+    fn settle_checked<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
+        Box::pin(async move {
+            let response = self.0.settle(p, r).await;
+            let landed = response.transaction.parse().ok().map(|tx| Landed { tx, block: 0 });
+            Settled { response, landed }
+        })
+    }
+    fn supported(&self) -> BoxFuture<'_, SupportedResponse> {
+        self.0.supported()
+    }
+}
+
 /// The node's payment events, except that the settlement intent is not recorded: the
 /// baseline for what the exactly-once ledger adds.
 struct WithoutIntent(LogPayments);
@@ -124,12 +147,15 @@ impl PaymentEvents for WithoutIntent {
     }
 }
 
-/// A node's event log in a temporary directory.
+/// A node's event log in a temporary directory (made off the async runtime: `init` waits for
+/// its genesis event to be durable).
 fn temp_log() -> anyhow::Result<(tempfile::TempDir, Arc<EventLog>)> {
-    let dir = tempfile::tempdir()?;
-    mindxtrain_node::node::init(dir.path())?;
-    let (log, _, _) = mindxtrain_node::node::open(dir.path())?;
-    Ok((dir, Arc::new(log)))
+    tokio::task::block_in_place(|| {
+        let dir = tempfile::tempdir()?;
+        mindxtrain_node::node::init(dir.path())?;
+        let (log, _, _) = mindxtrain_node::node::open(dir.path())?;
+        Ok((dir, Arc::new(log)))
+    })
 }
 
 fn echo_router(layer: Option<PaidRoute>) -> Router {
@@ -186,6 +212,13 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
+/// Why a 402 was answered: the refusal code, or the failed settlement's reason.
+fn refusal_of(h: &reqwest::header::HeaderMap) -> Option<String> {
+    let required = h.get(header::PAYMENT_REQUIRED).and_then(|v| header::decode_payment_required(v.as_bytes()).ok());
+    let settled = h.get(header::PAYMENT_RESPONSE).and_then(|v| header::decode_payment_response(v.as_bytes()).ok());
+    required.and_then(|r| r.error).or_else(|| settled.and_then(|s| s.error_reason))
+}
+
 async fn one(http: &reqwest::Client, url: &str, payment: Option<&str>) -> anyhow::Result<()> {
     let mut rb = http.post(url).header("content-type", "application/json").body(r#"{"prompt":"bench"}"#);
     if let Some(p) = payment {
@@ -193,9 +226,10 @@ async fn one(http: &reqwest::Client, url: &str, payment: Option<&str>) -> anyhow
     }
     let r = rb.send().await?;
     let status = r.status();
-    let has_receipt = r.headers().contains_key(header::PAYMENT_RESPONSE);
+    let headers = r.headers().clone();
+    let has_receipt = headers.contains_key(header::PAYMENT_RESPONSE);
     let _ = r.bytes().await?;
-    ensure!(status == 200, "{url}: status {status}");
+    ensure!(status == 200, "{url}: status {status} ({:?})", refusal_of(&headers));
     ensure!(payment.is_none() || has_receipt, "{url}: no PAYMENT-RESPONSE");
     Ok(())
 }
@@ -316,6 +350,8 @@ async fn run_mode(
         PaidRoute::new(PaidRouteConfig::new(vec![offer.clone()], Pricing::PerCall { amount: PRICE }), payments)
     };
     let over_http: Arc<dyn Facilitator> = Arc::new(HttpFacilitator::new(&facilitator_url, Duration::from_secs(30))?);
+    // Stubbed, there is no receipt to check; settled, ours reads each one (as the node does).
+    let over_http = if settled { over_http } else { Arc::new(TakenAsLanded(over_http)) };
     let node_events = |log: &Arc<EventLog>| -> Arc<dyn PaymentEvents> { Arc::new(LogPayments::new(log.clone())) };
     let (ours_local, _a) = serve(echo_router(Some(layer(facilitator.clone(), node_events(&logs[0]))))).await?;
     let (ours_http, _b) = serve(echo_router(Some(layer(over_http, node_events(&logs[1]))))).await?;

@@ -13,7 +13,7 @@ use axum::response::Response;
 use http::{HeaderValue, StatusCode};
 
 use super::{Payments, Settlement, Version};
-use crate::events::{PaymentEvents, SettledBy};
+use crate::events::{PaymentEvents, Recorded, SettledBy};
 use crate::evidence::{Expected, check_receipt};
 use crate::facilitator::settle_failed;
 use crate::header;
@@ -32,6 +32,30 @@ pub(crate) struct Settling {
     version: Version,
     /// The ticket took over a settlement whose outcome was unknown.
     took_over: bool,
+    /// The intent's record, once it was started ([`Settling::record_intent`]).
+    intent_record: Option<(Recorded, VoidUnlessSent)>,
+}
+
+/// Closes a recorded intent with `payment.failed` (nothing sent) when the payment is dropped
+/// before settlement (refused, its handler failed, its client left), so a restarted node
+/// does not take it for a settlement of unknown outcome.
+struct VoidUnlessSent {
+    events: Arc<dyn PaymentEvents>,
+    intent: Option<Intent>,
+}
+
+impl VoidUnlessSent {
+    fn sent(mut self) {
+        self.intent = None;
+    }
+}
+
+impl Drop for VoidUnlessSent {
+    fn drop(&mut self) {
+        if let Some(intent) = self.intent.take() {
+            self.events.void(&intent);
+        }
+    }
 }
 
 /// What a takeover found on chain.
@@ -66,7 +90,21 @@ impl Settling {
             intent,
             ticket,
             version,
+            intent_record: None,
         }
+    }
+
+    /// Starts recording the intent now, so that its write (durable before any broadcast)
+    /// overlaps with verification and the handler rather than adding to the settlement.
+    pub(crate) fn record_intent(&mut self) {
+        if self.intent_record.is_none() {
+            self.intent_record = Some(self.start_intent());
+        }
+    }
+
+    fn start_intent(&self) -> (Recorded, VoidUnlessSent) {
+        let recorded = self.payments.events.settling(&self.intent);
+        (recorded, VoidUnlessSent { events: self.payments.events.clone(), intent: Some(self.intent.clone()) })
     }
 
     /// A request that took over a settlement of unknown outcome looks for its transfer
@@ -108,10 +146,15 @@ impl Settling {
         let refuse = |r: &RejectReason, msg: Option<String>, pending| {
             SettleRefusal::new(r, &self.requirements, payer.clone(), msg, pending)
         };
-        if let Err(e) = self.payments.events.settling(&self.intent).await {
+        let (recorded, void) = match self.intent_record.take() {
+            Some(started) => started,
+            None => self.start_intent(),
+        };
+        if let Err(e) = recorded.await {
             let msg = format!("the settlement intent could not be recorded, nothing was sent: {e}");
             return Err(refuse(&RejectReason::FacilitatorUnavailable, Some(msg), false));
         }
+        void.sent();
         self.ticket.settling(self.intent.clone());
         let settled = self.payments.facilitator.settle_checked(&self.payload, &self.requirements).await;
         let expected = Expected::of(&self.key, &self.intent);
