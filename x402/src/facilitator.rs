@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::events::Recorded;
 use crate::evidence::Evidence;
 use crate::ledger::Landed;
 use crate::reason::RejectReason;
@@ -32,8 +33,22 @@ pub trait Facilitator: Send + Sync + 'static {
     fn supported(&self) -> BoxFuture<'_, SupportedResponse>;
 
     /// [`Facilitator::settle`], with the checked transfer when this facilitator reads the chain.
-    fn settle_checked<'a>(&'a self, payload: &'a PaymentPayload, req: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
-        Box::pin(async move { Settled { response: self.settle(payload, req).await, landed: None } })
+    /// Nothing may be broadcast before `ready` (the caller's durable settlement intent)
+    /// completes `Ok`; a facilitator may prepare the transaction meanwhile.
+    fn settle_checked<'a>(
+        &'a self,
+        payload: &'a PaymentPayload,
+        req: &'a PaymentRequirements,
+        ready: Recorded,
+    ) -> BoxFuture<'a, Settled> {
+        Box::pin(async move {
+            if let Err(e) = ready.await {
+                let why = Some(format!("the settlement intent was not recorded, nothing was sent: {e}"));
+                let payer = Some(payload.payload.authorization.from.clone());
+                return Settled { response: settle_failed(&RejectReason::FacilitatorUnavailable, req, payer, why), landed: None };
+            }
+            Settled { response: self.settle(payload, req).await, landed: None }
+        })
     }
 
     /// The chain reader this facilitator settles through, if it has one.

@@ -5,11 +5,12 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use alloy::network::EthereumWallet;
+use alloy::network::{EthereumWallet, NetworkTransactionBuilder, TransactionBuilder};
 use alloy::primitives::{Address, B256, Bytes, U256, keccak256};
 use alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use thiserror::Error;
 
+use crate::events::Recorded;
 use crate::evidence::{Evidence, Expected, check_receipt};
 use crate::exact::{CheckedPayment, check_offline, now_secs};
 use crate::facilitator::{BoxFuture, Facilitator, Settled, settle_failed, verify_ok, verify_rejected};
@@ -97,6 +98,7 @@ type AuthKey = (Address, Address, B256);
 
 pub struct LocalFacilitator {
     provider: DynProvider,
+    wallet: EthereumWallet,
     settler: Address,
     config: LocalFacilitatorConfig,
     /// Authorizations being settled right now: a second settle of one is refused. A settled
@@ -114,11 +116,12 @@ impl LocalFacilitator {
         // The default nonce cache takes a nonce before gas estimation, so a settlement that
         // reverts in estimation would leave a gap and strand every later one in the pool;
         // sends are serialized anyway, so the pending count is read for each.
+        let wallet = EthereumWallet::from(key.signer().clone());
         let provider = ProviderBuilder::default()
             .with_gas_estimation()
             .with_simple_nonce_management()
             .fetch_chain_id()
-            .wallet(EthereumWallet::from(key.signer().clone()))
+            .wallet(wallet.clone())
             .connect_http(url)
             .erased();
         let actual = provider.get_chain_id().await.map_err(|e| FacilitatorError::Rpc(e.to_string()))?;
@@ -128,6 +131,7 @@ impl LocalFacilitator {
         Ok(Self {
             evidence: Evidence::new(provider.clone()),
             provider,
+            wallet,
             settler: key.address(),
             config,
             settling: Mutex::new(HashSet::new()),
@@ -246,11 +250,33 @@ impl LocalFacilitator {
         alloy::contract::RawCallBuilder::new_raw(&self.provider, input.into()).to(target)
     }
 
-    /// Sends the settlement and waits for its receipt, which must show the transfer.
-    async fn send_and_wait(&self, p: &CheckedPayment) -> Result<Landed, (RejectReason, Option<String>)> {
+    /// Prepares the settlement (gas, nonce and fees read concurrently, then signed) while
+    /// `ready` (the caller's durable intent) completes, broadcasts it only then, and waits for
+    /// its receipt, which must show the transfer.
+    async fn send_and_wait(&self, p: &CheckedPayment, ready: Recorded) -> Result<Landed, (RejectReason, Option<String>)> {
         let pending = {
+            // One sender at a time: the pending count is the next nonce.
             let _one_sender = self.send_lock.lock().await;
-            self.settle_call_data(p).from(self.settler).send().await.map_err(|e| revert_reason(&e))?
+            let mut tx = self.settle_call_data(p).from(self.settler).into_transaction_request();
+            let rpc = |e: alloy::transports::TransportError| (RejectReason::SettlementFailed, Some(e.to_string()));
+            let (gas, nonce, fees, ready) = tokio::join!(
+                self.provider.estimate_gas(tx.clone()),
+                self.provider.get_transaction_count(self.settler).pending(),
+                self.provider.estimate_eip1559_fees(),
+                ready,
+            );
+            ready.map_err(|e| {
+                (RejectReason::FacilitatorUnavailable, Some(format!("the settlement intent was not recorded: {e}")))
+            })?;
+            let gas = gas.map_err(|e| revert_reason(&alloy::contract::Error::TransportError(e)))?;
+            let fees = fees.map_err(rpc)?;
+            tx.set_gas_limit(gas);
+            tx.set_nonce(nonce.map_err(rpc)?);
+            tx.set_chain_id(self.config.network.chain_id);
+            tx.set_max_fee_per_gas(fees.max_fee_per_gas);
+            tx.set_max_priority_fee_per_gas(fees.max_priority_fee_per_gas);
+            let signed = tx.build(&self.wallet).await.map_err(|e| (RejectReason::SettlementFailed, Some(e.to_string())))?;
+            self.provider.send_tx_envelope(signed).await.map_err(rpc)?
         };
         let tx = *pending.tx_hash();
         let m = &p.auth.message;
@@ -331,10 +357,15 @@ impl Facilitator for LocalFacilitator {
         payload: &'a PaymentPayload,
         req: &'a PaymentRequirements,
     ) -> BoxFuture<'a, SettlementResponse> {
-        Box::pin(async move { self.settle_checked(payload, req).await.response })
+        Box::pin(async move { self.settle_checked(payload, req, crate::events::recorded()).await.response })
     }
 
-    fn settle_checked<'a>(&'a self, payload: &'a PaymentPayload, req: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
+    fn settle_checked<'a>(
+        &'a self,
+        payload: &'a PaymentPayload,
+        req: &'a PaymentRequirements,
+        ready: Recorded,
+    ) -> BoxFuture<'a, Settled> {
         Box::pin(async move {
             let payer = Some(payload.payload.authorization.from.clone());
             let failed = |r: &RejectReason, msg| Settled { response: settle_failed(r, req, payer.clone(), msg), landed: None };
@@ -346,7 +377,7 @@ impl Facilitator for LocalFacilitator {
             if !lock(&self.settling).insert(key) {
                 return failed(&RejectReason::NonceInFlight, None);
             }
-            let outcome = self.send_and_wait(&checked).await;
+            let outcome = self.send_and_wait(&checked, ready).await;
             lock(&self.settling).remove(&key);
             match outcome {
                 Ok(landed) => Settled {

@@ -77,10 +77,16 @@ impl Facilitator for StubSettle {
         self.0.verify(p, r)
     }
     fn settle<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, SettlementResponse> {
-        Box::pin(async move { self.settle_checked(p, r).await.response })
+        Box::pin(async move { self.settle_checked(p, r, mindxtrain_x402::events::recorded()).await.response })
     }
-    fn settle_checked<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
+    fn settle_checked<'a>(
+        &'a self,
+        p: &'a PaymentPayload,
+        r: &'a PaymentRequirements,
+        ready: Recorded,
+    ) -> BoxFuture<'a, Settled> {
         Box::pin(async move {
+            let _ = ready.await;
             let tx = keccak256(p.payload.signature.as_bytes());
             let response = SettlementResponse {
                 success: true,
@@ -110,8 +116,14 @@ impl Facilitator for TakenAsLanded {
     fn settle<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, SettlementResponse> {
         self.0.settle(p, r)
     }
-    fn settle_checked<'a>(&'a self, p: &'a PaymentPayload, r: &'a PaymentRequirements) -> BoxFuture<'a, Settled> {
+    fn settle_checked<'a>(
+        &'a self,
+        p: &'a PaymentPayload,
+        r: &'a PaymentRequirements,
+        ready: Recorded,
+    ) -> BoxFuture<'a, Settled> {
         Box::pin(async move {
+            let _ = ready.await;
             let response = self.0.settle(p, r).await;
             let landed = response.transaction.parse().ok().map(|tx| Landed { tx, block: 0 });
             Settled { response, landed }

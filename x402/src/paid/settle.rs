@@ -150,13 +150,11 @@ impl Settling {
             Some(started) => started,
             None => self.start_intent(),
         };
-        if let Err(e) = recorded.await {
-            let msg = format!("the settlement intent could not be recorded, nothing was sent: {e}");
-            return Err(refuse(&RejectReason::FacilitatorUnavailable, Some(msg), false));
-        }
+        // From here the facilitator may broadcast (once the intent is durable): the intent
+        // stays, and its outcome is recorded below or found by reconciliation.
         void.sent();
         self.ticket.settling(self.intent.clone());
-        let settled = self.payments.facilitator.settle_checked(&self.payload, &self.requirements).await;
+        let settled = self.payments.facilitator.settle_checked(&self.payload, &self.requirements, recorded).await;
         let expected = Expected::of(&self.key, &self.intent);
         let checked = match (settled.response.success, settled.landed, &self.payments.evidence) {
             (true, Some(landed), _) => Ok((landed, SettledBy::Request)),
