@@ -13,7 +13,10 @@
 //! group commit) in a temporary node directory, the settlement intent durable before each
 //! broadcast. With real settlement a fourth server is ours without the intent record (the
 //! settlement event still durable before the answer): the difference at p50 is what the
-//! exactly-once ledger costs. Every paid request carries a fresh, pre-signed authorization
+//! exactly-once ledger costs; stubbed, the fourth is ours recording nothing (what the
+//! reference records), which shows what the node's log costs. The servers are measured in
+//! interleaved rounds (`--rounds`), so that what drifts (the chain growing a block per
+//! settlement, load from elsewhere) falls on all alike. Every paid request carries a fresh, pre-signed authorization
 //! (signing is the client's cost and happens before timing).
 //!
 //! "Added latency" = a paid `POST /echo` minus an unpaid `POST /free` (the same handler
@@ -65,6 +68,9 @@ struct Args {
     /// Paying wallets, used in turn.
     #[arg(long, default_value_t = 8)]
     payers: usize,
+    /// Rounds: each takes its share of every server's samples and requests in turn.
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
 }
 
 const PRICE: u64 = 10_000;
@@ -269,6 +275,7 @@ async fn interleaved(
     Ok((free_t, paid_t))
 }
 
+/// Seconds to send `n` requests with `concurrency` in flight.
 async fn throughput(
     http: &reqwest::Client,
     url: &str,
@@ -294,49 +301,90 @@ async fn throughput(
     for task in tasks {
         task.await??;
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    Ok(t.elapsed().as_secs_f64())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn measure(
-    mode: &'static str,
+/// One server under test.
+struct Target {
     server: &'static str,
     link: &'static str,
-    base: &str,
+    base: String,
+}
+
+/// What one target's rounds add up to.
+#[derive(Default)]
+struct Acc {
+    free_t: Vec<Duration>,
+    paid_t: Vec<Duration>,
+    free_s: f64,
+    paid_s: f64,
+}
+
+/// Measures every target in `rounds` rounds, each round taking its share of latency samples
+/// and throughput requests from every target in turn, so that what drifts during the run
+/// (the chain growing by a block per settlement, other load on the machine) falls on all
+/// of them alike.
+#[allow(clippy::too_many_arguments)]
+async fn measure_all(
+    mode: &'static str,
+    targets: &[Target],
     payers: &[PrivateKeySigner],
     chain: &Chain,
     requests: usize,
     samples: usize,
+    rounds: usize,
     args: &Args,
-) -> anyhow::Result<Row> {
+) -> anyhow::Result<Vec<Row>> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency * 2).build()?;
-    let required = mindxtrain_tests::x402_env::payment_required(&http, &format!("{base}/echo")).await?;
-    let accepted = &required.accepts[0];
-    let sign = |n: usize| -> Vec<String> {
-        (0..n)
-            .map(|i| header::encode(&signed_payment(&payers[i % payers.len()], accepted, &chain.asset, |_| {})))
-            .collect()
+    let mut acc: Vec<Acc> = targets.iter().map(|_| Acc::default()).collect();
+    let mut accepted = Vec::new();
+    for t in targets {
+        let required = mindxtrain_tests::x402_env::payment_required(&http, &format!("{}/echo", t.base)).await?;
+        accepted.push(required.accepts[0].clone());
+    }
+    let sign = |n: usize, i: usize| -> Vec<String> {
+        let payer = |k: usize| &payers[k % payers.len()];
+        (0..n).map(|k| header::encode(&signed_payment(payer(k), &accepted[i], &chain.asset, |_| {}))).collect()
     };
-    let (paid, free) = (format!("{base}/echo"), format!("{base}/free"));
-    interleaved(&http, &free, &paid, &sign(50), 50).await?;
-    let (free_t, paid_t) = interleaved(&http, &free, &paid, &sign(samples), samples).await?;
-    let free_rps = throughput(&http, &free, None, requests, args.concurrency).await?;
-    let bulk = Arc::new(sign(requests));
-    let paid_rps = throughput(&http, &paid, Some(bulk), requests, args.concurrency).await?;
-    Ok(Row {
-        mode,
-        server,
-        link,
-        paid_rps,
-        free_rps,
-        p50_paid_us: pct(&paid_t, 0.5),
-        p99_paid_us: pct(&paid_t, 0.99),
-        p50_added_us: pct(&paid_t, 0.5) - pct(&free_t, 0.5),
-        p99_added_us: pct(&paid_t, 0.99) - pct(&free_t, 0.99),
-    })
+    for (i, t) in targets.iter().enumerate() {
+        interleaved(&http, &format!("{}/free", t.base), &format!("{}/echo", t.base), &sign(20, i), 20).await?;
+    }
+    let rounds = rounds.max(1);
+    let (per_round_samples, per_round_requests) = (samples.div_ceil(rounds), requests.div_ceil(rounds));
+    for _ in 0..rounds {
+        for (i, t) in targets.iter().enumerate() {
+            let (paid, free) = (format!("{}/echo", t.base), format!("{}/free", t.base));
+            let (f, p) = interleaved(&http, &free, &paid, &sign(per_round_samples, i), per_round_samples).await?;
+            acc[i].free_t.extend(f);
+            acc[i].paid_t.extend(p);
+            acc[i].free_s += throughput(&http, &free, None, per_round_requests, args.concurrency).await?;
+            let bulk = Arc::new(sign(per_round_requests, i));
+            acc[i].paid_s += throughput(&http, &paid, Some(bulk), per_round_requests, args.concurrency).await?;
+        }
+    }
+    let done = (per_round_requests * rounds) as f64;
+    Ok(targets
+        .iter()
+        .zip(acc)
+        .map(|(t, mut a)| {
+            a.free_t.sort();
+            a.paid_t.sort();
+            Row {
+                mode,
+                server: t.server,
+                link: t.link,
+                paid_rps: done / a.paid_s,
+                free_rps: done / a.free_s,
+                p50_paid_us: pct(&a.paid_t, 0.5),
+                p99_paid_us: pct(&a.paid_t, 0.99),
+                p50_added_us: pct(&a.paid_t, 0.5) - pct(&a.free_t, 0.5),
+                p99_added_us: pct(&a.paid_t, 0.99) - pct(&a.free_t, 0.99),
+            }
+        })
+        .collect())
 }
 
-/// One settlement mode: the servers up together, measured one after the other.
+/// One settlement mode: the servers up together, measured in interleaved rounds.
 async fn run_mode(
     label: &'static str,
     facilitator: Arc<dyn Facilitator>,
@@ -369,30 +417,24 @@ async fn run_mode(
     let (ours_http, _b) = serve(echo_router(Some(layer(over_http, node_events(&logs[1]))))).await?;
     let without_intent: Arc<dyn PaymentEvents> = Arc::new(WithoutIntent(LogPayments::new(logs[2].clone())));
     let (ours_no_intent, _c) = serve(echo_router(Some(layer(facilitator.clone(), without_intent)))).await?;
+    let (ours_no_log, _d) = serve(echo_router(Some(layer(facilitator.clone(), Arc::new(NoEvents))))).await?;
     let port = mindxtrain_chain::anvil::free_port()?;
     let _express = start_express(port, &facilitator_url, &pay_to.to_checksum(None), &chain.usdc.to_checksum(None))?;
     let express = format!("http://127.0.0.1:{port}");
     let (n, samples) =
         if settled { (args.settled_requests, args.settled_samples) } else { (args.requests, args.samples) };
-    let mut rows = vec![
-        measure(label, "@x402/express 2.27", "HTTP", &express, payers, chain, n, samples, args).await?,
-        measure(label, "mindxtrain PaidRoute", "HTTP", &ours_http, payers, chain, n, samples, args).await?,
-        measure(label, "mindxtrain PaidRoute", "in-process", &ours_local, payers, chain, n, samples, args).await?,
+    let target = |server, link, base: &str| Target { server, link, base: base.to_owned() };
+    let mut targets = vec![
+        target("@x402/express 2.27", "HTTP", &express),
+        target("mindxtrain PaidRoute", "HTTP", &ours_http),
+        target("mindxtrain PaidRoute", "in-process", &ours_local),
     ];
     if settled {
-        let r = measure(
-            label,
-            "PaidRoute, no intent record",
-            "in-process",
-            &ours_no_intent,
-            payers,
-            chain,
-            n,
-            samples,
-            args,
-        );
-        rows.push(r.await?);
+        targets.push(target("PaidRoute, no intent record", "in-process", &ours_no_intent));
+    } else {
+        targets.push(target("PaidRoute, no event log", "in-process", &ours_no_log));
     }
+    let rows = measure_all(label, &targets, payers, chain, n, samples, args.rounds, args).await?;
     Ok(rows)
 }
 
