@@ -14,8 +14,10 @@
 //! uninterrupted one.
 
 mod autotune;
+pub mod base;
 mod device;
 pub mod eval;
+mod export;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod layout;
@@ -25,15 +27,17 @@ mod session;
 mod threads;
 
 pub use autotune::measure_plan;
+pub use base::{BaseRecord, adapter_base, check_base_choice};
 pub use device::{device_name, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
+pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
 pub use session::{Session, evaluate_checkpoint, load_checkpoint};
 pub use threads::{apply_choices, apply_plan, apply_threads};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};
-use crate::data::{DataError, DataOptions};
+use crate::data::{DataError, DataOptions, DatasetManifest};
 use crate::events::EventSink;
 use crate::model::ModelError;
 use crate::optim::OptimError;
@@ -55,10 +59,16 @@ pub struct RunSpec {
     /// Continue from the newest complete checkpoint in `out_dir`.
     pub resume: bool,
     pub data: DataOptions,
-    /// Start from this HF checkpoint directory instead of `model.path` / random init.
+    /// Start from this HF checkpoint directory instead of `model.path` / random init. On a
+    /// resume, `None` means the base recorded in `run.json`.
     pub init_from: Option<PathBuf>,
+    /// On a resume, accept a base other than the recorded one (it is recorded instead).
+    pub force_base: bool,
     /// Prompts generated and scored per evaluation.
     pub eval_prompts: usize,
+    /// What the driver says about the run (who launched it, how its plan was obtained),
+    /// recorded as `context` in `run.started` / `run.resumed`.
+    pub context: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What a finished run produced.
@@ -74,6 +84,12 @@ pub struct RunSummary {
     pub files: Vec<SavedFile>,
     pub eval: Option<EvalReport>,
     pub dataset_digest: String,
+    /// What went into the data: examples read, skipped lines, held out.
+    pub dataset: DatasetManifest,
+    /// The weights the run started from.
+    pub base: BaseRecord,
+    /// The step the run (re)started at in this process.
+    pub start_step: u64,
 }
 
 /// One optimizer step, for progress displays.
@@ -95,6 +111,8 @@ pub trait Observer {
     fn started(&mut self, _first_step: u64, _total_steps: u64) {}
     fn step(&mut self, _report: &StepReport) {}
     fn note(&mut self, _message: &str) {}
+    /// Every evaluation on the held-out data, in the middle of the run and at its end.
+    fn evaluated(&mut self, _report: &EvalReport) {}
     /// Asked after every step: `true` stops the run there, after a checkpoint (so
     /// `--resume` continues from it), with `run.cancelled` and [`RunError::Cancelled`].
     fn cancelled(&mut self) -> bool {
@@ -134,6 +152,9 @@ pub enum RunError {
     Events(String),
     #[error("loss became {value} at step {step}: the run diverged (lower the learning rate?)")]
     Diverged { step: u64, value: f64 },
+    /// The base weights: missing for an adapter, or not the ones recorded.
+    #[error("{0}")]
+    Base(String),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
 }
@@ -189,7 +210,9 @@ mod tests {
             resume: false,
             data: DataOptions::default(),
             init_from: None,
+            force_base: false,
             eval_prompts: 1,
+            context: Default::default(),
         }
     }
 

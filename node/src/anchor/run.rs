@@ -83,6 +83,7 @@ pub async fn deploy(
         deploy_block: d.block,
         deployer: d.deployer,
         deployed_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        test_usdc: None,
     };
     log.append_async(AppendRequest::new(
         KIND_DEPLOYED,
@@ -101,6 +102,47 @@ pub async fn deploy(
     ))
     .await?;
     deployment.save(node_dir, replace)?;
+    Ok(deployment)
+}
+
+/// The EIP-712 name and version of the test token, those of USDC (`x402::Asset::test_usdc`).
+pub const TEST_USDC_DOMAIN: (&str, &str) = ("USD Coin", "2");
+
+/// Deploys `TestUSDC` (EIP-3009, open mint: for local and test chains) beside the node's
+/// registry, records `chain.deployed` and adds it to chain.json.
+pub async fn deploy_test_usdc(
+    log: &EventLog,
+    node_dir: &std::path::Path,
+    rpc_url: &str,
+    embedded: bool,
+    key: &mindxtrain_chain::AnchorKey,
+) -> Result<Deployment, AnchorError> {
+    let mut deployment = Deployment::load(node_dir)?;
+    let (name, version) = TEST_USDC_DOMAIN;
+    let d = mindxtrain_chain::deploy::deploy_test_usdc(rpc_url, key, name, version).await?;
+    if d.chain_id != deployment.chain_id {
+        return Err(
+            mindxtrain_chain::ChainError::WrongChainId { expected: deployment.chain_id, actual: d.chain_id }.into()
+        );
+    }
+    log.append_async(AppendRequest::new(
+        KIND_DEPLOYED,
+        format!("{:#x}", d.address),
+        json!({
+            "contract": "TestUSDC",
+            "network": deployment.network,
+            "chain_id": d.chain_id,
+            "token": d.address,
+            "tx": d.tx,
+            "block": d.block,
+            "deployer": d.deployer,
+            "gas_used": d.gas_used,
+            "endpoint": display_url(rpc_url, embedded),
+        }),
+    ))
+    .await?;
+    deployment.test_usdc = Some(d.address);
+    deployment.save(node_dir, true)?;
     Ok(deployment)
 }
 

@@ -37,9 +37,13 @@ pub struct ServeArgs {
     /// The run's trained weights or adapter (`runs/NAME/final`); needed with a recipe.
     #[arg(long, requires = "recipe")]
     pub checkpoint: Option<PathBuf>,
-    /// The base model an adapter applies to (the run's --init-from).
+    /// The base an adapter applies to. Default: the base recorded beside the adapter
+    /// (base_model.json); another one is refused unless --force-base.
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// Serve the adapter over --base even though it is not the base it was trained on.
+    #[arg(long, requires = "base")]
+    pub force_base: bool,
     /// Fold a LoRA adapter into the base weights before serving.
     #[arg(long)]
     pub merge: bool,
@@ -158,6 +162,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         recipe_dir: &recipe_dir,
         checkpoint,
         base: args.base.as_deref(),
+        force_base: args.force_base,
         merge: args.merge,
         name: args.name.clone(),
     })?;
