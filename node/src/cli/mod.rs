@@ -80,7 +80,7 @@ pub enum Command {
     /// Seal a run into a signed in-toto/SLSA manifest; show one; hash files (sha256 + blake3, one pass).
     #[command(
         subcommand,
-        after_help = "`train` seals every run itself; `manifest seal` is for a run trained elsewhere, whose events\n(subject RUN) are in this log or whose range is given.\n\nExamples:\n  mindxtrain manifest seal my-run --recipe run.yaml --output-dir ./out --first-seq 1 --last-seq 1\n  mindxtrain manifest show ~/.mindxtrain/manifests/<blake3>.json\n  mindxtrain manifest hash runs/tiny_cpu_lora/final/adapter_model.safetensors"
+        after_help = "`train` seals every run itself; `manifest seal` is for a run trained elsewhere, whose events\n(subject RUN) are in this log, or whose range --first-seq/--last-seq gives.\n\nExamples:\n  mindxtrain log append --kind run.finished --subject my-run --data '{\"run_id\":\"my-run\"}'\n  mindxtrain manifest seal my-run --recipe run.yaml --output-dir ./out\n  mindxtrain manifest show ~/.mindxtrain/manifests/<blake3>.json\n  mindxtrain manifest hash runs/tiny_cpu_lora/final/adapter_model.safetensors"
     )]
     Manifest(manifest_cmd::ManifestCommand),
     /// Export a run's receipt bundle, or verify one (or a bare manifest) without the node.
@@ -158,6 +158,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// The last component of a path, for naming a file in a manifest or message.
 pub(crate) fn file_name(p: &std::path::Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}
+
+/// `1 event`, `2 events`.
+pub(crate) fn plural(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
 /// `argv` as one line a POSIX shell reads back into the same words.

@@ -168,6 +168,13 @@ impl Observer for Progress<'_> {
 }
 
 impl Hooks for Progress<'_> {
+    fn probing(&mut self, budget_seconds: u32, path: &std::path::Path) {
+        self.say(&format!(
+            "no plan given: measuring one first (within autotune.budget_seconds, {budget_seconds} s); it is kept as {}",
+            path.display()
+        ));
+    }
+
     fn planned(&mut self, plan: &UsedPlan) {
         let c = &plan.plan.choices;
         let how = match &plan.source {

@@ -114,7 +114,12 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
                 r.event.seq,
                 match &r.anchor {
                     Some(a) => format!("anchored on chain {} in block {} (tx {:#x})", a.chain_id, a.block, a.tx),
-                    None => "not anchored yet: run `mindxtrain anchor`, then export again".into(),
+                    None if mindxtrain_node::anchor::Deployment::path(dir).exists() => {
+                        "not anchored yet: run `mindxtrain anchor`, then export again".into()
+                    }
+                    None =>
+                        "not anchored yet: run `mindxtrain chain deploy` and `mindxtrain anchor`, then export again"
+                            .into(),
                 }
             )
         },

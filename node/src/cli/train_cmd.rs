@@ -3,7 +3,7 @@
 use super::interrupt;
 use super::output::Output;
 use super::progress::Progress;
-use super::{EXIT_INVALID_INPUT, shell_words};
+use super::{EXIT_INVALID_INPUT, plural, shell_words};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::ProgressBar;
@@ -173,11 +173,6 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-/// `1 event`, `2 events`.
-pub fn plural(n: u64, noun: &str) -> String {
-    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
-}
-
 pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
     let recipe = match read_recipe(&args.recipe, out)? {
         Ok(r) => r,
@@ -186,9 +181,6 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     let r = &recipe.loaded.recipe;
     let out_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&r.meta.run_name));
     let (log, key, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
-    let kept_plan = args.resume && out_dir.join(training::PLAN_FILE).exists();
-    let probe_budget =
-        (args.plan.is_none() && r.autotune.plan.is_none() && !kept_plan).then_some(r.autotune.budget_seconds);
     let every = args.progress_every.unwrap_or(u64::from(r.train.log_every_steps.max(1)));
     let tensorboard = args.tensorboard.then(|| out_dir.join("tensorboard"));
     let req = TrainRequest {
@@ -205,12 +197,6 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     };
     let guard = interrupt::Guard::install();
     let mut progress = Progress::new(out.json, every, tensorboard, &guard);
-    if let Some(budget) = probe_budget.filter(|_| !out.json) {
-        eprintln!(
-            "no --plan: measuring one first (within autotune.budget_seconds, {budget} s); it is kept as {}",
-            out_dir.join(training::PLAN_FILE).display()
-        );
-    }
     let result = training::train_and_seal(&log, &key, node_dir, &req, &mut progress);
     if let Some(problem) = progress.finish() {
         eprintln!("warning: {problem}");
@@ -284,11 +270,13 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
     let manifest_b3 = hex::encode(t.sealed.digests.blake3);
     let latest = out_dir.join("checkpoints").join(format!("step-{:08}", s.steps));
     let eval_json = out_dir.join("eval.json");
-    let anchor_hint = if Deployment::path(node_dir).exists() {
-        "mindxtrain anchor".to_string()
+    // What anchors it from here: the registry first when there is none yet.
+    let anchor_steps: &[&str] = if Deployment::path(node_dir).exists() {
+        &["mindxtrain anchor"]
     } else {
-        "mindxtrain chain deploy, then mindxtrain anchor".to_string()
+        &["mindxtrain chain deploy", "mindxtrain anchor"]
     };
+    let anchor_hint = anchor_steps.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", then ");
     let plan_source = match &t.plan.source {
         PlanSource::Given(p) => json!({"source": "given", "given": p}),
         PlanSource::Probed => json!({"source": "probed"}),
@@ -307,7 +295,7 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
             "run": out_dir.join("run.json"), "dataset": out_dir.join("dataset.json"), "plan": t.plan.path,
             "tensorboard": tensorboard, "manifest": t.sealed.path},
         "manifest": {"file": t.sealed.path, "blake3": manifest_b3, "seq": t.sealed.seq},
-        "next": {"anchor": anchor_hint, "receipt": format!("mindxtrain receipt export {}", s.run_id)},
+        "next": {"anchor": anchor_steps, "receipt": format!("mindxtrain receipt export {}", s.run_id)},
     });
     out.emit(&value, || {
         let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |l| format!("{l:.4}"));
@@ -324,8 +312,8 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
         });
         lines.push(format!("  loss      training {} (last step), held-out {}{exact}", f(s.final_loss), f(held_out)));
         let mut data = format!(
-            "  data      {} training, {} held out, {} skipped",
-            plural(d.train_examples, "example"),
+            "  data      {}, {} held out, {} skipped",
+            plural(d.train_examples, "training example"),
             d.holdout_examples,
             plural(d.skipped_lines, "malformed line")
         );
@@ -341,7 +329,7 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
         };
         lines.push(format!("  plan      {} ({how})", t.plan.path.display()));
         lines.push(format!("  weights   {} (with tokenizer.json and the chat template)", s.final_dir.display()));
-        lines.push(format!("  checkpoint {}", latest.display()));
+        lines.push(format!("  latest    {}", latest.display()));
         if eval_json.is_file() {
             lines.push(format!("  eval      {}", eval_json.display()));
         }
@@ -350,10 +338,8 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
             lines.push(format!("  curves    {} (tensorboard --logdir {})", tb.display(), tb.display()));
         }
         lines.push(format!("  manifest  {} (blake3 {manifest_b3})", t.sealed.path.display()));
-        lines.push(format!(
-            "next: `mindxtrain receipt export {}` (now), `{anchor_hint}` to anchor it on chain",
-            s.run_id
-        ));
+        lines
+            .push(format!("next: `mindxtrain receipt export {}` (now); {anchor_hint} to anchor it on chain", s.run_id));
         lines.join("\n")
     });
 }

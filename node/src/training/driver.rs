@@ -132,6 +132,8 @@ pub struct UsedPlan {
 
 /// What the caller sees of a run besides every step: the plan chosen, the sealing begun.
 pub trait Hooks: Observer + Send {
+    /// A plan is about to be measured (within the recipe's budget), to be kept at `path`.
+    fn probing(&mut self, _budget_seconds: u32, _path: &Path) {}
     fn planned(&mut self, _plan: &UsedPlan) {}
     fn sealing(&mut self) {}
 }
@@ -187,15 +189,15 @@ pub fn train_and_seal(
     hooks: &mut dyn Hooks,
 ) -> Result<Trained, TrainError> {
     let loaded = &req.recipe.loaded;
-    prepare_out_dir(&req.out_dir, req.resume, req.force)?;
-    run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref()).or_else(|e| {
+    if !req.resume {
         // A resume finds its base in run.json; the trainer checks it there.
-        if req.resume { Ok(()) } else { Err(e) }
-    })?;
+        run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref())?;
+    }
+    prepare_out_dir(&req.out_dir, req.resume, req.force)?;
     let recipe_file = crate::recipes::store(node_dir, &loaded.bytes_blake3, &req.recipe.text)
         .map_err(io(&crate::recipes::stored_path(node_dir, &loaded.bytes_blake3)))?;
     crate::recipes::record(log, &req.recipe.name, &req.recipe.text, loaded.clone())?;
-    let plan = choose_plan(log, loaded, req)?;
+    let plan = choose_plan(log, loaded, req, hooks)?;
     hooks.planned(&plan);
     let mut context = serde_json::Map::new();
     context.insert("origin".into(), origin_json(&req.origin));
@@ -241,7 +243,13 @@ fn origin_json(origin: &Origin) -> Value {
 }
 
 /// The plan a run uses (see the module doc), kept in the run directory as `plan.json`.
-fn choose_plan(log: &EventLog, loaded: &LoadedRecipe, req: &TrainRequest) -> Result<UsedPlan, TrainError> {
+fn choose_plan(
+    log: &EventLog,
+    loaded: &LoadedRecipe,
+    req: &TrainRequest,
+    hooks: &mut dyn Hooks,
+) -> Result<UsedPlan, TrainError> {
+    let budget = loaded.recipe.autotune.budget_seconds;
     let kept = req.out_dir.join(PLAN_FILE);
     let given = req.plan.clone().or_else(|| loaded.recipe.autotune.plan.as_ref().map(|p| req.recipe.dir.join(p)));
     let (bytes, source) = match given {
@@ -251,11 +259,13 @@ fn choose_plan(log: &EventLog, loaded: &LoadedRecipe, req: &TrainRequest) -> Res
         }
         Some(path) => {
             // The recipe names a plan file that is not there yet: the probe writes it.
+            hooks.probing(budget, &path);
             let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &path)?;
             (measured.bytes, PlanSource::Given(path))
         }
         None if req.resume && kept.exists() => (std::fs::read(&kept).map_err(io(&kept))?, PlanSource::Kept),
         None => {
+            hooks.probing(budget, &kept);
             let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &kept)?;
             (measured.bytes, PlanSource::Probed)
         }
@@ -265,6 +275,15 @@ fn choose_plan(log: &EventLog, loaded: &LoadedRecipe, req: &TrainRequest) -> Res
         _ => kept.display().to_string(),
     };
     let plan = Plan::from_bytes(&bytes, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
+    if source == PlanSource::Kept && plan.recipe_blake3 != hex::encode(loaded.bytes_blake3) {
+        return Err(TrainError::Refused(format!(
+            "--resume: {} was started with recipe bytes {}, not these ({}): resume it with the recipe it was \
+             started with",
+            req.out_dir.display(),
+            plan.recipe_blake3,
+            hex::encode(loaded.bytes_blake3)
+        )));
+    }
     plan.check_recipe(&loaded.bytes_blake3, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
     match std::fs::read(&kept) {
         Ok(existing) if existing != bytes => {
