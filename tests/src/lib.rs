@@ -23,6 +23,9 @@ pub mod bench {
     pub mod train;
 }
 
+/// The micro recipe and node the training tests share.
+pub mod micro;
+
 /// A trained micro model served by the binary.
 pub mod served;
 

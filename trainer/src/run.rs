@@ -262,12 +262,42 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_lora.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
         let text = text
-            .replace("  log_every_steps: 10\n", "  log_every_steps: 10\n  env:\n    KEEP: \"a\"\n    GONE: \"b\"\n");
+            .replace("  log_every_steps: 10\n", "  log_every_steps: 10\n  env:\n    KEEP: \"a\"\n    GONE: \"b\"\n")
+            .replace("  tokenizer: byte\n", "  tokenizer: byte\n  random_init: true\n");
         let recipe = Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"));
         let s = spec(recipe, &[("KEEP", Some("c")), ("GONE", None), ("NEW", Some("d"))], dir.path());
         let mut sink = Collect(Vec::new());
         Session::open(&s, &mut sink).unwrap();
         let started = sink.0.iter().find(|e| e.kind == "run.started").expect("run.started");
         assert_eq!(started.data["env"], serde_json::json!({"KEEP": "c", "NEW": "d"}));
+    }
+
+    fn tiny_lora(edit: impl Fn(String) -> String) -> LoadedRecipe {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_lora.yaml");
+        let text = edit(std::fs::read_to_string(&path).unwrap());
+        Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_adapter_on_random_weights_is_refused_unless_the_recipe_asks_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let s = spec(tiny_lora(|t| t), &[], &out);
+        let err = train(&s, &mut Discard, &mut Quiet).unwrap_err();
+        assert!(matches!(err, RunError::Base(_)), "{err}");
+        assert!(err.to_string().contains("model.random_init: true"), "{err}");
+        assert!(!out.exists(), "refused before anything is written");
+
+        let s = spec(
+            tiny_lora(|t| t.replace("  tokenizer: byte\n", "  tokenizer: byte\n  random_init: true\n")),
+            &[],
+            &out,
+        );
+        let mut sink = Collect(Vec::new());
+        Session::open(&s, &mut sink).unwrap();
+        let record = OutDir::new(&out).read_record().unwrap().unwrap();
+        assert_eq!(record.base, Some(BaseRecord::RandomInit { seed: 7 }));
+        let started = sink.0.iter().find(|e| e.kind == "run.started").unwrap();
+        assert_eq!(started.data["base"]["kind"], "random_init");
     }
 }

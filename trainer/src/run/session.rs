@@ -155,6 +155,10 @@ impl<'a> Session<'a> {
     pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
         let recipe = &spec.recipe.recipe;
         let env = super::effective_env(spec)?;
+        if !spec.resume {
+            // Before anything is written; a resume finds its base in run.json.
+            base::check_base_choice(recipe, &spec.recipe_dir, spec.init_from.as_deref())?;
+        }
         let out = OutDir::new(&spec.out_dir);
         std::fs::create_dir_all(out.root())
             .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
