@@ -121,18 +121,23 @@ pub fn start_embedded(node_dir: &Path, access: Access) -> Result<EmbeddedChain, 
     if let Some(shared) = SharedChain::running(node_dir) {
         return Ok(EmbeddedChain::Shared(shared));
     }
-    Ok(EmbeddedChain::Own(start_anvil(node_dir, access, None)?))
+    Ok(EmbeddedChain::Own(start_anvil(node_dir, access, None, false)?))
 }
 
-/// An anvil on the node's state file, on `port` (else a free one).
-pub fn start_anvil(node_dir: &Path, access: Access, port: Option<u16>) -> Result<LocalAnvil, AnchorError> {
+/// An anvil on the node's state file, on `port` (else a free one). One that keeps running
+/// (`chain up`) saves its state every 2 s too, so a crash loses little.
+pub fn start_anvil(
+    node_dir: &Path,
+    access: Access,
+    port: Option<u16>,
+    keeps_running: bool,
+) -> Result<LocalAnvil, AnchorError> {
     let state = anvil_state_path(node_dir);
     if let Some(parent) = state.parent() {
         std::fs::create_dir_all(parent).map_err(|source| AnchorError::Io { path: parent.to_path_buf(), source })?;
     }
     let (state, state_interval) = match access {
-        // A long-running anvil saves every few seconds too, so a crash loses little.
-        Access::Write => (StateFile::LoadAndDump(state), port.map(|_| 2)),
+        Access::Write => (StateFile::LoadAndDump(state), keeps_running.then_some(2)),
         Access::Read => (StateFile::LoadOnly(state), None),
     };
     Ok(LocalAnvil::start(AnvilOptions { state: Some(state), port, state_interval, ..Default::default() })?)

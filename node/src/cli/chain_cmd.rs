@@ -64,13 +64,20 @@ mindxtrain chain deploy --network base-sepolia --key-file ./anchor.key\n  mindxt
     },
     /// Keep the node's embedded anvil running, with an RPC URL other programs can use, until Ctrl-C.
     #[command(
-        after_help = "While it runs, every command of this node that uses the embedded chain (chain deploy, anchor, receipt verify, demo) uses this anvil; its state is saved to <node-dir>/chain/anvil-state.json every 2 s and at exit.\n\nExamples:\n  mindxtrain chain up\n  mindxtrain chain up --port 8545 --json"
+        after_help = "While it runs, every command of this node that uses the embedded chain (chain deploy, anchor, receipt verify, demo) uses this anvil; its state is saved to <node-dir>/chain/anvil-state.json every 2 s and at exit.\n\nExamples:\n  mindxtrain chain up\n  mindxtrain chain up --detach && mindxtrain chain deploy --test-usdc\n  mindxtrain chain up --port 0 --json"
     )]
     Up {
         /// Port on 127.0.0.1 (0: a free one; the URL is printed).
         #[arg(long, default_value_t = 8545)]
         port: u16,
+        /// Run in the background: return once the chain answers (its output goes to
+        /// <node-dir>/chain/anvil.log); `mindxtrain chain down` stops it.
+        #[arg(long)]
+        detach: bool,
     },
+    /// Stop the embedded chain `chain up` keeps running (its state is saved).
+    #[command(after_help = "Example:\n  mindxtrain chain down")]
+    Down,
     /// Show the deployment and check it live: chain id, registry code, head block, balance.
     #[command(after_help = "Example:\n  mindxtrain chain status --json")]
     Status {
@@ -83,7 +90,9 @@ pub fn run(cmd: ChainCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
     match cmd {
         ChainCommand::Deploy { chain, force, test_usdc } => deploy(dir, &chain, force, test_usdc, out),
         ChainCommand::Status { chain } => status(dir, &chain, out),
-        ChainCommand::Up { port } => up(dir, port, out),
+        ChainCommand::Up { port, detach: false } => up(dir, port, out),
+        ChainCommand::Up { port, detach: true } => up_detached(dir, port, out),
+        ChainCommand::Down => down(dir, out),
     }
 }
 
@@ -227,9 +236,8 @@ fn deploy_token_only(dir: &Path, chain: &ChainArgs, out: &Output) -> Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-/// `chain up`: the embedded anvil on a fixed port until SIGINT/SIGTERM; while it runs its
-/// endpoint file lets every other command of the node use it.
-fn up(dir: &Path, port: u16, out: &Output) -> Result<ExitCode> {
+/// `chain up` may start: a node directory, and no chain of it running yet.
+fn refuse_second_chain(dir: &Path) -> Result<Option<ExitCode>> {
     if !dir.join(mindxtrain_node::identity::SECRET_FILE).exists() {
         anyhow::bail!(
             "{} is not a node directory; run `mindxtrain init --node-dir {}` first",
@@ -238,11 +246,95 @@ fn up(dir: &Path, port: u16, out: &Output) -> Result<ExitCode> {
         );
     }
     if let Some(s) = session::SharedChain::running(dir) {
-        let message = format!("the embedded chain already runs at {} (process {})", s.url, s.pid);
-        eprintln!("error: {message}");
-        return Ok(ExitCode::from(super::EXIT_FAILURE));
+        eprintln!(
+            "error: the embedded chain already runs at {} (process {}): `mindxtrain chain down` stops it",
+            s.url, s.pid
+        );
+        return Ok(Some(ExitCode::from(super::EXIT_FAILURE)));
     }
-    let anvil = match session::start_anvil(dir, Access::Write, Some(port)) {
+    Ok(None)
+}
+
+/// `chain up --detach`: the same command in a process of its own session, then back once
+/// its endpoint is published (or with its log when it failed).
+fn up_detached(dir: &Path, port: u16, out: &Output) -> Result<ExitCode> {
+    if let Some(code) = refuse_second_chain(dir)? {
+        return Ok(code);
+    }
+    let log_path = anchor::deployment::anvil_state_path(dir).with_file_name("anvil.log");
+    std::fs::create_dir_all(mindxtrain_node::fsutil::parent_dir(&log_path))?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("--node-dir").arg(dir).args(["--json", "chain", "up", "--port", &port.to_string()]);
+    cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: setsid(2) is async-signal-safe; the child leaves the terminal's process group,
+    // so a Ctrl-C meant for the shell does not stop the chain.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting `mindxtrain chain up` in the background")?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let shared = loop {
+        if let Some(s) = session::SharedChain::running(dir).filter(|s| s.pid == child.id()) {
+            break s;
+        }
+        if let Some(status) = child.try_wait()? {
+            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+            anyhow::bail!("`chain up` exited ({status}) before the chain answered:\n{}", tail.trim_end());
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            anyhow::bail!("`chain up` did not answer within 60 s (its log: {})", log_path.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    out.emit(&json!({"rpc_url": shared.url, "chain_id": shared.chain_id, "pid": shared.pid, "log": log_path}), || {
+        format!(
+            "embedded anvil (chain {}) at {}, in the background (process {}, log {}); `mindxtrain chain down` stops it",
+            shared.chain_id,
+            shared.url,
+            shared.pid,
+            log_path.display()
+        )
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `chain down`: SIGTERM to the running `chain up`, then waits until it has saved the
+/// chain's state and gone.
+fn down(dir: &Path, out: &Output) -> Result<ExitCode> {
+    let Some(shared) = session::SharedChain::running(dir) else {
+        out.emit(&json!({"stopped": false, "running": false}), || "the embedded chain is not running".into());
+        return Ok(ExitCode::SUCCESS);
+    };
+    // SAFETY: a signal to the process `chain up` recorded as its own.
+    unsafe { libc::kill(shared.pid as libc::pid_t, libc::SIGTERM) };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while session::SharedChain::running(dir).is_some() {
+        if std::time::Instant::now() > until {
+            anyhow::bail!("`chain up` (process {}) did not stop within 60 s", shared.pid);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    out.emit(&json!({"stopped": true, "rpc_url": shared.url, "pid": shared.pid}), || {
+        format!("stopped the embedded anvil at {} (process {}); its state is saved", shared.url, shared.pid)
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `chain up`: the embedded anvil on a fixed port until SIGINT/SIGTERM; while it runs its
+/// endpoint file lets every other command of the node use it.
+fn up(dir: &Path, port: u16, out: &Output) -> Result<ExitCode> {
+    if let Some(code) = refuse_second_chain(dir)? {
+        return Ok(code);
+    }
+
+    let anvil = match session::start_anvil(dir, Access::Write, Some(port).filter(|&p| p != 0), true) {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
@@ -273,9 +365,10 @@ fn up(dir: &Path, port: u16, out: &Output) -> Result<ExitCode> {
             _ = int.recv() => "SIGINT",
         })
     });
-    let _ = std::fs::remove_file(&file);
+    // The state is saved before the endpoint goes: `chain down` waits for the endpoint.
     let mut anvil = anvil;
     anvil.stop();
+    let _ = std::fs::remove_file(&file);
     let signal = signal?;
     let _ = out.line(&json!({"stopped": signal}), || format!("{signal}: anvil stopped, state saved"));
     Ok(ExitCode::SUCCESS)
