@@ -430,11 +430,18 @@ fn recorded_request(s: &ApiState, run: &RunInfo) -> Result<TrainRequest, ApiErro
 pub async fn events(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let run = find(&s, &id).await?;
     let from = run.first_seq;
-    let launch = s.launches.get(&id);
-    let fixed = run.run_id.clone();
+    // A launch learns its run id from its `run.started`, which names the launch.
+    let (launch, known) = (run.id.clone(), Mutex::new(run.run_id.clone()));
     let keep = move |e: &crate::log::Event| {
-        let run_id = launch.as_ref().and_then(|l| l.status().run_id).or_else(|| fixed.clone());
-        run_id.as_deref() == Some(e.envelope.subject.as_str())
+        let env = &e.envelope;
+        let mut known = lock(&known);
+        if known.is_none()
+            && matches!(env.kind.as_str(), "run.started" | "run.resumed")
+            && env.data["context"]["origin"]["launch"] == launch.as_str()
+        {
+            *known = Some(env.subject.clone());
+        }
+        known.as_deref() == Some(env.subject.as_str())
     };
     Ok(event_stream(s.log.clone(), from, keep))
 }
