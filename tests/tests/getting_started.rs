@@ -6,7 +6,7 @@
 //! MINDXTRAIN_REQUIRE_TORCH is set). The only edit: the page's ports (8080, 8545) become free
 //! ones, so tests can run side by side.
 
-use mindxtrain_tests::{openai_python, workspace_bin};
+use mindxtrain_tests::{openai_python, torch_python, workspace_bin};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,20 +28,6 @@ fn blocks(markdown: &str) -> Vec<(String, String)> {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// The torch venv's python, when it is installed.
-fn torch_python() -> Option<PathBuf> {
-    let setup = repo_root().join("scripts/setup-torch");
-    let print = || Command::new(&setup).arg("--print").output().ok().filter(|o| o.status.success());
-    if let Some(o) = print() {
-        return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    }
-    if std::env::var_os("MINDXTRAIN_REQUIRE_TORCH").is_none() {
-        return None;
-    }
-    assert!(Command::new(&setup).status().unwrap().success(), "scripts/setup-torch failed");
-    print().map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
 }
 
 #[test]

@@ -36,25 +36,6 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the repo").to_path_buf()
 }
 
-/// The venv's python, installing it first when MINDXTRAIN_REQUIRE_TORCH is set.
-fn python() -> Option<PathBuf> {
-    let setup = repo_root().join("scripts/setup-torch");
-    let print = || {
-        let out = Command::new(&setup).arg("--print").output().expect("run scripts/setup-torch --print");
-        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    };
-    if let Some(p) = print() {
-        return Some(p);
-    }
-    if std::env::var_os("MINDXTRAIN_REQUIRE_TORCH").is_none() {
-        eprintln!("SKIP interop: no torch venv (run scripts/setup-torch, or set MINDXTRAIN_REQUIRE_TORCH=1)");
-        return None;
-    }
-    let status = Command::new(&setup).status().expect("run scripts/setup-torch");
-    assert!(status.success(), "scripts/setup-torch failed");
-    Some(print().expect("venv installed but not usable"))
-}
-
 fn run_python(python: &Path, jobs: &[Vec<String>], work: &Path) {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -110,7 +91,7 @@ fn fixture() -> Option<&'static Fixture> {
 }
 
 fn build_fixture() -> Option<Fixture> {
-    let python = python()?;
+    let python = mindxtrain_tests::torch_python()?;
     let work = tempfile::tempdir().unwrap();
     let p = |rel: &str| work.path().join(rel).to_string_lossy().into_owned();
     std::fs::write(p("config.json"), CONFIG).unwrap();
@@ -327,7 +308,7 @@ fn a_trained_adapter_and_its_merged_export_load_in_peft_and_transformers_with_ou
     use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
     use mindxtrain_trainer::recipe::Recipe as RecipeFile;
 
-    let Some(python) = python() else { return };
+    let Some(python) = mindxtrain_tests::torch_python() else { return };
     let node = Node::new();
     let base_recipe = node.recipe("base", &micro::recipe("base", 5, micro::FULL, 20, ""));
     let base = node.path("base");

@@ -198,7 +198,7 @@ fn sigint_during_train_resumes_to_the_bytes_of_an_uninterrupted_run() {
     let told: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(told["cancelled"], true);
     let step = told["step"].as_u64().unwrap();
-    assert!(step >= 5 && step < STEPS, "{told}");
+    assert!((5..STEPS).contains(&step), "{told}");
     let text = seen.join("\n");
     assert!(text.contains(&format!("SIGINT: stopped after step {step}")), "{text}");
     let command = told["resume"]["command"].as_str().unwrap();
