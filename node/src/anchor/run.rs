@@ -85,24 +85,27 @@ pub async fn deploy(
         deployed_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         test_usdc: None,
     };
-    log.append_async(AppendRequest::new(
-        KIND_DEPLOYED,
-        format!("{:#x}", d.address),
-        json!({
-            "contract": "Registry",
-            "network": deployment.network,
-            "chain_id": d.chain_id,
-            "registry": d.address,
-            "tx": d.tx,
-            "block": d.block,
-            "deployer": d.deployer,
-            "gas_used": d.gas_used,
-            "endpoint": display_url(rpc_url, target.rpc_url.is_none()),
-        }),
-    ))
-    .await?;
+    let endpoint = display_url(rpc_url, target.rpc_url.is_none());
+    record_deployed(log, ("Registry", "registry"), &deployment.network, &d, endpoint).await?;
     deployment.save(node_dir, replace)?;
     Ok(deployment)
+}
+
+/// Records `chain.deployed` for a contract (its name, and the data field naming its address).
+async fn record_deployed(
+    log: &EventLog,
+    (contract, field): (&str, &str),
+    network: &str,
+    d: &mindxtrain_chain::deploy::Deployment,
+    endpoint: String,
+) -> Result<(), AnchorError> {
+    let mut data = json!({
+        "contract": contract, "network": network, "chain_id": d.chain_id, "tx": d.tx, "block": d.block,
+        "deployer": d.deployer, "gas_used": d.gas_used, "endpoint": endpoint,
+    });
+    data[field] = json!(d.address);
+    log.append_async(AppendRequest::new(KIND_DEPLOYED, format!("{:#x}", d.address), data)).await?;
+    Ok(())
 }
 
 /// The EIP-712 name and version of the test token, those of USDC (`x402::Asset::test_usdc`).
@@ -125,22 +128,7 @@ pub async fn deploy_test_usdc(
             mindxtrain_chain::ChainError::WrongChainId { expected: deployment.chain_id, actual: d.chain_id }.into()
         );
     }
-    log.append_async(AppendRequest::new(
-        KIND_DEPLOYED,
-        format!("{:#x}", d.address),
-        json!({
-            "contract": "TestUSDC",
-            "network": deployment.network,
-            "chain_id": d.chain_id,
-            "token": d.address,
-            "tx": d.tx,
-            "block": d.block,
-            "deployer": d.deployer,
-            "gas_used": d.gas_used,
-            "endpoint": display_url(rpc_url, embedded),
-        }),
-    ))
-    .await?;
+    record_deployed(log, ("TestUSDC", "token"), &deployment.network, &d, display_url(rpc_url, embedded)).await?;
     deployment.test_usdc = Some(d.address);
     deployment.save(node_dir, true)?;
     Ok(deployment)
