@@ -207,6 +207,8 @@ pub fn train_and_seal(
     }
     context.insert("recipe_file".into(), json!(recipe_file));
     context.insert("recipe_dir".into(), json!(run::base::absolute(&req.recipe.dir)));
+    // `out_dir` in the event is as given (maybe relative to where `train` ran).
+    context.insert("out_dir".into(), json!(run::base::absolute(&req.out_dir)));
     let hardware = serde_json::to_value(&plan.plan.machine).unwrap_or(Value::Null);
     let spec = RunSpec {
         recipe: loaded.clone(),

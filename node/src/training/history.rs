@@ -89,6 +89,9 @@ pub fn run_history(log: &EventLog, node_dir: &Path) -> Result<Vec<RunInfo>, Stri
             run.step = data["start_step"].as_u64().unwrap_or(run.step);
             run.total_steps = data["total_steps"].as_u64().unwrap_or(run.total_steps);
             run.context = data["context"].clone();
+            if let Some(dir) = run.context["out_dir"].as_str() {
+                run.out_dir = PathBuf::from(dir);
+            }
             continue;
         }
         let Some(run) = runs.get_mut(&run_id) else { continue };
