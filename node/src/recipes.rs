@@ -4,6 +4,7 @@
 use crate::log::{AppendError, AppendRequest, EventLog};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
 use serde_json::json;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// Kind of the event that records a recipe.
@@ -30,6 +31,27 @@ pub struct Registered {
 /// Registering the same bytes again is idempotent: the event id is the digest.
 pub fn register(log: &EventLog, name: &str, src: &str) -> Result<Registered, RegisterError> {
     let loaded = Recipe::check_str(src, name).map_err(RegisterError::Invalid)?;
+    Ok(record(log, name, src, loaded)?)
+}
+
+/// Where the node keeps the bytes of a recipe it ran or registered over the API:
+/// `node-dir/recipes/<blake3>.yaml`.
+pub fn stored_path(node_dir: &Path, blake3: &[u8; 32]) -> PathBuf {
+    node_dir.join("recipes").join(format!("{}.yaml", hex::encode(blake3)))
+}
+
+/// Keeps `src` (whose digest is `blake3`) at [`stored_path`], once; returns the path.
+pub fn store(node_dir: &Path, blake3: &[u8; 32], src: &str) -> std::io::Result<PathBuf> {
+    let path = stored_path(node_dir, blake3);
+    if !path.exists() {
+        std::fs::create_dir_all(crate::fsutil::parent_dir(&path))?;
+        crate::fsutil::write_new_durably(&path, src.as_bytes(), 0o644)?;
+    }
+    Ok(path)
+}
+
+/// Appends `recipe.registered` for a recipe already checked (`loaded` is `src` parsed).
+pub fn record(log: &EventLog, name: &str, src: &str, loaded: LoadedRecipe) -> Result<Registered, AppendError> {
     let digest = hex::encode(loaded.bytes_blake3);
     let data = json!({
         "name": loaded.recipe.meta.run_name,

@@ -14,6 +14,11 @@ Rust tests read it with serde_json. Commands:
               [--betas B1,B2] [--eps E] [--weight-decay W] [--max-grad-norm M]
               one torch AdamW step on the adapter (loss: HF causal LM, labels shifted inside, -100
               ignored); saves the updated adapter with save_pretrained and DIR/step.json (loss, grad norm)
+  run-output  --adapter DIR --merged DIR --messages MSGS.json --out OUT.json
+              a mindxtrain run as transformers users load it: the tokenizer and chat template of the
+              adapter's directory (ids of the generation prompt), the adapter over the base its
+              adapter_config.json names (AutoPeftModelForCausalLM) and the exported merged model
+              (AutoModelForCausalLM), each one's logits on those ids
   bench       --config CFG.json --batch B --seq S --threads T [--steps N] [--warmup W] [--r R] [--alpha A] [--full]
               CPU training tok/s of transformers + PEFT (LoRA on all seven projections, AdamW)
 
@@ -90,6 +95,27 @@ def cmd_logits(a) -> None:
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     write_json(a.out, logits.float().tolist())
+
+
+def cmd_run_output(a) -> None:
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with open(a.messages) as f:
+        messages = json.load(f)
+    out = {}
+    for name, path in (("adapter", a.adapter), ("merged", a.merged)):
+        tok = AutoTokenizer.from_pretrained(path)
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = enc["input_ids"]
+        out[name + "_ids"] = ids[0].tolist()
+        out[name + "_text"] = tok.decode(ids[0])
+        loader = AutoPeftModelForCausalLM if name == "adapter" else AutoModelForCausalLM
+        model = loader.from_pretrained(path, dtype=torch.float32)
+        model.eval()
+        with torch.no_grad():
+            out[name + "_logits"] = model(input_ids=ids).logits[0].float().tolist()
+    write_json(a.out, out)
 
 
 def cmd_make_adapter(a) -> None:
@@ -213,11 +239,17 @@ def main() -> None:
     b.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     b.add_argument("--full", action="store_true", help="train every weight (no PEFT)")
 
+    r = sub.add_parser("run-output")
+    r.add_argument("--adapter", required=True)
+    r.add_argument("--merged", required=True)
+    r.add_argument("--messages", required=True)
+    r.add_argument("--out", required=True)
+
     u = sub.add_parser("multi")
     u.add_argument("jobs")
 
     commands = {"make-model": cmd_make_model, "logits": cmd_logits, "make-adapter": cmd_make_adapter,
-                "lora-step": cmd_lora_step, "bench": cmd_bench}
+                "lora-step": cmd_lora_step, "bench": cmd_bench, "run-output": cmd_run_output}
     a = p.parse_args()
     if a.cmd == "multi":
         with open(a.jobs) as f:

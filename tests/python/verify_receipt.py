@@ -3,8 +3,9 @@
 ("Manifest" and "Receipt bundle") alone. Offline checks only; uses hashlib, blake3, PyNaCl.
 
 usage: verify_receipt.py RECEIPT [--files DIR] [--config RECIPE] [--plan PLAN]
-                         [--trusted-key HEX] [--json]
-exit: 0 every check passed; 3 something does not match; 4 an input is missing.
+                         [--trusted-key HEX|FILE] [--json]
+--trusted-key: 64 hex digits, or a file holding them (a node's node.pub).
+exit: 0 every check passed; 3 something does not match; 4 an input is missing or unreadable.
 """
 
 import argparse
@@ -150,7 +151,7 @@ def verify(receipt: dict, files, config, plan, trusted_key):
     env = receipt["manifest"]
     env_bytes = canonical_strings(env)
     digest_b3, digest_sha = b3(env_bytes), sha256(env_bytes)
-    key = bytes.fromhex(trusted_key) if trusted_key else hex32(env["signatures"][0]["keyid"])
+    key = trusted_key if trusted_key else hex32(env["signatures"][0]["keyid"])
     payload = base64.b64decode(env["payload"], validate=True)
 
     def manifest_signature():
@@ -272,6 +273,20 @@ def verify(receipt: dict, files, config, plan, trusted_key):
     return rep, digest_b3.hex()
 
 
+def read_trusted_key(arg: str) -> bytes:
+    """The pinned key: 64 hex digits, or a file (node.pub) holding them. ValueError names the input."""
+    text = arg
+    if os.path.isfile(arg):
+        try:
+            with open(arg, encoding="ascii") as fh:
+                text = fh.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError("--trusted-key %s: %s" % (arg, e))
+    if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
+        raise ValueError("--trusted-key %s: neither 64 hex digits nor a file holding them (node.pub)" % arg)
+    return bytes.fromhex(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("receipt")
@@ -282,6 +297,11 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     try:
+        trusted_key = read_trusted_key(a.trusted_key) if a.trusted_key else None
+    except ValueError as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 4
+    try:
         with open(a.receipt, "rb") as fh:
             receipt = json.loads(fh.read())
     except OSError as e:
@@ -291,7 +311,7 @@ def main():
         print("FAIL receipt.format %s" % e)
         return 3
     try:
-        rep, digest = verify(receipt, a.files, a.config, a.plan, a.trusted_key)
+        rep, digest = verify(receipt, a.files, a.config, a.plan, trusted_key)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         print("FAIL receipt.format malformed bundle: %r" % e)
         return 3

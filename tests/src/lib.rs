@@ -23,6 +23,9 @@ pub mod bench {
     pub mod train;
 }
 
+/// The micro recipe and node the training tests share.
+pub mod micro;
+
 /// A trained micro model served by the binary.
 pub mod served;
 
@@ -51,4 +54,25 @@ pub fn openai_python() -> anyhow::Result<PathBuf> {
     run(Command::new(&python).args(["-m", "pip", "install", "-q", "--no-deps", "-r"]).arg(&lock))?;
     std::fs::write(&stamp, want)?;
     Ok(python)
+}
+
+/// The python of the CPU torch + transformers + PEFT venv (`scripts/setup-torch`), for the
+/// interop tests. Absent: `None` (the caller skips, saying so), unless
+/// MINDXTRAIN_REQUIRE_TORCH is set (CI sets it): then it is installed, and a failure panics.
+pub fn torch_python() -> Option<PathBuf> {
+    let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-torch");
+    let print = || {
+        let out = Command::new(&setup).arg("--print").output().expect("run scripts/setup-torch --print");
+        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    };
+    if let Some(p) = print() {
+        return Some(p);
+    }
+    if std::env::var_os("MINDXTRAIN_REQUIRE_TORCH").is_none() {
+        eprintln!("SKIP: no torch venv (run scripts/setup-torch, or set MINDXTRAIN_REQUIRE_TORCH=1)");
+        return None;
+    }
+    let status = Command::new(&setup).status().expect("run scripts/setup-torch");
+    assert!(status.success(), "scripts/setup-torch failed");
+    Some(print().expect("venv installed but not usable"))
 }

@@ -26,6 +26,8 @@ model:
   dtype: fp32
   config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, intermediate_size: 64,
             vocab_size: 512, max_position_embeddings: 160, tie_word_embeddings: true}}
+  # A serving fixture: the adapter tunes random weights, on purpose.
+  random_init: true
 data:
   source: generated
   format: instruction

@@ -537,3 +537,68 @@ async fn recipes_are_registered_and_planned_over_the_api() {
     assert_eq!(shown["plan"], measured["plan"]);
     assert_eq!(post("/api/plans", serde_json::json!({"recipe": "nope.yaml"})).await.unwrap().status(), 400);
 }
+
+/// `GET /api/runs` is the log's: a run trained with `mindxtrain train` is listed beside those
+/// launched over the API, and a run cancelled before the node restarted is still there
+/// afterwards and resumes to the end. An adapter launched without a base is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_the_command_line_and_of_before_a_restart_are_listed_and_resumed() {
+    use mindxtrain_tests::micro;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    assert!(mindxtrain(&dir, &["init"]).output().unwrap().status.success());
+    let base_recipe = tmp.path().join("base.yaml");
+    std::fs::write(&base_recipe, micro::recipe("base", 5, micro::FULL, 10, "")).unwrap();
+    let out = tmp.path().join("base-run");
+    let trained = micro::ok_json(
+        &mindxtrain(&dir, &["--json", "train", micro::s(&base_recipe), "--out", micro::s(&out), "--eval-prompts", "1"])
+            .output()
+            .unwrap(),
+    );
+    let cli_run = trained["run_id"].as_str().unwrap().to_owned();
+
+    let server = Server::run(&dir, &["serve"]);
+    let (url, token) = (server.url.clone(), Server::token(&dir));
+    let http = reqwest::Client::new();
+    let runs: Value = get_json(&http, &format!("{url}/api/runs"), None).await;
+    let listed = runs["runs"].as_array().unwrap().iter().find(|r| r["run_id"] == cli_run.as_str()).cloned();
+    let listed = listed.unwrap_or_else(|| panic!("the CLI run is listed: {runs}"));
+    assert_eq!((listed["origin"].as_str(), listed["phase"].as_str()), (Some("cli"), Some("finished")), "{listed}");
+    assert!(Path::new(listed["manifest"].as_str().unwrap()).is_file(), "{listed}");
+    let shown: Value = get_json(&http, &format!("{url}/api/runs/{cli_run}"), None).await;
+    assert_eq!(shown["step"], 10);
+
+    let post = |path: String, body: Value| http.post(format!("{url}{path}")).bearer_auth(&token).json(&body).send();
+    let r = post("/api/runs".into(), serde_json::json!({"recipe": "tiny_cpu_lora.yaml"})).await.unwrap();
+    assert_eq!(r.status(), 400, "an adapter needs a base");
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("\"base\""), "{e}");
+
+    let lora = micro::recipe("lora", 5, micro::LORA, 1000, "");
+    let body = serde_json::json!({"yaml": lora, "name": "lora.yaml", "base": cli_run});
+    let r = post("/api/runs".into(), body).await.unwrap();
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let status_url = format!("{url}/api/runs/{id}");
+    wait_for(&http, &status_url, |s| s["phase"] == "training" && s["step"].as_u64() >= Some(2)).await;
+    assert_eq!(post(format!("/api/runs/{id}/cancel"), Value::Null).await.unwrap().status(), 202);
+    let cancelled = wait_for(&http, &status_url, |s| s["phase"] == "cancelled").await;
+    drop(server);
+
+    // A new process: the run is known from the log, and resumes on the recorded base.
+    let server = Server::run(&dir, &["serve"]);
+    let (url, http) = (server.url.clone(), reqwest::Client::new());
+    let status_url = format!("{url}/api/runs/{id}");
+    let after: Value = get_json(&http, &status_url, None).await;
+    assert_eq!((after["phase"].as_str(), after["origin"].as_str()), (Some("cancelled"), Some("api")), "{after}");
+    assert_eq!(after["run_id"], cancelled["run_id"]);
+    assert_eq!(after["step"], cancelled["step"]);
+    let r = http.post(format!("{status_url}/resume")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    let done = wait_for(&http, &status_url, |s| s["phase"] == "finished" && s["manifest"].is_string()).await;
+    assert_eq!(done["run_id"], cancelled["run_id"], "the same run");
+    assert_eq!(done["step"], 1000);
+    let resumed: Value = get_json(&http, &format!("{url}/api/log?kind=run.resumed"), Some(&token)).await;
+    let data = &resumed["events"][0]["data"];
+    assert_eq!(data["base"]["path"], std::fs::canonicalize(out.join("final")).unwrap().to_str().unwrap(), "{data}");
+}

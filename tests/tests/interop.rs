@@ -36,25 +36,6 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the repo").to_path_buf()
 }
 
-/// The venv's python, installing it first when MINDXTRAIN_REQUIRE_TORCH is set.
-fn python() -> Option<PathBuf> {
-    let setup = repo_root().join("scripts/setup-torch");
-    let print = || {
-        let out = Command::new(&setup).arg("--print").output().expect("run scripts/setup-torch --print");
-        out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-    };
-    if let Some(p) = print() {
-        return Some(p);
-    }
-    if std::env::var_os("MINDXTRAIN_REQUIRE_TORCH").is_none() {
-        eprintln!("SKIP interop: no torch venv (run scripts/setup-torch, or set MINDXTRAIN_REQUIRE_TORCH=1)");
-        return None;
-    }
-    let status = Command::new(&setup).status().expect("run scripts/setup-torch");
-    assert!(status.success(), "scripts/setup-torch failed");
-    Some(print().expect("venv installed but not usable"))
-}
-
 fn run_python(python: &Path, jobs: &[Vec<String>], work: &Path) {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -110,7 +91,7 @@ fn fixture() -> Option<&'static Fixture> {
 }
 
 fn build_fixture() -> Option<Fixture> {
-    let python = python()?;
+    let python = mindxtrain_tests::torch_python()?;
     let work = tempfile::tempdir().unwrap();
     let p = |rel: &str| work.path().join(rel).to_string_lossy().into_owned();
     std::fs::write(p("config.json"), CONFIG).unwrap();
@@ -312,5 +293,92 @@ fn one_lora_step_matches_peft_and_torch_adamw() {
     assert_eq!(peft.keys().collect::<Vec<_>>(), tensors.keys().collect::<Vec<_>>());
     for (name, t) in &tensors {
         assert_close(name, &flat(t), &flat(&peft[name]), 1e-5);
+    }
+}
+
+/// A run as the ecosystem loads it: `train` writes the tokenizer and chat template beside an
+/// adapter whose `adapter_config.json` names the base it was trained on, and `export --merge`
+/// writes a standalone HF directory. In transformers, the chat template gives our prompt ids,
+/// the adapter over its recorded base (AutoPeftModelForCausalLM) and the merged model
+/// (AutoModelForCausalLM) give our logits.
+#[test]
+fn a_trained_adapter_and_its_merged_export_load_in_peft_and_transformers_with_our_logits() {
+    use mindxtrain_tests::micro::{self, Node, ok_json, s};
+    use mindxtrain_trainer::data::template::encode_pieces;
+    use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
+    use mindxtrain_trainer::recipe::Recipe as RecipeFile;
+
+    let Some(python) = mindxtrain_tests::torch_python() else { return };
+    let node = Node::new();
+    let base_recipe = node.recipe("base", &micro::recipe("base", 5, micro::FULL, 20, ""));
+    let base = node.path("base");
+    ok_json(&node.run(&["train", s(&base_recipe), "--out", s(&base), "--eval-prompts", "1"]));
+    let lora_recipe = node.recipe("lora", &micro::recipe("lora", 5, micro::LORA, 20, ""));
+    let lora = node.path("lora");
+    let base_final = base.join("final");
+    ok_json(&node.run(&[
+        "train",
+        s(&lora_recipe),
+        "--out",
+        s(&lora),
+        "--init-from",
+        s(&base_final),
+        "--eval-prompts",
+        "1",
+    ]));
+    let merged = node.path("hf");
+    ok_json(&node.run(&[
+        "export",
+        s(&lora_recipe),
+        "--checkpoint",
+        s(&lora.join("final")),
+        "--merge",
+        "--out",
+        s(&merged),
+    ]));
+
+    let question = "What is 17 + 25?";
+    let messages = node.path("messages.json");
+    std::fs::write(&messages, serde_json::json!([{"role": "user", "content": question}]).to_string()).unwrap();
+    let answer = node.path("transformers.json");
+    let script = repo_root().join("tests/python/qwen3_tiny.py");
+    let o = Command::new(&python)
+        .arg(script)
+        .arg("run-output")
+        .args(["--adapter", s(&lora.join("final")), "--merged", s(&merged), "--messages", s(&messages)])
+        .args(["--out", s(&answer)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "transformers could not load the run:\n{}", String::from_utf8_lossy(&o.stderr));
+    let theirs = read_json(&answer);
+
+    let loaded = RecipeFile::from_path(&lora_recipe).unwrap();
+    let recipe = &loaded.recipe;
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, &node.dir).unwrap();
+    let pieces = ChatTemplate::for_tokenizer(&tokenizer).generation_prompt(&[Message::new(Role::User, question)], &[]);
+    let ids = encode_pieces(&tokenizer, &pieces).unwrap().ids;
+    for side in ["adapter_ids", "merged_ids"] {
+        let got: Vec<u32> = serde_json::from_value(theirs[side].clone()).unwrap();
+        assert_eq!(
+            got, ids,
+            "{side}: the chat template beside the weights gives our prompt ({})",
+            theirs["adapter_text"]
+        );
+    }
+    let (model, adapters) =
+        mindxtrain_trainer::run::load_checkpoint(recipe, &node.dir, Some(&base_final), &lora.join("final")).unwrap();
+    let t = ids.len();
+    let prompt = PackedBatch {
+        batch: 1,
+        seq_len: t,
+        input_ids: ids,
+        position_ids: (0..t as u32).collect(),
+        segment_ids: vec![1; t],
+        labels: vec![IGNORE; t],
+    };
+    let ours = flat(&model.logits(&prompt, adapters.as_ref()).unwrap());
+    for side in ["adapter_logits", "merged_logits"] {
+        let v: Vec<Vec<f32>> = serde_json::from_value(theirs[side].clone()).unwrap();
+        assert_close(side, &ours, &v.into_iter().flatten().collect::<Vec<_>>(), 1e-4);
     }
 }

@@ -405,6 +405,25 @@ fn the_independent_python_verifier_agrees() {
         assert!(rust_pass.contains(name), "{name} passes in Python only");
     }
 
+    // The pinned key may be given as a node.pub file too; a file that holds no key is bad
+    // input (4) that names the option, not a malformed bundle.
+    let with_key = |key: &Path| {
+        std::process::Command::new(&py)
+            .arg(&script)
+            .args(["receipt.json", "--files", "files", "--json", "--trusted-key"])
+            .arg(key)
+            .current_dir(c.dir.path())
+            .output()
+            .unwrap()
+    };
+    let o = with_key(&r.node.join("node.pub"));
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let junk = c.dir.path().join("not-a-key.txt");
+    std::fs::write(&junk, "hello").unwrap();
+    let o = with_key(&junk);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--trusted-key"), "{}", String::from_utf8_lossy(&o.stderr));
+
     flip_byte(&c.path("files/adapter/adapter_model.safetensors"), 77);
     let o = verify_py(&c);
     assert_eq!(o.status.code(), Some(3));

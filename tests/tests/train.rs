@@ -2,7 +2,7 @@
 //! `--resume` continuing bit for bit, for full training (weights, AdamW state, data
 //! cursor) and for LoRA with dropout (the dropout RNG stream as well).
 
-use mindxtrain_tests::mindxtrain;
+use mindxtrain_tests::{micro, mindxtrain};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -10,93 +10,28 @@ use std::time::{Duration, Instant};
 
 const STEPS: u64 = 120;
 
-/// A micro Qwen3 on generated tasks: seconds per run even in a debug build.
+/// The shared micro Qwen3, run for [`STEPS`].
 fn recipe(run_name: &str, method: &str) -> String {
-    format!(
-        r#"meta:
-  project: mindxtrain-tests
-  run_name: {run_name}
-  seed: 5
-hardware:
-  name: cpu
-  gpus: 0
-autotune:
-  budget_seconds: 5
-model:
-  name: mindxtrain/micro-qwen3
-  family: qwen3
-  tokenizer: byte
-  dtype: fp32
-  config:
-    hidden_size: 32
-    num_layers: 1
-    num_heads: 2
-    num_kv_heads: 1
-    head_dim: 16
-    intermediate_size: 64
-    vocab_size: 512
-    max_position_embeddings: 128
-    tie_word_embeddings: true
-data:
-  source: generated
-  format: text
-  generator:
-    kind: tasks
-    seed: 5
-    count: 300
-  seq_len: 64
-  packing: true
-train:
-  method:
-{method}
-  optimizer:
-    name: adamw
-    lr: 2.0e-3
-    weight_decay: 0.01
-  schedule:
-    kind: cosine
-    warmup_ratio: 0.1
-  budget:
-    max_steps: {STEPS}
-  batch:
-    per_device: 2
-    grad_accum: 2
-  precision: fp32
-  checkpoint:
-    every_steps: 10
-  log_every_steps: 10
-eval:
-  holdout:
-    fraction: 0.05
-    max_samples: 8
-serve:
-  max_model_len: 128
-"#
-    )
+    micro::recipe(run_name, 5, method, STEPS, "")
 }
 
 struct Node {
-    _tmp: tempfile::TempDir,
+    node: micro::Node,
     dir: PathBuf,
 }
 
 impl Node {
     fn new() -> Node {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("node");
-        let o = mindxtrain(&dir, &["init"]).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        Node { _tmp: tmp, dir }
+        let node = micro::Node::new();
+        Node { dir: node.dir.clone(), node }
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+        self.node.path(name)
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        let mut a = vec!["--json"];
-        a.extend_from_slice(args);
-        mindxtrain(&self.dir, &a).output().unwrap()
+        self.node.run(args)
     }
 
     /// Writes the recipe and measures its plan once; every run of this node reuses both.
@@ -223,18 +158,16 @@ fn deterministic_and_resumable(node: &Node, name: &str, method: &str, extra: &[&
 #[test]
 fn full_training_is_deterministic_and_resumes_bitwise_after_kill_9() {
     let node = Node::new();
-    deterministic_and_resumable(&node, "micro_full", "    kind: full", &[]);
+    deterministic_and_resumable(&node, "micro_full", micro::FULL, &[]);
 }
 
 #[test]
 fn lora_with_dropout_is_deterministic_and_resumes_bitwise_after_kill_9() {
     let node = Node::new();
     // The base: a short full run, then LoRA with dropout on top of it.
-    let (recipe, plan) = node.prepare("micro_base", "    kind: full");
+    let (recipe, plan) = node.prepare("micro_base", micro::FULL);
     let base = node.path("micro_base-a");
     node.train(&recipe, &plan, &base, &[]);
-    let method =
-        "    kind: lora\n    r: 4\n    alpha: 8\n    dropout: 0.1\n    target_modules: [q_proj, v_proj, down_proj]";
     let init = base.join("final");
-    deterministic_and_resumable(&node, "micro_lora", method, &["--init-from", s(&init)]);
+    deterministic_and_resumable(&node, "micro_lora", micro::LORA, &["--init-from", s(&init)]);
 }

@@ -181,7 +181,7 @@ pub enum PlanError {
     #[error("{path}: plan version {found} is not supported (this build reads {PLAN_VERSION})")]
     Version { path: String, found: u32 },
     #[error(
-        "{path}: the plan was measured for recipe {plan} but this recipe is {recipe}; run `mindxtrain bench` again"
+        "{path}: the plan was measured for recipe {plan} but this recipe is {recipe}: leave --plan out to measure one for this recipe (or `mindxtrain bench RECIPE --out NEW.json`)"
     )]
     WrongRecipe { path: String, plan: String, recipe: String },
 }

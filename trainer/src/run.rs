@@ -14,8 +14,10 @@
 //! uninterrupted one.
 
 mod autotune;
+pub mod base;
 mod device;
 pub mod eval;
+mod export;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod layout;
@@ -25,15 +27,17 @@ mod session;
 mod threads;
 
 pub use autotune::measure_plan;
+pub use base::{BaseRecord, adapter_base, check_base_choice};
 pub use device::{device_name, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
+pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
 pub use session::{Session, evaluate_checkpoint, load_checkpoint};
 pub use threads::{apply_choices, apply_plan, apply_threads};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};
-use crate::data::{DataError, DataOptions};
+use crate::data::{DataError, DataOptions, DatasetManifest};
 use crate::events::EventSink;
 use crate::model::ModelError;
 use crate::optim::OptimError;
@@ -55,10 +59,16 @@ pub struct RunSpec {
     /// Continue from the newest complete checkpoint in `out_dir`.
     pub resume: bool,
     pub data: DataOptions,
-    /// Start from this HF checkpoint directory instead of `model.path` / random init.
+    /// Start from this HF checkpoint directory instead of `model.path` / random init. On a
+    /// resume, `None` means the base recorded in `run.json`.
     pub init_from: Option<PathBuf>,
+    /// On a resume, accept a base other than the recorded one (it is recorded instead).
+    pub force_base: bool,
     /// Prompts generated and scored per evaluation.
     pub eval_prompts: usize,
+    /// What the driver says about the run (who launched it, how its plan was obtained),
+    /// recorded as `context` in `run.started` / `run.resumed`.
+    pub context: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What a finished run produced.
@@ -74,6 +84,12 @@ pub struct RunSummary {
     pub files: Vec<SavedFile>,
     pub eval: Option<EvalReport>,
     pub dataset_digest: String,
+    /// What went into the data: examples read, skipped lines, held out.
+    pub dataset: DatasetManifest,
+    /// The weights the run started from.
+    pub base: BaseRecord,
+    /// The step the run (re)started at in this process.
+    pub start_step: u64,
 }
 
 /// One optimizer step, for progress displays.
@@ -95,6 +111,8 @@ pub trait Observer {
     fn started(&mut self, _first_step: u64, _total_steps: u64) {}
     fn step(&mut self, _report: &StepReport) {}
     fn note(&mut self, _message: &str) {}
+    /// Every evaluation on the held-out data, in the middle of the run and at its end.
+    fn evaluated(&mut self, _report: &EvalReport) {}
     /// Asked after every step: `true` stops the run there, after a checkpoint (so
     /// `--resume` continues from it), with `run.cancelled` and [`RunError::Cancelled`].
     fn cancelled(&mut self) -> bool {
@@ -134,6 +152,9 @@ pub enum RunError {
     Events(String),
     #[error("loss became {value} at step {step}: the run diverged (lower the learning rate?)")]
     Diverged { step: u64, value: f64 },
+    /// The base weights: missing for an adapter, or not the ones recorded.
+    #[error("{0}")]
+    Base(String),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
 }
@@ -189,7 +210,9 @@ mod tests {
             resume: false,
             data: DataOptions::default(),
             init_from: None,
+            force_base: false,
             eval_prompts: 1,
+            context: Default::default(),
         }
     }
 
@@ -239,12 +262,42 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_lora.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
         let text = text
-            .replace("  log_every_steps: 10\n", "  log_every_steps: 10\n  env:\n    KEEP: \"a\"\n    GONE: \"b\"\n");
+            .replace("  log_every_steps: 10\n", "  log_every_steps: 10\n  env:\n    KEEP: \"a\"\n    GONE: \"b\"\n")
+            .replace("  tokenizer: byte\n", "  tokenizer: byte\n  random_init: true\n");
         let recipe = Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"));
         let s = spec(recipe, &[("KEEP", Some("c")), ("GONE", None), ("NEW", Some("d"))], dir.path());
         let mut sink = Collect(Vec::new());
         Session::open(&s, &mut sink).unwrap();
         let started = sink.0.iter().find(|e| e.kind == "run.started").expect("run.started");
         assert_eq!(started.data["env"], serde_json::json!({"KEEP": "c", "NEW": "d"}));
+    }
+
+    fn tiny_lora(edit: impl Fn(String) -> String) -> LoadedRecipe {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_lora.yaml");
+        let text = edit(std::fs::read_to_string(&path).unwrap());
+        Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_adapter_on_random_weights_is_refused_unless_the_recipe_asks_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let s = spec(tiny_lora(|t| t), &[], &out);
+        let err = train(&s, &mut Discard, &mut Quiet).unwrap_err();
+        assert!(matches!(err, RunError::Base(_)), "{err}");
+        assert!(err.to_string().contains("model.random_init: true"), "{err}");
+        assert!(!out.exists(), "refused before anything is written");
+
+        let s = spec(
+            tiny_lora(|t| t.replace("  tokenizer: byte\n", "  tokenizer: byte\n  random_init: true\n")),
+            &[],
+            &out,
+        );
+        let mut sink = Collect(Vec::new());
+        Session::open(&s, &mut sink).unwrap();
+        let record = OutDir::new(&out).read_record().unwrap().unwrap();
+        assert_eq!(record.base, Some(BaseRecord::RandomInit { seed: 7 }));
+        let started = sink.0.iter().find(|e| e.kind == "run.started").unwrap();
+        assert_eq!(started.data["base"]["kind"], "random_init");
     }
 }

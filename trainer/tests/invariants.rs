@@ -253,3 +253,21 @@ fn tensor_parallel_on_mi300x() {
     let eight = edit("gpus: 1", "gpus: 8");
     Recipe::from_str(&format!("{eight}serve:\n  tensor_parallel: 8\n"), "x").unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn random_init_needs_a_shape_and_no_weights_path() {
+    // The flag goes on the line after `  name: Qwen/Qwen3-8B` (line 10 of the base).
+    let e = only_error(&edit("  name: Qwen/Qwen3-8B\n", "  name: Qwen/Qwen3-8B\n  random_init: true\n"));
+    assert_eq!(at(&e), (11, 3, "model.random_init"));
+    assert!(e.message().contains("model.config"), "{e}");
+    let with_path = edit("  name: Qwen/Qwen3-8B\n", "  name: Qwen/Qwen3-8B\n  path: /models/q\n  random_init: true\n");
+    let all = errors(&with_path);
+    assert!(all.iter().any(|e| e.message().contains("exclude each other")), "{all:?}");
+    let shaped = edit(
+        "  name: Qwen/Qwen3-8B\n",
+        "  name: Qwen/Qwen3-8B\n  tokenizer: byte\n  random_init: true\n  config: {hidden_size: 64, num_layers: 1, \
+         num_heads: 4, num_kv_heads: 2, head_dim: 16, intermediate_size: 64, vocab_size: 512}\n",
+    );
+    let r = Recipe::from_str(&shaped, "x").unwrap_or_else(|e| panic!("{e}")).recipe;
+    assert!(r.model.random_init);
+}

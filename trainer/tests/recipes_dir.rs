@@ -91,7 +91,8 @@ fn the_tiny_cpu_recipe_is_self_contained() {
     let cfg = r.model.config.as_ref().expect("inline shape");
     assert_eq!((cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads), (64, 2, 4, 2));
     assert_eq!((cfg.head_dim, cfg.intermediate_size), (16, 128));
-    assert_eq!(r.model.path, None, "weights come from meta.seed, nothing to download");
+    assert_eq!(r.model.path, None, "the base is the pretraining run's final/, given at run time");
+    assert!(!r.model.random_init, "a LoRA on random weights must not run by default");
     assert!(r.data.generator.is_some());
     assert_eq!(r.data.seq_len, 128);
     assert_eq!(r.train.method.adapter().map(|l| l.r), Some(8));

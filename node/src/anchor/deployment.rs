@@ -41,6 +41,9 @@ pub struct Deployment {
     pub deployer: Address,
     /// RFC 3339 UTC.
     pub deployed_at: String,
+    /// The EIP-3009 test token (`chain deploy --test-usdc`) a local chain's x402 sales use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_usdc: Option<Address>,
 }
 
 impl Deployment {
@@ -109,6 +112,7 @@ mod tests {
             deploy_block: 1,
             deployer: Address::repeat_byte(3),
             deployed_at: "2026-11-21T00:00:00Z".into(),
+            test_usdc: None,
         }
     }
 

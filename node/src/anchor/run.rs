@@ -83,24 +83,54 @@ pub async fn deploy(
         deploy_block: d.block,
         deployer: d.deployer,
         deployed_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        test_usdc: None,
     };
-    log.append_async(AppendRequest::new(
-        KIND_DEPLOYED,
-        format!("{:#x}", d.address),
-        json!({
-            "contract": "Registry",
-            "network": deployment.network,
-            "chain_id": d.chain_id,
-            "registry": d.address,
-            "tx": d.tx,
-            "block": d.block,
-            "deployer": d.deployer,
-            "gas_used": d.gas_used,
-            "endpoint": display_url(rpc_url, target.rpc_url.is_none()),
-        }),
-    ))
-    .await?;
+    let endpoint = display_url(rpc_url, target.rpc_url.is_none());
+    record_deployed(log, ("Registry", "registry"), &deployment.network, &d, endpoint).await?;
     deployment.save(node_dir, replace)?;
+    Ok(deployment)
+}
+
+/// Records `chain.deployed` for a contract (its name, and the data field naming its address).
+async fn record_deployed(
+    log: &EventLog,
+    (contract, field): (&str, &str),
+    network: &str,
+    d: &mindxtrain_chain::deploy::Deployment,
+    endpoint: String,
+) -> Result<(), AnchorError> {
+    let mut data = json!({
+        "contract": contract, "network": network, "chain_id": d.chain_id, "tx": d.tx, "block": d.block,
+        "deployer": d.deployer, "gas_used": d.gas_used, "endpoint": endpoint,
+    });
+    data[field] = json!(d.address);
+    log.append_async(AppendRequest::new(KIND_DEPLOYED, format!("{:#x}", d.address), data)).await?;
+    Ok(())
+}
+
+/// The EIP-712 name and version of the test token, those of USDC (`x402::Asset::test_usdc`).
+pub const TEST_USDC_DOMAIN: (&str, &str) = ("USD Coin", "2");
+
+/// Deploys `TestUSDC` (EIP-3009, open mint: for local and test chains) beside the node's
+/// registry, records `chain.deployed` and adds it to chain.json.
+pub async fn deploy_test_usdc(
+    log: &EventLog,
+    node_dir: &std::path::Path,
+    rpc_url: &str,
+    embedded: bool,
+    key: &mindxtrain_chain::AnchorKey,
+) -> Result<Deployment, AnchorError> {
+    let mut deployment = Deployment::load(node_dir)?;
+    let (name, version) = TEST_USDC_DOMAIN;
+    let d = mindxtrain_chain::deploy::deploy_test_usdc(rpc_url, key, name, version).await?;
+    if d.chain_id != deployment.chain_id {
+        return Err(
+            mindxtrain_chain::ChainError::WrongChainId { expected: deployment.chain_id, actual: d.chain_id }.into()
+        );
+    }
+    record_deployed(log, ("TestUSDC", "token"), &deployment.network, &d, display_url(rpc_url, embedded)).await?;
+    deployment.test_usdc = Some(d.address);
+    deployment.save(node_dir, true)?;
     Ok(deployment)
 }
 

@@ -56,17 +56,91 @@ pub fn resolve_target(opts: &ChainOptions) -> Result<Target, AnchorError> {
     })
 }
 
-/// Starts the node's embedded anvil on its state file.
-pub fn start_embedded(node_dir: &Path, access: Access) -> Result<LocalAnvil, AnchorError> {
+/// The node's embedded chain for one command: an anvil of its own on the node's state
+/// file, or the one `mindxtrain chain up` keeps running (then every command shares it, and
+/// its state is that process's to save).
+#[derive(Debug)]
+pub enum EmbeddedChain {
+    Own(LocalAnvil),
+    Shared(SharedChain),
+}
+
+/// What `chain up` publishes in `<node-dir>/chain/anvil.endpoint.json` while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SharedChain {
+    pub url: String,
+    pub chain_id: u64,
+    /// The `chain up` process; the file is stale once it is gone.
+    pub pid: u32,
+}
+
+/// File name of the running embedded chain's endpoint (inside the node's chain directory).
+pub const ENDPOINT_FILE: &str = "anvil.endpoint.json";
+
+impl SharedChain {
+    pub fn path(node_dir: &Path) -> PathBuf {
+        anvil_state_path(node_dir).with_file_name(ENDPOINT_FILE)
+    }
+
+    /// The chain `chain up` keeps running for this node, if its process is alive.
+    pub fn running(node_dir: &Path) -> Option<SharedChain> {
+        let text = std::fs::read(Self::path(node_dir)).ok()?;
+        let shared: SharedChain = serde_json::from_slice(&text).ok()?;
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(shared.pid as libc::pid_t, 0) } == 0;
+        alive.then_some(shared)
+    }
+}
+
+impl EmbeddedChain {
+    pub fn endpoint(&self) -> String {
+        match self {
+            EmbeddedChain::Own(a) => a.endpoint(),
+            EmbeddedChain::Shared(s) => s.url.clone(),
+        }
+    }
+
+    pub fn chain_id(&self) -> u64 {
+        match self {
+            EmbeddedChain::Own(a) => a.chain_id(),
+            EmbeddedChain::Shared(s) => s.chain_id,
+        }
+    }
+
+    /// Stops an anvil of the command's own (saving its state); a shared one keeps running.
+    pub fn stop(&mut self) {
+        if let EmbeddedChain::Own(a) = self {
+            a.stop();
+        }
+    }
+}
+
+/// The node's embedded chain: the one `chain up` keeps running, else an anvil started on
+/// the node's state file (saved when it stops, for [`Access::Write`]).
+pub fn start_embedded(node_dir: &Path, access: Access) -> Result<EmbeddedChain, AnchorError> {
+    if let Some(shared) = SharedChain::running(node_dir) {
+        return Ok(EmbeddedChain::Shared(shared));
+    }
+    Ok(EmbeddedChain::Own(start_anvil(node_dir, access, None, false)?))
+}
+
+/// An anvil on the node's state file, on `port` (else a free one). One that keeps running
+/// (`chain up`) saves its state every 2 s too, so a crash loses little.
+pub fn start_anvil(
+    node_dir: &Path,
+    access: Access,
+    port: Option<u16>,
+    keeps_running: bool,
+) -> Result<LocalAnvil, AnchorError> {
     let state = anvil_state_path(node_dir);
     if let Some(parent) = state.parent() {
         std::fs::create_dir_all(parent).map_err(|source| AnchorError::Io { path: parent.to_path_buf(), source })?;
     }
-    let state = match access {
-        Access::Write => StateFile::LoadAndDump(state),
-        Access::Read => StateFile::LoadOnly(state),
+    let (state, state_interval) = match access {
+        Access::Write => (StateFile::LoadAndDump(state), keeps_running.then_some(2)),
+        Access::Read => (StateFile::LoadOnly(state), None),
     };
-    Ok(LocalAnvil::start(AnvilOptions { state: Some(state), ..Default::default() })?)
+    Ok(LocalAnvil::start(AnvilOptions { state: Some(state), port, state_interval, ..Default::default() })?)
 }
 
 /// The key that pays: `--key-file`, else `$MINDXTRAIN_ANCHOR_KEY`, else the node's
@@ -90,8 +164,9 @@ pub struct ChainSession {
     pub deployment: Deployment,
     pub rpc_url: String,
     pub key: Option<AnchorKey>,
-    /// The embedded anvil, stopped (and its state saved) when the session drops.
-    pub anvil: Option<LocalAnvil>,
+    /// The embedded chain (an anvil of the session's own is stopped, its state saved,
+    /// when the session drops).
+    pub anvil: Option<EmbeddedChain>,
     retries: Option<u32>,
 }
 

@@ -68,11 +68,21 @@ pub const OPERATOR: &[RouteDoc] = &[
     route("get", "/api/receipts/{run_id}", Access::Open, "A run's receipt bundle, exported now"),
     route("post", "/api/receipts/verify", Access::Open, "Check a receipt (body): every check by name, chain included"),
     route("get", "/api/anchors", Access::Open, "Items anchored or pending, batches with explorer links"),
-    route("get", "/api/runs", Access::Open, "Runs launched by this node process"),
-    route("post", "/api/runs", Access::Token, "Launch a run (plan measured first; one at a time)"),
+    route("get", "/api/runs", Access::Open, "Every run in the node's log (CLI, demo, API), oldest first"),
+    route(
+        "post",
+        "/api/runs",
+        Access::Token,
+        "Launch a run (`base` for an adapter; plan measured first; one at a time)",
+    ),
     route("get", "/api/runs/{id}", Access::Open, "A run's phase, step, loss, lr, tok/s, manifest"),
     route("post", "/api/runs/{id}/cancel", Access::Token, "Stop after the current step, checkpointed"),
-    route("post", "/api/runs/{id}/resume", Access::Token, "Continue a cancelled or failed run from its checkpoint"),
+    route(
+        "post",
+        "/api/runs/{id}/resume",
+        Access::Token,
+        "Continue a cancelled, failed or interrupted run from its checkpoint",
+    ),
     route("get", "/api/runs/{id}/events", Access::Open, "A run's events, then live (SSE)"),
 ];
 

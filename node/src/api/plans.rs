@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::ApiState;
-use super::recipes::{RecipeRef, stored_path};
+use super::recipes::RecipeRef;
 use super::records::{seqs_of, unreadable};
 use crate::serve::openai::ApiError;
 use crate::training::{self, PLAN_EMITTED};
@@ -47,14 +47,11 @@ pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>)
     let file = dir.join("plans").join(format!("{}-{}.plan.json", loaded.recipe.meta.run_name, hex::encode(random)));
     let limit = deadline(loaded.recipe.autotune.budget_seconds);
     let probe = tokio::task::spawn_blocking(move || {
-        let recipe_dir = dir.join("recipes");
-        std::fs::create_dir_all(&recipe_dir).map_err(|e| e.to_string())?;
+        let kept = crate::recipes::store(&dir, &loaded.bytes_blake3, &src).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir.join("plans")).map_err(|e| e.to_string())?;
-        let kept = stored_path(&dir, &loaded.bytes_blake3);
-        if !kept.exists() {
-            crate::fsutil::write_new_durably(&kept, src.as_bytes(), 0o644).map_err(|e| e.to_string())?;
-        }
-        training::measure_and_record_plan(&log, &loaded, &recipe_dir, &file).map_err(|e| e.to_string())
+        let recipe_dir = crate::fsutil::parent_dir(&kept);
+        training::measure_and_record_plan(&log, &loaded, recipe_dir, Default::default(), &file)
+            .map_err(|e| e.to_string())
     });
     let Ok(measured) = tokio::time::timeout(limit, probe).await else {
         return super::timed_out(limit);

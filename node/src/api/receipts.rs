@@ -66,7 +66,10 @@ pub async fn verify(
         .ok()
         .and_then(|e| e.get("subject").and_then(Value::as_str).map(str::to_owned));
     let local = match (q.local.unwrap_or(true), run_id) {
-        (true, Some(id)) => s.launches.files_of(&id, &s.node_dir),
+        (true, Some(id)) => {
+            let state = s.clone();
+            tokio::task::spawn_blocking(move || super::runs::files_of(&state, &id)).await.map_err(unreadable)?
+        }
         _ => None,
     };
     let inputs = match &local {

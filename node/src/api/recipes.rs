@@ -2,7 +2,7 @@
 //! defaults; YAML validated with every error located (file, line, column, field); a recipe
 //! registered (`recipe.registered`, its bytes kept under `node-dir/recipes/<blake3>.yaml`).
 
-use std::path::{Path as FsPath, PathBuf};
+use std::path::Path as FsPath;
 use std::sync::Arc;
 
 use axum::Json;
@@ -15,13 +15,8 @@ use serde_json::{Value, json};
 
 use super::ApiState;
 use super::records::{seqs_of, unreadable};
-use crate::recipes::{EMBEDDED_RECIPES, RECIPE_REGISTERED, RegisterError};
+use crate::recipes::{EMBEDDED_RECIPES, RECIPE_REGISTERED, stored_path};
 use crate::serve::openai::ApiError;
-
-/// Where the recipe bytes a node has used or registered are kept, by digest.
-pub fn stored_path(node_dir: &FsPath, blake3: &[u8; 32]) -> PathBuf {
-    node_dir.join("recipes").join(format!("{}.yaml", hex::encode(blake3)))
-}
 
 /// Names a recipe in a request: an embedded one, one registered here (by its BLAKE3), or
 /// YAML text with the name its errors should carry.
@@ -170,15 +165,10 @@ pub async fn register(State(s): State<Arc<ApiState>>, Json(req): Json<ValidateRe
     };
     let (log, dir, yaml) = (s.log.clone(), s.node_dir.clone(), req.yaml);
     let done = tokio::task::spawn_blocking(move || {
-        let path = stored_path(&dir, &loaded.bytes_blake3);
-        if !path.exists() {
-            let stored = std::fs::create_dir_all(dir.join("recipes"))
-                .and_then(|()| crate::fsutil::write_new_durably(&path, yaml.as_bytes(), 0o644));
-            stored.map_err(|e| Rejected::Unknown(Box::new(unreadable(format!("{}: {e}", path.display())))))?;
-        }
-        match crate::recipes::register(&log, &name, &yaml) {
+        let stored = crate::recipes::store(&dir, &loaded.bytes_blake3, &yaml);
+        stored.map_err(|e| Rejected::Unknown(Box::new(unreadable(format!("keeping the recipe: {e}")))))?;
+        match crate::recipes::record(&log, &name, &yaml, loaded) {
             Ok(r) => Ok((name, r)),
-            Err(RegisterError::Invalid(e)) => Err(Rejected::Invalid(e)),
             Err(e) => Err(Rejected::Unknown(Box::new(unreadable(e)))),
         }
     })

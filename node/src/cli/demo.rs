@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use mindxtrain_chain::merkle;
 use mindxtrain_node::anchor::session;
+use mindxtrain_node::fsutil;
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::checkpoint::{self, Checkpoint};
 use mindxtrain_node::log::verify::{self, TrustedKey};
@@ -19,8 +20,9 @@ use mindxtrain_node::log::{AppendRequest, LogReader};
 use mindxtrain_node::node;
 use mindxtrain_node::receipt;
 use mindxtrain_node::recipes::{self, EMBEDDED_RECIPES};
+use mindxtrain_node::training::{self, Origin, RecipeInput, TrainRequest};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -67,7 +69,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
 
     say("[3/6] training on the CPU: AOT plan, pretraining from scratch, LoRA, eval, sealed manifests".into());
     let work = dir.join("runs");
-    let training = super::train_cmd::demo_step(&log, &id, &dir, &work, &say)?;
+    let training = train_step(&log, &id, &dir, &work, &say)?;
 
     say("[4/6] signing a checkpoint of the log and recording it".into());
     let size = log.len();
@@ -180,3 +182,80 @@ fn demo_receipt(dir: &std::path::Path, training: &serde_json::Value, id: &Identi
     Ok(json!({"run_id": run_id, "file": path, "checks_passed": report.checks.len(), "files_checked": files,
         "anchored": report.anchored, "verified_on_chain": on_chain}))
 }
+
+/// The demo's training part: the tiny model trained from scratch, then LoRA-tuned on it,
+/// each run given no plan (so it measures one) and sealed, through the same driver as
+/// `train`. Uses the embedded recipes, so it needs no file from the repository. Returns
+/// the summary the demo prints.
+fn train_step(
+    log: &mindxtrain_node::log::EventLog,
+    key: &Identity,
+    node_dir: &Path,
+    work: &Path,
+    say: &dyn Fn(String),
+) -> Result<serde_json::Value> {
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let mut phases = Vec::new();
+    let mut init_from = None;
+    for (name, label) in [
+        ("tiny_cpu_pretrain.yaml", "pretrain from scratch (cpt)"),
+        ("tiny_cpu_lora.yaml", "LoRA on the pretrained base"),
+    ] {
+        let src = EMBEDDED_RECIPES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+            .with_context(|| format!("embedded recipe {name} missing"))?;
+        // The recipe as a file too, so the receipt can be checked against real bytes.
+        let recipe_path = work.join(name);
+        fsutil::write_new_durably(&recipe_path, src.as_bytes(), 0o644)?;
+        let recipe = RecipeInput::from_file(&recipe_path)?;
+        let out_dir = work.join(&recipe.loaded.recipe.meta.run_name);
+        let req = TrainRequest {
+            recipe,
+            plan: None,
+            out_dir: out_dir.clone(),
+            resume: false,
+            force: false,
+            init_from: init_from.clone(),
+            force_base: false,
+            data: Default::default(),
+            eval_prompts: 64,
+            origin: Origin::Demo,
+        };
+        let trained = training::train_and_seal(log, key, node_dir, &req, &mut DemoHooks)?;
+        let (s, plan) = (&trained.summary, &trained.plan.plan);
+        let c = plan.choices;
+        say(format!(
+            "      {label}: plan threads {} micro-batch {} checkpointing {} gemm rows {} ({} candidates timed in {} ms)",
+            c.threads,
+            c.micro_batch,
+            c.activation_checkpointing,
+            c.gemm_rows,
+            plan.measurements.len(),
+            plan.elapsed_ms
+        ));
+        let em = s.eval.as_ref().and_then(|e| e.exact_match);
+        say(format!(
+            "      {}: {} steps in {:.1} s, loss {}, exact match {}",
+            s.run_id,
+            s.steps,
+            s.seconds,
+            s.final_loss.map(|l| format!("{l:.3}")).unwrap_or_else(|| "-".into()),
+            em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into())
+        ));
+        phases.push(json!({"recipe": name, "run_id": s.run_id, "steps": s.steps, "final_loss": s.final_loss,
+            "seconds": s.seconds, "exact_match": em, "final_dir": s.final_dir, "files": s.files,
+            "plan_blake3": hex::encode(trained.plan.blake3), "out_dir": out_dir, "recipe_file": recipe_path,
+            "plan_file": trained.plan.path, "base": s.base,
+            "manifest": {"file": trained.sealed.path, "blake3": hex::encode(trained.sealed.digests.blake3),
+                "seq": trained.sealed.seq}}));
+        init_from = Some(s.final_dir.clone());
+    }
+    Ok(json!(phases))
+}
+
+/// The demo prints its own summary of each run.
+struct DemoHooks;
+impl mindxtrain_trainer::run::Observer for DemoHooks {}
+impl training::Hooks for DemoHooks {}

@@ -27,7 +27,7 @@ pub enum LogCommand {
         /// Stop before this seq.
         #[arg(long)]
         to: Option<u64>,
-        /// Only events of this kind.
+        /// Only events whose kind starts with this (`run.` or `run.finished`), as the API's `kind`.
         #[arg(long)]
         kind: Option<String>,
     },
@@ -158,8 +158,12 @@ pub fn event_line(ev: &Event) -> String {
 fn show(dir: &Path, out: &Output, from: u64, to: Option<u64>, kind: Option<String>) -> Result<ExitCode> {
     let r = reader(dir)?;
     let to = to.unwrap_or(u64::MAX).min(r.view().len());
-    let events: Vec<Event> =
-        r.view().range(from, to)?.into_iter().filter(|e| kind.as_ref().is_none_or(|k| &e.envelope.kind == k)).collect();
+    let events: Vec<Event> = r
+        .view()
+        .range(from, to)?
+        .into_iter()
+        .filter(|e| kind.as_ref().is_none_or(|k| e.envelope.kind.starts_with(k.as_str())))
+        .collect();
     let json = Value::Array(events.iter().map(Event::to_json).collect());
     out.emit(&json, || events.iter().map(event_line).collect::<Vec<_>>().join("\n"));
     Ok(ExitCode::SUCCESS)
@@ -208,9 +212,9 @@ fn verify_log(dir: &Path, out: &Output, key: Option<String>) -> Result<ExitCode>
     let report = verify::verify(dir, trusted_key(dir, key)?)?;
     out.emit(&json!({"ok": report.ok(), "report": report}), || {
         let mut s = format!(
-            "{} events in {} segment(s), root {}\nsignatures checked against {} ({})",
-            report.events,
-            report.segments,
+            "{} in {}, root {}\nsignatures checked against {} ({})",
+            super::plural(report.events, "event"),
+            super::plural(report.segments as u64, "segment"),
             report.root,
             report.key.as_deref().unwrap_or("no key"),
             report.key_source

@@ -51,6 +51,7 @@ pub fn demo_step(
         recipe_dir: &recipe_dir,
         checkpoint: &checkpoint,
         base: Some(&base),
+        force_base: false,
         merge: false,
         name: None,
     })?;

@@ -3,10 +3,13 @@
 mod anchor_cmd;
 mod chain_cmd;
 mod demo;
+mod export_cmd;
+mod interrupt;
 mod log_cmd;
 mod manifest_cmd;
 mod market_demo;
 mod output;
+mod progress;
 mod receipt_cmd;
 mod recipe_cmd;
 mod serve_cmd;
@@ -63,7 +66,7 @@ pub enum Command {
     /// Deploy the registry and check the chain (embedded anvil by default, or --rpc-url / --network).
     #[command(
         subcommand,
-        after_help = "Examples:\n  mindxtrain chain deploy\n  mindxtrain chain deploy --network base-sepolia --key-file anchor.key\n  mindxtrain chain status --json"
+        after_help = "Examples:\n  mindxtrain chain up\n  mindxtrain chain deploy --test-usdc\n  mindxtrain chain deploy --network base-sepolia --key-file anchor.key\n  mindxtrain chain status --json"
     )]
     Chain(chain_cmd::ChainCommand),
     /// Anchor pending items (a fresh log checkpoint, requested digests) on chain; `anchor verify` proves one.
@@ -77,7 +80,7 @@ pub enum Command {
     /// Seal a run into a signed in-toto/SLSA manifest; show one; hash files (sha256 + blake3, one pass).
     #[command(
         subcommand,
-        after_help = "Examples:\n  mindxtrain manifest seal run-1 --recipe run.yaml --plan plan.json --output-dir ./out\n  mindxtrain manifest show manifests/<blake3>.json\n  mindxtrain manifest hash runs/lora/final/model.safetensors"
+        after_help = "`train` seals every run itself; `manifest seal` is for a run trained elsewhere, whose events\n(subject RUN) are in this log, or whose range --first-seq/--last-seq gives.\n\nExamples:\n  mindxtrain log append --kind run.finished --subject my-run --data '{\"run_id\":\"my-run\"}'\n  mindxtrain manifest seal my-run --recipe run.yaml --output-dir ./out\n  mindxtrain manifest show ~/.mindxtrain/manifests/<blake3>.json\n  mindxtrain manifest hash runs/tiny_cpu_lora/final/adapter_model.safetensors"
     )]
     Manifest(manifest_cmd::ManifestCommand),
     /// Export a run's receipt bundle, or verify one (or a bare manifest) without the node.
@@ -89,17 +92,17 @@ pub enum Command {
     Bench(train_cmd::BenchArgs),
     /// Train a recipe with its plan; every step of the run is an event in the log.
     #[command(
-        after_help = "Examples:\n  mindxtrain train recipes/tiny_cpu_pretrain.yaml --plan plan.json --out runs/pre\n  mindxtrain train recipes/tiny_cpu_lora.yaml --plan lora-plan.json --init-from runs/pre/final --out runs/lora\n  mindxtrain train recipes/tiny_cpu_lora.yaml --plan lora-plan.json --out runs/lora --resume"
+        after_help = "Without --plan the plan is measured first; the run directory keeps it (plan.json), its base\n(run.json) and, on Ctrl-C, a checkpoint that --resume continues from.\n\nExamples:\n  mindxtrain train recipes/tiny_cpu_pretrain.yaml --out runs/pre\n  mindxtrain train recipes/tiny_cpu_lora.yaml --init-from runs/pre/final --out runs/lora\n  mindxtrain train recipes/tiny_cpu_lora.yaml --out runs/lora --resume\n  mindxtrain train recipes/tiny_cpu_pretrain.yaml --plan plan.json --out runs/pre2 --tensorboard"
     )]
     Train(train_cmd::TrainArgs),
     /// Held-out loss, perplexity and exact-match accuracy of a checkpoint (eval.json format).
     #[command(
-        after_help = "Example:\n  mindxtrain eval recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --init-from runs/pre/final"
+        after_help = "An adapter is evaluated over the base recorded beside it (base_model.json).\n\nExample:\n  mindxtrain eval recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --out lora-eval.json"
     )]
     Eval(train_cmd::EvalArgs),
     /// Serve a trained model: OpenAI-compatible chat completions, sold per call over x402, and rentals.
     #[command(
-        after_help = "Examples:\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --base runs/pre/final --free\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --base runs/pre/final \\\n    --rpc-url http://127.0.0.1:8545 --settler-key settler.key --asset 0x5FbDB2315678afecb367f032d93F642f64180aa3"
+        after_help = "Examples:\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --free\n  mindxtrain serve recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final \\\n    --rpc-url http://127.0.0.1:8545 --settler-key settler.key   (TestUSDC from `chain deploy --test-usdc`)"
     )]
     Serve(serve_cmd::ServeArgs),
     /// Rent calls (or time) of a model from another node, paying over x402; prints the rental token.
@@ -107,6 +110,11 @@ pub enum Command {
         after_help = "Example:\n  mindxtrain rent --from http://127.0.0.1:8080 --model mindxtrain/tiny-qwen3 --calls 10 --key payer.key --max-price 0.05"
     )]
     Rent(serve_cmd::RentArgs),
+    /// Write a run's result as a Hugging Face model directory (an adapter merged into its base).
+    #[command(
+        after_help = "Example:\n  mindxtrain export recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --merge --out hf-model"
+    )]
+    Export(export_cmd::ExportArgs),
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
@@ -140,6 +148,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => train_cmd::bench(args, &cli.node_dir, &out),
         Command::Train(args) => train_cmd::train(args, &cli.node_dir, &out),
         Command::Eval(args) => train_cmd::eval(args, &out),
+        Command::Export(args) => export_cmd::run(args, &out),
         Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
         Command::Rent(args) => serve_cmd::rent(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
@@ -151,9 +160,29 @@ pub(crate) fn file_name(p: &std::path::Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
 }
 
+/// `1 event`, `2 events`.
+pub(crate) fn plural(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
+/// `argv` as one line a POSIX shell reads back into the same words.
+pub(crate) fn shell_words(argv: &[String]) -> String {
+    let word = |w: &String| {
+        let plain = !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-./:=@%+,".contains(&b));
+        if plain { w.clone() } else { format!("'{}'", w.replace('\'', "'\\''")) }
+    };
+    argv.iter().map(word).collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{Cli, shell_words};
+
+    #[test]
+    fn shell_words_quote_only_what_needs_it() {
+        let argv = ["mindxtrain", "--out", "runs/a b", "it's", ""].map(String::from);
+        assert_eq!(shell_words(&argv), "mindxtrain --out 'runs/a b' 'it'\\''s' ''");
+    }
     use clap::CommandFactory;
 
     /// Every verb, nested ones included, shows an example in its `--help`.

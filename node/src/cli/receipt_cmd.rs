@@ -59,9 +59,11 @@ pub struct CheckArgs {
 enum ReceiptCommand {
     /// Write the receipt bundle of a sealed run: manifest, its log event with an inclusion
     /// proof, a signed checkpoint, and the anchor's batch proof once anchored.
-    #[command(after_help = "Example:\n  mindxtrain receipt export run-1 --out receipt.json")]
+    #[command(
+        after_help = "Examples:\n  mindxtrain receipt export runs/lora --out receipt.json\n  mindxtrain receipt export run-0123456789abcdef"
+    )]
     Export {
-        /// The run id.
+        /// The run id, or the run's directory (its run.json names it).
         run: String,
         /// Where to write it (default: stdout).
         #[arg(long)]
@@ -92,6 +94,19 @@ pub fn run(args: ReceiptArgs, dir: &Path, out: &Output) -> Result<ExitCode> {
 }
 
 fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output) -> Result<ExitCode> {
+    let run_dir = Path::new(run);
+    let run = &if run_dir.join("run.json").is_file() {
+        match mindxtrain_trainer::run::OutDir::new(run_dir).read_record() {
+            Ok(Some(record)) => record.run_id,
+            Ok(None) => run.to_string(),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+            }
+        }
+    } else {
+        run.to_string()
+    };
     let r = receipt::export(dir, run)?;
     let bytes = r.to_json_pretty();
     let Some(file) = file else {
@@ -114,7 +129,12 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
                 r.event.seq,
                 match &r.anchor {
                     Some(a) => format!("anchored on chain {} in block {} (tx {:#x})", a.chain_id, a.block, a.tx),
-                    None => "not anchored yet: run `mindxtrain anchor`, then export again".into(),
+                    None if mindxtrain_node::anchor::Deployment::path(dir).exists() => {
+                        "not anchored yet: run `mindxtrain anchor`, then export again".into()
+                    }
+                    None =>
+                        "not anchored yet: run `mindxtrain chain deploy` and `mindxtrain anchor`, then export again"
+                            .into(),
                 }
             )
         },

@@ -21,8 +21,11 @@ pub enum RecipeCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Print a recipe resolved with every default filled in.
-    #[command(after_help = "Example:\n  mindxtrain recipe show recipes/tiny_cpu_lora.yaml --json")]
+    /// Print a recipe resolved with every default filled in: itself a loadable recipe (with --json:
+    /// `{file, blake3, recipe}`).
+    #[command(
+        after_help = "Examples:\n  mindxtrain recipe show recipes/tiny_cpu_lora.yaml > resolved.json\n  mindxtrain recipe show recipes/tiny_cpu_lora.yaml --json"
+    )]
     Show { file: PathBuf },
     /// Validate and record recipes in the node's log (`recipe.registered`, with the BLAKE3 of the bytes).
     #[command(
@@ -82,8 +85,9 @@ fn show(file: &Path, out: &Output) -> Result<ExitCode> {
         Ok(l) => {
             let recipe = serde_json::to_value(&l.recipe).context("serialising the recipe")?;
             let v = json!({"file": file, "blake3": hex::encode(l.bytes_blake3), "recipe": recipe});
-            // Resolved recipes are structured data; humans get the same JSON, pretty.
-            out.emit(&v, || serde_json::to_string_pretty(&v).unwrap_or_default());
+            // Without --json: the resolved recipe alone, itself a loadable recipe (JSON is YAML),
+            // so `recipe show a.yaml > b.json` gives a file `train` accepts.
+            out.emit(&v, || serde_json::to_string_pretty(&recipe).unwrap_or_default());
             Ok(ExitCode::SUCCESS)
         }
         Err(errs) => {

@@ -4,6 +4,8 @@
 use super::output::Output;
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use mindxtrain_node::anchor::Deployment;
+use mindxtrain_node::anchor::session::SharedChain;
 use mindxtrain_node::api::{self, ApiState, auth::ApiToken};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog};
@@ -37,9 +39,13 @@ pub struct ServeArgs {
     /// The run's trained weights or adapter (`runs/NAME/final`); needed with a recipe.
     #[arg(long, requires = "recipe")]
     pub checkpoint: Option<PathBuf>,
-    /// The base model an adapter applies to (the run's --init-from).
+    /// The base an adapter applies to. Default: the base recorded beside the adapter
+    /// (base_model.json); another one is refused unless --force-base.
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// Serve the adapter over --base even though it is not the base it was trained on.
+    #[arg(long, requires = "base")]
+    pub force_base: bool,
     /// Fold a LoRA adapter into the base weights before serving.
     #[arg(long)]
     pub merge: bool,
@@ -76,12 +82,17 @@ pub struct ServeArgs {
     pub receiver: Option<Address>,
 }
 
-pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
+pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
     let model = match (&args.recipe, &args.checkpoint) {
         (Some(recipe), Some(checkpoint)) => Some(load_model(recipe, checkpoint, &args)?),
         (Some(_), None) => bail!("--checkpoint DIR is needed to serve a model (the run's final/ directory)"),
         _ => None,
     };
+    if let Some((_, loaded)) = &model
+        && !args.free
+    {
+        settle_on_the_nodes_chain(&mut args, loaded, node_dir)?;
+    }
     let (log, id, _) = node::open(node_dir).with_context(|| format!("opening the node at {}", node_dir.display()))?;
     let log = Arc::new(log);
     let rt = tokio::runtime::Runtime::new()?;
@@ -122,8 +133,9 @@ pub fn serve(args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     rt.shutdown_timeout(Duration::from_secs(5));
     served?;
     let events = close_log(log);
-    let _ =
-        out.line(&json!({"stopped": true, "log_events": events}), || format!("stopped; the log holds {events} events"));
+    let _ = out.line(&json!({"stopped": true, "log_events": events}), || {
+        format!("stopped; the log holds {}", super::plural(events, "event"))
+    });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -152,6 +164,51 @@ fn close_log(log: Arc<EventLog>) -> u64 {
     events
 }
 
+/// A sale on the chain this node deployed to: the TestUSDC of `chain deploy --test-usdc` as
+/// the asset, and the chain's endpoint (chain.json's, or `chain up`'s for the embedded one),
+/// unless given. Without an endpoint or a settler key, says which commands give them.
+fn settle_on_the_nodes_chain(args: &mut ServeArgs, loaded: &LoadedRecipe, node_dir: &Path) -> Result<()> {
+    let Some(billing) = &loaded.recipe.publish.billing.x402 else { return Ok(()) };
+    if args.facilitator.is_some() {
+        return Ok(());
+    }
+    let chain_id = billing.network.chain_id();
+    let deployed = Deployment::load(node_dir).ok().filter(|d| d.chain_id == chain_id);
+    if let Some(d) = &deployed {
+        let preset = Asset::usdc_preset(Network::new(chain_id)).is_some();
+        if args.asset.is_none() && !preset && matches!(billing.asset, publish::Asset::Usdc) {
+            args.asset = d.test_usdc;
+        }
+        if args.rpc_url.is_none() {
+            args.rpc_url = d.rpc_url.clone().or_else(|| SharedChain::running(node_dir).map(|s| s.url));
+        }
+    }
+    if args.rpc_url.is_none() || args.settler_key.is_none() {
+        let local = chain_id == 31337;
+        let mut steps = Vec::new();
+        if args.rpc_url.is_none() {
+            steps.push(if local {
+                "an endpoint: `mindxtrain chain up` keeps the node's anvil running (or --rpc-url URL)".to_string()
+            } else {
+                "--rpc-url URL of the recipe's network".to_string()
+            });
+        }
+        if local && deployed.as_ref().is_none_or(|d| d.test_usdc.is_none()) && args.asset.is_none() {
+            steps.push("a token: `mindxtrain chain deploy --test-usdc` (or --asset ADDR)".into());
+        }
+        if args.settler_key.is_none() {
+            steps.push("--settler-key FILE, a 0600 file with the hex key that pays settlement gas".into());
+        }
+        bail!(
+            "the recipe sells the model on {} ({}); to sell it, give {}; or serve it with --free",
+            billing.network.caip2(),
+            if local { "a local anvil" } else { "a public chain" },
+            steps.join("; ")
+        );
+    }
+    Ok(())
+}
+
 fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
@@ -161,6 +218,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         recipe_dir: &recipe_dir,
         checkpoint,
         base: args.base.as_deref(),
+        force_base: args.force_base,
         merge: args.merge,
         name: args.name.clone(),
     })?;

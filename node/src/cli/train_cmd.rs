@@ -1,19 +1,21 @@
 //! `mindxtrain bench`, `train` and `eval`: the AOT plan, runs and evaluation.
 
+use super::interrupt;
 use super::output::Output;
-use super::{EXIT_INVALID_INPUT, file_name};
+use super::progress::Progress;
+use super::{EXIT_INVALID_INPUT, plural, shell_words};
 use anyhow::{Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use mindxtrain_node::log::AppendRequest;
-use mindxtrain_node::manifest::NamedBytes;
-use mindxtrain_node::training::{self, FinishedRun, LogSink, PLAN_EMITTED};
-use mindxtrain_node::{fsutil, node, recipes};
-use mindxtrain_trainer::data::DataOptions;
+use indicatif::ProgressBar;
+use mindxtrain_node::anchor::Deployment;
+use mindxtrain_node::node;
+use mindxtrain_node::training::{
+    self, Origin, PlanSource, RecipeInput, RecipeInputError, RecordedPlan, TrainError, TrainRequest, Trained,
+};
+use mindxtrain_trainer::data::{DataOptions, Dataset, Tokenizer};
 use mindxtrain_trainer::plan::Plan;
-use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
-use mindxtrain_trainer::run::{self, Observer, RunSpec, StepReport};
-use serde_json::json;
+use mindxtrain_trainer::run::{self, BaseRecord, RunError, RunSpec};
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -32,24 +34,39 @@ pub struct BenchArgs {
 #[derive(Args, Debug)]
 pub struct TrainArgs {
     pub recipe: PathBuf,
-    /// The AOT plan from `mindxtrain bench` (default: the recipe's autotune.plan).
+    /// The AOT plan from `mindxtrain bench`. Default: the recipe's autotune.plan, the run's
+    /// own (OUT/plan.json) on --resume, else one measured now (within autotune.budget_seconds).
     #[arg(long)]
     pub plan: Option<PathBuf>,
-    /// Run directory (checkpoints, final weights, eval.json).
-    #[arg(long, default_value = "runs/latest")]
-    pub out: PathBuf,
-    /// Continue from the newest complete checkpoint in --out.
+    /// Run directory (checkpoints, final weights, eval.json); default runs/<meta.run_name>.
+    /// Must be empty unless --resume or --force.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the run in --out from its newest checkpoint (its plan and base as recorded).
     #[arg(long)]
     pub resume: bool,
-    /// Start from this HF checkpoint directory (e.g. a previous run's final/).
+    /// Replace an earlier run in --out (its files are deleted; its sealed manifest stays in the node).
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
+    /// Start from this HF model directory (e.g. a previous run's final/); recorded as the run's base.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
+    /// With --resume: continue on --init-from even though it is not the recorded base.
+    #[arg(long, requires = "init_from")]
+    pub force_base: bool,
     /// Count and report malformed data lines instead of failing.
     #[arg(long)]
     pub skip_bad: bool,
     /// Holdout prompts generated and scored at each evaluation.
     #[arg(long, default_value_t = 64)]
     pub eval_prompts: usize,
+    /// When stderr is not a terminal: one progress line every N steps (default: the recipe's
+    /// train.log_every_steps).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub progress_every: Option<u64>,
+    /// Also write TensorBoard event files (loss, lr, grad norm, tok/s, evals) to OUT/tensorboard.
+    #[arg(long)]
+    pub tensorboard: bool,
 }
 
 #[derive(Args, Debug)]
@@ -61,60 +78,78 @@ pub struct EvalArgs {
     /// Plan for the thread count (default: all cores).
     #[arg(long)]
     pub plan: Option<PathBuf>,
-    /// Write the report here (eval.json format).
+    /// Write the report here (eval.json format); an existing file is kept unless --force.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Base weights for an adapter checkpoint (HF directory), when the recipe has no model.path.
+    /// Replace an existing --out file.
     #[arg(long)]
+    pub force: bool,
+    /// The base an adapter applies to. Default: the base recorded beside the adapter
+    /// (base_model.json); another one is refused unless --force-base.
+    #[arg(long, visible_alias = "base")]
     pub init_from: Option<PathBuf>,
+    /// Use --init-from even though it is not the adapter's recorded base.
+    #[arg(long, requires = "init_from")]
+    pub force_base: bool,
     #[arg(long, default_value_t = 64)]
     pub eval_prompts: usize,
 }
 
-fn load_recipe(path: &Path) -> Result<std::result::Result<LoadedRecipe, String>> {
-    Ok(Recipe::check_path(path).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))
-}
-
-fn recipe_dir(path: &Path) -> PathBuf {
-    path.parent().map(Path::to_path_buf).unwrap_or_default()
+/// Reads a recipe for a command; `Err` is the exit to return (the reason printed).
+fn read_recipe(path: &Path, out: &Output) -> Result<std::result::Result<RecipeInput, ExitCode>> {
+    match RecipeInput::from_file(path) {
+        Ok(r) => Ok(Ok(r)),
+        Err(RecipeInputError::Invalid(errs)) => {
+            let msg = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n");
+            Ok(Err(invalid(out, &msg)))
+        }
+        Err(e @ RecipeInputError::Io { .. }) => Ok(Err(invalid(out, &e.to_string()))),
+    }
 }
 
 pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
-    let loaded = match load_recipe(&args.recipe)? {
-        Ok(l) => l,
-        Err(msg) => return invalid(out, &msg),
+    let recipe = match read_recipe(&args.recipe, out)? {
+        Ok(r) => r,
+        Err(code) => return Ok(code),
     };
     if args.out.exists() {
-        return invalid(
-            out,
-            &format!("{}: already exists; a plan is never overwritten, choose another --out", args.out.display()),
-        );
+        let msg = format!("{}: already exists; a plan is never overwritten, choose another --out", args.out.display());
+        return Ok(invalid(out, &msg));
     }
-    let spinner = spinner(out, &format!("measuring within {} s", loaded.recipe.autotune.budget_seconds));
-    let plan = run::measure_plan(&loaded, &recipe_dir(&args.recipe), DataOptions { skip_bad: args.skip_bad })
+    let data = DataOptions { skip_bad: args.skip_bad };
+    let spinner = spinner(out, &format!("measuring within {} s", recipe.loaded.recipe.autotune.budget_seconds));
+    let plan = run::measure_plan(&recipe.loaded, &recipe.dir, data)
         .with_context(|| format!("autotune of {}", args.recipe.display()))?;
     spinner.finish_and_clear();
-    let bytes = plan.to_bytes();
-    fsutil::write_new_durably(&args.out, &bytes, 0o644).with_context(|| format!("writing {}", args.out.display()))?;
-    let digest = hex::encode(blake3::hash(&bytes).as_bytes());
+    let recorded = RecordedPlan::write(plan, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    let digest = hex::encode(recorded.blake3);
     let seq = if node_dir.join("node.key").exists() {
         let (log, _, _) = node::open(node_dir)?;
-        let data = json!({"plan_blake3": digest, "recipe_blake3": plan.recipe_blake3, "choices": plan.choices,
-            "file": args.out.display().to_string(), "elapsed_ms": plan.elapsed_ms, "truncated": plan.truncated});
-        Some(log.append(AppendRequest::new(PLAN_EMITTED, digest.clone(), data).with_id(format!("plan:{digest}")))?.seq)
+        Some(recorded.record(&log)?)
     } else {
         None
     };
+    // What --skip-bad left out of the data the plan was measured on.
+    let skipped = if args.skip_bad {
+        let r = &recipe.loaded.recipe;
+        let tokenizer = Tokenizer::from_recipe(&r.model, &recipe.dir)?;
+        Some(Dataset::from_recipe(r, &recipe.dir, &tokenizer, data)?.manifest.skipped_lines)
+    } else {
+        None
+    };
+    let plan = &recorded.plan;
     let c = plan.choices;
     out.emit(
-        &json!({"plan": args.out, "blake3": digest, "choices": c, "seq": seq, "measurements": plan.measurements}),
+        &json!({"plan": args.out, "blake3": digest, "choices": c, "seq": seq, "measurements": plan.measurements,
+            "skipped_lines": skipped}),
         || {
             let mut lines = vec![format!(
-                "plan {} (blake3 {digest}): threads {} micro-batch {} checkpointing {} — {} candidates in {} ms{}",
+                "plan {} (blake3 {digest}): threads {} micro-batch {} checkpointing {} gemm rows {} — {} candidates in {} ms{}",
                 args.out.display(),
                 c.threads,
                 c.micro_batch,
                 c.activation_checkpointing,
+                c.gemm_rows,
                 plan.measurements.len(),
                 plan.elapsed_ms,
                 if plan.truncated { " (budget spent before all were timed)" } else { "" }
@@ -125,9 +160,12 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
                     .map(|u| format!("{:.2} ms", u as f64 / 1000.0))
                     .unwrap_or_else(|| m.note.clone().unwrap_or_default());
                 lines.push(format!(
-                    "  threads {:>2} micro {:>3} ckpt {:<5} {t}",
-                    m.choices.threads, m.choices.micro_batch, m.choices.activation_checkpointing
+                    "  threads {:>2} micro {:>3} ckpt {:<5} gemm rows {:>3} {t}",
+                    m.choices.threads, m.choices.micro_batch, m.choices.activation_checkpointing, m.choices.gemm_rows
                 ));
+            }
+            if let Some(n) = skipped {
+                lines.push(format!("  data: {} skipped ({})", plural(n, "malformed line"), "--skip-bad"));
             }
             lines.join("\n")
         },
@@ -135,144 +173,264 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-/// A plan read for a run: the plan, the BLAKE3 of its bytes, and where it was read.
-type ReadPlan = (Plan, [u8; 32], PathBuf);
-
-fn read_plan(
-    explicit: Option<&PathBuf>,
-    loaded: &LoadedRecipe,
-    recipe: &Path,
-) -> Result<std::result::Result<ReadPlan, String>> {
-    let path = match (explicit, &loaded.recipe.autotune.plan) {
-        (Some(p), _) => p.clone(),
-        (None, Some(p)) => recipe_dir(recipe).join(p),
-        (None, None) => {
-            return Ok(Err(format!(
-                "no plan: run `mindxtrain bench {} --out plan.json` first and pass --plan plan.json",
-                recipe.display()
-            )));
-        }
+pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
+    let recipe = match read_recipe(&args.recipe, out)? {
+        Ok(r) => r,
+        Err(code) => return Ok(code),
     };
-    Ok(Plan::read(&path).map(|(plan, hash)| (plan, hash, path)).map_err(|e| e.to_string()))
+    let r = &recipe.loaded.recipe;
+    let out_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&r.meta.run_name));
+    let (log, key, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
+    let every = args.progress_every.unwrap_or(u64::from(r.train.log_every_steps.max(1)));
+    let tensorboard = args.tensorboard.then(|| out_dir.join("tensorboard"));
+    let req = TrainRequest {
+        recipe,
+        plan: args.plan.clone(),
+        out_dir: out_dir.clone(),
+        resume: args.resume,
+        force: args.force,
+        init_from: args.init_from.clone(),
+        force_base: args.force_base,
+        data: DataOptions { skip_bad: args.skip_bad },
+        eval_prompts: args.eval_prompts,
+        origin: Origin::Cli,
+    };
+    let guard = interrupt::Guard::install();
+    let mut progress = Progress::new(out.json, every, tensorboard, &guard);
+    let result = training::train_and_seal(&log, &key, node_dir, &req, &mut progress);
+    if let Some(problem) = progress.finish() {
+        eprintln!("warning: {problem}");
+    }
+    let tb = progress.tensorboard_dir().cloned();
+    match result {
+        Ok(trained) => {
+            report(out, node_dir, &trained, &out_dir, tb.as_deref());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(TrainError::Run(RunError::Cancelled { step })) => {
+            let signal = guard.received().unwrap_or(interrupt::Signal::Interrupt);
+            Ok(cancelled(out, &args, node_dir, &out_dir, step, signal))
+        }
+        Err(e) if e.is_invalid_input() => Ok(invalid(out, &e.to_string())),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("training {}", args.recipe.display()))),
+    }
 }
 
-pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
-    let loaded = match load_recipe(&args.recipe)? {
-        Ok(l) => l,
-        Err(msg) => return invalid(out, &msg),
-    };
-    let (plan, plan_blake3, plan_path) = match read_plan(args.plan.as_ref(), &loaded, &args.recipe)? {
-        Ok(p) => p,
-        Err(msg) => return invalid(out, &msg),
-    };
-    if let Err(e) = plan
-        .check_recipe(&loaded.bytes_blake3, &args.plan.as_ref().map(|p| p.display().to_string()).unwrap_or_default())
-    {
-        return invalid(out, &e.to_string());
+/// The command that continues the run: the recipe and directory as given, with `--resume`
+/// (the plan and the base are the run's own, recorded in its directory).
+fn resume_command(args: &TrainArgs, node_dir: &Path, out_dir: &Path) -> Vec<String> {
+    let mut argv: Vec<String> = ["mindxtrain", "--node-dir"].map(String::from).to_vec();
+    argv.push(node_dir.display().to_string());
+    argv.extend(["train".into(), args.recipe.display().to_string(), "--out".into(), out_dir.display().to_string()]);
+    argv.push("--resume".into());
+    if args.skip_bad {
+        argv.push("--skip-bad".into());
     }
-    let (log, key, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
-    let src = std::fs::read_to_string(&args.recipe).with_context(|| format!("reading {}", args.recipe.display()))?;
-    recipes::register(&log, &args.recipe.display().to_string(), &src)?;
-    let plan_bytes = std::fs::read(&plan_path).with_context(|| format!("reading {}", plan_path.display()))?;
-    let hardware = serde_json::to_value(&plan.machine)?;
-    let spec = RunSpec {
-        recipe: loaded,
-        recipe_dir: recipe_dir(&args.recipe),
-        plan,
-        plan_blake3,
-        out_dir: args.out.clone(),
-        resume: args.resume,
-        data: DataOptions { skip_bad: args.skip_bad },
-        init_from: args.init_from.clone(),
-        eval_prompts: args.eval_prompts,
-    };
-    let mut bar = Bar::new(out);
-    let summary = run::train(&spec, &mut LogSink::new(&log), &mut bar)
-        .with_context(|| format!("training {}", args.recipe.display()))?;
-    bar.finish();
-    let run = FinishedRun {
-        summary: &summary,
-        recipe: NamedBytes { name: file_name(&args.recipe), bytes: src.into_bytes() },
-        plan: Some(NamedBytes { name: file_name(&plan_path), bytes: plan_bytes }),
-        out_dir: &args.out,
-        base_dir: args.init_from.as_deref(),
-        hardware,
-    };
-    let sealed = training::seal_run(&log, &key, node_dir, run).context("sealing the run's manifest")?;
-    let manifest_b3 = hex::encode(sealed.digests.blake3);
-    let em = summary.eval.as_ref().and_then(|e| e.exact_match);
+    if args.eval_prompts != 64 {
+        argv.extend(["--eval-prompts".into(), args.eval_prompts.to_string()]);
+    }
+    if let Some(n) = args.progress_every {
+        argv.extend(["--progress-every".into(), n.to_string()]);
+    }
+    if args.tensorboard {
+        argv.push("--tensorboard".into());
+    }
+    argv
+}
+
+fn cancelled(
+    out: &Output,
+    args: &TrainArgs,
+    node_dir: &Path,
+    out_dir: &Path,
+    step: u64,
+    signal: interrupt::Signal,
+) -> ExitCode {
+    let argv = resume_command(args, node_dir, out_dir);
+    let command = shell_words(&argv);
+    let checkpoint = out_dir.join("checkpoints").join(format!("step-{step:08}"));
     out.emit(
-        &json!({"run_id": summary.run_id, "steps": summary.steps, "final_loss": summary.final_loss, "tokens": summary.tokens,
-            "seconds": summary.seconds, "final_dir": summary.final_dir, "files": summary.files, "eval": summary.eval,
-            "dataset_blake3": summary.dataset_digest, "manifest": {"file": sealed.path, "blake3": manifest_b3, "seq": sealed.seq}}),
-        || {
-            format!(
-                "{}: {} steps in {:.1} s, final loss {}, exact match {}\n  weights: {}\n  manifest: {} (blake3 {manifest_b3}, requested for anchoring)",
-                summary.run_id,
-                summary.steps,
-                summary.seconds,
-                summary.final_loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into()),
-                em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into()),
-                summary.final_dir.display(),
-                sealed.path.display()
-            )
-        },
+        &json!({"cancelled": true, "signal": signal.name(), "step": step, "checkpoint": checkpoint,
+            "resume": {"argv": argv, "command": command}}),
+        String::new,
     );
-    Ok(ExitCode::SUCCESS)
+    eprintln!(
+        "{}: stopped after step {step}; checkpoint {}, run.cancelled recorded\nresume with:\n  {command}",
+        signal.name(),
+        checkpoint.display()
+    );
+    ExitCode::from(signal.exit_code())
+}
+
+/// The end of a run: the losses side by side, the data, the base and where every output went.
+fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboard: Option<&Path>) {
+    let s = &t.summary;
+    let held_out = s.eval.as_ref().and_then(|e| e.loss);
+    let em = s.eval.as_ref().and_then(|e| e.exact_match);
+    let manifest_b3 = hex::encode(t.sealed.digests.blake3);
+    let latest = out_dir.join("checkpoints").join(format!("step-{:08}", s.steps));
+    let eval_json = out_dir.join("eval.json");
+    // What anchors it from here: the registry first when there is none yet.
+    let anchor_steps: &[&str] = if Deployment::path(node_dir).exists() {
+        &["mindxtrain anchor"]
+    } else {
+        &["mindxtrain chain deploy", "mindxtrain anchor"]
+    };
+    let anchor_hint = anchor_steps.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", then ");
+    let plan_source = match &t.plan.source {
+        PlanSource::Given(p) => json!({"source": "given", "given": p}),
+        PlanSource::Probed => json!({"source": "probed"}),
+        PlanSource::Kept => json!({"source": "kept"}),
+    };
+    let d = &s.dataset;
+    let value = json!({
+        "run_id": s.run_id, "steps": s.steps, "start_step": s.start_step, "final_loss": s.final_loss,
+        "held_out_loss": held_out, "tokens": s.tokens, "seconds": s.seconds, "final_dir": s.final_dir,
+        "files": s.files, "eval": s.eval, "dataset_blake3": s.dataset_digest, "base": s.base,
+        "data": {"read_examples": d.read_examples, "train_examples": d.train_examples,
+            "holdout_examples": d.holdout_examples, "skipped_lines": d.skipped_lines, "skipped": d.skipped},
+        "plan": {"file": t.plan.path, "blake3": hex::encode(t.plan.blake3), "choices": t.plan.plan.choices,
+            "how": plan_source},
+        "outputs": {"dir": out_dir, "final": s.final_dir, "checkpoint": latest, "eval": eval_json.is_file().then_some(&eval_json),
+            "run": out_dir.join("run.json"), "dataset": out_dir.join("dataset.json"), "plan": t.plan.path,
+            "tensorboard": tensorboard, "manifest": t.sealed.path},
+        "manifest": {"file": t.sealed.path, "blake3": manifest_b3, "seq": t.sealed.seq},
+        "next": {"anchor": anchor_steps, "receipt": format!("mindxtrain receipt export {}", s.run_id)},
+    });
+    out.emit(&value, || {
+        let f = |v: Option<f64>| v.map_or_else(|| "-".into(), |l| format!("{l:.4}"));
+        let resumed = if s.start_step > 0 { format!(" (resumed at step {})", s.start_step) } else { String::new() };
+        let mut lines =
+            vec![format!("{}: {} steps in {}{resumed}", s.run_id, s.steps, super::progress::duration(s.seconds))];
+        let exact = s.eval.as_ref().map_or_else(String::new, |e| {
+            format!(
+                ", exact match {}/{}{}",
+                e.exact_match_correct,
+                e.exact_match_total,
+                em.map_or_else(String::new, |x| format!(" ({:.1}%)", x * 100.0))
+            )
+        });
+        lines.push(format!("  loss      training {} (last step), held-out {}{exact}", f(s.final_loss), f(held_out)));
+        let mut data = format!(
+            "  data      {}, {} held out, {} skipped",
+            plural(d.train_examples, "training example"),
+            d.holdout_examples,
+            plural(d.skipped_lines, "malformed line")
+        );
+        for skipped in d.skipped.iter().take(3) {
+            data.push_str(&format!("\n              {skipped:?}"));
+        }
+        lines.push(data);
+        lines.push(format!("  base      {}", s.base.describe()));
+        let how = match &t.plan.source {
+            PlanSource::Given(p) => format!("given as {}", p.display()),
+            PlanSource::Probed => "measured for this run".into(),
+            PlanSource::Kept => "the run's own".into(),
+        };
+        lines.push(format!("  plan      {} ({how})", t.plan.path.display()));
+        lines.push(format!("  weights   {} (with tokenizer.json and the chat template)", s.final_dir.display()));
+        lines.push(format!("  latest    {}", latest.display()));
+        if eval_json.is_file() {
+            lines.push(format!("  eval      {}", eval_json.display()));
+        }
+        lines.push(format!("  run       {} (run id, recipe, plan, base)", out_dir.join("run.json").display()));
+        if let Some(tb) = tensorboard {
+            lines.push(format!("  curves    {} (tensorboard --logdir {})", tb.display(), tb.display()));
+        }
+        lines.push(format!("  manifest  {} (blake3 {manifest_b3})", t.sealed.path.display()));
+        lines
+            .push(format!("next: `mindxtrain receipt export {}` (now); {anchor_hint} to anchor it on chain", s.run_id));
+        lines.join("\n")
+    });
 }
 
 pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
-    let loaded = match load_recipe(&args.recipe)? {
-        Ok(l) => l,
-        Err(msg) => return invalid(out, &msg),
+    let recipe = match read_recipe(&args.recipe, out)? {
+        Ok(r) => r,
+        Err(code) => return Ok(code),
     };
+    if let Some(path) = &args.out
+        && path.exists()
+        && !args.force
+    {
+        let msg = format!("{} exists: pass --force to replace it, or give another --out", path.display());
+        return Ok(invalid(out, &msg));
+    }
     let (plan, plan_blake3) = match args.plan.as_deref().map(Plan::read) {
         Some(Ok(p)) => p,
-        Some(Err(e)) => return invalid(out, &e.to_string()),
+        Some(Err(e)) => return Ok(invalid(out, &e.to_string())),
         None => {
             let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
             let choices = mindxtrain_trainer::plan::Choices::unmeasured(threads);
-            (Plan::new(loaded.bytes_blake3, "cpu", choices, vec![], 0, 0, false), [0; 32])
+            (Plan::new(recipe.loaded.bytes_blake3, "cpu", choices, vec![], 0, 0, false), [0; 32])
         }
     };
+    let base = match run::adapter_base(
+        &recipe.loaded.recipe,
+        &recipe.dir,
+        &args.checkpoint,
+        args.init_from.as_deref(),
+        args.force_base,
+    ) {
+        Ok(b) => b,
+        Err(e @ RunError::Base(_)) => return Ok(invalid(out, &e.to_string())),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", args.checkpoint.display())),
+    };
     let spec = RunSpec {
-        recipe: loaded,
-        recipe_dir: recipe_dir(&args.recipe),
+        recipe: recipe.loaded,
+        recipe_dir: recipe.dir,
         plan,
         plan_blake3,
         out_dir: PathBuf::new(),
         resume: false,
         data: DataOptions::default(),
-        init_from: args.init_from.clone(),
+        init_from: base.clone(),
+        // Checked just above: the base to load is settled.
+        force_base: true,
         eval_prompts: args.eval_prompts,
+        context: Default::default(),
     };
     let spinner = spinner(out, "evaluating");
-    let report = run::evaluate_checkpoint(&spec, &args.checkpoint)
-        .with_context(|| format!("evaluating {}", args.checkpoint.display()))?;
+    let report = match run::evaluate_checkpoint(&spec, &args.checkpoint) {
+        Ok(r) => r,
+        Err(e @ RunError::Base(_)) => return Ok(invalid(out, &e.to_string())),
+        Err(e) => return Err(e).with_context(|| format!("evaluating {}", args.checkpoint.display())),
+    };
     spinner.finish_and_clear();
     if let Some(path) = &args.out {
         let mut bytes = serde_json::to_vec_pretty(&report)?;
         bytes.push(b'\n');
         std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
     }
-    out.emit(&serde_json::to_value(&report)?, || {
-        format!(
+    let mut value = serde_json::to_value(&report)?;
+    value["base"] = base.as_ref().map_or(Value::Null, |b| json!(b));
+    out.emit(&value, || {
+        let mut text = format!(
             "held-out loss {} (perplexity {}), exact match {}/{}",
             report.loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into()),
             report.perplexity.map(|p| format!("{p:.2}")).unwrap_or_else(|| "-".into()),
             report.exact_match_correct,
             report.exact_match_total
-        )
+        );
+        if let Some(b) = &base {
+            text.push_str(&format!("\n  adapter over {}", b.display()));
+        } else if let Ok(Some(BaseRecord::RandomInit { seed })) = BaseRecord::read(&args.checkpoint) {
+            text.push_str(&format!("\n  adapter over random weights from seed {seed} (as trained)"));
+        }
+        if let Some(path) = &args.out {
+            text.push_str(&format!("\n  report written to {}", path.display()));
+        }
+        text
     });
     Ok(ExitCode::SUCCESS)
 }
 
-fn invalid(out: &Output, message: &str) -> Result<ExitCode> {
+fn invalid(out: &Output, message: &str) -> ExitCode {
     out.emit(&json!({"ok": false, "error": message}), String::new);
     if !out.json {
         eprintln!("error: {message}");
     }
-    Ok(ExitCode::from(EXIT_INVALID_INPUT))
+    ExitCode::from(EXIT_INVALID_INPUT)
 }
 
 pub(super) fn spinner(out: &Output, message: &str) -> ProgressBar {
@@ -283,122 +441,4 @@ pub(super) fn spinner(out: &Output, message: &str) -> ProgressBar {
     pb.set_message(message.to_string());
     pb.enable_steady_tick(std::time::Duration::from_millis(120));
     pb
-}
-
-/// The training progress bar: loss, lr, tok/s and ETA (hidden under --json).
-struct Bar {
-    pb: ProgressBar,
-}
-
-impl Bar {
-    fn new(out: &Output) -> Bar {
-        let pb = if out.json { ProgressBar::hidden() } else { ProgressBar::new(0) };
-        pb.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Bar { pb }
-    }
-
-    fn finish(&self) {
-        self.pb.finish_and_clear();
-    }
-}
-
-impl Observer for Bar {
-    fn started(&mut self, first_step: u64, total_steps: u64) {
-        self.pb.set_length(total_steps);
-        self.pb.set_position(first_step);
-    }
-
-    fn step(&mut self, r: &StepReport) {
-        self.pb.set_position(r.step);
-        self.pb.set_message(format!("loss {:.4}  lr {:.2e}  {:.0} tok/s", r.loss, r.lr, r.tokens_per_s));
-    }
-
-    fn note(&mut self, message: &str) {
-        self.pb.println(message);
-    }
-}
-
-/// The demo's training part: measure a plan and train the tiny model from scratch, then
-/// measure again and LoRA-tune it, then evaluate. Uses the embedded recipes, so it needs
-/// no file from the repository. Returns the summary the demo prints.
-pub fn demo_step(
-    log: &mindxtrain_node::log::EventLog,
-    key: &mindxtrain_node::identity::Identity,
-    node_dir: &Path,
-    work: &Path,
-    say: &dyn Fn(String),
-) -> Result<serde_json::Value> {
-    let recipe = |name: &str| -> Result<(LoadedRecipe, &'static str)> {
-        let src = recipes::EMBEDDED_RECIPES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, s)| *s)
-            .with_context(|| format!("embedded recipe {name} missing"))?;
-        Ok((Recipe::check_str(src, name).map_err(|e| anyhow::anyhow!("{e}"))?, src))
-    };
-    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
-    let mut phases = Vec::new();
-    let mut init_from = None;
-    for (name, label) in [
-        ("tiny_cpu_pretrain.yaml", "pretrain from scratch (cpt)"),
-        ("tiny_cpu_lora.yaml", "LoRA on the pretrained base"),
-    ] {
-        let (loaded, src) = recipe(name)?;
-        // The recipe as a file too, so the receipt can be checked against real bytes.
-        let recipe_path = work.join(name);
-        fsutil::write_new_durably(&recipe_path, src.as_bytes(), 0o644)?;
-        let plan_path = work.join(format!("{}.plan.json", loaded.recipe.meta.run_name));
-        let training::RecordedPlan { plan, bytes, blake3: plan_blake3, .. } =
-            training::measure_and_record_plan(log, &loaded, work, &plan_path)?;
-        let digest = hex::encode(plan_blake3);
-        let c = plan.choices;
-        say(format!(
-            "      {label}: plan threads {} micro-batch {} checkpointing {} ({} candidates timed in {} ms)",
-            c.threads,
-            c.micro_batch,
-            c.activation_checkpointing,
-            plan.measurements.len(),
-            plan.elapsed_ms
-        ));
-        let out_dir = work.join(&loaded.recipe.meta.run_name);
-        let spec = RunSpec {
-            recipe: loaded,
-            recipe_dir: work.to_path_buf(),
-            plan,
-            plan_blake3,
-            out_dir,
-            resume: false,
-            data: DataOptions::default(),
-            init_from: init_from.clone(),
-            eval_prompts: 64,
-        };
-        let summary = run::train(&spec, &mut LogSink::new(log), &mut run::Quiet)?;
-        let finished = FinishedRun {
-            summary: &summary,
-            recipe: NamedBytes { name: name.to_string(), bytes: src.as_bytes().to_vec() },
-            plan: Some(NamedBytes { name: file_name(&plan_path), bytes: bytes.clone() }),
-            out_dir: &spec.out_dir,
-            base_dir: init_from.as_deref(),
-            hardware: serde_json::to_value(&spec.plan.machine)?,
-        };
-        let sealed = training::seal_run(log, key, node_dir, finished)?;
-        let em = summary.eval.as_ref().and_then(|e| e.exact_match);
-        say(format!(
-            "      {}: {} steps in {:.1} s, loss {}, exact match {}",
-            summary.run_id,
-            summary.steps,
-            summary.seconds,
-            summary.final_loss.map(|l| format!("{l:.3}")).unwrap_or_else(|| "-".into()),
-            em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into())
-        ));
-        phases.push(json!({"recipe": name, "run_id": summary.run_id, "steps": summary.steps, "final_loss": summary.final_loss,
-            "seconds": summary.seconds, "exact_match": em, "final_dir": summary.final_dir, "files": summary.files, "plan_blake3": digest,
-            "out_dir": spec.out_dir, "recipe_file": recipe_path, "plan_file": plan_path,
-            "manifest": {"file": sealed.path, "blake3": hex::encode(sealed.digests.blake3), "seq": sealed.seq}}));
-        init_from = Some(summary.final_dir.clone());
-    }
-    Ok(json!(phases))
 }

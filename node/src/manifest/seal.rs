@@ -134,10 +134,10 @@ fn build_statement(
     validate_run_id(&facts.run_id)?;
     if facts.events.first > facts.events.last || facts.events.last >= log.len() {
         return Err(ManifestError::Invalid(format!(
-            "event range {}..={} is not inside the log ({} events)",
+            "event range {}..={} is not inside the log (seqs 0..={})",
             facts.events.first,
             facts.events.last,
-            log.len()
+            log.len().saturating_sub(1)
         )));
     }
     let subject = hash_output_dir(&facts.output_dir, opts)?;

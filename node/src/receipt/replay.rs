@@ -6,7 +6,9 @@
 //! CPU the GEMM kernels may sum in another order, and the check says so when it fails.
 
 use super::verify::{Report, Status};
+use crate::manifest::statement::Statement;
 use crate::manifest::{self, Envelope};
+use mindxtrain_trainer::checkpoint::FileDigest;
 use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::events::Discard;
 use mindxtrain_trainer::plan::Plan;
@@ -71,11 +73,14 @@ fn replay(
         resume: false,
         data: DataOptions::default(),
         init_from: base.map(Path::to_path_buf),
+        force_base: false,
         // The held-out evaluation does not touch the weights; one prompt keeps it short.
         eval_prompts: 1,
+        context: Default::default(),
     };
     let summary = run::train(&spec, &mut Discard, &mut run::Quiet).map_err(|e| format!("the replay failed: {e}"))?;
-    let got: BTreeMap<&str, &str> = summary.files.iter().map(|f| (f.path.as_str(), f.blake3.as_str())).collect();
+    let files = relocated_files(&statement, &summary)?;
+    let got: BTreeMap<&str, &str> = files.iter().map(|f| (f.path.as_str(), f.blake3.as_str())).collect();
     for (name, want) in &claimed {
         match (got.get(name), want) {
             (Some(g), Some(w)) if g == w => {}
@@ -93,4 +98,32 @@ fn replay(
         return Ok(Err(format!("final/{extra}: produced by the replay, absent from the manifest")));
     }
     Ok(Ok(claimed.len()))
+}
+
+/// The replay's `final/` files as the run would have written them had its base lain where
+/// the original run's did (the manifest's base URI): an adapter names its base's place in
+/// `adapter_config.json` and `base_model.json`, and a third party's copy of the base lies
+/// elsewhere. Everything else in those files is still compared.
+fn relocated_files(statement: &Statement, summary: &run::RunSummary) -> Result<Vec<FileDigest>, String> {
+    let recorded = statement
+        .predicate
+        .build_definition
+        .resolved_dependencies
+        .iter()
+        .filter(|d| d.name.as_deref().is_some_and(|n| n.starts_with("base/")))
+        .find_map(|d| d.uri.as_deref().and_then(|u| u.strip_prefix("file://")).map(str::to_string));
+    let (Some(recorded), Some(here)) = (recorded, summary.base.path()) else { return Ok(summary.files.clone()) };
+    if Path::new(&recorded) == here {
+        return Ok(summary.files.clone());
+    }
+    run::base::relocate_base(&summary.final_dir, &recorded).map_err(|e| e.to_string())?;
+    summary
+        .files
+        .iter()
+        .map(|f| {
+            let path = summary.final_dir.join(&f.path);
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(FileDigest { blake3: blake3::hash(&bytes).to_hex().to_string(), bytes: bytes.len() as u64, ..f.clone() })
+        })
+        .collect()
 }

@@ -9,6 +9,7 @@ use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
 use mindxtrain_trainer::generate::{Finish, Limits, Sampling, generate};
 use mindxtrain_trainer::model::{Adapters, Qwen3, merge_lora};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
+use mindxtrain_trainer::run;
 use thiserror::Error;
 
 use super::stop::TextStream;
@@ -62,8 +63,10 @@ pub struct ModelSource<'a> {
     pub recipe_dir: &'a Path,
     /// A run's `final/` (or a `checkpoints/step-*`) directory.
     pub checkpoint: &'a Path,
-    /// The base an adapter applies to (the run's `--init-from`).
+    /// The base an adapter applies to; `None`: the base recorded beside the adapter.
     pub base: Option<&'a Path>,
+    /// Use `base` even though it is not the adapter's recorded base.
+    pub force_base: bool,
     /// Fold a LoRA adapter into the base weights: faster decoding, same answers up to rounding.
     pub merge: bool,
     /// Overrides the recipe's `model.name`.
@@ -75,9 +78,10 @@ impl ServedModel {
         let recipe = src.recipe.recipe.clone();
         let err = |e: &dyn std::fmt::Display| ServeModelError::Load(e.to_string());
         let tokenizer = Tokenizer::from_recipe(&recipe.model, src.recipe_dir).map_err(|e| err(&e))?;
+        let base = run::adapter_base(&recipe, src.recipe_dir, src.checkpoint, src.base, src.force_base)
+            .map_err(|e| err(&e))?;
         let (mut model, mut adapters) =
-            mindxtrain_trainer::run::load_checkpoint(&recipe, src.recipe_dir, src.base, src.checkpoint)
-                .map_err(|e| err(&e))?;
+            run::load_checkpoint(&recipe, src.recipe_dir, base.as_deref(), src.checkpoint).map_err(|e| err(&e))?;
         if src.merge
             && let Some(ad) = adapters.take()
         {

@@ -99,6 +99,13 @@ impl AdapterConfig {
         }
     }
 
+    /// `adapter_config.json` as written: pretty JSON and a newline.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        let mut text = serde_json::to_string_pretty(self).expect("config always serializes");
+        text.push('\n');
+        text.into_bytes()
+    }
+
     /// The factor on `B A x`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA (PEFT's `scaling`).
     pub fn scaling(&self) -> f64 {
         let r = self.r as f64;
@@ -174,9 +181,7 @@ pub fn save_peft_adapter(
     let path = dir.target_path().join(ADAPTER_CONFIG_FILE);
     config.check().map_err(|reason| CheckpointError::BadAdapterConfig { path, reason })?;
     check_tensors(config, tensors)?;
-    let mut text = serde_json::to_string_pretty(config).expect("config always serializes");
-    text.push('\n');
-    dir.write_file(ADAPTER_CONFIG_FILE, text.as_bytes())?;
+    dir.write_file(ADAPTER_CONFIG_FILE, &config.to_json_bytes())?;
     let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     dir.write_with(ADAPTER_WEIGHTS_FILE, |w| write_safetensors(w, &list, None, &meta).map(|_| ()))

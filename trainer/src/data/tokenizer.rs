@@ -9,6 +9,7 @@
 //! early; [`Tokenizer::encode_with_specials`] recognises both.
 
 mod byte;
+mod hf_files;
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ use super::error::DataError;
 use crate::recipe::Model;
 
 pub use byte::BYTE_VOCAB_SIZE;
+pub use hf_files::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, byte_level_alphabet};
 
 /// Qwen3's special tokens, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,6 +89,9 @@ struct HfTokenizer {
     specials: Vec<(Special, u32)>,
     vocab_size: usize,
     origin: String,
+    /// The `tokenizer.json` as read, and the `tokenizer_config.json` found beside it.
+    json: std::sync::Arc<[u8]>,
+    config: Option<std::sync::Arc<[u8]>>,
 }
 
 impl Tokenizer {
@@ -95,10 +100,16 @@ impl Tokenizer {
         Tokenizer { inner: Inner::Byte, identity: "byte-v1".into() }
     }
 
-    /// Reads a Hugging Face `tokenizer.json`.
+    /// Reads a Hugging Face `tokenizer.json` (and the `tokenizer_config.json` beside it,
+    /// kept for [`Tokenizer::hf_files`]).
     pub fn from_file(path: &Path) -> Result<Tokenizer, DataError> {
         let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.to_owned(), source })?;
-        Self::from_json_bytes(&bytes, &path.display().to_string())
+        let mut tokenizer = Self::from_json_bytes(&bytes, &path.display().to_string())?;
+        let config = path.with_file_name(TOKENIZER_CONFIG_FILE);
+        if let (Inner::Hf(hf), Ok(bytes)) = (&mut tokenizer.inner, std::fs::read(&config)) {
+            hf.config = Some(bytes.into());
+        }
+        Ok(tokenizer)
     }
 
     /// Parses the contents of a `tokenizer.json`; `origin` names it in errors.
@@ -116,7 +127,15 @@ impl Tokenizer {
         }
         let vocab_size = with_specials.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
         let identity = format!("hf-blake3:{}", blake3::hash(bytes).to_hex());
-        let hf = HfTokenizer { literal, with_specials, specials, vocab_size, origin: origin.to_owned() };
+        let hf = HfTokenizer {
+            literal,
+            with_specials,
+            specials,
+            vocab_size,
+            origin: origin.to_owned(),
+            json: bytes.into(),
+            config: None,
+        };
         Ok(Tokenizer { inner: Inner::Hf(Box::new(hf)), identity })
     }
 

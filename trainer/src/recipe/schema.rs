@@ -207,6 +207,16 @@ pub struct Model {
     /// An inline shape; without `path`, weights are initialised from `meta.seed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ModelConfig>,
+    /// Says that the run starts from weights drawn from `meta.seed` (`config` without
+    /// `path`). Full training from scratch needs no word; an adapter (LoRA, QLoRA) on random
+    /// weights learns nothing useful, so it is refused unless this is `true` or the run is
+    /// given a base (`--init-from`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub random_init: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

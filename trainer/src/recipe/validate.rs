@@ -192,6 +192,12 @@ fn model(c: &mut Checks, r: &Recipe) {
     c.opt_text("model.revision", m.revision.as_ref());
     c.opt_text("model.path", m.path.as_ref());
     c.opt_text("model.tokenizer", m.tokenizer.as_ref());
+    if m.random_init && m.path.is_some() {
+        c.fail("model.random_init", "random weights and model.path exclude each other: drop one");
+    }
+    if m.random_init && m.config.is_none() {
+        c.fail("model.random_init", "random weights need a shape: give model.config");
+    }
     let Some(cfg) = &m.config else { return };
     let dims = [
         ("hidden_size", cfg.hidden_size, 65_536),

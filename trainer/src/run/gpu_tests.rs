@@ -45,7 +45,9 @@ fn spec(recipe: &LoadedRecipe, dir: &Path, plan: &Plan, out: &Path) -> RunSpec {
         resume: false,
         data: DataOptions::default(),
         init_from: None,
+        force_base: false,
         eval_prompts: 4,
+        context: Default::default(),
     }
 }
 

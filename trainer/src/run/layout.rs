@@ -1,7 +1,7 @@
 //! The run directory: what a run writes and where.
 //!
 //! ```text
-//! OUT/run.json                 run id, recipe and plan digests (written once)
+//! OUT/run.json                 run id, recipe and plan digests, the base it started from
 //! OUT/dataset.json             the dataset manifest
 //! OUT/checkpoints/step-NNNNNNNN/   weights or adapter + trainer state (complete or absent)
 //! OUT/final/                   the trained weights (HF) or adapter (PEFT)
@@ -26,6 +26,9 @@ pub struct RunRecord {
     pub plan_blake3: String,
     pub method: String,
     pub seed: u64,
+    /// The weights the run started from (absent in runs recorded before bases were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<super::BaseRecord>,
 }
 
 #[derive(Debug, Clone)]

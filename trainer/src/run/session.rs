@@ -1,5 +1,6 @@
 //! One run from preparation to the last checkpoint.
 
+use super::base::{self, BASE_FILE, BaseRecord};
 use super::eval::{EvalReport, check_regression, evaluate};
 use super::layout::{OutDir, RunRecord};
 use super::method::MethodPlan;
@@ -32,7 +33,8 @@ pub struct Session<'a> {
     step: u64,
     total_steps: u64,
     cursor: DataCursor,
-    base_files: Vec<SavedFile>,
+    base: BaseRecord,
+    start_step: u64,
     /// DPO's reference policy when all weights train: a frozen copy of the starting
     /// weights (with adapters, the reference is the base with adapters off).
     reference: Option<Qwen3>,
@@ -57,33 +59,35 @@ pub(super) fn dtype_of(d: Dtype) -> DType {
     }
 }
 
-/// Loads the base model: `--init-from`, else `model.path`, else random init from the seed.
-fn load_base(spec: &RunSpec, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
-    load_base_model(&spec.recipe.recipe, &spec.recipe_dir, spec.init_from.as_deref(), device)
-}
-
+/// Loads the base model: `init_from`, else `model.path`, else random init from the seed
+/// (refused for an adapter unless the recipe asks for it: [`base::check_base_choice`]).
 fn load_base_model(
     recipe: &Recipe,
     recipe_dir: &Path,
     init_from: Option<&Path>,
     device: &Device,
-) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
+) -> Result<(Qwen3, BaseRecord), RunError> {
+    base::check_base_choice(recipe, recipe_dir, init_from)?;
     let dtype = dtype_of(recipe.model.dtype);
-    let dir = init_from.map(Path::to_path_buf).or_else(|| recipe.model.path.as_ref().map(|p| recipe_dir.join(p)));
-    match dir {
-        Some(dir) => load_hf(&dir, dtype, device),
+    match base::base_dir(recipe, recipe_dir, init_from) {
+        Some(dir) => {
+            let (model, files) = load_hf(&dir, dtype, device)?;
+            Ok((model, BaseRecord::Weights { path: base::absolute(&dir).display().to_string(), files }))
+        }
         None => {
             let config = recipe.model.config.as_ref().ok_or_else(|| {
                 RunError::Recipe("model: give model.path (HF checkpoint) or model.config (random init)".into())
             })?;
-            Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
+            let model = Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?;
+            Ok((model, BaseRecord::RandomInit { seed: recipe.meta.seed }))
         }
     }
 }
 
 /// A trained model as a run left it: `checkpoint_dir` holds full HF weights, or a PEFT
 /// adapter applied over the recipe's base (`init_from`, else `model.path`, else the
-/// seeded random init). What `mindxtrain eval` and the inference server load.
+/// seeded random init). What `mindxtrain eval` and the inference server load, with
+/// `init_from` from [`base::adapter_base`] (the base recorded beside the adapter).
 pub fn load_checkpoint(
     recipe: &Recipe,
     recipe_dir: &Path,
@@ -129,6 +133,15 @@ pub(super) fn digest_file(path: &Path, root: &Path) -> Result<SavedFile, RunErro
     Ok(SavedFile { path: rel, bytes, blake3: h.finalize().to_hex().to_string() })
 }
 
+/// A model's full weights with its `config.json`, in the HF layout.
+pub(super) fn save_model(dir: &mut StagedDir, model: &Qwen3) -> Result<(), RunError> {
+    let dtype = model.dtype();
+    let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
+        .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
+    checkpoint::save_hf_model(dir, &config, model.params(), dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+    Ok(())
+}
+
 fn torch_dtype(d: DType) -> &'static str {
     match d {
         DType::BF16 => "bfloat16",
@@ -142,6 +155,10 @@ impl<'a> Session<'a> {
     pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
         let recipe = &spec.recipe.recipe;
         let env = super::effective_env(spec)?;
+        if !spec.resume {
+            // Before anything is written; a resume finds its base in run.json.
+            base::check_base_choice(recipe, &spec.recipe_dir, spec.init_from.as_deref())?;
+        }
         let out = OutDir::new(&spec.out_dir);
         std::fs::create_dir_all(out.root())
             .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
@@ -150,7 +167,23 @@ impl<'a> Session<'a> {
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
         out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
-        let (mut model, base_files) = load_base(spec, &device)?;
+        let existing = out.read_record()?;
+        // A resume continues on the base the run recorded, unless told otherwise.
+        let recorded = existing.as_ref().filter(|_| spec.resume).and_then(|r| r.base.clone());
+        let init_from =
+            spec.init_from.clone().or_else(|| recorded.as_ref().and_then(|b| b.path().map(Path::to_path_buf)));
+        let (mut model, base) = load_base_model(recipe, &spec.recipe_dir, init_from.as_deref(), &device)?;
+        if let Some(recorded) = &recorded
+            && let Some(why) = base::difference(recorded, &base)
+            && !spec.force_base
+        {
+            return Err(RunError::Base(format!(
+                "--resume: the run started from {}; {} differs ({why}): leave --init-from out to use the \
+                 recorded base, or pass --force-base to continue on this one",
+                recorded.describe(),
+                base.path().map_or_else(|| base.describe(), |p| p.display().to_string())
+            )));
+        }
         let mut adapters = match &method.lora {
             Some(l) => Some(Adapters::init(model.config(), l, recipe.meta.seed, model.dtype(), &device)?),
             None => None,
@@ -168,16 +201,16 @@ impl<'a> Session<'a> {
         let mut optimizer = AdamW::new(adam);
         let (mut step, mut cursor) = (0, DataCursor::default());
 
-        let existing = out.read_record()?;
         let resume_from = if spec.resume { checkpoint::latest(&out.checkpoints_root())? } else { None };
         let record = match (&existing, &resume_from) {
-            (Some(r), Some(_)) => r.clone(),
+            (Some(r), Some(_)) => RunRecord { base: Some(base.clone()), ..r.clone() },
             _ => RunRecord {
                 run_id: new_run_id(spec),
                 recipe_blake3: hex(&spec.recipe.bytes_blake3),
                 plan_blake3: hex(&spec.plan_blake3),
                 method: method.name.to_string(),
                 seed: recipe.meta.seed,
+                base: Some(base.clone()),
             },
         };
         if let Some(dir) = &resume_from {
@@ -219,7 +252,8 @@ impl<'a> Session<'a> {
             step,
             total_steps,
             cursor,
-            base_files,
+            base,
+            start_step: step,
             reference,
             env,
         };
@@ -244,11 +278,16 @@ impl<'a> Session<'a> {
             "method": self.method.name,
             "model": recipe.model.name,
             "dataset_blake3": self.dataset.manifest.digest(),
-            "base_files": self.base_files,
+            "base": self.base,
+            "base_files": match &self.base {
+                BaseRecord::Weights { files, .. } => files.as_slice(),
+                BaseRecord::RandomInit { .. } => &[],
+            },
             "seed": recipe.meta.seed,
             "start_step": self.step,
             "total_steps": self.total_steps,
             "out_dir": self.out.root().display().to_string(),
+            "context": self.spec.context,
         })
     }
 
@@ -313,6 +352,7 @@ impl<'a> Session<'a> {
             {
                 let report = self.evaluate()?;
                 observer.note(&eval_line(&report));
+                observer.evaluated(&report);
                 emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
             }
             if observer.cancelled() && self.step < self.total_steps {
@@ -324,6 +364,7 @@ impl<'a> Session<'a> {
         let files = self.save_final()?;
         let eval = if self.spec.recipe.recipe.eval.enabled {
             let report = self.evaluate()?;
+            observer.evaluated(&report);
             let eval_file = self.write_eval(&report)?;
             emit(
                 sink,
@@ -348,6 +389,9 @@ impl<'a> Session<'a> {
             files,
             eval,
             dataset_digest: self.dataset.manifest.digest(),
+            dataset: self.dataset.manifest.clone(),
+            base: self.base.clone(),
+            start_step: self.start_step,
         };
         emit(
             sink,
@@ -438,21 +482,11 @@ impl<'a> Session<'a> {
         let recipe = &self.spec.recipe.recipe;
         match (&self.adapters, recipe.train.method.adapter()) {
             (Some(a), Some(lora)) => {
-                let config = checkpoint::AdapterConfig::from_recipe(lora, Some(recipe.model.name.clone()));
+                let config = checkpoint::AdapterConfig::from_recipe(lora, self.base.name_or_path());
                 checkpoint::save_peft_adapter(dir, &config, &a.tensors)?;
+                dir.write_file(BASE_FILE, &self.base.to_bytes())?;
             }
-            _ => {
-                let dtype = self.model.dtype();
-                let config: Value = serde_json::from_str(&self.model.config().to_hf_json(torch_dtype(dtype)))
-                    .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
-                checkpoint::save_hf_model(
-                    dir,
-                    &config,
-                    self.model.params(),
-                    dtype,
-                    checkpoint::DEFAULT_MAX_SHARD_BYTES,
-                )?;
-            }
+            _ => save_model(dir, &self.model)?,
         }
         Ok(())
     }
@@ -498,6 +532,10 @@ impl<'a> Session<'a> {
         }
         let mut staged = StagedDir::create(&dir)?;
         self.weights_to(&mut staged)?;
+        // The tokenizer and chat template beside the weights: the directory loads in
+        // transformers (and PEFT) with the ids and prompts it was trained on.
+        let max_len = self.spec.recipe.recipe.serve.max_model_len as usize;
+        super::export::write_tokenizer(&mut staged, &self.tokenizer, max_len)?;
         Ok(staged.commit()?)
     }
 
@@ -573,7 +611,9 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
         let recipe = &spec.recipe.recipe;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
-        let (model, adapters) = load_checkpoint(recipe, &spec.recipe_dir, spec.init_from.as_deref(), checkpoint_dir)?;
+        let base =
+            super::adapter_base(recipe, &spec.recipe_dir, checkpoint_dir, spec.init_from.as_deref(), spec.force_base)?;
+        let (model, adapters) = load_checkpoint(recipe, &spec.recipe_dir, base.as_deref(), checkpoint_dir)?;
         let per_device = recipe.train.batch.per_device as usize;
         Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)
     })

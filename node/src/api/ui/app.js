@@ -198,9 +198,9 @@ async function runsPage(page) {
   const refresh = async () => {
     const { runs } = await api("/api/runs");
     body.replaceChildren(table([
-      ["run", (r) => h("a", { href: `#/run/${r.id}` }, r.id)], ["recipe", (r) => r.recipe], ["phase", (r) => badge(r.phase)],
+      ["run", (r) => h("a", { href: `#/run/${r.id}` }, r.id)], ["from", (r) => r.origin], ["recipe", (r) => r.recipe], ["phase", (r) => badge(r.phase)],
       ["step", (r) => `${r.step}/${r.total_steps}`, "num"], ["loss", (r) => fmt(r.loss), "num"], ["tok/s", (r) => fmt(r.tokens_per_s), "num"],
-    ], runs.slice().reverse(), "no run launched by this node process yet"));
+    ], runs.slice().reverse(), "no run yet: launch one above, or train with `mindxtrain train`"));
   };
   page.append(h("section", {}, h("h2", {}, "Launch a run"), h("div", { class: "row" }, pick,
     h("button", { id: "launch-embedded", onclick: () => launch().catch((e) => say(e.message, true)) }, "Launch"))),
@@ -260,7 +260,7 @@ async function runPage(page, id) {
     stats.dataset.phase = status.phase;
     actions.replaceChildren(
       h("button", { id: "cancel-run", disabled: !["planning", "training"].includes(status.phase), onclick: () => api(`/api/runs/${id}/cancel`, { method: "POST" }).catch((e) => say(e.message, true)) }, "Cancel"),
-      h("button", { id: "resume-run", disabled: !["cancelled", "failed"].includes(status.phase), onclick: () => api(`/api/runs/${id}/resume`, { method: "POST" }).catch((e) => say(e.message, true)) }, "Resume"),
+      h("button", { id: "resume-run", disabled: !["cancelled", "failed", "interrupted"].includes(status.phase), onclick: () => api(`/api/runs/${id}/resume`, { method: "POST" }).catch((e) => say(e.message, true)) }, "Resume"),
       ...(status.error ? [h("span", { class: "badge fail" }, status.error)] : []));
     if (status.plan_blake3 && planShown !== status.plan_blake3) { planShown = status.plan_blake3; await showPlan(status.plan_blake3); }
     if (status.run_id) await showRecords(status.run_id);

@@ -2,29 +2,10 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// GPT-2's byte-to-printable-char table, which byte-level BPE vocabularies are written in.
-fn byte_level_alphabet() -> Vec<char> {
-    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-    let mut chars: Vec<u32> = printable.clone();
-    let mut extra = 0;
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            printable.push(b);
-            chars.push(256 + extra);
-            extra += 1;
-        }
-    }
-    let mut table = vec![' '; 256];
-    for (b, c) in printable.iter().zip(chars) {
-        table[*b as usize] = char::from_u32(c).unwrap();
-    }
-    table
-}
-
 /// A small Qwen3-like byte-level BPE tokenizer.json: 256 byte tokens, one merge, and the
 /// Qwen3 added tokens with Qwen3's `special` flags.
 pub(crate) fn tiny_tokenizer_json(with_im_end: bool) -> String {
-    let alphabet = byte_level_alphabet();
+    let alphabet = super::byte_level_alphabet();
     let mut vocab = serde_json::Map::new();
     for (id, c) in alphabet.iter().enumerate() {
         vocab.insert(c.to_string(), id.into());

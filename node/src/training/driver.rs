@@ -1,0 +1,406 @@
+//! One way to train: `train`, the demo and `POST /api/runs` all call [`train_and_seal`].
+//!
+//! The recipe's bytes are read once ([`RecipeInput`]): the same bytes are parsed, kept
+//! under `node-dir/recipes/<blake3>.yaml`, registered, trained and sealed. The output
+//! directory must be empty unless the run resumes or is told to replace an earlier run
+//! ([`prepare_out_dir`]). The plan is the one given, else the recipe's `autotune.plan`,
+//! else (on a resume) the run's own, else it is probed now and recorded as such; the plan
+//! used is kept in the run directory as `plan.json`, so a resume needs no `--plan`.
+
+use super::{FinishedRun, PlanError, seal_run};
+use crate::identity::Identity;
+use crate::log::{AppendError, EventLog};
+use crate::manifest::{ManifestError, NamedBytes, Sealed};
+use mindxtrain_trainer::data::DataOptions;
+use mindxtrain_trainer::plan::Plan;
+use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
+use mindxtrain_trainer::run::{self, Observer, OutDir, RunError, RunSpec, RunSummary};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// The plan a run used, as kept in its directory.
+pub const PLAN_FILE: &str = "plan.json";
+
+/// What a run writes in its directory (and so what `--force` may remove), besides the
+/// hidden and `.tmp` names of files and directories being written.
+pub const RUN_FILES: [&str; 8] =
+    ["run.json", "dataset.json", "eval.json", PLAN_FILE, "receipt.json", "checkpoints", "final", "tensorboard"];
+
+fn written_by_a_run(name: &str) -> bool {
+    RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp")
+}
+
+/// A recipe as a run reads it: its bytes, read once and parsed once (the bytes registered,
+/// trained and sealed are the bytes parsed), the name they are shown and sealed under, and
+/// the directory its relative paths start from.
+#[derive(Debug, Clone)]
+pub struct RecipeInput {
+    pub name: String,
+    pub text: String,
+    pub dir: PathBuf,
+    pub loaded: LoadedRecipe,
+}
+
+/// Why a recipe could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeInputError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Invalid(RecipeErrors),
+}
+
+impl RecipeInput {
+    /// Parses `text`, reported against `name`.
+    pub fn parse(name: String, text: String, dir: PathBuf) -> Result<RecipeInput, RecipeErrors> {
+        let loaded = Recipe::check_str(&text, &name)?;
+        Ok(RecipeInput { name, text, dir, loaded })
+    }
+
+    /// Reads and parses a recipe file; errors name the path as given.
+    pub fn from_file(path: &Path) -> Result<RecipeInput, RecipeInputError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| RecipeInputError::Io { path: path.to_path_buf(), source })?;
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let dir = crate::fsutil::parent_dir(path).to_path_buf();
+        let loaded = Recipe::check_str(&text, &path.display().to_string()).map_err(RecipeInputError::Invalid)?;
+        Ok(RecipeInput { name, text, dir, loaded })
+    }
+}
+
+/// Who launched a run, recorded in its `run.started` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Cli,
+    Demo,
+    /// The operator API, with the launch's id.
+    Api {
+        launch: String,
+    },
+}
+
+/// Everything a run is asked to do.
+#[derive(Debug, Clone)]
+pub struct TrainRequest {
+    pub recipe: RecipeInput,
+    /// A plan file to use; `None`: the recipe's `autotune.plan`, the run's own on a
+    /// resume, or a probe now.
+    pub plan: Option<PathBuf>,
+    pub out_dir: PathBuf,
+    pub resume: bool,
+    /// Replace an earlier run in `out_dir` (its files only).
+    pub force: bool,
+    /// The base weights (an HF directory); on a resume `None` means the recorded base.
+    pub init_from: Option<PathBuf>,
+    /// Accept a base other than the recorded one on a resume.
+    pub force_base: bool,
+    pub data: DataOptions,
+    pub eval_prompts: usize,
+    pub origin: Origin,
+}
+
+/// How the plan a run used was obtained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanSource {
+    /// A file the caller (or the recipe's `autotune.plan`) named.
+    Given(PathBuf),
+    /// Measured for this run before it started.
+    Probed,
+    /// The run's own, kept in its directory (a resume).
+    Kept,
+}
+
+impl PlanSource {
+    fn label(&self) -> &'static str {
+        match self {
+            PlanSource::Given(_) => "given",
+            PlanSource::Probed => "probed",
+            PlanSource::Kept => "kept",
+        }
+    }
+}
+
+/// The plan a run used.
+pub struct UsedPlan {
+    pub plan: Plan,
+    pub bytes: Vec<u8>,
+    pub blake3: [u8; 32],
+    /// The run directory's `plan.json`.
+    pub path: PathBuf,
+    pub source: PlanSource,
+}
+
+/// What the caller sees of a run besides every step: the plan chosen, the sealing begun.
+pub trait Hooks: Observer + Send {
+    /// A plan is about to be measured (within the recipe's budget), to be kept at `path`.
+    fn probing(&mut self, _budget_seconds: u32, _path: &Path) {}
+    fn planned(&mut self, _plan: &UsedPlan) {}
+    fn sealing(&mut self) {}
+}
+
+/// A run trained and sealed.
+pub struct Trained {
+    pub summary: RunSummary,
+    pub sealed: Sealed,
+    pub plan: UsedPlan,
+    /// Where the node keeps the recipe's bytes.
+    pub recipe_file: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Refused before anything ran: an output directory in use, a plan for other bytes.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error("recording: {0}")]
+    Log(#[from] AppendError),
+    #[error("sealing the run's manifest: {0}")]
+    Seal(#[from] ManifestError),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl TrainError {
+    /// Bad input (exit 4 on the command line, 400 over the API) rather than a failure.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            TrainError::Refused(_) | TrainError::Run(RunError::Base(_) | RunError::Plan(_) | RunError::Env(_))
+        )
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io { path: path.to_path_buf(), source }
+}
+
+/// Trains `req` to the end and seals it. Events go to `log`; `hooks` sees the plan, every
+/// step and the sealing. A run stopped by [`Observer::cancelled`] returns
+/// `TrainError::Run(RunError::Cancelled)` after its checkpoint and `run.cancelled`.
+pub fn train_and_seal(
+    log: &EventLog,
+    key: &Identity,
+    node_dir: &Path,
+    req: &TrainRequest,
+    hooks: &mut dyn Hooks,
+) -> Result<Trained, TrainError> {
+    let loaded = &req.recipe.loaded;
+    if !req.resume {
+        // A resume finds its base in run.json; the trainer checks it there.
+        run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref())?;
+    }
+    prepare_out_dir(&req.out_dir, req.resume, req.force)?;
+    let recipe_file = crate::recipes::store(node_dir, &loaded.bytes_blake3, &req.recipe.text)
+        .map_err(io(&crate::recipes::stored_path(node_dir, &loaded.bytes_blake3)))?;
+    crate::recipes::record(log, &req.recipe.name, &req.recipe.text, loaded.clone())?;
+    let plan = choose_plan(log, loaded, req, hooks)?;
+    hooks.planned(&plan);
+    let mut context = serde_json::Map::new();
+    context.insert("origin".into(), origin_json(&req.origin));
+    context.insert("plan".into(), json!({"source": plan.source.label(), "file": plan.path}));
+    if let PlanSource::Given(given) = &plan.source {
+        context.insert("plan_given".into(), json!(given));
+    }
+    context.insert("recipe_file".into(), json!(recipe_file));
+    context.insert("recipe_dir".into(), json!(run::base::absolute(&req.recipe.dir)));
+    // `out_dir` in the event is as given (maybe relative to where `train` ran).
+    context.insert("out_dir".into(), json!(run::base::absolute(&req.out_dir)));
+    let hardware = serde_json::to_value(&plan.plan.machine).unwrap_or(Value::Null);
+    let spec = RunSpec {
+        recipe: loaded.clone(),
+        recipe_dir: req.recipe.dir.clone(),
+        plan: plan.plan.clone(),
+        plan_blake3: plan.blake3,
+        out_dir: req.out_dir.clone(),
+        resume: req.resume,
+        data: req.data,
+        init_from: req.init_from.clone(),
+        force_base: req.force_base,
+        eval_prompts: req.eval_prompts,
+        context,
+    };
+    let summary = run::train(&spec, &mut super::LogSink::new(log), hooks)?;
+    hooks.sealing();
+    let finished = FinishedRun {
+        summary: &summary,
+        recipe: NamedBytes { name: req.recipe.name.clone(), bytes: req.recipe.text.as_bytes().to_vec() },
+        plan: Some(NamedBytes { name: PLAN_FILE.into(), bytes: plan.bytes.clone() }),
+        out_dir: &req.out_dir,
+        hardware,
+    };
+    let sealed = seal_run(log, key, node_dir, finished)?;
+    Ok(Trained { summary, sealed, plan, recipe_file })
+}
+
+fn origin_json(origin: &Origin) -> Value {
+    match origin {
+        Origin::Cli => json!({"kind": "cli"}),
+        Origin::Demo => json!({"kind": "demo"}),
+        Origin::Api { launch } => json!({"kind": "api", "launch": launch}),
+    }
+}
+
+/// The plan a run uses (see the module doc), kept in the run directory as `plan.json`.
+fn choose_plan(
+    log: &EventLog,
+    loaded: &LoadedRecipe,
+    req: &TrainRequest,
+    hooks: &mut dyn Hooks,
+) -> Result<UsedPlan, TrainError> {
+    let budget = loaded.recipe.autotune.budget_seconds;
+    let kept = req.out_dir.join(PLAN_FILE);
+    let given = req.plan.clone().or_else(|| loaded.recipe.autotune.plan.as_ref().map(|p| req.recipe.dir.join(p)));
+    let (bytes, source) = match given {
+        Some(path) if path.exists() || req.plan.is_some() => {
+            let bytes = std::fs::read(&path).map_err(|e| TrainError::Refused(format!("{}: {e}", path.display())))?;
+            (bytes, PlanSource::Given(path))
+        }
+        Some(path) => {
+            // The recipe names a plan file that is not there yet: the probe writes it.
+            hooks.probing(budget, &path);
+            let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &path)?;
+            (measured.bytes, PlanSource::Given(path))
+        }
+        None if req.resume && kept.exists() => (std::fs::read(&kept).map_err(io(&kept))?, PlanSource::Kept),
+        None => {
+            hooks.probing(budget, &kept);
+            let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &kept)?;
+            (measured.bytes, PlanSource::Probed)
+        }
+    };
+    let shown = match &source {
+        PlanSource::Given(p) => p.display().to_string(),
+        _ => kept.display().to_string(),
+    };
+    let plan = Plan::from_bytes(&bytes, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
+    if source == PlanSource::Kept && plan.recipe_blake3 != hex::encode(loaded.bytes_blake3) {
+        return Err(TrainError::Refused(format!(
+            "--resume: {} was started with recipe bytes {}, not these ({}): resume it with the recipe it was \
+             started with",
+            req.out_dir.display(),
+            plan.recipe_blake3,
+            hex::encode(loaded.bytes_blake3)
+        )));
+    }
+    plan.check_recipe(&loaded.bytes_blake3, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
+    match std::fs::read(&kept) {
+        Ok(existing) if existing != bytes => {
+            return Err(TrainError::Refused(format!(
+                "{shown} is not the plan this run used ({}): leave --plan out to continue with it",
+                kept.display()
+            )));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::fsutil::write_new_durably(&kept, &bytes, 0o644).map_err(io(&kept))?;
+        }
+        Err(e) => return Err(io(&kept)(e)),
+    }
+    let blake3 = *blake3::hash(&bytes).as_bytes();
+    Ok(UsedPlan { plan, bytes, blake3, path: kept, source })
+}
+
+/// Makes `dir` ready for a run: created when missing; kept when resuming; otherwise it
+/// must be empty, or, with `force`, hold only what an earlier run wrote (which is then
+/// removed). A run directory replaced by accident takes its sealed files with it, so the
+/// refusal says what is there and how to go on.
+pub fn prepare_out_dir(dir: &Path, resume: bool, force: bool) -> Result<(), TrainError> {
+    let entries: Vec<std::fs::DirEntry> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.collect::<Result<_, _>>().map_err(io(dir))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if resume {
+                return Err(TrainError::Refused(format!(
+                    "--resume: {} does not exist; there is no run to continue",
+                    dir.display()
+                )));
+            }
+            return std::fs::create_dir_all(dir).map_err(io(dir));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(TrainError::Refused(format!("--out {}: not a directory", dir.display())));
+        }
+        Err(e) => return Err(io(dir)(e)),
+    };
+    if entries.is_empty() || resume {
+        return Ok(());
+    }
+    let what = match OutDir::new(dir).read_record() {
+        Ok(Some(r)) => format!("run {}", r.run_id),
+        _ => format!("{} entries", entries.len()),
+    };
+    if !force {
+        return Err(TrainError::Refused(format!(
+            "{} is not empty (it holds {what}): pass --resume to continue that run, --force to replace it, \
+             or give another --out",
+            dir.display()
+        )));
+    }
+    let foreign: Vec<String> =
+        entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| !written_by_a_run(n)).collect();
+    if !foreign.is_empty() {
+        return Err(TrainError::Refused(format!(
+            "--force replaces only a run directory; {} also holds {}, which no run writes: give another --out",
+            dir.display(),
+            foreign.join(", ")
+        )));
+    }
+    for e in entries {
+        let path = e.path();
+        let removed = if e.file_type().map_err(io(&path))?.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(io(&path))?;
+    }
+    crate::fsutil::sync_dir(dir).map_err(io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(r: Result<(), TrainError>) -> String {
+        match r {
+            Err(TrainError::Refused(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_output_directory_in_use_is_refused_unless_resumed_or_forced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("run");
+        prepare_out_dir(&out, false, false).unwrap();
+        assert!(out.is_dir());
+        prepare_out_dir(&out, false, false).unwrap();
+        std::fs::write(
+            out.join("run.json"),
+            br#"{"run_id":"run-1","recipe_blake3":"","plan_blake3":"","method":"lora","seed":1}"#,
+        )
+        .unwrap();
+        std::fs::create_dir_all(out.join("final")).unwrap();
+        let m = refused(prepare_out_dir(&out, false, false));
+        assert!(m.contains("holds run run-1") && m.contains("--resume") && m.contains("--force"), "{m}");
+        prepare_out_dir(&out, true, false).unwrap();
+        assert!(out.join("run.json").exists(), "a resume keeps everything");
+        prepare_out_dir(&out, false, true).unwrap();
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "--force removed the run's files");
+
+        std::fs::write(out.join("run.json"), b"{}").unwrap();
+        std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+        let m = refused(prepare_out_dir(&out, false, true));
+        assert!(m.contains("notes.txt"), "{m}");
+        assert!(out.join("notes.txt").exists() && out.join("run.json").exists(), "nothing removed");
+
+        let m = refused(prepare_out_dir(&tmp.path().join("missing"), true, false));
+        assert!(m.contains("no run to continue"), "{m}");
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(refused(prepare_out_dir(&file, false, false)).contains("not a directory"));
+    }
+}

@@ -1,0 +1,58 @@
+//! A run's result as a self-contained Hugging Face model directory (`mindxtrain export`):
+//! full weights (an adapter merged into the base it was trained on), `config.json`, the
+//! tokenizer with its chat template, and `generation_config.json` naming the tokens that
+//! end an answer, so `AutoModelForCausalLM.from_pretrained(dir)` and
+//! `AutoTokenizer.from_pretrained(dir)` need nothing else.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use super::RunError;
+use super::session::save_model;
+use crate::checkpoint::{FileDigest, StagedDir};
+use crate::data::{Special, Tokenizer};
+use crate::model::merge_lora;
+use crate::recipe::Recipe;
+
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// Writes the model in `checkpoint_dir` (full weights, or an adapter over `base`, which
+/// [`super::adapter_base`] settles) to `out`, which must not exist; it appears complete
+/// or not at all. Returns the files written.
+pub fn export_hf(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    checkpoint_dir: &Path,
+    base: Option<&Path>,
+    out: &Path,
+) -> Result<Vec<FileDigest>, RunError> {
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, recipe_dir)?;
+    let (mut model, adapters) = super::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir)?;
+    if let Some(adapters) = adapters {
+        let merged = merge_lora(model.params(), model.config(), &adapters)?;
+        *model.params_mut() = merged;
+    }
+    let mut dir = StagedDir::create(out)?;
+    save_model(&mut dir, &model)?;
+    write_tokenizer(&mut dir, &tokenizer, recipe.serve.max_model_len as usize)?;
+    let ends: Vec<u32> = [Special::ImEnd, Special::EndOfText].iter().filter_map(|&s| tokenizer.special(s)).collect();
+    let generation = json!({
+        "eos_token_id": ends,
+        "pad_token_id": tokenizer.pad_id(),
+        "bos_token_id": null,
+        "do_sample": false,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&generation).unwrap_or_default();
+    bytes.push(b'\n');
+    dir.write_file(GENERATION_CONFIG_FILE, &bytes)?;
+    Ok(dir.commit()?)
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` (with the chat template) into `dir`.
+pub(super) fn write_tokenizer(dir: &mut StagedDir, tokenizer: &Tokenizer, max_len: usize) -> Result<(), RunError> {
+    for (name, bytes) in tokenizer.hf_files(max_len) {
+        dir.write_file(name, &bytes)?;
+    }
+    Ok(())
+}
