@@ -7,11 +7,13 @@
 
 pub mod batch;
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
 pub mod events;
 pub mod generate;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod plan;
 pub mod recipe;
 pub mod run;

@@ -14,6 +14,7 @@
 mod block;
 mod config;
 mod decode;
+mod hooks;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod lora;
@@ -27,11 +28,14 @@ mod tests;
 
 pub use config::Qwen3Config;
 pub use decode::KvCache;
+pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{PreferenceLoss, PreferenceOutput};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
+/// Gradients (or parameters) by HF or PEFT name.
+pub type Grads = std::collections::BTreeMap<String, candle_core::Tensor>;
 
 use candle_core::DType;
 

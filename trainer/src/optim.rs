@@ -10,6 +10,6 @@ mod error;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig, decays};
-pub use clip::{clip_grad_norm, global_grad_norm};
+pub use clip::{clip_grad_norm, clip_to_norm, global_grad_norm, grad_sq_sums, norm_of_sums};
 pub use error::OptimError;
 pub use schedule::{LrSchedule, Warmup};

@@ -23,7 +23,9 @@
 //! ```
 
 mod measure;
+pub mod parallel;
 
+pub use parallel::{CollectiveCandidate, CollectiveStage, OpTiming, ParallelPlan};
 pub use measure::{
     Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure,
 };
@@ -166,6 +168,10 @@ pub struct Plan {
     /// (and written only when non-empty).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, Option<String>>,
+    /// Measured for a run on several ranks: its layout and the probe's collective stage (absent
+    /// for one process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelPlan>,
 }
 
 fn yes() -> bool {
@@ -209,6 +215,7 @@ impl Plan {
             deterministic: true,
             gemms: Vec::new(),
             env: BTreeMap::new(),
+            parallel: None,
         }
     }
 

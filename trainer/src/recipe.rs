@@ -63,8 +63,8 @@ pub use schema::{
     ReceiptItem, Recipe, Regression, Serve, Vendor,
 };
 pub use train::{
-    Batch, Budget, Checkpoint, Dpo, DpoLoss, Grpo, Gspo, Kto, Lora, Method, MethodKind, Optimizer, OptimizerName, Orpo,
-    Precision, Qlora, Reward, Schedule, ScheduleKind, TargetModule, Train,
+    Batch, Budget, Checkpoint, Distributed, Dpo, DpoLoss, Grpo, Gspo, Kto, Lora, Method, MethodKind, Optimizer,
+    OptimizerName, Orpo, Precision, Qlora, Reward, Schedule, ScheduleKind, Sharding, TargetModule, Train,
 };
 
 use de::{De, PathStack};

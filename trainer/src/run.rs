@@ -23,7 +23,9 @@ mod gpu_tests;
 mod layout;
 mod method;
 mod microbatch;
+mod ranks;
 mod session;
+mod step;
 mod threads;
 
 pub use autotune::measure_plan;
@@ -72,7 +74,7 @@ pub struct RunSpec {
 }
 
 /// What a finished run produced.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
     pub run_id: String,
     pub steps: u64,
@@ -90,10 +92,13 @@ pub struct RunSummary {
     pub base: BaseRecord,
     /// The step the run (re)started at in this process.
     pub start_step: u64,
+    /// How a distributed run was laid out: world size, backend, sharding, batch, topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<crate::parallel::Layout>,
 }
 
 /// One optimizer step, for progress displays.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepReport {
     pub step: u64,
     pub total_steps: u64,
@@ -157,6 +162,9 @@ pub enum RunError {
     Base(String),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
+    /// Another rank failed, hung or went away, or the ranks disagree.
+    #[error("{0}")]
+    Collective(crate::collective::CollectiveError),
 }
 
 /// Runs `spec` to the end, reporting to `sink` and `observer`.
@@ -168,7 +176,23 @@ pub fn train(
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
     effective_env(spec)?;
     let pool = apply_plan(&spec.plan)?;
-    pool.install(|| Session::open(spec, sink)?.run(sink, observer))
+    pool.install(|| Session::open(spec, None, sink)?.run(sink, observer))
+}
+
+/// Runs `spec` as one rank of a distributed run on `device`: every rank trains its share of each
+/// step's batches, gradients are reduced through `dist`'s collective, and rank 0 writes the run
+/// directory and emits the events (give the other ranks a sink that drops them).
+pub fn train_rank(
+    spec: &RunSpec,
+    dist: crate::parallel::Distributed,
+    device: candle_core::Device,
+    sink: &mut (impl EventSink + Send),
+    observer: &mut (dyn Observer + Send),
+) -> Result<RunSummary, RunError> {
+    spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
+    effective_env(spec)?;
+    let pool = apply_plan(&spec.plan)?;
+    pool.install(|| Session::open(spec, Some((dist, device)), sink)?.run(sink, observer))
 }
 
 /// The environment the run asks for: the recipe's `train.env` with the plan's `env`
@@ -267,7 +291,7 @@ mod tests {
         let recipe = Recipe::from_str(&text, "tiny.yaml").unwrap_or_else(|e| panic!("{e}"));
         let s = spec(recipe, &[("KEEP", Some("c")), ("GONE", None), ("NEW", Some("d"))], dir.path());
         let mut sink = Collect(Vec::new());
-        Session::open(&s, &mut sink).unwrap();
+        Session::open(&s, None, &mut sink).unwrap();
         let started = sink.0.iter().find(|e| e.kind == "run.started").expect("run.started");
         assert_eq!(started.data["env"], serde_json::json!({"KEEP": "c", "NEW": "d"}));
     }
@@ -294,7 +318,7 @@ mod tests {
             &out,
         );
         let mut sink = Collect(Vec::new());
-        Session::open(&s, &mut sink).unwrap();
+        Session::open(&s, None, &mut sink).unwrap();
         let record = OutDir::new(&out).read_record().unwrap().unwrap();
         assert_eq!(record.base, Some(BaseRecord::RandomInit { seed: 7 }));
         let started = sink.0.iter().find(|e| e.kind == "run.started").unwrap();

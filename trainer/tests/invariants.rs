@@ -34,14 +34,33 @@ fn mi300x_takes_zero_one_or_eight() {
 }
 
 #[test]
-fn nvidia_takes_zero_to_eight() {
-    for n in 0..=8 {
+fn nvidia_takes_one_two_four_or_eight() {
+    for n in [0, 1, 2, 4, 8] {
         let src = edit("name: mi300x", "name: h100").replace("gpus: 1", &format!("gpus: {n}"));
         Recipe::from_str(&src, "x").unwrap_or_else(|e| panic!("gpus {n}: {e}"));
     }
-    let e = only_error(&edit("name: mi300x", "name: h200").replace("gpus: 1", "gpus: 9"));
-    assert_eq!(at(&e), (6, 3, "hardware.gpus"));
-    assert_eq!(e.message(), "expected integer 0..=8, found 9");
+    for n in [3, 5, 6, 7, 9, 16] {
+        let e = only_error(&edit("name: mi300x", "name: h200").replace("gpus: 1", &format!("gpus: {n}")));
+        assert_eq!(at(&e), (6, 3, "hardware.gpus"));
+        assert_eq!(e.message(), format!("expected 0 (CPU), 1, 2, 4 or 8 on h200, found {n}"));
+    }
+}
+
+#[test]
+fn fsdp_is_zero3_and_the_distributed_knobs_have_ranges() {
+    let h100 = |extra: &str| {
+        edit("name: mi300x", "name: h100").replace("gpus: 1", "gpus: 2").replace("train:\n", &format!("train:\n{extra}"))
+    };
+    let r = Recipe::from_str(&h100("  fsdp: true\n"), "x").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.recipe.train.distributed.sharding(r.recipe.train.fsdp), mindxtrain_trainer::recipe::Sharding::Zero3);
+    let e = only_error(&h100("  fsdp: true\n  distributed:\n    sharding: zero1\n"));
+    assert_eq!(e.path().to_string(), "train.distributed.sharding");
+    let e = only_error(&h100("  distributed:\n    bucket_mb: 0\n"));
+    assert_eq!(e.path().to_string(), "train.distributed.bucket_mb");
+    let e = only_error(&h100("  distributed:\n    sharding: zero4\n"));
+    assert_eq!(e.path().to_string(), "train.distributed.sharding");
+    let r = Recipe::from_str(&h100("  distributed:\n    sharding: zero2\n    timeout_seconds: 60\n"), "x").unwrap();
+    assert_eq!(r.recipe.train.distributed.timeout_seconds, 60);
 }
 
 #[test]

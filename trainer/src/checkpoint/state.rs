@@ -28,6 +28,9 @@ pub struct TrainingState {
     pub data_cursor: serde_json::Value,
     pub recipe_hash: String,
     pub plan_hash: String,
+    /// Ranks the run had when it saved this (1: one process). A resume at another world size
+    /// may bring another plan (measured for it); at the same size the plan must be the same.
+    pub world_size: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -40,6 +43,17 @@ struct StateFile {
     /// Lowercase hex.
     rng: String,
     data_cursor: serde_json::Value,
+    /// Absent for one process (and in checkpoints saved before runs had ranks).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    world_size: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 /// Writes `trainer_state.json` and `optimizer.safetensors` into `dir`.
@@ -51,6 +65,7 @@ pub fn save_training_state(dir: &mut StagedDir, state: &TrainingState) -> Result
         plan_hash: state.plan_hash.clone(),
         rng: state.rng.iter().map(|b| format!("{b:02x}")).collect(),
         data_cursor: state.data_cursor.clone(),
+        world_size: state.world_size,
     };
     let mut text = serde_json::to_string_pretty(&file).expect("state always serializes");
     text.push('\n');
@@ -78,6 +93,7 @@ pub fn load_training_state(dir: &Path) -> Result<TrainingState, CheckpointError>
         data_cursor: file.data_cursor,
         recipe_hash: file.recipe_hash,
         plan_hash: file.plan_hash,
+        world_size: file.world_size,
     })
 }
 
@@ -108,6 +124,7 @@ mod tests {
             data_cursor: serde_json::json!({"epoch": 1, "offset": 1234}),
             recipe_hash: "r".repeat(64),
             plan_hash: "p".repeat(64),
+            world_size: 3,
         }
     }
 
@@ -121,6 +138,7 @@ mod tests {
         let want = state();
         assert_eq!((back.step, &back.rng, &back.data_cursor), (want.step, &want.rng, &want.data_cursor));
         assert_eq!((back.recipe_hash, back.plan_hash), (want.recipe_hash, want.plan_hash));
+        assert_eq!(back.world_size, 3);
         assert_eq!(back.optimizer["exp_avg.w"].to_vec1::<f32>().unwrap(), [0.5, -1.0]);
         assert_eq!(back.optimizer["step"].to_scalar::<i64>().unwrap(), 42);
     }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{attention, linear, profile, rmsnorm, rope, swiglu};
 
+use super::hooks::StepHooks;
 use super::lora::{Adapters, adapter_name};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::qwen3::Qwen3;
@@ -32,10 +33,12 @@ pub(super) struct StepCtx<'a> {
     pub sin: Tensor,
     /// Which keys each token attends (causal, within its packed document).
     pub mask: attention::Mask,
+    /// A distributed run's part in the step (weights it gathers); [`super::NoHooks`] otherwise.
+    pub hooks: &'a dyn StepHooks,
 }
 
 /// Gradients by parameter name, summed where a name is reached twice (tied embeddings).
-pub(super) type Grads = BTreeMap<String, Tensor>;
+pub(super) type Grads = super::Grads;
 
 pub(super) fn accumulate(grads: &mut Grads, name: String, g: Tensor) -> Result<()> {
     match grads.remove(&name) {
@@ -108,8 +111,15 @@ pub(super) struct BlockTail {
 }
 
 impl StepCtx<'_> {
-    fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>> {
-        self.model.weight(name).map_err(|e| candle_core::Error::Msg(e.to_string()))
+    /// A weight of the model, or one the hooks gathered for this stage (ZeRO-3).
+    pub(super) fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>> {
+        match self.model.weight(name) {
+            Ok(w) => Ok(w),
+            Err(e @ super::ModelError::MissingParam(_)) => {
+                self.hooks.weight(name).map(Cow::Owned).ok_or_else(|| candle_core::Error::Msg(e.to_string()))
+            }
+            Err(e) => Err(candle_core::Error::Msg(e.to_string())),
+        }
     }
 
     fn dropout_mask(&self, layer: usize, proj: Proj, x: &Tensor) -> Result<Option<Tensor>> {

@@ -78,7 +78,7 @@ impl Qwen3 {
             segment_ids: vec![1; t],
             labels: vec![IGNORE; t],
         };
-        let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None)?;
+        let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None, &super::NoHooks)?;
         let scale = 1.0 / (self.config().head_dim as f64).sqrt();
         let ids = Tensor::new(tokens, self.device())?;
         let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;

@@ -58,12 +58,28 @@ impl Qwen3 {
         adapters: Option<&Adapters>,
         opts: &StepOptions,
     ) -> Result<PreferenceOutput, ModelError> {
+        self.forward_backward_preference_with(batch, loss, reference, trainable, adapters, opts, &super::NoHooks)
+    }
+
+    /// [`Qwen3::forward_backward_preference`] with a distributed run's `hooks` (see
+    /// [`Qwen3::forward_backward_with`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_preference_with(
+        &self,
+        batch: &PreferenceBatch,
+        loss: PreferenceLoss,
+        reference: Option<&[(f64, f64)]>,
+        trainable: Trainable,
+        adapters: Option<&Adapters>,
+        opts: &StepOptions,
+        hooks: &dyn super::StepHooks,
+    ) -> Result<PreferenceOutput, ModelError> {
         let pairs = batch.chosen.batch;
         if batch.rejected.batch != pairs {
             return Err(ModelError::Batch(format!("{pairs} chosen rows but {} rejected", batch.rejected.batch)));
         }
         let both = stack_rows(&batch.chosen, &batch.rejected)?;
-        let ctx = self.step_ctx(&both, trainable, adapters, Some(opts.dropout_seed))?;
+        let ctx = self.step_ctx(&both, trainable, adapters, Some(opts.dropout_seed), hooks)?;
         let (tape, losses) = self.forward_tape(&ctx, &both, opts.activation_checkpointing)?;
         let t = both.seq_len;
         let row_loss = losses.to_dtype(DType::F64)?.reshape((2 * pairs, t))?.sum(1)?.to_vec1::<f64>()?;

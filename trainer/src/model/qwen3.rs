@@ -9,6 +9,7 @@ use mindxtrain_kernels::cross_entropy::{self, Labels};
 use mindxtrain_kernels::{attention, embedding, linear, lm_head_ce, rmsnorm, rope};
 
 use super::block::{BlockTape, Grads, StepCtx, accumulate};
+use super::hooks::{NoHooks, Stage, StepHooks};
 use super::lora::Adapters;
 use super::nf4::Nf4Tensor;
 use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
@@ -201,8 +202,21 @@ impl Qwen3 {
         adapters: Option<&Adapters>,
         opts: &StepOptions,
     ) -> Result<StepOutput, ModelError> {
+        self.forward_backward_with(batch, trainable, adapters, opts, &NoHooks)
+    }
+
+    /// [`Qwen3::forward_backward`] with a distributed run's `hooks` around every stage: the
+    /// gradients they take are not in the returned map.
+    pub fn forward_backward_with(
+        &self,
+        batch: &PackedBatch,
+        trainable: Trainable,
+        adapters: Option<&Adapters>,
+        opts: &StepOptions,
+        hooks: &dyn StepHooks,
+    ) -> Result<StepOutput, ModelError> {
         let _profile = mindxtrain_kernels::profile::scope("step (glue)", &self.device);
-        let ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed))?;
+        let ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed), hooks)?;
         let (tape, losses) = self.forward_tape(&ctx, batch, opts.activation_checkpointing)?;
         let loss_sum = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         let d_losses = Tensor::full(opts.loss_scale, losses.shape(), &self.device)?.to_dtype(self.dtype)?;
@@ -212,7 +226,7 @@ impl Qwen3 {
 
     /// Logits `[B, T, vocab]` (no dropout, nothing saved).
     pub fn logits(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
-        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
+        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None, &NoHooks)?;
         let xf = self.final_hidden(&ctx, batch)?;
         let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
         Ok(logits.reshape((batch.batch, batch.seq_len, self.config.vocab_size))?)
@@ -220,7 +234,7 @@ impl Qwen3 {
 
     /// Per-token losses `[B, T]` (0 where the label is ignored), without gradients.
     pub fn token_losses(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
-        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
+        let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None, &NoHooks)?;
         let xf = self.final_hidden(&ctx, batch)?;
         let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
@@ -234,6 +248,7 @@ impl Qwen3 {
         trainable: Trainable,
         adapters: Option<&'a Adapters>,
         dropout_seed: Option<u64>,
+        hooks: &'a dyn StepHooks,
     ) -> Result<StepCtx<'a>, ModelError> {
         self.check_batch(batch)?;
         if trainable == Trainable::Adapters && dropout_seed.is_some() && adapters.is_none() {
@@ -256,6 +271,7 @@ impl Qwen3 {
             cos: cos.reshape((b, t, 1, c.head_dim))?,
             sin: sin.reshape((b, t, 1, c.head_dim))?,
             mask: attention::Mask::new(&batch.segment_ids, b, t)?,
+            hooks,
         })
     }
 
@@ -301,18 +317,24 @@ impl Qwen3 {
     ) -> Result<(Tape, Tensor), ModelError> {
         let ids = Tensor::new(batch.input_ids.as_slice(), &self.device)?;
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
-        let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
+        let hooks = ctx.hooks;
+        hooks.enter(Stage::Embedding, false)?;
+        let mut x = embedding::forward(&ids, &*ctx.weight(EMBED)?)?;
+        hooks.leave(Stage::Embedding, false)?;
         let mut blocks = Vec::with_capacity(self.config.num_hidden_layers);
         for layer in 0..self.config.num_hidden_layers {
+            hooks.enter(Stage::Block(layer), false)?;
             let (y, tape) = ctx.block_forward(layer, &x, !checkpointing)?;
+            hooks.leave(Stage::Block(layer), false)?;
             blocks.push(match tape {
                 Some(t) => Saved::Tape(t),
                 None => Saved::Input(x),
             });
             x = y;
         }
-        let (xf, rstd_f) = rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
-        let w = self.weight(self.head_name())?;
+        hooks.enter(Stage::Head, false)?;
+        let (xf, rstd_f) = rmsnorm::forward(&x, &*ctx.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
+        let w = ctx.weight(self.head_name())?;
         let (losses, head) = if self.device.is_cuda() {
             let (losses, lse) = lm_head_ce::forward(&xf, &w, &labels, HEAD_CHUNK)?;
             (losses, HeadTape::Chunked { lse })
@@ -321,6 +343,8 @@ impl Qwen3 {
             let (losses, lse) = cross_entropy::forward(&logits, &labels)?;
             (losses, HeadTape::Logits { logits, lse })
         };
+        drop(w);
+        hooks.leave(Stage::Head, false)?;
         let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, head, labels, checkpointing };
         Ok((tape, losses))
     }
@@ -329,7 +353,9 @@ impl Qwen3 {
     pub(super) fn backward_tape(&self, ctx: &StepCtx<'_>, tape: &Tape, d_losses: &Tensor) -> Result<Grads, ModelError> {
         let mut grads = Grads::new();
         let base = ctx.base_grads;
-        let head = self.weight(self.head_name())?;
+        let hooks = ctx.hooks;
+        hooks.enter(Stage::Head, true)?;
+        let head = ctx.weight(self.head_name())?;
         let (dxf, dhead) = match &tape.head {
             HeadTape::Logits { logits, lse } => {
                 let dlogits = cross_entropy::backward(d_losses, logits, lse, &tape.labels)?;
@@ -342,12 +368,17 @@ impl Qwen3 {
         if let Some(g) = dhead {
             accumulate(&mut grads, self.head_name().to_string(), g)?;
         }
-        let norm = self.weight(FINAL_NORM)?;
+        let norm = ctx.weight(FINAL_NORM)?;
         let (mut dx, dnorm) = rmsnorm::backward(&dxf, &tape.x_last, &norm, &tape.rstd_f, base)?;
         if let Some(g) = dnorm {
             accumulate(&mut grads, FINAL_NORM.to_string(), g)?;
         }
+        drop((head, norm));
+        hooks.leave(Stage::Head, true)?;
+        hooks.grads_ready(Stage::Head, &mut grads)?;
+        let mut reached_embedding = base;
         for layer in (0..self.config.num_hidden_layers).rev() {
+            hooks.enter(Stage::Block(layer), true)?;
             let recomputed;
             let block_tape = match &tape.blocks[layer] {
                 Saved::Tape(t) => t,
@@ -357,16 +388,25 @@ impl Qwen3 {
                 }
             };
             let want_dx = layer > 0 || base;
-            match ctx.block_backward(layer, &dx, block_tape, &mut grads, want_dx)? {
+            let next = ctx.block_backward(layer, &dx, block_tape, &mut grads, want_dx)?;
+            hooks.leave(Stage::Block(layer), true)?;
+            hooks.grads_ready(Stage::Block(layer), &mut grads)?;
+            match next {
                 Some(d) => dx = d,
-                None => break,
+                None => {
+                    reached_embedding = false;
+                    break;
+                }
             }
         }
         debug_assert!(tape.checkpointing || tape.blocks.iter().all(|b| matches!(b, Saved::Tape(_))));
-        if base {
+        hooks.enter(Stage::Embedding, true)?;
+        if reached_embedding {
             let (v, h) = (self.config.vocab_size, self.config.hidden_size);
             accumulate(&mut grads, EMBED.to_string(), embedding::backward(&dx, &tape.ids, (v, h))?)?;
         }
+        hooks.leave(Stage::Embedding, true)?;
+        hooks.grads_ready(Stage::Embedding, &mut grads)?;
         Ok(grads)
     }
 }

@@ -136,7 +136,7 @@ fn adapter_loss(
     let tensors: BTreeMap<String, Tensor> = names.iter().cloned().zip(ts.iter().cloned()).collect();
     let ad = Adapters { config: cfg.clone(), tensors };
     let err = |e: ModelError| candle_core::Error::Msg(e.to_string());
-    let ctx = m.step_ctx(batch, Trainable::Adapters, Some(&ad), Some(seed)).map_err(err)?;
+    let ctx = m.step_ctx(batch, Trainable::Adapters, Some(&ad), Some(seed), &super::NoHooks).map_err(err)?;
     let (_, losses) = m.forward_tape(&ctx, batch, false).map_err(err)?;
     losses.sum_all()?.to_scalar::<f64>()
 }

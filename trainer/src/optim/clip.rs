@@ -12,20 +12,39 @@ use super::adamw::to_f32_vec;
 /// Gradients on a GPU are squared and summed there (f32 products, f64 sums; candle's reduction
 /// has a fixed order), with one transfer of the per-tensor sums at the end.
 pub fn global_grad_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64, OptimError> {
-    let mut total = 0.0f64;
+    Ok(norm_of_sums(grad_sq_sums(grads)?))
+}
+
+/// Each gradient's sum of squares, in key order: the parts of [`global_grad_norm`]. A run that
+/// shards its gradients computes the parts of the tensors it holds and adds everyone's in key
+/// order with [`norm_of_sums`], which gives the same norm as one process holding them all.
+pub fn grad_sq_sums(grads: &BTreeMap<String, Tensor>) -> Result<Vec<f64>, OptimError> {
+    let mut sums = Vec::with_capacity(grads.len());
     let mut on_device = Vec::new();
     for g in grads.values() {
         if g.device().is_cuda() {
             on_device.push(g.to_dtype(DType::F32)?.sqr()?.to_dtype(DType::F64)?.sum_all()?);
+            sums.push(None);
         } else {
-            total += to_f32_vec(g)?.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+            sums.push(Some(to_f32_vec(g)?.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()));
         }
     }
-    if !on_device.is_empty() {
-        total +=
-            Tensor::stack(&on_device, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1::<f64>()?.iter().sum::<f64>();
+    let mut device_sums = if on_device.is_empty() {
+        Vec::new()
+    } else {
+        Tensor::stack(&on_device, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1::<f64>()?
     }
-    Ok(total.sqrt())
+    .into_iter();
+    Ok(sums.into_iter().map(|s| s.unwrap_or_else(|| device_sums.next().unwrap_or(f64::NAN))).collect())
+}
+
+/// The norm of per-tensor sums of squares, added in the order given.
+pub fn norm_of_sums(sums: impl IntoIterator<Item = f64>) -> f64 {
+    let mut total = 0.0f64;
+    for s in sums {
+        total += s;
+    }
+    total.sqrt()
 }
 
 /// Scales every gradient by `min(1, max_norm / (norm + 1e-6))` and returns the norm before
@@ -34,13 +53,20 @@ pub fn global_grad_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64, OptimEr
 /// gradients are left untouched: the caller decides whether to skip the step.
 pub fn clip_grad_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> Result<f64, OptimError> {
     let norm = global_grad_norm(grads)?;
+    clip_to_norm(grads, norm, max_norm)?;
+    Ok(norm)
+}
+
+/// The scaling of [`clip_grad_norm`] for a norm already known (a sharded run's, taken over the
+/// gradients of every rank): applied to the gradients given.
+pub fn clip_to_norm(grads: &mut BTreeMap<String, Tensor>, norm: f64, max_norm: f64) -> Result<(), OptimError> {
     if max_norm <= 0.0 || !norm.is_finite() {
-        return Ok(norm);
+        return Ok(());
     }
     // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, in float32 tensors.
     let coef = (max_norm as f32) / (norm as f32 + 1e-6f32);
     if coef >= 1.0 {
-        return Ok(norm); // torch multiplies by exactly 1.0: no change
+        return Ok(()); // torch multiplies by exactly 1.0: no change
     }
     for g in grads.values_mut() {
         *g = if g.device().is_cuda() {
@@ -51,7 +77,7 @@ pub fn clip_grad_norm(grads: &mut BTreeMap<String, Tensor>, max_norm: f64) -> Re
             Tensor::from_vec(scaled, g.dims(), g.device())?.to_dtype(g.dtype())?
         };
     }
-    Ok(norm)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,9 +25,13 @@ pub struct Train {
     pub precision: Precision,
     #[serde(default)]
     pub gradient_checkpointing: bool,
-    /// Shard parameters, gradients and optimizer state across `hardware.gpus`.
+    /// Shard parameters, gradients and optimizer state across the ranks: ZeRO-3, FSDP-style
+    /// (the same as `distributed.sharding: zero3`).
     #[serde(default)]
     pub fsdp: bool,
+    /// How a run on several ranks (GPUs, or CPU processes) shares its work.
+    #[serde(default)]
+    pub distributed: Distributed,
     #[serde(default)]
     pub checkpoint: Checkpoint,
     #[serde(default = "Train::default_log_every")]
@@ -507,6 +511,76 @@ impl Batch {
 impl Default for Batch {
     fn default() -> Self {
         Batch { per_device: 1, grad_accum: 1 }
+    }
+}
+
+/// What a run on several ranks keeps on every rank and what it shards (docs/recipes.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Plain data parallel: every rank keeps everything; gradients are all-reduced.
+    #[default]
+    None,
+    /// Optimizer state sharded (each tensor's on one rank); updated weights all-gathered.
+    Zero1,
+    /// ZeRO-1, and each gradient reduced only to the rank that updates it.
+    Zero2,
+    /// ZeRO-2, and each weight kept only on its rank, gathered block by block (FSDP).
+    Zero3,
+}
+
+impl Sharding {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharding::None => "none",
+            Sharding::Zero1 => "zero1",
+            Sharding::Zero2 => "zero2",
+            Sharding::Zero3 => "zero3",
+        }
+    }
+}
+
+/// `train.distributed`: how ranks share a run's work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Distributed {
+    /// Unset: `zero3` when `train.fsdp` is true, else `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<Sharding>,
+    /// Gradients are reduced in buckets of about this many MiB while the backward pass goes on.
+    #[serde(default = "Distributed::default_bucket_mb")]
+    pub bucket_mb: f64,
+    /// A collective (or a rank joining) that takes longer than this ends the run with an error
+    /// naming the rank it waited for.
+    #[serde(default = "Distributed::default_timeout")]
+    pub timeout_seconds: u32,
+}
+
+impl Distributed {
+    fn default_bucket_mb() -> f64 {
+        25.0
+    }
+    fn default_timeout() -> u32 {
+        1800
+    }
+
+    /// The sharding a run uses, with `train.fsdp` read as ZeRO-3.
+    pub fn sharding(&self, fsdp: bool) -> Sharding {
+        self.sharding.unwrap_or(if fsdp { Sharding::Zero3 } else { Sharding::None })
+    }
+
+    pub fn bucket_bytes(&self) -> usize {
+        ((self.bucket_mb * (1 << 20) as f64) as usize).max(1)
+    }
+}
+
+impl Default for Distributed {
+    fn default() -> Self {
+        Distributed {
+            sharding: None,
+            bucket_mb: Self::default_bucket_mb(),
+            timeout_seconds: Self::default_timeout(),
+        }
     }
 }
 

@@ -29,6 +29,10 @@ pub struct RunRecord {
     /// The weights the run started from (absent in runs recorded before bases were).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<super::BaseRecord>,
+    /// Rows per optimizer step over every rank, fixed when the run starts (absent in runs
+    /// recorded before it was: one process, `per_device × grad_accum`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

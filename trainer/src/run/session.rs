@@ -4,13 +4,14 @@ use super::base::{self, BASE_FILE, BaseRecord};
 use super::eval::{EvalReport, check_regression, evaluate};
 use super::layout::{OutDir, RunRecord};
 use super::method::MethodPlan;
-use super::microbatch::{accumulate, split, split_pairs};
+use super::ranks::RankState;
 use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
 use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
 use crate::data::{DataCursor, Dataset, Tokenizer};
 use crate::events::{EventSink, TrainerEvent};
-use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions, Trainable};
-use crate::optim::{AdamW, AdamWConfig, LrSchedule, clip_grad_norm};
+use crate::model::{Adapters, Qwen3, Qwen3Config};
+use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+use crate::parallel::Distributed;
 use crate::recipe::{Dtype, Recipe};
 use candle_core::{DType, Device};
 use serde_json::{Value, json};
@@ -20,26 +21,31 @@ use std::time::Instant;
 
 /// A prepared run: everything loaded, positioned at `step`.
 pub struct Session<'a> {
-    spec: &'a RunSpec,
+    pub(super) spec: &'a RunSpec,
     out: OutDir,
     record: RunRecord,
-    method: MethodPlan,
+    pub(super) method: MethodPlan,
     tokenizer: Tokenizer,
-    dataset: Dataset,
-    model: Qwen3,
-    adapters: Option<Adapters>,
-    optimizer: AdamW,
-    schedule: LrSchedule,
-    step: u64,
+    pub(super) dataset: Dataset,
+    pub(super) model: Qwen3,
+    pub(super) adapters: Option<Adapters>,
+    pub(super) optimizer: AdamW,
+    pub(super) schedule: LrSchedule,
+    pub(super) step: u64,
     total_steps: u64,
-    cursor: DataCursor,
+    pub(super) cursor: DataCursor,
     base: BaseRecord,
     start_step: u64,
     /// DPO's reference policy when all weights train: a frozen copy of the starting
     /// weights (with adapters, the reference is the base with adapters off).
-    reference: Option<Qwen3>,
+    pub(super) reference: Option<Qwen3>,
     /// The recipe's `train.env` with the plan's overrides applied, as `run.started` records it.
     env: BTreeMap<String, String>,
+    /// Batches this rank accumulates per optimizer step (the recipe's `grad_accum` unless a
+    /// resume at another world size changed it to keep the global batch).
+    pub(super) accum: u64,
+    /// The distributed side of a rank of a multi-rank run.
+    pub(super) ranks: Option<RankState>,
 }
 
 fn emit(sink: &mut impl EventSink, kind: &str, run_id: &str, data: Value) -> Result<(), RunError> {
@@ -135,10 +141,16 @@ pub(super) fn digest_file(path: &Path, root: &Path) -> Result<SavedFile, RunErro
 
 /// A model's full weights with its `config.json`, in the HF layout.
 pub(super) fn save_model(dir: &mut StagedDir, model: &Qwen3) -> Result<(), RunError> {
+    save_params(dir, model, model.params())
+}
+
+/// `params` (all of `model`'s weights, maybe gathered from the ranks that shard them) with the
+/// model's `config.json`, in the HF layout.
+fn save_params(dir: &mut StagedDir, model: &Qwen3, params: &crate::model::Params) -> Result<(), RunError> {
     let dtype = model.dtype();
     let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
         .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
-    checkpoint::save_hf_model(dir, &config, model.params(), dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+    checkpoint::save_hf_model(dir, &config, params, dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
     Ok(())
 }
 
@@ -151,23 +163,48 @@ fn torch_dtype(d: DType) -> &'static str {
 }
 
 impl<'a> Session<'a> {
-    /// Prepares the run, resuming when asked, and records `run.started`.
-    pub fn open(spec: &'a RunSpec, sink: &mut impl EventSink) -> Result<Session<'a>, RunError> {
+    /// Prepares the run, resuming when asked, and records `run.started`. A rank of a distributed
+    /// run passes its collective in `dist`: only rank 0 writes the run directory, every rank
+    /// checks it trains what rank 0 trains.
+    pub fn open(
+        spec: &'a RunSpec,
+        dist: Option<(Distributed, Device)>,
+        sink: &mut impl EventSink,
+    ) -> Result<Session<'a>, RunError> {
         let recipe = &spec.recipe.recipe;
         let env = super::effective_env(spec)?;
+        let writer = dist.as_ref().is_none_or(|(d, _)| d.collective.rank() == 0);
         if !spec.resume {
             // Before anything is written; a resume finds its base in run.json.
             base::check_base_choice(recipe, &spec.recipe_dir, spec.init_from.as_deref())?;
         }
         let out = OutDir::new(&spec.out_dir);
-        std::fs::create_dir_all(out.root())
-            .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
+        if writer {
+            std::fs::create_dir_all(out.root())
+                .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
+        }
         let method = MethodPlan::from_recipe(&recipe.train.method)?;
-        let device = super::run_device(recipe)?;
+        let (device, mut ranks) = match dist {
+            Some((d, device)) => {
+                let r = RankState::new(d, recipe, &method, &device)?;
+                (device, Some(r))
+            }
+            None => (super::run_device(recipe)?, None),
+        };
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
-        out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
-        let existing = out.read_record()?;
+        if writer {
+            out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
+        }
+        // Rank 0 reads the run directory; the others take its word (they may be on another node).
+        let mut existing = if writer { out.read_record()? } else { None };
+        if let Some(r) = &ranks {
+            let bytes = serde_json::to_vec(&existing).unwrap_or_default();
+            existing = serde_json::from_slice(&r.from_rank0(&bytes)?)
+                .map_err(|e| RunError::Recipe(format!("rank 0's run record: {e}")))?;
+            r.agree("plan", &hex(&spec.plan_blake3))?;
+            r.agree("dataset", &dataset.manifest.digest())?;
+        }
         // A resume continues on the base the run recorded, unless told otherwise.
         let recorded = existing.as_ref().filter(|_| spec.resume).and_then(|r| r.base.clone());
         let init_from =
@@ -184,6 +221,9 @@ impl<'a> Session<'a> {
                 base.path().map_or_else(|| base.describe(), |p| p.display().to_string())
             )));
         }
+        if let Some(r) = &ranks {
+            r.agree("base", &String::from_utf8_lossy(&base.to_bytes()))?;
+        }
         let mut adapters = match &method.lora {
             Some(l) => Some(Adapters::init(model.config(), l, recipe.meta.seed, model.dtype(), &device)?),
             None => None,
@@ -195,13 +235,20 @@ impl<'a> Session<'a> {
             (Some(crate::model::PreferenceLoss::Dpo { .. }), None) => Some(model.clone()),
             _ => None,
         };
-        let total_steps = total_steps(spec, &dataset)?;
-        let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
-        let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
-        let mut optimizer = AdamW::new(adam);
-        let (mut step, mut cursor) = (0, DataCursor::default());
-
-        let resume_from = if spec.resume { checkpoint::latest(&out.checkpoints_root())? } else { None };
+        let world = ranks.as_ref().map_or(1, |r| r.world()) as u64;
+        let per_device = u64::from(recipe.train.batch.per_device);
+        let resume_from = match (spec.resume, writer) {
+            (true, true) => checkpoint::latest(&out.checkpoints_root())?,
+            _ => None,
+        };
+        let resume_from = match &ranks {
+            Some(r) => {
+                let path = resume_from.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+                let path = String::from_utf8_lossy(&r.from_rank0(path.as_bytes())?).into_owned();
+                (!path.is_empty()).then(|| std::path::PathBuf::from(path))
+            }
+            None => resume_from,
+        };
         let record = match (&existing, &resume_from) {
             (Some(r), Some(_)) => RunRecord { base: Some(base.clone()), ..r.clone() },
             _ => RunRecord {
@@ -211,11 +258,31 @@ impl<'a> Session<'a> {
                 method: method.name.to_string(),
                 seed: recipe.meta.seed,
                 base: Some(base.clone()),
+                global_batch: Some(per_device * u64::from(recipe.train.batch.grad_accum) * world),
             },
         };
+        // Rank 0's record (its run id) everywhere.
+        let record = match &ranks {
+            Some(r) => serde_json::from_slice(&r.from_rank0(&serde_json::to_vec(&record).unwrap_or_default())?)
+                .map_err(|e| RunError::Recipe(format!("rank 0's run record: {e}")))?,
+            None => record,
+        };
+        // The global batch a run started with stays; runs recorded before it was are 1-process runs.
+        let global_batch =
+            record.global_batch.unwrap_or(per_device * u64::from(recipe.train.batch.grad_accum));
+        let accum = match ranks.as_mut() {
+            Some(r) => r.set_batch(global_batch)?,
+            None => crate::parallel::accumulation(global_batch, per_device, 1).map_err(RunError::Recipe)?,
+        };
+        let total_steps = total_steps(spec, &dataset, global_batch)?;
+        let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
+        let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
+        let mut optimizer = AdamW::new(adam);
+        let (mut step, mut cursor) = (0, DataCursor::default());
         if let Some(dir) = &resume_from {
             let state = checkpoint::load_training_state(dir)?;
-            if state.recipe_hash != hex(&spec.recipe.bytes_blake3) || state.plan_hash != hex(&spec.plan_blake3) {
+            let same_world = state.world_size == world;
+            if state.recipe_hash != hex(&spec.recipe.bytes_blake3) || (same_world && state.plan_hash != hex(&spec.plan_blake3)) {
                 return Err(RunError::Recipe(format!(
                     "--resume: checkpoint {} was made with recipe {} and plan {}, not this recipe and plan",
                     dir.display(),
@@ -223,6 +290,7 @@ impl<'a> Session<'a> {
                     state.plan_hash
                 )));
             }
+            // A sharded rank keeps its own share of the moments: filtered once the owners are known.
             optimizer = AdamW::from_state_tensors(adam, &state.optimizer)?;
             step = state.step;
             cursor = serde_json::from_value(state.data_cursor)
@@ -237,7 +305,20 @@ impl<'a> Session<'a> {
                 message: "--resume: no complete checkpoint to resume from".into(),
             });
         }
-        out.write_json(&out.run_json(), &record)?;
+        if let Some(r) = ranks.as_mut() {
+            r.agree("step", &step.to_string())?;
+            let trained = match (method.trainable, adapters.as_ref()) {
+                (crate::model::Trainable::Adapters, Some(a)) => a.tensors.clone(),
+                _ => model.params().clone(),
+            };
+            r.shard(&mut model, &trained)?;
+            if r.sharding() != crate::parallel::Sharding::None {
+                optimizer = AdamW::from_state_tensors(adam, &r.own_optimizer_state(optimizer.state_tensors()?))?;
+            }
+        }
+        if writer {
+            out.write_json(&out.run_json(), &record)?;
+        }
         let session = Session {
             spec,
             out,
@@ -256,6 +337,8 @@ impl<'a> Session<'a> {
             start_step: step,
             reference,
             env,
+            accum,
+            ranks,
         };
         emit(
             sink,
@@ -288,6 +371,8 @@ impl<'a> Session<'a> {
             "total_steps": self.total_steps,
             "out_dir": self.out.root().display().to_string(),
             "context": self.spec.context,
+            "global_batch": self.global_batch(),
+            "parallel": self.ranks.as_ref().map(|r| &r.layout),
         })
     }
 
@@ -315,7 +400,7 @@ impl<'a> Session<'a> {
         observer.started(self.step, self.total_steps);
         while self.step < self.total_steps {
             let t0 = Instant::now();
-            let (loss, n_tokens, grad_norm, lr) = self.one_step()?;
+            let super::step::Stepped { loss, tokens: n_tokens, grad_norm, lr } = self.one_step()?;
             if !loss.is_finite() {
                 return Err(RunError::Diverged { step: self.step, value: loss });
             }
@@ -349,21 +434,21 @@ impl<'a> Session<'a> {
                 && self.spec.recipe.recipe.eval.enabled
                 && self.step.is_multiple_of(every.max(1))
                 && self.step < self.total_steps
+                && let Some(report) = self.evaluate()?
             {
-                let report = self.evaluate()?;
                 observer.note(&eval_line(&report));
                 observer.evaluated(&report);
                 emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
             }
-            if observer.cancelled() && self.step < self.total_steps {
+            if self.agree_stop(observer.cancelled())? && self.step < self.total_steps {
                 self.save_checkpoint(sink)?;
                 return Err(RunError::Cancelled { step: self.step });
             }
         }
         self.save_checkpoint(sink)?;
         let files = self.save_final()?;
-        let eval = if self.spec.recipe.recipe.eval.enabled {
-            let report = self.evaluate()?;
+        let report = if self.spec.recipe.recipe.eval.enabled { self.evaluate()? } else { None };
+        let eval = if let Some(report) = report {
             observer.evaluated(&report);
             let eval_file = self.write_eval(&report)?;
             emit(
@@ -392,6 +477,7 @@ impl<'a> Session<'a> {
             dataset: self.dataset.manifest.clone(),
             base: self.base.clone(),
             start_step: self.start_step,
+            parallel: self.ranks.as_ref().map(|r| r.layout.clone()),
         };
         emit(
             sink,
@@ -407,78 +493,44 @@ impl<'a> Session<'a> {
         Ok(summary)
     }
 
-    /// One optimizer step over `grad_accum` batches of `per_device` rows, split into the
-    /// plan's micro-batches. Returns (mean token loss, tokens, pre-clip grad norm, lr).
-    fn one_step(&mut self) -> Result<(f64, u64, f64, f64), RunError> {
-        let train = &self.spec.recipe.recipe.train;
-        let per_device = train.batch.per_device as usize;
-        let micro = self.spec.plan.choices.micro_batch.min(per_device).max(1);
-        let opts = |loss_scale| StepOptions {
-            activation_checkpointing: self.spec.plan.choices.activation_checkpointing,
-            dropout_seed: self.spec.recipe.recipe.meta.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            loss_scale,
-        };
-        let trainable = self.method.trainable;
-        let mut grads = BTreeMap::new();
-        let (mut loss_sum, mut tokens) = (0.0, 0u64);
-        let mut denominator = 0.0;
-        if let Some(loss) = self.method.preference {
-            let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
-            self.cursor = it.cursor();
-            let pairs: usize = batches.iter().map(|b| b.chosen.batch).sum();
-            for b in &batches {
-                for mb in split_pairs(b, micro) {
-                    let reference = match &self.reference {
-                        Some(frozen) => Some(reference_logps(frozen, &mb)?),
-                        None => None,
-                    };
-                    let o = opts(1.0 / pairs as f64);
-                    let out = self.model.forward_backward_preference(
-                        &mb,
-                        loss,
-                        reference.as_deref(),
-                        trainable,
-                        self.adapters.as_ref(),
-                        &o,
-                    )?;
-                    loss_sum += out.loss_sum;
-                    tokens += (mb.chosen.input_ids.len() + mb.rejected.input_ids.len()) as u64;
-                    accumulate(&mut grads, out.grads)?;
-                }
-            }
-            denominator = pairs as f64;
-        } else {
-            let mut it = self.dataset.batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
-            self.cursor = it.cursor();
-            let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
-            let scale = 1.0 / targets.max(1) as f64;
-            for b in &batches {
-                tokens += b.segment_ids.iter().filter(|&&s| s != 0).count() as u64;
-                for mb in split(b, micro) {
-                    let out = self.model.forward_backward(&mb, trainable, self.adapters.as_ref(), &opts(scale))?;
-                    loss_sum += out.loss_sum;
-                    accumulate(&mut grads, out.grads)?;
-                }
-            }
-            denominator += targets.max(1) as f64;
-        }
-        let grad_norm = if train.optimizer.grad_clip > 0.0 {
-            clip_grad_norm(&mut grads, train.optimizer.grad_clip)?
-        } else {
-            crate::optim::global_grad_norm(&grads)?
-        };
-        let lr = self.schedule.lr(self.step);
-        match (trainable, self.adapters.as_mut()) {
-            (Trainable::Adapters, Some(a)) => self.optimizer.step(&mut a.tensors, &grads, lr)?,
-            _ => self.optimizer.step(self.model.params_mut(), &grads, lr)?,
-        }
-        self.step += 1;
-        Ok((loss_sum / denominator, tokens, grad_norm, lr))
+    /// Rows per optimizer step, over every rank.
+    pub(super) fn global_batch(&self) -> u64 {
+        let per_device = u64::from(self.spec.recipe.recipe.train.batch.per_device);
+        per_device * self.accum * self.ranks.as_ref().map_or(1, |r| r.world()) as u64
     }
 
-    fn weights_to(&self, dir: &mut StagedDir) -> Result<(), RunError> {
+    /// Whether this process writes the run directory and records events (rank 0, or the only one).
+    fn writes(&self) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
+    }
+
+    /// Rank 0's answer to "stop after this step?", on every rank.
+    fn agree_stop(&self, stop: bool) -> Result<bool, RunError> {
+        match &self.ranks {
+            None => Ok(stop),
+            Some(r) => {
+                let mine = [u8::from(stop)];
+                let all = r.from_rank0(&mine)?;
+                Ok(all.first() == Some(&1))
+            }
+        }
+    }
+
+    /// The weights as a whole model has them: the model's own, or (ZeRO-3) every rank's gathered
+    /// on rank 0 (`None` on the others, which take part in the gather).
+    fn whole_weights(&self) -> Result<Option<std::borrow::Cow<'_, crate::model::Params>>, RunError> {
+        let gathered = match &self.ranks {
+            Some(r) => r.gather_weights(&self.model)?,
+            None => None,
+        };
+        Ok(match gathered {
+            _ if !self.writes() => None,
+            Some(all) => Some(std::borrow::Cow::Owned(all)),
+            None => Some(std::borrow::Cow::Borrowed(self.model.params())),
+        })
+    }
+
+    fn weights_to(&self, dir: &mut StagedDir, weights: Option<&crate::model::Params>) -> Result<(), RunError> {
         let recipe = &self.spec.recipe.recipe;
         match (&self.adapters, recipe.train.method.adapter()) {
             (Some(a), Some(lora)) => {
@@ -486,31 +538,50 @@ impl<'a> Session<'a> {
                 checkpoint::save_peft_adapter(dir, &config, &a.tensors)?;
                 dir.write_file(BASE_FILE, &self.base.to_bytes())?;
             }
-            _ => save_model(dir, &self.model)?,
+            _ => save_params(dir, &self.model, weights.unwrap_or(self.model.params()))?,
         }
         Ok(())
     }
 
+    /// Adapters are whole on every rank; full weights may be sharded (ZeRO-3).
+    fn checkpoint_weights(&self) -> Result<Option<std::borrow::Cow<'_, crate::model::Params>>, RunError> {
+        if self.adapters.is_some() && self.spec.recipe.recipe.train.method.adapter().is_some() {
+            return Ok(self.writes().then(|| std::borrow::Cow::Borrowed(self.model.params())));
+        }
+        self.whole_weights()
+    }
+
     fn save_checkpoint(&mut self, sink: &mut impl EventSink) -> Result<(), RunError> {
         let dir = self.out.checkpoint_dir(self.step);
-        if dir.exists() {
+        let exists = match &self.ranks {
+            Some(r) => r.from_rank0(&[u8::from(self.writes() && dir.exists())])?.first() == Some(&1),
+            None => dir.exists(),
+        };
+        if exists {
             return Ok(());
         }
+        // Every rank takes part in gathering sharded state; rank 0 writes it.
+        let optimizer = match &self.ranks {
+            Some(r) => r.gather_optimizer(&self.optimizer)?,
+            None => self.optimizer.state_tensors()?,
+        };
+        let Some(weights) = self.checkpoint_weights()? else { return Ok(()) };
         let state = TrainingState {
             step: self.step,
-            optimizer: self.optimizer.state_tensors()?,
+            optimizer,
             // Every random draw derives from (seed, step) or (seed, epoch): the seed is the
             // whole RNG state.
             rng: self.spec.recipe.recipe.meta.seed.to_le_bytes().to_vec(),
             data_cursor: serde_json::to_value(self.cursor).unwrap_or(Value::Null),
             recipe_hash: self.record.recipe_blake3.clone(),
             plan_hash: self.record.plan_blake3.clone(),
+            world_size: self.ranks.as_ref().map_or(1, |r| r.world()) as u64,
         };
         let root = self.out.checkpoints_root();
         std::fs::create_dir_all(&root)
             .map_err(|e| RunError::Io { path: root.display().to_string(), message: e.to_string() })?;
         let mut staged = StagedDir::create(&dir)?;
-        self.weights_to(&mut staged)?;
+        self.weights_to(&mut staged, Some(&weights))?;
         checkpoint::save_training_state(&mut staged, &state)?;
         let files = staged.commit()?;
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
@@ -524,14 +595,16 @@ impl<'a> Session<'a> {
         )
     }
 
+    /// The final weights (rank 0 writes them; the others take part in gathering sharded ones).
     fn save_final(&self) -> Result<Vec<SavedFile>, RunError> {
+        let Some(weights) = self.checkpoint_weights()? else { return Ok(Vec::new()) };
         let dir = self.out.final_dir();
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| RunError::Io { path: dir.display().to_string(), message: e.to_string() })?;
         }
         let mut staged = StagedDir::create(&dir)?;
-        self.weights_to(&mut staged)?;
+        self.weights_to(&mut staged, Some(&weights))?;
         // The tokenizer and chat template beside the weights: the directory loads in
         // transformers (and PEFT) with the ids and prompts it was trained on.
         let max_len = self.spec.recipe.recipe.serve.max_model_len as usize;
@@ -539,17 +612,34 @@ impl<'a> Session<'a> {
         Ok(staged.commit()?)
     }
 
-    fn evaluate(&self) -> Result<EvalReport, RunError> {
+    /// Evaluates on rank 0 (or the only process); `None` on the other ranks, which take part in
+    /// gathering ZeRO-3 weights.
+    fn evaluate(&self) -> Result<Option<EvalReport>, RunError> {
         let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
-        Ok(evaluate(
-            &self.model,
+        let gathered = match &self.ranks {
+            Some(r) => r.gather_weights(&self.model)?,
+            None => None,
+        };
+        if !self.writes() {
+            return Ok(None);
+        }
+        let whole;
+        let model = match gathered {
+            Some(params) => {
+                whole = Qwen3::new(self.model.config().clone(), params, self.model.device())?;
+                &whole
+            }
+            None => &self.model,
+        };
+        Ok(Some(evaluate(
+            model,
             self.adapters.as_ref(),
             &self.dataset,
             &self.tokenizer,
             per_device,
             self.spec.eval_prompts,
             self.step,
-        )?)
+        )?))
     }
 
     fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
@@ -577,14 +667,15 @@ fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
     })
 }
 
-/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows.
-fn total_steps(spec: &RunSpec, dataset: &Dataset) -> Result<u64, RunError> {
+/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows at
+/// `global_batch` rows per step.
+fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64) -> Result<u64, RunError> {
     let train = &spec.recipe.recipe.train;
     if let Some(n) = train.budget.max_steps {
         return Ok(n);
     }
     let epochs = u64::from(train.budget.epochs.unwrap_or(1));
-    let rows_per_step = u64::from(train.batch.per_device) * u64::from(train.batch.grad_accum);
+    let rows_per_step = global_batch;
     let rows = dataset.train_rows_per_epoch() as u64;
     if rows == 0 {
         return Err(RunError::Recipe("data: no training examples".into()));
@@ -630,7 +721,7 @@ fn load_adapter_tensors(
 }
 
 /// Sequence log-probs of chosen and rejected answers under a frozen reference model.
-fn reference_logps(frozen: &Qwen3, batch: &crate::batch::PreferenceBatch) -> Result<Vec<(f64, f64)>, RunError> {
+pub(super) fn reference_logps(frozen: &Qwen3, batch: &crate::batch::PreferenceBatch) -> Result<Vec<(f64, f64)>, RunError> {
     let chosen = frozen.sequence_logps(&batch.chosen, None)?;
     let rejected = frozen.sequence_logps(&batch.rejected, None)?;
     Ok(chosen.into_iter().zip(rejected).collect())

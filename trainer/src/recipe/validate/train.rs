@@ -115,6 +115,15 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     if t.fsdp && gpus < 2 {
         c.fail("train.fsdp", format!("needs at least 2 GPUs to shard over; hardware.gpus is {gpus}"));
     }
+    let d = &t.distributed;
+    if t.fsdp && d.sharding.is_some_and(|s| s != super::super::Sharding::Zero3) {
+        c.fail(
+            "train.distributed.sharding",
+            "train.fsdp: true is ZeRO-3 sharding; leave distributed.sharding out or set it to zero3",
+        );
+    }
+    c.num("train.distributed.bucket_mb", d.bucket_mb, 0.0, 4096.0, "(]");
+    c.int("train.distributed.timeout_seconds", d.timeout_seconds.into(), 1, 86_400);
     if let Some(n) = t.checkpoint.every_steps {
         c.int("train.checkpoint.every_steps", n, 1, u64::MAX);
     }
