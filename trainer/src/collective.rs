@@ -101,6 +101,12 @@ pub trait Collective: Send {
     /// Small host values from every rank (losses, norms, flags, digests), in rank order.
     fn all_gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError>;
 
+    /// Waits until every operation issued so far has finished on the device (a backend that
+    /// queues work on a device stream; the host-side ones finish before they return).
+    fn synchronize(&mut self) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+
     /// Starts recording when each operation runs on the device (a backend whose work is queued on
     /// a device stream; the host-side ones are timed by their caller).
     fn record_timeline(&mut self, _on: bool) {}

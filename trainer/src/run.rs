@@ -28,9 +28,9 @@ mod session;
 mod step;
 mod threads;
 
-pub use autotune::measure_plan;
+pub use autotune::{gradient_buckets, measure_plan};
 pub use base::{BaseRecord, adapter_base, check_base_choice};
-pub use device::{device_name, run_device};
+pub use device::{device_name, named_device, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};

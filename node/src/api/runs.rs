@@ -12,6 +12,7 @@
 //! Files: `node-dir/runs/<id>/` (the run, with its `plan.json`),
 //! `node-dir/recipes/<blake3>.yaml` (the recipe bytes the run used).
 
+use crate::training::launch::Launch as RankLaunch;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -213,6 +214,7 @@ async fn launch_run(s: &Arc<ApiState>, req: LaunchRequest) -> Result<RunInfo, Re
     }
     let id = format!("{}-{}", loaded.recipe.meta.run_name, hex::encode(random));
     let out_dir = s.node_dir.join("runs").join(&id);
+    let request_recipe = loaded.recipe.clone();
     let request = TrainRequest {
         recipe: RecipeInput { name: name.clone(), text: src, dir: recipe_dir, loaded },
         plan: None,
@@ -224,6 +226,9 @@ async fn launch_run(s: &Arc<ApiState>, req: LaunchRequest) -> Result<RunInfo, Re
         data: Default::default(),
         eval_prompts: 64,
         origin: Origin::Api { launch: id.clone() },
+        // A recipe for several GPUs starts its ranks as the command line would.
+        launch: RankLaunch::resolve(&Default::default(), &request_recipe).unwrap_or(None),
+        recipe_path: None,
     };
     let status = RunInfo {
         id: id.clone(),
@@ -412,7 +417,6 @@ fn recorded_request(s: &ApiState, run: &RunInfo) -> Result<TrainRequest, ApiErro
         _ => Origin::Cli,
     };
     Ok(TrainRequest {
-        recipe,
         plan: None,
         out_dir: run.out_dir.clone(),
         resume: true,
@@ -422,6 +426,9 @@ fn recorded_request(s: &ApiState, run: &RunInfo) -> Result<TrainRequest, ApiErro
         data: Default::default(),
         eval_prompts: 64,
         origin,
+        launch: RankLaunch::resolve(&Default::default(), &recipe.loaded.recipe).unwrap_or(None),
+        recipe_path: None,
+        recipe,
     })
 }
 

@@ -222,6 +222,8 @@ fn train_step(
             data: Default::default(),
             eval_prompts: 64,
             origin: Origin::Demo,
+            launch: None,
+            recipe_path: None,
         };
         let trained = training::train_and_seal(log, key, node_dir, &req, &mut DemoHooks)?;
         let (s, plan) = (&trained.summary, &trained.plan.plan);

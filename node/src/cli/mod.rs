@@ -10,6 +10,7 @@ mod manifest_cmd;
 mod market_demo;
 mod output;
 mod progress;
+mod rank_cmd;
 mod receipt_cmd;
 mod recipe_cmd;
 mod serve_cmd;
@@ -118,6 +119,12 @@ pub enum Command {
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
+    /// One rank of a run on several ranks; `train` starts these itself.
+    #[command(
+        hide = true,
+        after_help = "Started by `mindxtrain train` for each rank, never by hand. Example (what a launcher runs):\n  mindxtrain rank run.yaml --rdzv 127.0.0.1:29500 --node-rank 0 --local-rank 1 --nnodes 1 \\\n    --nproc-per-node 2 --collective tcp --device cpu"
+    )]
+    Rank(rank_cmd::RankCmd),
 }
 
 fn default_node_dir() -> PathBuf {
@@ -152,6 +159,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
         Command::Rent(args) => serve_cmd::rent(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
+        Command::Rank(cmd) => Ok(rank_cmd::run(cmd)),
     }
 }
 

@@ -9,6 +9,7 @@ use clap::Args;
 use indicatif::ProgressBar;
 use mindxtrain_node::anchor::Deployment;
 use mindxtrain_node::node;
+use mindxtrain_node::training::launch::{self, Launch, RankCommand};
 use mindxtrain_node::training::{
     self, Origin, PlanSource, RecipeInput, RecipeInputError, RecordedPlan, TrainError, TrainRequest, Trained,
 };
@@ -29,6 +30,67 @@ pub struct BenchArgs {
     /// Count and report malformed data lines instead of failing.
     #[arg(long)]
     pub skip_bad: bool,
+    /// The layout the plan is for (a run on several ranks also gets the collective stage).
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+}
+
+/// How a run is spread over ranks (docs/cli.md, "Several GPUs and nodes").
+#[derive(Args, Debug, Clone, Default)]
+pub struct LaunchArgs {
+    /// Ranks (processes) on this node; default hardware.gpus (1 on a CPU recipe).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub nproc_per_node: Option<u64>,
+    /// Nodes taking part (each runs `train` with the same recipe and --rdzv).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub nnodes: u64,
+    /// This node's index; node 0 records the run and hosts the rendezvous.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: u64,
+    /// Node 0's rendezvous address HOST:PORT (default: loopback, a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rdzv: Option<String>,
+    /// Collective backend: nccl (GPUs) or tcp (CPU, or ranks sharing a GPU, host-staged). Given, even
+    /// one rank runs through the distributed path.
+    #[arg(long, value_name = "nccl|tcp")]
+    pub collective: Option<mindxtrain_trainer::collective::Backend>,
+    /// CUDA device of each local rank, comma-separated (default 0,1,…; `0,0` shares one GPU).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<usize>>,
+}
+
+impl LaunchArgs {
+    pub fn options(&self) -> mindxtrain_node::training::launch::LaunchOptions {
+        mindxtrain_node::training::launch::LaunchOptions {
+            nproc_per_node: self.nproc_per_node.map(|n| n as usize),
+            nnodes: self.nnodes as usize,
+            node_rank: self.node_rank as usize,
+            rdzv: self.rdzv.clone(),
+            collective: self.collective,
+            devices: self.devices.clone(),
+        }
+    }
+
+    /// The flags as given, for the resume command a cancelled run prints.
+    fn argv(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(n) = self.nproc_per_node {
+            a.extend(["--nproc-per-node".into(), n.to_string()]);
+        }
+        if self.nnodes != 1 {
+            a.extend(["--nnodes".into(), self.nnodes.to_string(), "--node-rank".into(), self.node_rank.to_string()]);
+        }
+        if let Some(r) = &self.rdzv {
+            a.extend(["--rdzv".into(), r.clone()]);
+        }
+        if let Some(c) = self.collective {
+            a.extend(["--collective".into(), c.name().into()]);
+        }
+        if let Some(d) = &self.devices {
+            a.extend(["--devices".into(), d.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")]);
+        }
+        a
+    }
 }
 
 #[derive(Args, Debug)]
@@ -67,6 +129,8 @@ pub struct TrainArgs {
     /// Also write TensorBoard event files (loss, lr, grad norm, tok/s, evals) to OUT/tensorboard.
     #[arg(long)]
     pub tensorboard: bool,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
 }
 
 #[derive(Args, Debug)]
@@ -117,9 +181,20 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         return Ok(invalid(out, &msg));
     }
     let data = DataOptions { skip_bad: args.skip_bad };
+    let launch = match Launch::resolve(&args.launch.options(), &recipe.loaded.recipe) {
+        Ok(l) => l,
+        Err(e) => return Ok(invalid(out, &e)),
+    };
     let spinner = spinner(out, &format!("measuring within {} s", recipe.loaded.recipe.autotune.budget_seconds));
-    let plan = run::measure_plan(&recipe.loaded, &recipe.dir, data)
+    let mut plan = run::measure_plan(&recipe.loaded, &recipe.dir, data)
         .with_context(|| format!("autotune of {}", args.recipe.display()))?;
+    if let Some(l) = &launch {
+        let cmd = RankCommand::current(node_dir.to_path_buf(), args.recipe.clone(), recipe.dir.clone())?;
+        let parallel = training::parallel_plan(&recipe.loaded, &recipe.dir, l, &cmd, None)
+            .with_context(|| format!("collective stage of {}", args.recipe.display()))?;
+        plan.env.extend(parallel.collective.chosen.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
+        plan.parallel = Some(parallel);
+    }
     spinner.finish_and_clear();
     let recorded = RecordedPlan::write(plan, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
     let digest = hex::encode(recorded.blake3);
@@ -141,7 +216,7 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     let c = plan.choices;
     out.emit(
         &json!({"plan": args.out, "blake3": digest, "choices": c, "seq": seq, "measurements": plan.measurements,
-            "skipped_lines": skipped}),
+            "skipped_lines": skipped, "parallel": plan.parallel, "env": plan.env}),
         || {
             let mut lines = vec![format!(
                 "plan {} (blake3 {digest}): threads {} micro-batch {} checkpointing {} gemm rows {} — {} candidates in {} ms{}",
@@ -164,6 +239,32 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
                     m.choices.threads, m.choices.micro_batch, m.choices.activation_checkpointing, m.choices.gemm_rows
                 ));
             }
+            if let Some(p) = &plan.parallel {
+                lines.push(format!(
+                    "  {} rank(s) over {}, {} sharding, global batch {} ({} per device × {} accumulated × {})",
+                    p.world_size,
+                    p.backend.name(),
+                    p.sharding.name(),
+                    p.global_batch,
+                    p.per_device,
+                    p.grad_accum,
+                    p.world_size
+                ));
+                match &p.collective.skipped {
+                    Some(why) => lines.push(format!("  collective stage: skipped ({why})")),
+                    None => {
+                        for cand in &p.collective.candidates {
+                            let env = if cand.env.is_empty() {
+                                "(backend defaults)".to_string()
+                            } else {
+                                cand.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+                            };
+                            let t = cand.score_us.map(|u| format!("{:.1} ms", u / 1000.0));
+                            lines.push(format!("  {env}: {}", t.or(cand.note.clone()).unwrap_or_default()));
+                        }
+                    }
+                }
+            }
             if let Some(n) = skipped {
                 lines.push(format!("  data: {} skipped ({})", plural(n, "malformed line"), "--skip-bad"));
             }
@@ -180,6 +281,23 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     };
     let r = &recipe.loaded.recipe;
     let out_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&r.meta.run_name));
+    let launch = match Launch::resolve(&args.launch.options(), r) {
+        Ok(l) => l,
+        Err(e) => return Ok(invalid(out, &e)),
+    };
+    if let Some(l) = launch.as_ref().filter(|l| l.node_rank > 0) {
+        // Another node's launcher: its ranks join node 0's run, which records everything.
+        let cmd = RankCommand::current(node_dir.to_path_buf(), args.recipe.clone(), recipe.dir.clone())?;
+        return match launch::follow(l, &cmd) {
+            Ok(()) => {
+                out.emit(&json!({"node_rank": l.node_rank, "ranks": l.ranks_per_node, "ok": true}), || {
+                    format!("node {}: its {} rank(s) finished; node 0 recorded the run", l.node_rank, l.ranks_per_node)
+                });
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => Err(anyhow::anyhow!("node {}: {e}", l.node_rank)),
+        };
+    }
     let (log, key, _) = node::open(node_dir).with_context(|| format!("opening node {}", node_dir.display()))?;
     let every = args.progress_every.unwrap_or(u64::from(r.train.log_every_steps.max(1)));
     let tensorboard = args.tensorboard.then(|| out_dir.join("tensorboard"));
@@ -194,6 +312,8 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         data: DataOptions { skip_bad: args.skip_bad },
         eval_prompts: args.eval_prompts,
         origin: Origin::Cli,
+        launch,
+        recipe_path: Some(args.recipe.clone()),
     };
     let guard = interrupt::Guard::install();
     let mut progress = Progress::new(out.json, every, tensorboard, &guard);
@@ -235,6 +355,7 @@ fn resume_command(args: &TrainArgs, node_dir: &Path, out_dir: &Path) -> Vec<Stri
     if args.tensorboard {
         argv.push("--tensorboard".into());
     }
+    argv.extend(args.launch.argv());
     argv
 }
 

@@ -7,6 +7,7 @@
 //! else (on a resume) the run's own, else it is probed now and recorded as such; the plan
 //! used is kept in the run directory as `plan.json`, so a resume needs no `--plan`.
 
+use super::launch::{self, Job, Launch, RankCommand, TrainJob, Work};
 use super::{FinishedRun, PlanError, seal_run};
 use crate::identity::Identity;
 use crate::log::{AppendError, EventLog};
@@ -14,6 +15,7 @@ use crate::manifest::{ManifestError, NamedBytes, Sealed};
 use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::plan::Plan;
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
+use mindxtrain_trainer::collective::CollectiveError;
 use mindxtrain_trainer::run::{self, Observer, OutDir, RunError, RunSpec, RunSummary};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -27,7 +29,15 @@ pub const RUN_FILES: [&str; 8] =
     ["run.json", "dataset.json", "eval.json", PLAN_FILE, "receipt.json", "checkpoints", "final", "tensorboard"];
 
 fn written_by_a_run(name: &str) -> bool {
-    RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp")
+    RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp") || archived_plan(name)
+}
+
+/// `plan-<16 hex>.json`: the plan of an earlier world size, kept when a resume at another world
+/// size measured a new one.
+fn archived_plan(name: &str) -> bool {
+    name.strip_prefix("plan-")
+        .and_then(|r| r.strip_suffix(".json"))
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// A recipe as a run reads it: its bytes, read once and parsed once (the bytes registered,
@@ -97,6 +107,11 @@ pub struct TrainRequest {
     pub data: DataOptions,
     pub eval_prompts: usize,
     pub origin: Origin,
+    /// Several ranks (one process each); `None`: this process trains alone.
+    pub launch: Option<Launch>,
+    /// The recipe as a file, for rank processes to read (a launched run); default the node's
+    /// stored copy of the bytes.
+    pub recipe_path: Option<PathBuf>,
 }
 
 /// How the plan a run used was obtained.
@@ -197,7 +212,19 @@ pub fn train_and_seal(
     let recipe_file = crate::recipes::store(node_dir, &loaded.bytes_blake3, &req.recipe.text)
         .map_err(io(&crate::recipes::stored_path(node_dir, &loaded.bytes_blake3)))?;
     crate::recipes::record(log, &req.recipe.name, &req.recipe.text, loaded.clone())?;
-    let plan = choose_plan(log, loaded, req, hooks)?;
+    let cmd = match &req.launch {
+        Some(_) => Some(
+            RankCommand::current(
+                node_dir.to_path_buf(),
+                req.recipe_path.clone().unwrap_or_else(|| recipe_file.clone()),
+                req.recipe.dir.clone(),
+            )
+            .map_err(io(Path::new("mindxtrain")))?,
+        ),
+        None => None,
+    };
+    let launched = req.launch.as_ref().zip(cmd.as_ref());
+    let plan = choose_plan(log, loaded, req, launched, hooks)?;
     hooks.planned(&plan);
     let mut context = serde_json::Map::new();
     context.insert("origin".into(), origin_json(&req.origin));
@@ -209,7 +236,6 @@ pub fn train_and_seal(
     context.insert("recipe_dir".into(), json!(run::base::absolute(&req.recipe.dir)));
     // `out_dir` in the event is as given (maybe relative to where `train` ran).
     context.insert("out_dir".into(), json!(run::base::absolute(&req.out_dir)));
-    let hardware = serde_json::to_value(&plan.plan.machine).unwrap_or(Value::Null);
     let spec = RunSpec {
         recipe: loaded.clone(),
         recipe_dir: req.recipe.dir.clone(),
@@ -223,7 +249,16 @@ pub fn train_and_seal(
         eval_prompts: req.eval_prompts,
         context,
     };
-    let summary = run::train(&spec, &mut super::LogSink::new(log), hooks)?;
+    let summary = match launched {
+        None => run::train(&spec, &mut super::LogSink::new(log), hooks)?,
+        Some((l, cmd)) => train_ranks(log, &spec, &plan, req, l, cmd, hooks)?,
+    };
+    let mut hardware = serde_json::to_value(&plan.plan.machine).unwrap_or(Value::Null);
+    if let (Some(layout), Value::Object(h)) = (&summary.parallel, &mut hardware) {
+        // World size, topology and the collective settings the ranks ran with.
+        h.insert("parallel".into(), json!(layout));
+        h.insert("env".into(), json!(run::effective_env(&spec)?));
+    }
     hooks.sealing();
     let finished = FinishedRun {
         summary: &summary,
@@ -234,6 +269,43 @@ pub fn train_and_seal(
     };
     let sealed = seal_run(log, key, node_dir, finished)?;
     Ok(Trained { summary, sealed, plan, recipe_file })
+}
+
+/// Trains `spec` on the ranks of `launch`: rank 0's events into `log`, its progress to `hooks`.
+fn train_ranks(
+    log: &EventLog,
+    spec: &RunSpec,
+    plan: &UsedPlan,
+    req: &TrainRequest,
+    launch: &Launch,
+    cmd: &RankCommand,
+    hooks: &mut dyn Hooks,
+) -> Result<RunSummary, TrainError> {
+    let job = Job {
+        recipe_blake3: hex::encode(spec.recipe.bytes_blake3),
+        backend: launch.backend,
+        env: run::effective_env(spec)?,
+        timeout_seconds: launch.timeout.as_secs(),
+        work: Work::Train(TrainJob {
+            plan: String::from_utf8_lossy(&plan.bytes).into_owned(),
+            out_dir: run::base::absolute(&req.out_dir),
+            resume: req.resume,
+            init_from: req.init_from.as_deref().map(run::base::absolute),
+            force_base: req.force_base,
+            skip_bad: req.data.skip_bad,
+            eval_prompts: req.eval_prompts,
+            context: spec.context.clone(),
+        }),
+    };
+    let mut record = |kind: &str, subject: &str, data: Value| {
+        log.append(crate::log::AppendRequest::new(kind, subject, data)).map(|_| ()).map_err(|e| e.to_string())
+    };
+    match launch::supervise(launch, cmd, &job, &mut record, hooks) {
+        Ok(launch::Outcome::Finished(summary)) => Ok(*summary),
+        Ok(launch::Outcome::Cancelled { step }) => Err(RunError::Cancelled { step }.into()),
+        Ok(other) => Err(TrainError::Refused(format!("the ranks answered a training job with {other:?}"))),
+        Err(reason) => Err(RunError::Collective(CollectiveError::Aborted { reason }).into()),
+    }
 }
 
 fn origin_json(origin: &Origin) -> Value {
@@ -249,11 +321,20 @@ fn choose_plan(
     log: &EventLog,
     loaded: &LoadedRecipe,
     req: &TrainRequest,
+    launched: Option<(&Launch, &RankCommand)>,
     hooks: &mut dyn Hooks,
 ) -> Result<UsedPlan, TrainError> {
     let budget = loaded.recipe.autotune.budget_seconds;
     let kept = req.out_dir.join(PLAN_FILE);
     let given = req.plan.clone().or_else(|| loaded.recipe.autotune.plan.as_ref().map(|p| req.recipe.dir.join(p)));
+    // A resumed run keeps its global batch (run.json); a new one takes the recipe's at this world.
+    let global_batch = match (req.resume, OutDir::new(&req.out_dir).read_record()) {
+        (true, Ok(Some(r))) => r.global_batch,
+        _ => None,
+    };
+    let measure = |path: &Path| {
+        super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, path, launched, global_batch)
+    };
     let (bytes, source) = match given {
         Some(path) if path.exists() || req.plan.is_some() => {
             let bytes = std::fs::read(&path).map_err(|e| TrainError::Refused(format!("{}: {e}", path.display())))?;
@@ -262,14 +343,25 @@ fn choose_plan(
         Some(path) => {
             // The recipe names a plan file that is not there yet: the probe writes it.
             hooks.probing(budget, &path);
-            let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &path)?;
-            (measured.bytes, PlanSource::Given(path))
+            (measure(&path)?.bytes, PlanSource::Given(path))
         }
-        None if req.resume && kept.exists() => (std::fs::read(&kept).map_err(io(&kept))?, PlanSource::Kept),
+        None if req.resume && kept.exists() => {
+            let bytes = std::fs::read(&kept).map_err(io(&kept))?;
+            let world = launched.map_or(1, |(l, _)| l.world());
+            match Plan::from_bytes(&bytes, &kept.display().to_string()) {
+                // A resume at another world size: the kept plan was measured for the old one. It
+                // is kept beside the run as plan-<hash>.json and a plan for this world measured.
+                Ok(p) if p.parallel.as_ref().map_or(1, |x| x.world_size) != world => {
+                    archive_plan(&req.out_dir, &kept, &bytes)?;
+                    hooks.probing(budget, &kept);
+                    (measure(&kept)?.bytes, PlanSource::Probed)
+                }
+                _ => (bytes, PlanSource::Kept),
+            }
+        }
         None => {
             hooks.probing(budget, &kept);
-            let measured = super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, &kept)?;
-            (measured.bytes, PlanSource::Probed)
+            (measure(&kept)?.bytes, PlanSource::Probed)
         }
     };
     let shown = match &source {
@@ -287,7 +379,13 @@ fn choose_plan(
         )));
     }
     plan.check_recipe(&loaded.bytes_blake3, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
+    check_plan_world(&plan, &shown, launched.map(|(l, _)| l))?;
     match std::fs::read(&kept) {
+        // A resume at another world size brings its own plan: the old one is kept beside it.
+        Ok(existing) if existing != bytes && req.resume && world_of(&existing) != world_of(&bytes) => {
+            archive_plan(&req.out_dir, &kept, &existing)?;
+            crate::fsutil::write_new_durably(&kept, &bytes, 0o644).map_err(io(&kept))?;
+        }
         Ok(existing) if existing != bytes => {
             return Err(TrainError::Refused(format!(
                 "{shown} is not the plan this run used ({}): leave --plan out to continue with it",
@@ -302,6 +400,39 @@ fn choose_plan(
     }
     let blake3 = *blake3::hash(&bytes).as_bytes();
     Ok(UsedPlan { plan, bytes, blake3, path: kept, source })
+}
+
+/// The world size a plan's bytes were measured for (1 for a one-process plan or unreadable bytes).
+fn world_of(bytes: &[u8]) -> usize {
+    Plan::from_bytes(bytes, "plan").ok().and_then(|p| p.parallel).map_or(1, |p| p.world_size)
+}
+
+/// Moves the run's `plan.json` (of an earlier world size) aside as `plan-<16 hex>.json`.
+fn archive_plan(out_dir: &Path, kept: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    let hash = blake3::hash(bytes).to_hex();
+    let archived = out_dir.join(format!("plan-{}.json", &hash[..16]));
+    std::fs::rename(kept, &archived).map_err(io(kept))?;
+    crate::fsutil::sync_dir(out_dir).map_err(io(out_dir))
+}
+
+/// A plan is measured for one layout: its world size and collective backend must be the launch's.
+fn check_plan_world(plan: &Plan, shown: &str, launch: Option<&Launch>) -> Result<(), TrainError> {
+    let measured = plan.parallel.as_ref().map(|p| (p.world_size, p.backend));
+    let wanted = launch.map(|l| (l.world(), l.backend));
+    if measured == wanted {
+        return Ok(());
+    }
+    let say = |w: Option<(usize, mindxtrain_trainer::collective::Backend)>| match w {
+        None => "one process".to_string(),
+        Some((n, b)) => format!("{n} rank(s) over {}", b.name()),
+    };
+    let flags = launch.map_or(String::new(), |l| format!(" --nproc-per-node {}", l.ranks_per_node));
+    Err(TrainError::Refused(format!(
+        "{shown} was measured for {}, this run is {}: leave --plan out to measure one for it, or \
+         `mindxtrain bench RECIPE --out NEW.json{flags}`",
+        say(measured),
+        say(wanted)
+    )))
 }
 
 /// Makes `dir` ready for a run: created when missing; kept when resuming; otherwise it

@@ -3,9 +3,12 @@
 use super::PLAN_EMITTED;
 use crate::log::{AppendError, AppendRequest, EventLog};
 use mindxtrain_trainer::data::DataOptions;
-use mindxtrain_trainer::plan::Plan;
-use mindxtrain_trainer::recipe::LoadedRecipe;
+use super::launch::{self, Launch, RankCommand};
+use mindxtrain_trainer::plan::{CollectiveStage, ParallelPlan, Plan};
+use mindxtrain_trainer::recipe::{LoadedRecipe, Sharding};
+use mindxtrain_trainer::run::RunError;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A plan written to a file: the plan, its bytes and their BLAKE3.
 pub struct RecordedPlan {
@@ -40,22 +43,78 @@ impl RecordedPlan {
         let digest = hex::encode(self.blake3);
         let p = &self.plan;
         let data = serde_json::json!({"plan_blake3": digest, "recipe_blake3": p.recipe_blake3, "choices": p.choices,
-            "file": self.path.display().to_string(), "elapsed_ms": p.elapsed_ms, "truncated": p.truncated});
+            "file": self.path.display().to_string(), "elapsed_ms": p.elapsed_ms, "truncated": p.truncated,
+            "parallel": p.parallel, "env": p.env});
         Ok(log.append(AppendRequest::new(PLAN_EMITTED, digest.clone(), data).with_id(format!("plan:{digest}")))?.seq)
     }
 }
 
 /// Measures the AOT plan of `loaded` (whose relative paths are under `recipe_dir`), writes
-/// it to `path` and records `plan.emitted`: what a run given no plan does first.
+/// it to `path` and records `plan.emitted`: what a run given no plan does first. A run on
+/// several ranks (`launched`) also gets the collective stage: its layout (with `global_batch`,
+/// a resumed run's, else the recipe's at this world size) and the collective environment that
+/// won, written into the plan's `env`.
 pub fn measure_and_record_plan(
     log: &EventLog,
     loaded: &LoadedRecipe,
     recipe_dir: &Path,
     data: DataOptions,
     path: &Path,
+    launched: Option<(&Launch, &RankCommand)>,
+    global_batch: Option<u64>,
 ) -> Result<RecordedPlan, PlanError> {
-    let plan = mindxtrain_trainer::run::measure_plan(loaded, recipe_dir, data)?;
+    let mut plan = mindxtrain_trainer::run::measure_plan(loaded, recipe_dir, data)?;
+    if let Some((launch, cmd)) = launched {
+        plan.parallel = Some(parallel_plan(loaded, recipe_dir, launch, cmd, global_batch)?);
+        let chosen = plan.parallel.as_ref().map(|p| p.collective.chosen.clone()).unwrap_or_default();
+        plan.env.extend(chosen.into_iter().map(|(k, v)| (k, Some(v))));
+    }
     let recorded = RecordedPlan::write(plan, path)?;
     recorded.record(log)?;
     Ok(recorded)
+}
+
+/// The layout of a run on the ranks of `launch` and its collective stage (a recorded no-op at
+/// one rank).
+pub fn parallel_plan(
+    loaded: &LoadedRecipe,
+    recipe_dir: &Path,
+    launch: &Launch,
+    cmd: &RankCommand,
+    global_batch: Option<u64>,
+) -> Result<ParallelPlan, PlanError> {
+    let r = &loaded.recipe;
+    let world = launch.world() as u64;
+    let per_device = u64::from(r.train.batch.per_device);
+    let global_batch = global_batch.unwrap_or(per_device * u64::from(r.train.batch.grad_accum) * world);
+    let grad_accum = mindxtrain_trainer::parallel::accumulation(global_batch, per_device, launch.world())
+        .map_err(|e| PlanError::Measure(RunError::Recipe(e)))?;
+    let sharding = r.train.distributed.sharding(r.train.fsdp);
+    let (buckets, dtype) = mindxtrain_trainer::run::gradient_buckets(loaded, recipe_dir)?;
+    let op = if matches!(sharding, Sharding::Zero2 | Sharding::Zero3) { "reduce_scatter" } else { "all_reduce" };
+    let collective = if launch.world() == 1 {
+        CollectiveStage { skipped: Some("one rank: nothing to reduce".into()), ..CollectiveStage::default() }
+    } else {
+        let base_env = r.train.env.clone();
+        let dtype = match dtype {
+            candle_core::DType::BF16 => "bf16",
+            candle_core::DType::F16 => "f16",
+            _ => "f32",
+        };
+        let budget = Duration::from_secs(u64::from(r.autotune.budget_seconds));
+        launch::collective_stage(launch, cmd, &hex::encode(loaded.bytes_blake3), &base_env, &buckets, dtype, op, budget)
+    };
+    Ok(ParallelPlan {
+        world_size: launch.world(),
+        nnodes: launch.nnodes,
+        ranks_per_node: launch.ranks_per_node,
+        backend: launch.backend,
+        sharding,
+        per_device,
+        grad_accum,
+        global_batch,
+        bucket_bytes: r.train.distributed.bucket_bytes() as u64,
+        buckets,
+        collective,
+    })
 }

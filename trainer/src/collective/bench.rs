@@ -32,8 +32,8 @@ pub fn time_ops(
                     "reduce_scatter" => c.reduce_scatter(&t, &spans)?,
                     other => return Err(CollectiveError::Mismatch(format!("no operation `{other}` to time"))),
                 };
-                // NCCL only queued the work: it is done when the device says so.
-                device.synchronize()?;
+                // NCCL only queued the work on its own stream: it is done when that stream is.
+                c.synchronize()?;
                 drop(r);
                 if rep >= 2 {
                     times.push(start.elapsed().as_secs_f64() * 1e6);

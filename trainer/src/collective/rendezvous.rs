@@ -315,6 +315,8 @@ pub enum Incoming {
     Message { conn: Conn, msg: Up },
     /// The connection ended (the rank's process ended, or it closed it).
     Closed { conn: Conn },
+    /// A rank process the launcher started on this node ended (`status` says how).
+    Exited { local_rank: usize, success: bool, status: String },
 }
 
 /// The launcher's listening socket; connections are read on threads of their own and arrive as
@@ -445,6 +447,13 @@ impl Roster {
                     device: j.device.clone(),
                 })
                 .collect(),
+        }
+    }
+
+    /// Refuses every rank that joined (the run stopped before it could start).
+    pub fn refuse_all(&self, reason: &str) {
+        for (conn, _) in self.joined.iter().flatten() {
+            conn.send(&Down::Refused { reason: reason.to_string() });
         }
     }
 

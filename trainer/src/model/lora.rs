@@ -25,6 +25,19 @@ impl LoraConfig {
         if self.rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
     }
 
+    /// Every adapter tensor's PEFT name and shape on `model`.
+    pub fn shapes(&self, model: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
+        let mut out = BTreeMap::new();
+        for layer in 0..model.num_hidden_layers {
+            for proj in Proj::ALL.into_iter().filter(|&p| self.targets(p)) {
+                let (out_dim, in_dim) = proj.shape(model);
+                out.insert(adapter_name(layer, proj, 'A'), vec![self.r, in_dim]);
+                out.insert(adapter_name(layer, proj, 'B'), vec![out_dim, self.r]);
+            }
+        }
+        out
+    }
+
     pub fn targets(&self, proj: Proj) -> bool {
         self.target_modules.contains(&proj.target_module())
     }
@@ -104,15 +117,7 @@ impl Adapters {
         tensors: BTreeMap<String, Tensor>,
     ) -> Result<Adapters, ModelError> {
         lora.validate()?;
-        let mut expected = BTreeMap::new();
-        for layer in 0..model.num_hidden_layers {
-            for proj in Proj::ALL.into_iter().filter(|&p| lora.targets(p)) {
-                let (out_dim, in_dim) = proj.shape(model);
-                expected.insert(adapter_name(layer, proj, 'A'), vec![lora.r, in_dim]);
-                expected.insert(adapter_name(layer, proj, 'B'), vec![out_dim, lora.r]);
-            }
-        }
-        super::params::check_names_and_shapes(&expected, &tensors)?;
+        super::params::check_names_and_shapes(&lora.shapes(model), &tensors)?;
         Ok(Adapters { config: lora, tensors })
     }
 

@@ -17,6 +17,7 @@ use crate::plan::{
 };
 use crate::recipe::LoadedRecipe;
 use mindxtrain_kernels::gemm_algos::{self, GemmAlgo, GemmShape};
+use candle_core::DType;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,16 +30,7 @@ use std::time::{Duration, Instant};
 pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions) -> Result<Plan, RunError> {
     let r = &recipe.recipe;
     let device = super::run_device(r)?;
-    let config = match (&r.model.config, &r.model.path) {
-        (Some(c), _) => Qwen3Config::from(c),
-        (None, Some(p)) => {
-            let path = recipe_dir.join(p).join("config.json");
-            let bytes = std::fs::read_to_string(&path)
-                .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
-            Qwen3Config::from_hf_json(&bytes)?
-        }
-        (None, None) => return Err(RunError::Recipe("model: give model.path or model.config".into())),
-    };
+    let config = model_config(r, recipe_dir)?;
     let dtype = dtype_of(r.model.dtype);
     let model = if device.is_cuda() {
         Qwen3::init_for_timing(&config, dtype, &device)?
@@ -133,6 +125,45 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     plan.deterministic = deterministic;
     plan.gemms = gemms;
     Ok(plan)
+}
+
+/// The model shape a recipe trains: `model.config`, else the `config.json` of `model.path`.
+fn model_config(r: &crate::recipe::Recipe, recipe_dir: &Path) -> Result<Qwen3Config, RunError> {
+    match (&r.model.config, &r.model.path) {
+        (Some(c), _) => Ok(Qwen3Config::from(c)),
+        (None, Some(p)) => {
+            let path = recipe_dir.join(p).join("config.json");
+            let bytes = std::fs::read_to_string(&path)
+                .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
+            Ok(Qwen3Config::from_hf_json(&bytes)?)
+        }
+        (None, None) => Err(RunError::Recipe("model: give model.path or model.config".into())),
+    }
+}
+
+/// The gradient buckets a run of `recipe` sends each step (bytes, in the order the backward
+/// completes them) and the dtype they travel in: what the probe's collective stage times.
+pub fn gradient_buckets(recipe: &LoadedRecipe, recipe_dir: &Path) -> Result<(Vec<u64>, DType), RunError> {
+    use crate::model::{Stage, stage_of};
+    let r = &recipe.recipe;
+    let config = model_config(r, recipe_dir)?;
+    let method = MethodPlan::from_recipe(&r.train.method)?;
+    let shapes = match &method.lora {
+        Some(l) => l.shapes(&config),
+        None => crate::model::expected_shapes(&config),
+    };
+    let dtype = super::session::dtype_of(r.model.dtype);
+    // Stages in the order the backward completes them: the head, the blocks from the last, the
+    // embedding; names in order within a stage (as the reducer receives them).
+    let key = |name: &str| match stage_of(name) {
+        Stage::Head => (0, 0),
+        Stage::Block(l) => (1, usize::MAX - l),
+        Stage::Embedding => (2, 0),
+    };
+    let mut names: Vec<(&String, &Vec<usize>)> = shapes.iter().collect();
+    names.sort_by(|a, b| key(a.0).cmp(&key(b.0)).then_with(|| a.0.cmp(b.0)));
+    let bytes = names.iter().map(|(_, dims)| (dims.iter().product::<usize>() * dtype.size_in_bytes()) as u64);
+    Ok((crate::plan::parallel::bucket_sizes(bytes, r.train.distributed.bucket_bytes() as u64), dtype))
 }
 
 /// cuBLASLt candidates timed per GEMM shape beside cuBLAS's default.

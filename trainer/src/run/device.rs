@@ -5,9 +5,10 @@ use super::RunError;
 use crate::recipe::{Recipe, Vendor};
 use candle_core::Device;
 
-/// The host CPU for `hardware.gpus: 0`; for NVIDIA hardware, the first CUDA device (one GPU:
-/// spreading a run over several is not built yet), with the device memory pool set to keep freed
-/// blocks. Anything this build cannot run is an error that says what to do.
+/// The host CPU for `hardware.gpus: 0`; for NVIDIA hardware, the first CUDA device (a process
+/// trains on one GPU; a run on several has one rank process per GPU, each given its device by
+/// [`named_device`]), with the device memory pool set to keep freed blocks. Anything this build
+/// cannot run is an error that says what to do.
 pub fn run_device(recipe: &Recipe) -> Result<Device, RunError> {
     let hw = &recipe.hardware;
     if hw.gpus == 0 {
@@ -28,13 +29,10 @@ pub fn run_device(recipe: &Recipe) -> Result<Device, RunError> {
 fn cuda(gpus: u32) -> Result<Device, RunError> {
     if gpus > 1 {
         return Err(RunError::Recipe(format!(
-            "hardware.gpus: {gpus}: one run trains on one GPU so far; set hardware.gpus: 1"
+            "hardware.gpus: {gpus}: one process trains on one GPU; `mindxtrain train` starts one rank per GPU"
         )));
     }
-    let device = Device::new_cuda(0)
-        .map_err(|e| RunError::Recipe(format!("hardware.gpus: 1, but no CUDA device could be opened: {e}")))?;
-    mindxtrain_kernels::cache_freed_memory(&device)?;
-    Ok(device)
+    cuda_ordinal(0)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -43,6 +41,32 @@ fn cuda(gpus: u32) -> Result<Device, RunError> {
         "hardware.gpus: {gpus} on NVIDIA hardware, but this build has no CUDA: build with \
          scripts/build-gpu (feature `cuda`), or set hardware.gpus: 0 to train on the CPU"
     )))
+}
+
+/// A device by the name [`device_name`] gives it (`cpu`, `cuda:N`), as a launcher assigns one to
+/// each rank; a CUDA device gets the memory pool setting of [`run_device`].
+pub fn named_device(name: &str) -> Result<Device, RunError> {
+    if name == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal: usize = name
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| RunError::Recipe(format!("device `{name}`: expected cpu or cuda:N")))?;
+    cuda_ordinal(ordinal)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_ordinal(ordinal: usize) -> Result<Device, RunError> {
+    let device = Device::new_cuda(ordinal)
+        .map_err(|e| RunError::Recipe(format!("cuda:{ordinal}: no CUDA device could be opened: {e}")))?;
+    mindxtrain_kernels::cache_freed_memory(&device)?;
+    Ok(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_ordinal(ordinal: usize) -> Result<Device, RunError> {
+    Err(RunError::Recipe(format!("cuda:{ordinal}: this build has no CUDA (build with scripts/build-gpu)")))
 }
 
 /// The device as plans and events name it: `cpu` or `cuda:N`.

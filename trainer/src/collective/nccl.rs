@@ -1,0 +1,379 @@
+//! NCCL through cudarc's bindings: the GPU backend of [`Collective`].
+//!
+//! Every operation is queued on a CUDA stream of the communicator's own, so a gradient bucket is
+//! reduced while the compute stream goes on with the backward pass. Ordering between the two
+//! streams is cudarc's event tracking: NCCL's stream waits for the kernel that wrote an input,
+//! and the compute stream's next use of a result waits for NCCL's write (the events are
+//! recorded after `ncclGroupEnd`, when the work is really queued).
+//!
+//! Never a hang: a wait on the host (small values, the timeline, [`Collective::synchronize`])
+//! polls the queued work and the launcher's stop, and gives up at the collective timeout; the
+//! communicator is aborted (`ncclCommAbort`) when the rank drops it. A rank whose compute stream
+//! waits on a dead peer is ended by its watchdog once the launcher stops the run (see `mindxtrain
+//! rank`): the launcher sees every rank process end, so a lost peer is noticed there, not by
+//! polling `ncclCommGetAsyncError` (cudarc 0.19 keeps the communicator handle private).
+//!
+//! Spans that are not one equal chunk per rank in rank order (ZeRO shards whole tensors) are
+//! reduced with one `ncclReduce` to each span's owner and gathered with one `ncclBroadcast` from
+//! it, all in one NCCL group.
+
+use super::spans::{offsets, owned, total};
+use super::{Abort, Backend, Collective, CollectiveError, Span};
+use candle_core::backprop::BackpropOp;
+use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits, sys};
+use candle_core::cuda_backend::cudarc::nccl::{result as nccl_result, safe as nccl};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::{DType, Device, Storage, Tensor};
+use half::{bf16, f16};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One rank's NCCL communicator and the stream its operations run on.
+pub struct Nccl {
+    comm: nccl::Comm,
+    device: CudaDevice,
+    stream: Arc<CudaStream>,
+    timeout: Duration,
+    abort: Arc<Abort>,
+    /// While recording: the host time of `base` and each operation's events.
+    timeline: Option<Timeline>,
+}
+
+struct Timeline {
+    base: CudaEvent,
+    base_at: Instant,
+    ops: Vec<(String, CudaEvent, CudaEvent)>,
+}
+
+// SAFETY: the communicator is used by one thread at a time (the trait takes `&mut self`); NCCL
+// communicators may move between threads, only concurrent use of one is forbidden.
+unsafe impl Send for Nccl {}
+
+fn nccl_err(what: &str) -> impl Fn(nccl_result::NcclError) -> CollectiveError + '_ {
+    move |e| CollectiveError::Nccl(format!("{what}: {e:?}"))
+}
+
+fn driver_err(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::DriverError) -> CollectiveError + '_ {
+    move |e| CollectiveError::Nccl(format!("{what}: {e}"))
+}
+
+impl Nccl {
+    /// A new NCCL unique id (made on rank 0, sent to every rank through the rendezvous), as hex.
+    pub fn unique_id() -> Result<String, CollectiveError> {
+        let id = nccl::Id::new().map_err(nccl_err("ncclGetUniqueId"))?;
+        Ok(id.internal().iter().map(|&c| format!("{:02x}", c as u8)).collect())
+    }
+
+    /// Joins the communicator of `world` ranks named by `id` (from [`Nccl::unique_id`]) as `rank`,
+    /// on `device`'s GPU with a stream of its own.
+    pub fn new(
+        device: &Device,
+        rank: usize,
+        world: usize,
+        id: &str,
+        timeout: Duration,
+        abort: Arc<Abort>,
+    ) -> Result<Nccl, CollectiveError> {
+        let Device::Cuda(dev) = device else {
+            return Err(CollectiveError::Nccl(format!("rank {rank}: NCCL needs a CUDA device, not {device:?}")));
+        };
+        let bytes: Vec<u8> = (0..id.len() / 2)
+            .map(|i| u8::from_str_radix(id.get(2 * i..2 * i + 2).unwrap_or("zz"), 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| CollectiveError::Rendezvous("the NCCL unique id is not hex".into()))?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        if bytes.len() != internal.len() {
+            return Err(CollectiveError::Rendezvous(format!("the NCCL unique id has {} bytes, not 128", bytes.len())));
+        }
+        for (d, b) in internal.iter_mut().zip(&bytes) {
+            *d = *b as std::ffi::c_char;
+        }
+        let stream = dev.cuda_stream().context().new_stream().map_err(driver_err("a stream for NCCL"))?;
+        let comm = nccl::Comm::from_rank(stream.clone(), rank, world, nccl::Id::uninit(internal))
+            .map_err(nccl_err("ncclCommInitRank"))?;
+        Ok(Nccl { comm, device: dev.clone(), stream, timeout, abort, timeline: None })
+    }
+
+    /// Waits on the host for everything queued on NCCL's stream, checking NCCL's asynchronous
+    /// error and the launcher's stop, up to the collective timeout.
+    fn wait_host(&mut self, op: &'static str) -> Result<(), CollectiveError> {
+        let done = self.stream.record_event(None).map_err(driver_err("recording an event"))?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if done.try_is_complete().map_err(driver_err(op))? {
+                return Ok(());
+            }
+            if let Some(reason) = self.abort.reason() {
+                return Err(CollectiveError::Aborted { reason });
+            }
+            if start.elapsed() > self.timeout {
+                return Err(CollectiveError::Timeout {
+                    peer: usize::MAX,
+                    op,
+                    seconds: self.timeout.as_secs(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Brackets one operation with timing events while a timeline is being recorded.
+    fn timed<R>(&mut self, label: &str, f: impl FnOnce(&mut Self) -> Result<R, CollectiveError>) -> Result<R, CollectiveError> {
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = match self.timeline {
+            Some(_) => Some(self.stream.record_event(timing).map_err(driver_err("recording an event"))?),
+            None => None,
+        };
+        let r = f(self)?;
+        if let (Some(start), Some(tl)) = (start, self.timeline.as_mut()) {
+            let end = self.stream.record_event(timing).map_err(driver_err("recording an event"))?;
+            tl.ops.push((label.to_string(), start, end));
+        }
+        Ok(r)
+    }
+
+    /// A tensor owning `buf` (on this rank's device).
+    fn tensor<T: CudaDType>(&self, buf: CudaSlice<T>) -> Tensor {
+        let n = buf.len();
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(buf, self.device.clone()));
+        Tensor::from_storage(storage, n, BackpropOp::none(), false)
+    }
+
+    fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
+        self.stream.alloc_zeros::<T>(n).map_err(driver_err("allocating a collective's output"))
+    }
+}
+
+/// Calls `$body` with `$T` bound to the element type of `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            other => Err(CollectiveError::Tensor(format!("collectives carry floats, not {other:?}"))),
+        }
+    };
+}
+
+/// `t` flattened, contiguous and on `device` (a host tensor is copied over).
+fn flat_on(t: &Tensor, device: &CudaDevice) -> Result<Tensor, CollectiveError> {
+    let t = t.flatten_all()?.contiguous()?;
+    Ok(if t.device().is_cuda() { t } else { t.to_device(&Device::Cuda(device.clone()))? })
+}
+
+impl Nccl {
+    fn all_reduce_as<T: CudaDType + nccl::NcclType + DeviceRepr + ValidAsZeroBits>(
+        &mut self,
+        t: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        let t = flat_on(t, &self.device)?;
+        let n = t.elem_count();
+        let mut out = self.alloc::<T>(n)?;
+        {
+            let (storage, layout) = t.storage_and_layout();
+            let Storage::Cuda(c) = &*storage else { return Err(CollectiveError::Tensor("not on the GPU".into())) };
+            let (a, b) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
+            let src = c.as_cuda_slice::<T>()?.slice(a..b);
+            let dst = out.slice_mut(0..n);
+            let mut group = self.comm.group();
+            group.all_reduce(src, dst, &nccl::ReduceOp::Sum).map_err(nccl_err("ncclAllReduce"))?;
+        }
+        Ok(self.tensor(out))
+    }
+
+    fn reduce_scatter_as<T: CudaDType + nccl::NcclType + DeviceRepr + ValidAsZeroBits>(
+        &mut self,
+        t: &Tensor,
+        spans: &[Span],
+    ) -> Result<Tensor, CollectiveError> {
+        let t = flat_on(t, &self.device)?;
+        let rank = self.comm.rank();
+        if t.elem_count() != total(spans) {
+            return Err(CollectiveError::Mismatch(format!(
+                "reduce-scatter of {} elements over spans of {}",
+                t.elem_count(),
+                total(spans)
+            )));
+        }
+        let mine = owned(spans, rank);
+        let mut out = self.alloc::<T>(mine.max(1))?;
+        {
+            let (storage, layout) = t.storage_and_layout();
+            let Storage::Cuda(c) = &*storage else { return Err(CollectiveError::Tensor("not on the GPU".into())) };
+            let (a, _) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
+            let src = c.as_cuda_slice::<T>()?;
+            // Each owned span's destination, cut from `out` in span order.
+            let mut rest = out.slice_mut(0..mine.max(1));
+            let mut dsts = Vec::new();
+            for (_, s) in offsets(spans).filter(|(_, s)| s.owner == rank && s.len > 0) {
+                let (head, tail) = rest.split_at_mut(s.len);
+                dsts.push(head);
+                rest = tail;
+            }
+            let mut dsts = dsts.into_iter();
+            let mut group = self.comm.group();
+            for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
+                let view = src.slice(a + off..a + off + s.len);
+                let dst = if s.owner == rank { dsts.next() } else { None };
+                group.reduce(view, dst, &nccl::ReduceOp::Sum, s.owner as i32).map_err(nccl_err("ncclReduce"))?;
+            }
+        }
+        let out = self.tensor(out);
+        Ok(if mine == 0 { out.narrow(0, 0, 0)? } else { out })
+    }
+
+    fn all_gather_as<T: CudaDType + nccl::NcclType + DeviceRepr + ValidAsZeroBits>(
+        &mut self,
+        mine: &Tensor,
+        spans: &[Span],
+    ) -> Result<Tensor, CollectiveError> {
+        let rank = self.comm.rank();
+        if mine.elem_count() != owned(spans, rank) {
+            return Err(CollectiveError::Mismatch(format!(
+                "all-gather: rank {rank} holds {} elements, its spans {}",
+                mine.elem_count(),
+                owned(spans, rank)
+            )));
+        }
+        let n = total(spans);
+        let mut out = self.alloc::<T>(n.max(1))?;
+        // This rank's spans go into place first (a broadcast's root sends from its own buffer).
+        let mine = if mine.elem_count() == 0 { None } else { Some(flat_on(mine, &self.device)?) };
+        {
+            let guard = mine.as_ref().map(|m| m.storage_and_layout());
+            let src = match &guard {
+                Some((storage, layout)) => {
+                    let Storage::Cuda(c) = &**storage else {
+                        return Err(CollectiveError::Tensor("not on the GPU".into()));
+                    };
+                    let (a, b) =
+                        layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
+                    Some(c.as_cuda_slice::<T>()?.slice(a..b))
+                }
+                None => None,
+            };
+            let mut dsts = Vec::new();
+            let mut rest = out.slice_mut(0..n.max(1));
+            for (_, s) in offsets(spans) {
+                let (head, tail) = rest.split_at_mut(s.len);
+                dsts.push(head);
+                rest = tail;
+            }
+            let mut from = 0;
+            let mut group = self.comm.group();
+            for ((_, s), dst) in offsets(spans).zip(dsts) {
+                if s.len == 0 {
+                    continue;
+                }
+                let send = match (&src, s.owner == rank) {
+                    (Some(src), true) => {
+                        let v = src.slice(from..from + s.len);
+                        from += s.len;
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                group.broadcast(send, dst, s.owner as i32).map_err(nccl_err("ncclBroadcast"))?;
+            }
+        }
+        let out = self.tensor(out);
+        Ok(if n == 0 { out.narrow(0, 0, 0)? } else { out })
+    }
+}
+
+impl Collective for Nccl {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::Nccl
+    }
+
+    fn all_reduce(&mut self, t: &Tensor) -> Result<Tensor, CollectiveError> {
+        let dtype = t.dtype();
+        self.timed("all-reduce", |s| by_dtype!(dtype, T => s.all_reduce_as::<T>(t)))
+    }
+
+    fn reduce_scatter(&mut self, t: &Tensor, spans: &[Span]) -> Result<Tensor, CollectiveError> {
+        let dtype = t.dtype();
+        self.timed("reduce-scatter", |s| by_dtype!(dtype, T => s.reduce_scatter_as::<T>(t, spans)))
+    }
+
+    fn all_gather(&mut self, mine: &Tensor, spans: &[Span]) -> Result<Tensor, CollectiveError> {
+        let dtype = mine.dtype();
+        self.timed("all-gather", |s| by_dtype!(dtype, T => s.all_gather_as::<T>(mine, spans)))
+    }
+
+    fn all_gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let world = self.comm.world_size();
+        // Lengths first, then every rank's bytes padded to the longest.
+        let len = self.stream.clone_htod(&[bytes.len() as u64]).map_err(driver_err("copying to the GPU"))?;
+        let mut lens = self.alloc::<u64>(world)?;
+        {
+            let mut group = self.comm.group();
+            group.all_gather(len.slice(0..1), lens.slice_mut(0..world)).map_err(nccl_err("ncclAllGather"))?;
+        }
+        self.wait_host("host gather")?;
+        let lens = self.stream.clone_dtoh(&lens).map_err(driver_err("copying from the GPU"))?;
+        let longest = lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let mut padded = bytes.to_vec();
+        padded.resize(longest, 0);
+        let send = self.stream.clone_htod(&padded).map_err(driver_err("copying to the GPU"))?;
+        let mut all = self.alloc::<u8>(longest * world)?;
+        {
+            let mut group = self.comm.group();
+            group.all_gather(send.slice(0..longest), all.slice_mut(0..longest * world)).map_err(nccl_err("ncclAllGather"))?;
+        }
+        self.wait_host("host gather")?;
+        let all = self.stream.clone_dtoh(&all).map_err(driver_err("copying from the GPU"))?;
+        Ok(lens.iter().enumerate().map(|(r, &l)| all[r * longest..r * longest + l as usize].to_vec()).collect())
+    }
+
+    fn synchronize(&mut self) -> Result<(), CollectiveError> {
+        self.wait_host("synchronize")
+    }
+
+    fn record_timeline(&mut self, on: bool) {
+        self.timeline = if on {
+            let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+            match self.stream.record_event(timing).and_then(|base| base.synchronize().map(|_| base)) {
+                Ok(base) => Some(Timeline { base, base_at: Instant::now(), ops: Vec::new() }),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+    }
+
+    fn timeline(&mut self) -> Vec<(String, Instant, Instant)> {
+        let Some(tl) = self.timeline.as_mut() else { return Vec::new() };
+        let ops = std::mem::take(&mut tl.ops);
+        let at = |e: &CudaEvent| {
+            e.synchronize().ok()?;
+            let ms = tl.base.elapsed_ms(e).ok()?;
+            Some(tl.base_at + Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+        };
+        ops.iter().filter_map(|(label, s, e)| Some((label.clone(), at(s)?, at(e)?))).collect()
+    }
+}
