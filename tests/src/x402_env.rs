@@ -314,7 +314,13 @@ async fn stream_handler() -> axum::body::Body {
 
 /// The 402 a route answers without payment.
 pub async fn payment_required(http: &reqwest::Client, url: &str) -> anyhow::Result<PaymentRequired> {
-    let r = http.post(url).header("content-type", "application/json").body("{}").send().await?;
+    payment_required_for(http, url, "{}").await
+}
+
+/// The 402 a route answers a request with `body` and no payment (a route that prepares its
+/// requests answers one it cannot serve with a 4xx instead).
+pub async fn payment_required_for(http: &reqwest::Client, url: &str, body: &str) -> anyhow::Result<PaymentRequired> {
+    let r = http.post(url).header("content-type", "application/json").body(body.to_owned()).send().await?;
     anyhow::ensure!(r.status() == 402, "expected 402, got {}", r.status());
     let h = r.headers().get(header::PAYMENT_REQUIRED).ok_or_else(|| anyhow::anyhow!("no PAYMENT-REQUIRED"))?;
     Ok(header::decode_payment_required(h.as_bytes())?)
