@@ -3,6 +3,13 @@
 //! saphyr-parser gives events with spans; this module folds them into a tree and refuses,
 //! with a location, what recipes do not allow: duplicate keys, anchors and aliases (so no
 //! alias expansion can blow up), tags, non-string keys, several documents, deep nesting.
+//!
+//! Every step is linear in the text: a mapping finds a key through a hash index (a
+//! mapping of 80,000 keys once took 25 s to check for duplicates pairwise), and the
+//! deserializer's error recovery drops an entry by marking it, not by rebuilding the tree.
+
+use std::cell::Cell;
+use std::collections::HashMap;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
@@ -21,7 +28,7 @@ pub(crate) struct Node {
 pub(crate) enum NodeKind {
     Scalar { text: String, plain: bool },
     Seq(Vec<Node>),
-    Map(Vec<Entry>),
+    Map(Mapping),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +36,43 @@ pub(crate) struct Entry {
     pub key: String,
     pub key_loc: Location,
     pub value: Node,
+    /// Set when error recovery has set the entry aside: readers skip it from then on.
+    pub dropped: Cell<bool>,
+}
+
+impl Entry {
+    pub(crate) fn live(&self) -> bool {
+        !self.dropped.get()
+    }
+}
+
+/// A mapping's entries in file order, with each key's position for lookups in O(1).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Mapping {
+    entries: Vec<Entry>,
+    index: HashMap<String, usize>,
+}
+
+impl Mapping {
+    /// Every entry in file order, dropped ones included (check [`Entry::live`]).
+    pub(crate) fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The live entry with this key.
+    pub(crate) fn get(&self, key: &str) -> Option<&Entry> {
+        self.index.get(key).map(|&i| &self.entries[i]).filter(|e| e.live())
+    }
+
+    /// Adds an entry; returns the first one's location when the key is already there.
+    fn insert(&mut self, entry: Entry) -> Result<(), Location> {
+        if let Some(&i) = self.index.get(&entry.key) {
+            return Err(self.entries[i].key_loc);
+        }
+        self.index.insert(entry.key.clone(), self.entries.len());
+        self.entries.push(entry);
+        Ok(())
+    }
 }
 
 /// What a scalar means under the YAML 1.2 core schema.
@@ -109,7 +153,7 @@ fn loc_of(span: &Span) -> Location {
 
 enum Frame {
     Seq { loc: Location, items: Vec<Node> },
-    Map { loc: Location, entries: Vec<Entry>, key: Option<(String, Location)> },
+    Map { loc: Location, map: Mapping, key: Option<(String, Location)> },
 }
 
 struct Builder {
@@ -153,7 +197,7 @@ impl Builder {
     fn close(&mut self) -> Result<(), SyntaxError> {
         let node = match self.stack.pop() {
             Some(Frame::Seq { loc, items }) => Node { loc, kind: NodeKind::Seq(items) },
-            Some(Frame::Map { loc, entries, .. }) => Node { loc, kind: NodeKind::Map(entries) },
+            Some(Frame::Map { loc, map, .. }) => Node { loc, kind: NodeKind::Map(map) },
             None => return Ok(()),
         };
         self.attach(node)
@@ -162,7 +206,7 @@ impl Builder {
     fn scalar(&mut self, text: String, plain: bool, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
             let duplicate = match self.stack.last() {
-                Some(Frame::Map { entries, .. }) => entries.iter().find(|e| e.key == text).map(|e| e.key_loc),
+                Some(Frame::Map { map, .. }) => map.index.get(&text).map(|&i| map.entries[i].key_loc),
                 _ => None,
             };
             if let Some(first) = duplicate {
@@ -181,9 +225,10 @@ impl Builder {
     fn attach(&mut self, node: Node) -> Result<(), SyntaxError> {
         match self.stack.last_mut() {
             Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => {
+            Some(Frame::Map { map, key, .. }) => {
                 if let Some((key, key_loc)) = key.take() {
-                    entries.push(Entry { key, key_loc, value: node });
+                    // The key was checked for duplicates when it was read.
+                    let _ = map.insert(Entry { key, key_loc, value: node, dropped: Cell::new(false) });
                 }
             }
             None => self.root = Some(node),
@@ -246,7 +291,7 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
             }
             Event::SequenceStart(_, None) => b.open(Frame::Seq { loc, items: Vec::new() }, loc)?,
             Event::MappingStart(_, None) => {
-                b.open(Frame::Map { loc, entries: Vec::new(), key: None }, loc)?;
+                b.open(Frame::Map { loc, map: Mapping::default(), key: None }, loc)?;
             }
             Event::SequenceEnd | Event::MappingEnd => b.close()?,
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
@@ -260,9 +305,18 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
 }
 
 impl Node {
-    pub(crate) fn entries(&self) -> Option<&[Entry]> {
+    pub(crate) fn mapping(&self) -> Option<&Mapping> {
         match &self.kind {
-            NodeKind::Map(e) => Some(e),
+            NodeKind::Map(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The child at one step of a path, if it is there and live.
+    fn child(&self, seg: &Seg) -> Option<(Location, &Node)> {
+        match (seg, &self.kind) {
+            (Seg::Key(k), NodeKind::Map(map)) => map.get(k).map(|e| (e.key_loc, &e.value)),
+            (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|n| (n.loc, n)),
             _ => None,
         }
     }
@@ -273,14 +327,7 @@ impl Node {
         let mut node = self;
         let mut loc = self.loc;
         for seg in &path.0 {
-            let next = match (seg, &node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => {
-                    entries.iter().find(|e| &e.key == k).map(|e| (e.key_loc, &e.value))
-                }
-                (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|n| (n.loc, n)),
-                _ => None,
-            };
-            match next {
+            match node.child(seg) {
                 Some((l, n)) => {
                     loc = l;
                     node = n;
@@ -291,30 +338,24 @@ impl Node {
         loc
     }
 
-    /// Removes the mapping entry at `path` (which must end in a key); false if absent.
-    pub(crate) fn remove(&mut self, path: &FieldPath) -> bool {
+    /// Sets the mapping entry at `path` (which must end in a key) aside; false if absent.
+    pub(crate) fn drop_entry(&self, path: &FieldPath) -> bool {
         let Some((Seg::Key(last), parents)) = path.0.split_last() else {
             return false;
         };
         let mut node = self;
         for seg in parents {
-            let next = match (seg, &mut node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => entries.iter_mut().find(|e| &e.key == k).map(|e| &mut e.value),
-                (Seg::Index(i), NodeKind::Seq(items)) => items.get_mut(*i),
-                _ => None,
-            };
-            match next {
-                Some(n) => node = n,
+            match node.child(seg) {
+                Some((_, n)) => node = n,
                 None => return false,
             }
         }
-        match &mut node.kind {
-            NodeKind::Map(entries) => {
-                let before = entries.len();
-                entries.retain(|e| &e.key != last);
-                entries.len() != before
+        match node.mapping().and_then(|m| m.get(last)) {
+            Some(entry) => {
+                entry.dropped.set(true);
+                true
             }
-            _ => false,
+            None => false,
         }
     }
 }
