@@ -30,6 +30,16 @@ pub struct Registered {
 /// Registering the same bytes again is idempotent: the event id is the digest.
 pub fn register(log: &EventLog, name: &str, src: &str) -> Result<Registered, RegisterError> {
     let loaded = Recipe::check_str(src, name).map_err(RegisterError::Invalid)?;
+    Ok(register_checked(log, name, src, loaded)?)
+}
+
+/// [`register`] for a recipe already checked: `loaded` must come from `src`.
+pub fn register_checked(
+    log: &EventLog,
+    name: &str,
+    src: &str,
+    loaded: LoadedRecipe,
+) -> Result<Registered, AppendError> {
     let digest = hex::encode(loaded.bytes_blake3);
     let data = json!({
         "name": loaded.recipe.meta.run_name,
