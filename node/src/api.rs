@@ -7,7 +7,9 @@
 //!   ([`signed`]) every route that reveals payer data or changes state needs; read-only
 //!   public routes stay open;
 //! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`];
-//! * [`cpu`]: where CPU-bound handlers compute, off the executor and bounded.
+//! * [`cpu`]: where CPU-bound handlers compute, off the executor and bounded;
+//! * [`listener`]: the accept loop (header read timeout, connections per address);
+//! * [`host`]: the `Host` check that keeps DNS rebinding off a node bound to loopback.
 //!
 //! ```no_run
 //! # async fn f(state: std::sync::Arc<mindxtrain_node::api::ApiState>) -> anyhow::Result<()> {
@@ -23,6 +25,8 @@
 pub mod auth;
 pub mod cpu;
 pub mod health;
+pub mod host;
+pub mod listener;
 pub mod log_routes;
 pub mod metrics;
 pub mod openapi;
