@@ -30,7 +30,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
@@ -138,25 +138,34 @@ pub async fn serve(
     Ok(())
 }
 
-/// A 503 for a client over its cap, then the connection closes.
+/// A 503 for a client over its cap, then the connection closes. The request head is read
+/// first (within a second, at most 16 KiB), since a client may not look for an answer
+/// before it has sent its request.
 async fn refuse(mut stream: TcpStream) {
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         OVER_CAP.len()
     );
-    let write = async {
+    let answer = async {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while seen.len() < 16 << 10 && !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await? {
+                0 => break,
+                n => seen.extend_from_slice(&buf[..n]),
+            }
+        }
         stream.write_all(head.as_bytes()).await?;
         stream.write_all(OVER_CAP.as_bytes()).await?;
         stream.shutdown().await
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::routing::get;
-    use tokio::io::AsyncReadExt;
 
     async fn server(limits: Limits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
