@@ -45,7 +45,7 @@ pub struct Limits {
 
 /// Defaults of `mindxtrain serve` (`--header-timeout`, `--max-connections-per-ip`).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-pub const MAX_CONNECTIONS_PER_IP: usize = 256;
+pub const MAX_CONNECTIONS_PER_IP: usize = 512;
 
 impl Default for Limits {
     fn default() -> Self {
