@@ -106,7 +106,18 @@ impl ApiState {
         let chain_checks = tokio::sync::Mutex::new(());
         let started = Instant::now();
         let cpu = cpu::CpuPool::new();
-        Arc::new(ApiState { log, identity, node_dir, metrics, model, facilitator, started, launches, chain_checks, cpu })
+        Arc::new(ApiState {
+            log,
+            identity,
+            node_dir,
+            metrics,
+            model,
+            facilitator,
+            started,
+            launches,
+            chain_checks,
+            cpu,
+        })
     }
 }
 

@@ -24,7 +24,8 @@ fn init(dir: &Path) {
 fn serve_refused(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
     let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
-    let mut child = mindxtrain(dir, &all).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child =
+        mindxtrain(dir, &all).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     for _ in 0..200 {
         if child.try_wait().unwrap().is_some() {
             let out = child.wait_with_output().unwrap();
@@ -46,7 +47,12 @@ async fn a_weak_or_readable_token_stops_serve_and_the_bearer_is_matched_exactly(
     init(dir.path());
     let token_file = dir.path().join("api.token");
     let good = std::fs::read_to_string(&token_file).unwrap();
-    for (text, says) in [("", "is empty"), ("  \n", "is empty"), ("mxa1.short\n", "at least 32"), ("a b c d e f g h i j k l m n o p q r s\n", "cannot carry")] {
+    for (text, says) in [
+        ("", "is empty"),
+        ("  \n", "is empty"),
+        ("mxa1.short\n", "at least 32"),
+        ("a b c d e f g h i j k l m n o p q r s\n", "cannot carry"),
+    ] {
         std::fs::write(&token_file, text).unwrap();
         let (code, err) = serve_refused(dir.path(), &[]);
         assert_eq!(code, Some(1), "{text:?}: {err}");
@@ -112,7 +118,13 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let validate = |http: reqwest::Client, url: String, body: Vec<u8>| async move {
         let t = Instant::now();
-        let r = http.post(format!("{url}/api/recipes/validate")).header("content-type", "application/json").body(body).send().await.unwrap();
+        let r = http
+            .post(format!("{url}/api/recipes/validate"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         let v: Value = r.json().await.unwrap();
         (t.elapsed(), v)
@@ -120,7 +132,11 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
     // Warm (the first request pays for the connection and page faults).
     let (_, v) = validate(http.clone(), server.url.clone(), body.clone()).await;
     assert_eq!(v["valid"], false);
-    assert_eq!(v["errors"].as_array().unwrap().len() as u64 + v["omitted"].as_u64().unwrap(), keys as u64, "every key counted");
+    assert_eq!(
+        v["errors"].as_array().unwrap().len() as u64 + v["omitted"].as_u64().unwrap(),
+        keys as u64,
+        "every key counted"
+    );
     assert_eq!(v["errors"][0]["path"], "unk00000");
 
     // Two validations at once, over and over, with /healthz asked every 10 ms beside them.
@@ -168,7 +184,11 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
 /// Runs `mindxtrain args` in `dir`: (exit code, stdout, stderr).
 fn run(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = mindxtrain(dir, args).output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A node whose log holds the genesis and `n` more events, closed.
@@ -262,7 +282,12 @@ async fn slow_heads_are_dropped_one_address_is_capped_and_loopback_answers_only_
     let http = reqwest::Client::new();
 
     // A head dribbled a byte every 200 ms never completes; the connection goes after 1 s.
-    let held = dribble(&addr, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", Duration::from_millis(200)).await;
+    let held = dribble(
+        &addr,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        Duration::from_millis(200),
+    )
+    .await;
     assert!(held < Duration::from_secs(4), "a slow head was held {held:?}");
 
     // Eight connections from one address are all it may hold; the ninth gets 503.
@@ -290,7 +315,15 @@ async fn slow_heads_are_dropped_one_address_is_capped_and_loopback_answers_only_
         let r = http.get(format!("{}/api/runs", server.url)).header("host", ok).send().await.unwrap();
         assert_eq!(r.status(), 200, "{ok}");
     }
-    let body: Value = http.get(format!("{}/healthz", server.url)).header("host", "evil.example").send().await.unwrap().json().await.unwrap();
+    let body: Value = http
+        .get(format!("{}/healthz", server.url))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["error"]["code"], "host_not_allowed", "{body}");
 
     // A consistency proof from the empty tree is the caller's mistake.

@@ -222,7 +222,9 @@ mod tests {
         }
         let e = load("short-token\n", 0o600).err().unwrap();
         assert!(matches!(e, TokenError::Short { chars: 11, .. }), "{e}");
-        for odd in [format!(" {good}"), format!("{good} "), format!("{good}\n\n"), format!("a b{good}"), format!("{good}=x")] {
+        for odd in
+            [format!(" {good}"), format!("{good} "), format!("{good}\n\n"), format!("a b{good}"), format!("{good}=x")]
+        {
             assert!(matches!(load(&odd, 0o600), Err(TokenError::Charset { .. })), "{odd:?} accepted");
         }
         for mode in [0o644, 0o640, 0o604, 0o660] {

@@ -84,14 +84,30 @@ mod tests {
     #[test]
     fn local_names_pass_and_others_only_when_allowed() {
         let hosts = AllowedHosts::new(["Node.Example.".to_owned()]);
-        for ok in ["localhost", "LOCALHOST:8080", "127.0.0.1", "127.0.0.1:80", "127.9.9.9:1", "[::1]:8080", "[::1]",
-            "ui.localhost:3000", "node.example", "node.example:443"]
-        {
+        for ok in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "127.9.9.9:1",
+            "[::1]:8080",
+            "[::1]",
+            "ui.localhost:3000",
+            "node.example",
+            "node.example:443",
+        ] {
             assert!(hosts.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "10.0.0.1", "localhost.evil.example", "127.0.0.1.evil.example",
-            "[::2]:80", "", "node.example.evil"]
-        {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "10.0.0.1",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "[::2]:80",
+            "",
+            "node.example.evil",
+        ] {
             assert!(!hosts.allows(bad), "{bad}");
         }
     }

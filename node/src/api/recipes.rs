@@ -144,9 +144,8 @@ pub async fn show(State(s): State<Arc<ApiState>>, Path(name): Path<String>) -> R
     let body = s
         .cpu
         .run(move || match Recipe::check_str(&src, &name) {
-            Ok(l) => serde_json::to_value(&l.recipe).map(|resolved| {
-                json!({"summary": summary(&name, &l), "resolved": resolved, "yaml": src})
-            }),
+            Ok(l) => serde_json::to_value(&l.recipe)
+                .map(|resolved| json!({"summary": summary(&name, &l), "resolved": resolved, "yaml": src})),
             Err(e) => Ok(json!({"summary": {"name": name, "valid": false}, "errors": error_list(&e), "yaml": src})),
         })
         .await?;
@@ -162,7 +161,10 @@ pub struct ValidateRequest {
 
 /// `POST /api/recipes/validate`: `{yaml, name}` → `{valid, errors: [{path, line, column, message}],
 /// omitted}`. Open to anyone, so it computes on the [`CpuPool`](super::cpu::CpuPool).
-pub async fn validate(State(s): State<Arc<ApiState>>, Json(req): Json<ValidateRequest>) -> Result<Json<Value>, ApiError> {
+pub async fn validate(
+    State(s): State<Arc<ApiState>>,
+    Json(req): Json<ValidateRequest>,
+) -> Result<Json<Value>, ApiError> {
     let name = req.name.unwrap_or_else(|| "recipe.yaml".into());
     let body = s
         .cpu

@@ -294,7 +294,8 @@ mod tests {
 
     fn open(dir: &Path) -> (EventLog, Reconciled) {
         let (key, opts) = (Identity::from_seed([12; 32]), LogOptions::default());
-        let opened = if dir.join(LOG_DIR).exists() { EventLog::open(dir, key, opts) } else { EventLog::create(dir, key, opts) };
+        let opened =
+            if dir.join(LOG_DIR).exists() { EventLog::open(dir, key, opts) } else { EventLog::create(dir, key, opts) };
         let (log, report) = opened.unwrap();
         (log, report.index)
     }

@@ -25,8 +25,12 @@ fn node(n: u64, segment_bytes: u64) -> tempfile::TempDir {
     std::fs::write(dir.path().join(crate::identity::PUBLIC_FILE), format!("{}\n", hex::encode(key().public_bytes())))
         .unwrap();
     for i in 0..n {
-        log.append(AppendRequest::new("train.progress", "run-1", json!({"run_id": "run-1", "step": i, "pad": "x".repeat(400)})))
-            .unwrap();
+        log.append(AppendRequest::new(
+            "train.progress",
+            "run-1",
+            json!({"run_id": "run-1", "step": i, "pad": "x".repeat(400)}),
+        ))
+        .unwrap();
     }
     dir
 }
@@ -68,7 +72,13 @@ fn refused_everywhere(dir: &Path, want: &[&str]) {
     assert!(matches!(err, ReadError::Lost(_)), "{err}");
     let report = verify::verify(dir, pinned()).unwrap();
     assert!(!report.ok(), "verify passed a lost log: {report:?}");
-    let listed: String = report.problems.iter().map(|p| p.to_string()).chain(report.missing.iter().map(|m| m.to_string())).collect::<Vec<_>>().join("\n");
+    let listed: String = report
+        .problems
+        .iter()
+        .map(|p| p.to_string())
+        .chain(report.missing.iter().map(|m| m.to_string()))
+        .collect::<Vec<_>>()
+        .join("\n");
     for w in want.iter().filter(|w| !w.starts_with("Events") && !w.starts_with("holds ")) {
         assert!(listed.contains(w), "verify: {w:?} not in: {listed}");
     }
@@ -83,7 +93,13 @@ fn a_zero_filled_only_segment_is_refused_naming_the_lost_events() {
     std::fs::write(seg, vec![0u8; len as usize]).unwrap();
     refused_everywhere(
         dir.path(),
-        &["holds no events", "the latest signed checkpoint", "was signed at 6 events", "names event 5", "Events 0..=5 are missing"],
+        &[
+            "holds no events",
+            "the latest signed checkpoint",
+            "was signed at 6 events",
+            "names event 5",
+            "Events 0..=5 are missing",
+        ],
     );
     let report = verify::verify(dir.path(), pinned()).unwrap();
     assert_eq!(report.missing_events(), Some((0, 5)));

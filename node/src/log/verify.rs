@@ -96,7 +96,12 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
     let mut witnesses = match witness_key.map(|k| witness::gather(node_dir, &k)) {
         Some(Ok(w)) => w,
         Some(Err(e)) => {
-            missing.push(Shortfall { source: "a record of the log".into(), path: node_dir.into(), missing: None, what: e.to_string() });
+            missing.push(Shortfall {
+                source: "a record of the log".into(),
+                path: node_dir.into(),
+                missing: None,
+                what: e.to_string(),
+            });
             Vec::new()
         }
         None => Vec::new(),
@@ -159,8 +164,12 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
     }
     problems.sort_by_key(|p| (p.seq, p.offset));
     // The hashes of seq 0, 1, … as far as they run without a gap.
-    let hashes: Vec<Hash> =
-        events.iter().enumerate().take_while(|(i, (_, _, e))| e.envelope.seq == *i as u64).map(|(_, (_, _, e))| e.hash).collect();
+    let hashes: Vec<Hash> = events
+        .iter()
+        .enumerate()
+        .take_while(|(i, (_, _, e))| e.envelope.seq == *i as u64)
+        .map(|(_, (_, _, e))| e.hash)
+        .collect();
     missing.extend(witness::check(&witnesses, &hashes));
     let leaves: Vec<Hash> = events.iter().map(|(_, _, e)| merkle::leaf_hash(&e.hash)).collect();
     Ok(Report {

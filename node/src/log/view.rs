@@ -6,8 +6,8 @@
 
 use super::LOG_DIR;
 use super::record::{Event, Hash};
-use super::witness::{self, LostLog};
 use super::segment::{self, Position, ReadSegment, Scan, ScanError, TornTail};
+use super::witness::{self, LostLog};
 use mindxtrain_chain::merkle::{self, ProofError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

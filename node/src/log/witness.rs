@@ -104,7 +104,8 @@ pub fn gather(node_dir: &Path, key: &VerifyingKey) -> Result<Vec<Witness>, Witne
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => return Err(WitnessError::Io { path, source }),
     }
-    found.extend(crate::manifest::witnesses(node_dir, key).map_err(|(path, source)| WitnessError::Io { path, source })?);
+    found
+        .extend(crate::manifest::witnesses(node_dir, key).map_err(|(path, source)| WitnessError::Io { path, source })?);
     Ok(found)
 }
 
@@ -140,7 +141,8 @@ pub fn check(witnesses: &[Witness], hashes: &[Hash]) -> Vec<Shortfall> {
     let root_of = |size: u64| sizes.binary_search(&size).ok().map(|i| roots[i]);
     let mut out = Vec::new();
     for w in witnesses {
-        let shortfall = |missing, what: String| Shortfall { source: w.source.clone(), path: w.path.clone(), missing, what };
+        let shortfall =
+            |missing, what: String| Shortfall { source: w.source.clone(), path: w.path.clone(), missing, what };
         let need = w.claim.size();
         if need > len {
             let vouches = match (&w.claim, w.events) {
@@ -272,7 +274,8 @@ mod tests {
         let hashes: Vec<Hash> = (0..5u8).map(|i| *blake3::hash(&[i]).as_bytes()).collect();
         let leaves: Vec<Hash> = hashes[..3].iter().map(|h| merkle::leaf_hash(h)).collect();
         let w = |claim| Witness { source: "w".into(), path: "p".into(), claim, events: None };
-        let met = [w(Claim::Event { seq: 4, hash: hashes[4] }), w(Claim::Tree { size: 3, root: merkle::root(&leaves) })];
+        let met =
+            [w(Claim::Event { seq: 4, hash: hashes[4] }), w(Claim::Tree { size: 3, root: merkle::root(&leaves) })];
         assert!(check(&met, &hashes).is_empty());
         let short = check(&[w(Claim::Event { seq: 9, hash: [0; 32] })], &hashes);
         assert_eq!(short[0].missing, Some((5, 9)));

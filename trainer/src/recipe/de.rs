@@ -81,7 +81,12 @@ impl Sink {
     /// Notes an unknown key. Its entry is set aside at once, so nothing under it is read and
     /// no later read meets it: it needs no place among the failed paths, and the path and
     /// message are only made for the errors kept (80,000 of them cost 80,000 increments).
-    pub(crate) fn note_unknown(&self, loc: Location, path: impl FnOnce() -> FieldPath, message: impl FnOnce() -> String) {
+    pub(crate) fn note_unknown(
+        &self,
+        loc: Location,
+        path: impl FnOnce() -> FieldPath,
+        message: impl FnOnce() -> String,
+    ) {
         self.found.set(self.found.get() + 1);
         let mut kept = self.kept.borrow_mut();
         if kept.len() < MAX_KEPT_ERRORS {
@@ -360,7 +365,9 @@ impl<'de> Deserializer<'de> for De<'_> {
             // A plain `1` or `true` is not text under YAML 1.2; say how to make it text.
             (Some(r), NodeKind::Scalar { text, .. }) if r != Resolved::Null => {
                 let describe = self.describe();
-                self.tolerate(self.err(format!("expected a string, found {describe}; quote it (\"{text}\") if text is meant")));
+                self.tolerate(
+                    self.err(format!("expected a string, found {describe}; quote it (\"{text}\") if text is meant")),
+                );
                 ""
             }
             _ => {
@@ -522,9 +529,7 @@ impl<'de> de::SeqAccess<'de> for SeqAcc<'_> {
         };
         let path = PathStack::Index(self.path, self.next);
         self.next += 1;
-        seed.deserialize(De::new(node, node.loc, &path, self.sink))
-            .map(Some)
-            .map_err(|e| e.located(node.loc, &path))
+        seed.deserialize(De::new(node, node.loc, &path, self.sink)).map(Some).map_err(|e| e.located(node.loc, &path))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -544,7 +549,14 @@ struct MapAcc<'a> {
 
 impl<'a> MapAcc<'a> {
     fn new(map: &'a Mapping, de: &De<'a>, fields: Option<&'static [&'static str]>) -> Self {
-        MapAcc { entries: map.entries().iter(), current: None, path: de.path, skip_tag: de.skip_tag, fields, sink: de.sink }
+        MapAcc {
+            entries: map.entries().iter(),
+            current: None,
+            path: de.path,
+            skip_tag: de.skip_tag,
+            fields,
+            sink: de.sink,
+        }
     }
 
     /// Notes an unknown key and sets its entry aside, so a later pass skips it at once.
