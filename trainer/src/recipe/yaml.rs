@@ -64,14 +64,16 @@ impl Mapping {
         self.index.get(key).map(|&i| &self.entries[i]).filter(|e| e.live())
     }
 
-    /// Adds an entry; returns the first one's location when the key is already there.
-    fn insert(&mut self, entry: Entry) -> Result<(), Location> {
-        if let Some(&i) = self.index.get(&entry.key) {
-            return Err(self.entries[i].key_loc);
+    /// Reserves `key` for the next entry pushed (one hash per key); returns the first
+    /// one's location when the key is already there.
+    fn claim(&mut self, key: &str) -> Result<(), Location> {
+        match self.index.entry(key.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(first) => Err(self.entries[*first.get()].key_loc),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(self.entries.len());
+                Ok(())
+            }
         }
-        self.index.insert(entry.key.clone(), self.entries.len());
-        self.entries.push(entry);
-        Ok(())
     }
 }
 
@@ -205,11 +207,11 @@ impl Builder {
 
     fn scalar(&mut self, text: String, plain: bool, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
-            let duplicate = match self.stack.last() {
-                Some(Frame::Map { map, .. }) => map.index.get(&text).map(|&i| map.entries[i].key_loc),
-                _ => None,
+            let claimed = match self.stack.last_mut() {
+                Some(Frame::Map { map, .. }) => map.claim(&text),
+                _ => Ok(()),
             };
-            if let Some(first) = duplicate {
+            if let Err(first) = claimed {
                 let mut err = self.fail(loc, format!("duplicate key (first defined at line {})", first.line));
                 err.path = err.path.key(&text);
                 return Err(err);
@@ -226,9 +228,10 @@ impl Builder {
         match self.stack.last_mut() {
             Some(Frame::Seq { items, .. }) => items.push(node),
             Some(Frame::Map { map, key, .. }) => {
+                // The key claimed its place in the index when it was read; its value is the
+                // next entry.
                 if let Some((key, key_loc)) = key.take() {
-                    // The key was checked for duplicates when it was read.
-                    let _ = map.insert(Entry { key, key_loc, value: node, dropped: Cell::new(false) });
+                    map.entries.push(Entry { key, key_loc, value: node, dropped: Cell::new(false) });
                 }
             }
             None => self.root = Some(node),
