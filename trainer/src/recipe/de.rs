@@ -575,17 +575,17 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
         let entry = loop {
             let Some(e) = self.entries.next() else { return Ok(None) };
             self.sink.step();
-            if !e.live() || (self.skip_tag && e.key == TAG_KEY) {
+            if !e.live() || (self.skip_tag && &*e.key == TAG_KEY) {
                 continue;
             }
             match self.fields {
-                Some(fields) if !fields.contains(&e.key.as_str()) => self.unknown(e, fields),
+                Some(fields) if !fields.contains(&&*e.key) => self.unknown(e, fields),
                 _ => break e,
             }
         };
         self.current = Some(entry);
         let path = PathStack::Key(self.path, &entry.key);
-        let key: de::value::StrDeserializer<'_, DeError> = entry.key.as_str().into_deserializer();
+        let key: de::value::StrDeserializer<'_, DeError> = (&*entry.key).into_deserializer();
         seed.deserialize(key).map(Some).map_err(|e| e.located(entry.key_loc, &path))
     }
 

@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
@@ -28,12 +29,13 @@ pub(crate) struct Node {
 pub(crate) enum NodeKind {
     Scalar { text: String, plain: bool },
     Seq(Vec<Node>),
-    Map(Mapping),
+    Map(Box<Mapping>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Entry {
-    pub key: String,
+    /// Shared with the mapping's index: one allocation per key.
+    pub key: Rc<str>,
     pub key_loc: Location,
     pub value: Node,
     /// Set when error recovery has set the entry aside: readers skip it from then on.
@@ -50,7 +52,7 @@ impl Entry {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Mapping {
     entries: Vec<Entry>,
-    index: HashMap<String, usize>,
+    index: HashMap<Rc<str>, usize>,
 }
 
 impl Mapping {
@@ -66,8 +68,8 @@ impl Mapping {
 
     /// Reserves `key` for the next entry pushed (one hash per key); returns the first
     /// one's location when the key is already there.
-    fn claim(&mut self, key: &str) -> Result<(), Location> {
-        match self.index.entry(key.to_owned()) {
+    fn claim(&mut self, key: Rc<str>) -> Result<(), Location> {
+        match self.index.entry(key) {
             std::collections::hash_map::Entry::Occupied(first) => Err(self.entries[*first.get()].key_loc),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(self.entries.len());
@@ -155,7 +157,7 @@ fn loc_of(span: &Span) -> Location {
 
 enum Frame {
     Seq { loc: Location, items: Vec<Node> },
-    Map { loc: Location, map: Mapping, key: Option<(String, Location)> },
+    Map { loc: Location, map: Mapping, key: Option<(Rc<str>, Location)> },
 }
 
 struct Builder {
@@ -199,7 +201,7 @@ impl Builder {
     fn close(&mut self) -> Result<(), SyntaxError> {
         let node = match self.stack.pop() {
             Some(Frame::Seq { loc, items }) => Node { loc, kind: NodeKind::Seq(items) },
-            Some(Frame::Map { loc, map, .. }) => Node { loc, kind: NodeKind::Map(map) },
+            Some(Frame::Map { loc, map, .. }) => Node { loc, kind: NodeKind::Map(Box::new(map)) },
             None => return Ok(()),
         };
         self.attach(node)
@@ -207,8 +209,9 @@ impl Builder {
 
     fn scalar(&mut self, text: String, plain: bool, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
+            let text: Rc<str> = text.into();
             let claimed = match self.stack.last_mut() {
-                Some(Frame::Map { map, .. }) => map.claim(&text),
+                Some(Frame::Map { map, .. }) => map.claim(text.clone()),
                 _ => Ok(()),
             };
             if let Err(first) = claimed {

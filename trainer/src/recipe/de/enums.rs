@@ -86,7 +86,7 @@ impl<'de> de::VariantAccess<'de> for TaggedEnum<'_, '_> {
             _ => "",
         };
         let entries = self.de.mapping().map_or(&[][..], |m| m.entries());
-        for extra in entries.iter().filter(|e| e.live() && e.key != TAG_KEY) {
+        for extra in entries.iter().filter(|e| e.live() && &*e.key != TAG_KEY) {
             let path = || PathStack::Key(self.de.path, &extra.key).to_path();
             let message = || format!("unknown field `{}`; `kind: {kind}` takes no other fields", extra.key);
             self.de.sink.note_unknown(extra.key_loc, path, message);
