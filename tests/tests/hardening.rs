@@ -132,11 +132,13 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
     // Warm (the first request pays for the connection and page faults).
     let (_, v) = validate(http.clone(), server.url.clone(), body.clone()).await;
     assert_eq!(v["valid"], false);
-    assert_eq!(
-        v["errors"].as_array().unwrap().len() as u64 + v["omitted"].as_u64().unwrap(),
-        keys as u64,
-        "every key counted"
-    );
+    let first = &v["errors"][0];
+    assert!(first["message"].as_str().unwrap().starts_with("more than 10000 keys and values"), "{v}");
+    // Below the cap, every unknown key is counted in one read.
+    let (few, n) = unknown_keys(40_000);
+    let few = serde_json::to_vec(&json!({"yaml": few})).unwrap();
+    let (_, v) = validate(http.clone(), server.url.clone(), few).await;
+    assert_eq!(v["errors"].as_array().unwrap().len() as u64 + v["omitted"].as_u64().unwrap(), n as u64, "{v}");
     assert_eq!(v["errors"][0]["path"], "unk00000");
 
     // Two validations at once, over and over, with /healthz asked every 10 ms beside them.
@@ -155,7 +157,7 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
         }
     });
     let mut took = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..25 {
         let a = tokio::spawn(validate(http.clone(), server.url.clone(), body.clone()));
         let b = tokio::spawn(validate(http.clone(), server.url.clone(), body.clone()));
         took.push(a.await.unwrap().0);
@@ -174,9 +176,9 @@ async fn a_megabyte_of_unknown_keys_validates_in_milliseconds_while_healthz_stay
     );
     // The request time includes sending and parsing a megabyte of JSON in this debug build,
     // and, two at a time on a pool of one permit per spare core, waiting for the other; on
-    // a busy two-core CI machine. Release builds on a quiet core: docs/benchmarks.md. It
-    // took 25 s of CPU per request before checking was made linear.
-    assert!(median < Duration::from_millis(1500), "median {median:?}");
+    // a busy two-core CI machine (release figures: docs/benchmarks.md). It took 25 s of CPU
+    // per request before checking was made linear and capped.
+    assert!(median < Duration::from_millis(100), "median {median:?}");
     assert!(p90 < Duration::from_millis(10), "/healthz p90 {p90:?} beside the checks");
     assert!(worst < Duration::from_millis(100), "/healthz worst {worst:?} beside the checks");
 }

@@ -73,6 +73,8 @@ use error::FieldPath;
 /// Recipes are hand-written and small; a larger file is a mistake or an attack.
 pub const MAX_RECIPE_BYTES: u64 = 1 << 20;
 
+pub use yaml::MAX_NODES;
+
 /// Most reads of the tree [`Recipe::check_str`] makes. One read finds every error it can go
 /// on after; each further read follows an error that ended the one before (a missing field,
 /// a value a hand-written check refused, a section of the wrong shape) with that field

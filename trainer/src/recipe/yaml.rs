@@ -19,6 +19,12 @@ use super::error::{FieldPath, Location, Seg};
 /// Recipes are a few levels deep; the cap keeps recursion in the deserializer bounded.
 pub(crate) const MAX_DEPTH: usize = 32;
 
+/// Most nodes (keys, values, lists and mappings) a recipe may hold. The recipes in
+/// `recipes/` hold at most about 200; a file with more is generated or hostile, and the cap bounds
+/// the work one check does: YAML parsing costs ~400 instructions per byte of small nodes,
+/// so a megabyte of them would take most of the 100 ms a check may use.
+pub const MAX_NODES: usize = 10_000;
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Node {
     pub loc: Location,
@@ -260,7 +266,7 @@ fn end_of(src: &str) -> Location {
 pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
     let mut parser = Parser::new_from_str(src);
     let mut b = Builder { stack: Vec::new(), root: None };
-    let mut documents = 0usize;
+    let (mut documents, mut nodes) = (0usize, 0usize);
     // The scanner may place an unexpected end, or an implicit empty value, one line past the
     // text; clamping keeps every location inside the file.
     let end = end_of(src);
@@ -271,6 +277,18 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
             b.fail(loc, format!("invalid YAML: {}", e.info()))
         })?;
         let loc = loc_of(&span).min(end);
+        if matches!(event, Event::Scalar(..) | Event::SequenceStart(..) | Event::MappingStart(..)) {
+            nodes += 1;
+            if nodes > MAX_NODES {
+                return Err(b.fail(
+                    loc,
+                    format!(
+                        "more than {MAX_NODES} keys and values: recipes are written by hand and hold a few hundred; \
+                         checking stops here"
+                    ),
+                ));
+            }
+        }
         let anchored = |id: usize| id != 0;
         match event {
             Event::DocumentStart(_) => {
