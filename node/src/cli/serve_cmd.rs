@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use mindxtrain_node::anchor::Deployment;
 use mindxtrain_node::anchor::session::SharedChain;
+use mindxtrain_node::api::host::AllowedHosts;
 use mindxtrain_node::api::{self, ApiState, auth::ApiToken};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog};
@@ -80,6 +81,44 @@ pub struct ServeArgs {
     /// transaction (`settleTransferAndRecord`); the settler key must be its settler.
     #[arg(long, conflicts_with_all = ["pay_to", "facilitator"])]
     pub receiver: Option<Address>,
+    /// Seconds a connection gets to send a request head (and may idle between requests).
+    #[arg(long, value_name = "SECS", default_value_t = api::listener::HEADER_READ_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: u64,
+    /// Most connections one client address may hold open at once.
+    #[arg(long, value_name = "N", default_value_t = api::listener::MAX_CONNECTIONS_PER_IP,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections_per_ip: usize,
+    /// A name the node answers to when it listens on loopback, beside the local ones
+    /// (a reverse proxy's public name, say); repeatable.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl ServeArgs {
+    /// Where and how the server listens.
+    fn listen(&self) -> Listen {
+        let limits = api::listener::Limits {
+            header_read_timeout: Duration::from_secs(self.header_timeout),
+            max_connections_per_ip: self.max_connections_per_ip,
+        };
+        Listen { addr: self.listen, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) }
+    }
+}
+
+/// Where a node server listens, and the limits of its connections.
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub limits: api::listener::Limits,
+    /// Names answered to on loopback beside the local ones (see `api::host`).
+    pub allowed_hosts: AllowedHosts,
+}
+
+impl Listen {
+    /// `addr` with the default limits and only local names.
+    pub fn new(addr: SocketAddr) -> Self {
+        Listen { addr, limits: api::listener::Limits::default(), allowed_hosts: AllowedHosts::default() }
+    }
 }
 
 pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
@@ -102,7 +141,7 @@ pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitC
             _ => None,
         };
         let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
-        let running = start(node, model.map(|(m, _)| m), sale, args.listen).await?;
+        let running = start(node, model.map(|(m, _)| m), sale, args.listen()).await?;
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
         let token_file = node_dir.join(api::auth::TOKEN_FILE);
@@ -244,12 +283,7 @@ pub struct Running {
 }
 
 /// Binds `listen` and serves until [`Running::stop`].
-pub async fn start(
-    node: NodeParts,
-    model: Option<ServedModel>,
-    sale: Option<Sale>,
-    listen: SocketAddr,
-) -> Result<Running> {
+pub async fn start(node: NodeParts, model: Option<ServedModel>, sale: Option<Sale>, listen: Listen) -> Result<Running> {
     let (token, created) = ApiToken::load_or_create(&node.dir).context("the operator token (api.token)")?;
     if created {
         tracing::info!(file = %node.dir.join(api::auth::TOKEN_FILE).display(), "created the operator token");
@@ -269,18 +303,17 @@ pub async fn start(
         }
         None => None,
     };
-    // The limits (body size, time to the response head) cover every route, the model's too.
-    let app = api::with_metrics(api::with_limits(app), metrics);
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    // The limits (body size, time to the response head) and the Host check cover every
+    // route, the model's too.
+    let app = api::host::guard(api::with_limits(app), listen.addr.ip(), listen.allowed_hosts);
+    let app = api::with_metrics(app, metrics);
+    let addr = listen.addr;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(api::listener::serve(listener, app, listen.limits, async {
+        let _ = rx.await;
+    }));
     Ok(Running { url, state, api: api_state, shutdown, task })
 }
 
