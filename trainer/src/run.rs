@@ -29,8 +29,8 @@ pub use device::{device_name, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
-pub use session::{Session, evaluate_checkpoint, load_checkpoint};
-pub use threads::{apply_choices, apply_plan, apply_threads};
+pub use session::{Session, evaluate_checkpoint};
+pub use threads::{plan_kernels, thread_pool};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};
 use crate::data::{DataError, DataOptions};
@@ -117,6 +117,8 @@ pub enum RunError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
+    Load(#[from] crate::checkpoint::LoadError),
+    #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
@@ -146,7 +148,7 @@ pub fn train(
 ) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
     effective_env(spec)?;
-    let pool = apply_plan(&spec.plan)?;
+    let pool = thread_pool(spec.plan.choices.threads)?;
     pool.install(|| Session::open(spec, sink)?.run(sink, observer))
 }
 

@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// The model id clients use (default: the recipe's model.name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Where to run the model: `cpu` or `cuda[:N]` (default: the recipe's hardware, so a model
+    /// trained on a GPU is served on one).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceArg>,
     /// Address to listen on; port 0 picks a free one (printed at start).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -153,6 +157,11 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
     let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let device = match args.device {
+        Some(d) => d.open()?,
+        None => mindxtrain_trainer::run::run_device(&loaded.recipe)
+            .context("the recipe's hardware (pass --device cpu to serve on the CPU)")?,
+    };
     let model = ServedModel::load(&ModelSource {
         recipe: &loaded,
         recipe_dir: &recipe_dir,
@@ -160,8 +169,38 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         base: args.base.as_deref(),
         merge: args.merge,
         name: args.name.clone(),
+        device: &device,
     })?;
     Ok((model, loaded))
+}
+
+/// `serve --device`: the CPU or one CUDA GPU by ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    match s {
+        "cpu" => Ok(DeviceArg::Cpu),
+        "cuda" => Ok(DeviceArg::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(DeviceArg::Cuda)
+            .ok_or_else(|| format!("{s:?}: expected cpu, cuda or cuda:N")),
+    }
+}
+
+impl DeviceArg {
+    fn open(self) -> Result<candle_core::Device> {
+        match self {
+            DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceArg::Cuda(n) => candle_core::Device::new_cuda(n)
+                .with_context(|| format!("opening cuda:{n} (this binary needs the cuda feature: scripts/build-gpu)")),
+        }
+    }
 }
 
 /// The open node a server runs on.

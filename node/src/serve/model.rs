@@ -4,6 +4,8 @@
 use std::ops::ControlFlow;
 use std::path::Path;
 
+use candle_core::Device;
+use mindxtrain_trainer::checkpoint;
 use mindxtrain_trainer::data::template::encode_pieces;
 use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
 use mindxtrain_trainer::generate::{Finish, Limits, Sampling, generate};
@@ -68,6 +70,8 @@ pub struct ModelSource<'a> {
     pub merge: bool,
     /// Overrides the recipe's `model.name`.
     pub name: Option<String>,
+    /// Where the model is loaded and run (the recipe's hardware, or `serve --device`).
+    pub device: &'a Device,
 }
 
 impl ServedModel {
@@ -76,7 +80,7 @@ impl ServedModel {
         let err = |e: &dyn std::fmt::Display| ServeModelError::Load(e.to_string());
         let tokenizer = Tokenizer::from_recipe(&recipe.model, src.recipe_dir).map_err(|e| err(&e))?;
         let (mut model, mut adapters) =
-            mindxtrain_trainer::run::load_checkpoint(&recipe, src.recipe_dir, src.base, src.checkpoint)
+            checkpoint::load_checkpoint(&recipe, src.recipe_dir, src.base, src.checkpoint, src.device)
                 .map_err(|e| err(&e))?;
         if src.merge
             && let Some(ad) = adapters.take()
