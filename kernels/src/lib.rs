@@ -29,10 +29,13 @@ pub mod gradcheck;
 pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
+pub mod multi_lora;
 pub mod nf4;
+pub mod paged_attention;
 pub mod profile;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sampling;
 pub mod swiglu;
 
 pub use candle_core::{Error, Result};
