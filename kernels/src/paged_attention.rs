@@ -35,6 +35,9 @@ pub struct PagedMeta {
     max_blocks: usize,
     /// The same on the device (for the GPU kernels): query starts, context lengths, tables.
     device: Option<[Tensor; 3]>,
+    /// How the GPU kernels cut this batch into blocks, made once for all layers.
+    #[cfg(feature = "cuda")]
+    gpu: std::sync::OnceLock<crate::gpu::paged::GpuPlan>,
 }
 
 /// One sequence of a batch: `query_len` new rows over a context of `context_len` tokens (the
@@ -80,7 +83,16 @@ impl PagedMeta {
                 Tensor::from_slice(&tables, (seqs.len(), max_blocks), d)?,
             ]),
         };
-        Ok(PagedMeta { block_size, query_starts, context_lens, block_tables: tables, max_blocks, device })
+        Ok(PagedMeta {
+            block_size,
+            query_starts,
+            context_lens,
+            block_tables: tables,
+            max_blocks,
+            device,
+            #[cfg(feature = "cuda")]
+            gpu: std::sync::OnceLock::new(),
+        })
     }
 
     pub fn block_size(&self) -> usize {
@@ -129,6 +141,17 @@ impl PagedMeta {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn max_blocks(&self) -> usize {
         self.max_blocks
+    }
+
+    /// The GPU kernels' work plan for `tq` rows per item over `kv` kv heads (the first call
+    /// makes it; every layer of a step shares it).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu_plan(&self, tq: usize, kv: usize, device: &Device) -> Result<&crate::gpu::paged::GpuPlan> {
+        if let Some(p) = self.gpu.get() {
+            return Ok(p);
+        }
+        let plan = crate::gpu::paged::GpuPlan::new(self, tq, kv, device)?;
+        Ok(self.gpu.get_or_init(|| plan))
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

@@ -36,6 +36,8 @@
 
 pub mod adapters;
 mod engine;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 pub mod kv;
 pub mod output;
 pub mod request;

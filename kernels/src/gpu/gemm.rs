@@ -41,6 +41,20 @@ fn sum_typed<T: Elem>(cfg: &KernelConfig, terms: &[(&Tensor, &Tensor)], transpos
 where
     CudaBlas: Gemm<T>,
 {
+    let (y, n, m) = sum_slice::<T>(cfg, terms, transposed)?;
+    Ok(tensor(y, &device(terms[0].0)?, (n, m)))
+}
+
+/// [`sum`] into a fresh buffer `[n, m]`, for kernels that go on writing into it (the multi-LoRA
+/// expand adds each row's adapter branch in place).
+pub(crate) fn sum_slice<T: Elem>(
+    cfg: &KernelConfig,
+    terms: &[(&Tensor, &Tensor)],
+    transposed: bool,
+) -> Result<(CudaSlice<T>, usize, usize)>
+where
+    CudaBlas: Gemm<T>,
+{
     let (x0, w0) = terms[0];
     let n = x0.dim(0)?;
     let m = if transposed { w0.dim(0)? } else { w0.dim(1)? };
@@ -55,7 +69,7 @@ where
         let shape = GemmShape { m, n, k, transa: transposed, transb: false, bf16: T::SUFFIX == "bf16" };
         with_views::<T, _, 2>([w, x], |[wv, xv]| planned(cfg, &dev, &shape, &wv, &xv, &mut y, i > 0))?;
     }
-    Ok(tensor(y, &dev, (n, m)))
+    Ok((y, n, m))
 }
 
 fn weight_grad_typed<T: Elem>(cfg: &KernelConfig, dy: &Tensor, x: &Tensor) -> Result<Tensor>

@@ -226,13 +226,14 @@ fn lm_head_cross_entropy_matches_full_logits_in_f64() -> Result<()> {
             .collect();
         let labels = Labels::new(&ids, v, dt, &gpu())?;
         let labels_r = Labels::new(&ids, v, DType::F64, &Device::Cpu)?;
-        let (l, lse) = fused(|| crate::lm_head_ce::forward(&h, &w, &labels, chunk))?;
+        let (l, lse) = fused(|| crate::lm_head_ce::forward(&Default::default(), &h, &w, &labels, chunk))?;
         let logits = hr.matmul(&wr.t()?)?;
         let (l_ref, lse_ref) = cross_entropy::forward(&logits, &labels_r)?;
         let tag = format!("lm_head ce {dt:?}");
         expect_close(&format!("{tag} losses"), &l, &l_ref, tol, inp.seed)?;
         expect_close(&format!("{tag} lse"), &lse, &lse_ref, tol, inp.seed)?;
-        let (dh, dw) = fused(|| crate::lm_head_ce::backward(&dl, &h, &w, &lse, &labels, chunk, true))?;
+        let (dh, dw) =
+            fused(|| crate::lm_head_ce::backward(&Default::default(), &dl, &h, &w, &lse, &labels, chunk, true))?;
         let g = cross_entropy::backward(&dlr, &logits, &lse_ref, &labels_r)?;
         expect_close(&format!("{tag} dh"), &dh, &g.matmul(&wr)?, tol, inp.seed)?;
         expect_close(&format!("{tag} dw"), &dw.unwrap(), &g.t()?.matmul(&hr)?, tol, inp.seed)?;
@@ -415,3 +416,5 @@ fn nf4_dequant_matmul_matches_the_host_dequantisation() -> Result<()> {
     }
     Ok(())
 }
+
+mod serving;

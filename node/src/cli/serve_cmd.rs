@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// The model id clients use (default: the recipe's model.name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Serve another PEFT adapter over the same base as model id NAME (repeatable): one engine
+    /// batches requests for every adapter together.
+    #[arg(long = "adapter", value_name = "NAME=DIR", value_parser = parse_adapter, requires = "checkpoint")]
+    pub adapters: Vec<(String, PathBuf)>,
     /// Where to run the model: `cpu` or `cuda[:N]` (default: the recipe's hardware, so a model
     /// trained on a GPU is served on one).
     #[arg(long, value_parser = parse_device)]
@@ -170,8 +174,16 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         merge: args.merge,
         name: args.name.clone(),
         device: &device,
+        adapters: &args.adapters,
     })?;
     Ok((model, loaded))
+}
+
+fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.is_empty() => Ok((name.trim().to_string(), dir.into())),
+        _ => Err(format!("{s:?}: expected NAME=DIR (the model id clients use, and a PEFT adapter directory)")),
+    }
 }
 
 /// `serve --device`: the CPU or one CUDA GPU by ordinal.

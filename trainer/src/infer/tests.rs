@@ -30,7 +30,7 @@ fn config(vocab: usize) -> Qwen3Config {
 }
 
 /// Weights large enough that the logits are far from uniform (no near-ties for greedy).
-fn model(vocab: usize, dtype: DType) -> Qwen3 {
+pub(super) fn model(vocab: usize, dtype: DType) -> Qwen3 {
     let mut m = Qwen3::init_random(&config(vocab), 3, dtype, &Device::Cpu).unwrap();
     for (name, t) in m.params_mut().iter_mut() {
         if !name.ends_with("norm.weight") {
@@ -54,7 +54,7 @@ fn engine_config(blocks: usize, budget: usize) -> EngineConfig {
 }
 
 /// Adapters over q, v and down with random non-zero B (PEFT's init would make them no-ops).
-fn adapters(seed: u64, r: usize) -> Adapters {
+pub(super) fn adapters(seed: u64, r: usize) -> Adapters {
     let c = config(64);
     let lora = LoraConfig {
         r,
@@ -78,7 +78,7 @@ fn adapters(seed: u64, r: usize) -> Adapters {
 }
 
 /// Drives an engine until every request ended; returns each request's tokens and its ending.
-fn run(engine: &mut Engine, reqs: Vec<Request>) -> Vec<(Vec<u32>, Event)> {
+pub(super) fn run(engine: &mut Engine, reqs: Vec<Request>) -> Vec<(Vec<u32>, Event)> {
     let ids: Vec<RequestId> = reqs.into_iter().map(|r| engine.add(r).unwrap()).collect();
     let mut out: BTreeMap<RequestId, (Vec<u32>, Option<Event>)> = ids.iter().map(|&id| (id, (vec![], None))).collect();
     for _ in 0..10_000 {
@@ -98,7 +98,7 @@ fn run(engine: &mut Engine, reqs: Vec<Request>) -> Vec<(Vec<u32>, Event)> {
     ids.iter().map(|id| out.remove(id).map(|(t, e)| (t, e.expect("ended"))).unwrap()).collect()
 }
 
-fn prompts() -> Vec<Vec<u32>> {
+pub(super) fn prompts() -> Vec<Vec<u32>> {
     vec![
         (0..23).map(|i| (i * 7 + 3) % 64).collect(),
         vec![5, 9],
