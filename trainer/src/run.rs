@@ -116,8 +116,9 @@ pub enum RunError {
     Optim(#[from] OptimError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// Boxed: a load error is rare and large, and every `Result` of a run carries its size.
     #[error(transparent)]
-    Load(#[from] crate::checkpoint::LoadError),
+    Load(Box<crate::checkpoint::LoadError>),
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
@@ -138,6 +139,12 @@ pub enum RunError {
     Diverged { step: u64, value: f64 },
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
+}
+
+impl From<crate::checkpoint::LoadError> for RunError {
+    fn from(e: crate::checkpoint::LoadError) -> Self {
+        RunError::Load(Box::new(e))
+    }
 }
 
 /// Runs `spec` to the end, reporting to `sink` and `observer`.

@@ -77,9 +77,9 @@ pub(crate) fn forward<T: Real>(
                         *x -= m;
                     }
                     T::exp_in_place(open);
-                    let total = sum(open);
+                    let inv = T::ONE / sum(open);
                     for x in open.iter_mut() {
-                        *x = *x / total;
+                        *x *= inv;
                     }
                     closed.fill(T::ZERO);
                 }

@@ -314,3 +314,31 @@ fn a_client_that_leaves_frees_its_slot_and_blocks() {
     assert_eq!(events.len(), 4);
     assert!(matches!(handle.stream(Request::greedy(vec![1; 200], 3)), Err(EngineError::PromptTooLong { .. })));
 }
+
+/// The engine depends on the model, never on training: `run` (and GRPO in it) may import
+/// `infer`, not the other way round, and a recipe reaches the engine as an [`EngineConfig`].
+#[test]
+fn the_engine_imports_nothing_of_training() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/infer");
+    let mut files = vec![root.with_extension("rs")];
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 10, "{files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for banned in ["crate::run", "crate::optim", "crate::recipe::train", "crate::plan"] {
+            let used = text.lines().any(|l| !l.trim_start().starts_with("//") && l.contains(banned));
+            // The test itself names them in its list; it imports none of them.
+            assert!(!used || f.ends_with("infer/tests.rs"), "{} uses {banned}", f.display());
+        }
+    }
+}
