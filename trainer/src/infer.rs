@@ -39,6 +39,7 @@ mod engine;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 pub mod kv;
+pub mod latency;
 pub mod output;
 pub mod request;
 pub mod runner;
@@ -49,12 +50,14 @@ mod tests;
 
 pub use engine::{Engine, EngineConfig, EngineError, Event, FinishReason, Stats, Usage};
 pub use kv::KvBlocks;
+pub use latency::{Histogram, Latencies};
 pub use request::{Request, RequestId, SamplingParams};
 
 use std::ops::ControlFlow;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::model::Adapters;
 
@@ -73,6 +76,7 @@ enum Command {
 pub struct EngineHandle {
     tx: Option<mpsc::Sender<Command>>,
     stats: Arc<Mutex<Stats>>,
+    latencies: Arc<Mutex<Latencies>>,
     adapters: Arc<Mutex<Vec<String>>>,
     max_model_len: usize,
     thread: Option<JoinHandle<()>>,
@@ -84,12 +88,13 @@ impl EngineHandle {
         let stats = Arc::new(Mutex::new(engine.stats()));
         let adapters = Arc::new(Mutex::new(engine.adapters()));
         let max_model_len = engine.config().max_model_len;
-        let shared = (stats.clone(), adapters.clone());
+        let latencies = Arc::new(Mutex::new(Latencies::default()));
+        let shared = Shared { stats: stats.clone(), names: adapters.clone(), latencies: latencies.clone() };
         let thread = std::thread::Builder::new()
             .name("mindxtrain-engine".into())
             .spawn(move || serve(engine, rx, shared))
             .expect("spawning the engine thread");
-        EngineHandle { tx: Some(tx), stats, adapters, max_model_len, thread: Some(thread) }
+        EngineHandle { tx: Some(tx), stats, latencies, adapters, max_model_len, thread: Some(thread) }
     }
 
     fn send(&self, c: Command) -> Result<(), EngineError> {
@@ -137,6 +142,11 @@ impl EngineHandle {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Time to first token and between tokens of every request so far.
+    pub fn latencies(&self) -> Latencies {
+        self.latencies.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// The served adapters' names.
     pub fn adapters(&self) -> Vec<String> {
         self.adapters.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -176,13 +186,18 @@ impl Iterator for EventStream {
     }
 }
 
+/// What the engine thread publishes for the handle.
+struct Shared {
+    stats: Arc<Mutex<Stats>>,
+    names: Arc<Mutex<Vec<String>>>,
+    latencies: Arc<Mutex<Latencies>>,
+}
+
 /// The engine thread: take commands (waiting for one when idle), step, deliver events.
-fn serve(
-    mut engine: Engine,
-    rx: mpsc::Receiver<Command>,
-    (stats, names): (Arc<Mutex<Stats>>, Arc<Mutex<Vec<String>>>),
-) {
+fn serve(mut engine: Engine, rx: mpsc::Receiver<Command>, shared: Shared) {
     let mut sinks: std::collections::HashMap<RequestId, Sink> = std::collections::HashMap::new();
+    // When each request was submitted, then when it last produced a token.
+    let mut last: std::collections::HashMap<RequestId, (Instant, bool)> = std::collections::HashMap::new();
     loop {
         let first = if engine.is_idle() {
             match rx.recv() {
@@ -207,16 +222,18 @@ fn serve(
                     let result = engine.add(req);
                     if let Ok(id) = &result {
                         sinks.insert(*id, sink);
+                        last.insert(*id, (Instant::now(), false));
                     }
                     let _ = reply.send(result);
                 }
                 Command::Abort(id) => {
                     engine.abort(id);
                     sinks.remove(&id);
+                    last.remove(&id);
                 }
                 Command::LoadAdapter(name, adapters, reply) => {
                     let _ = reply.send(engine.load_adapter(&name, *adapters));
-                    *names.lock().unwrap_or_else(|e| e.into_inner()) = engine.adapters();
+                    *shared.names.lock().unwrap_or_else(|e| e.into_inner()) = engine.adapters();
                 }
             }
         }
@@ -224,19 +241,32 @@ fn serve(
             return;
         }
         if !engine.is_idle() {
-            for (id, event) in engine.step() {
-                let last = matches!(event, Event::Finished { .. } | Event::Failed(_));
+            let events = engine.step();
+            let now = Instant::now();
+            let mut lat = shared.latencies.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, event) in events {
+                if let (Event::Token { .. }, Some((at, started))) = (&event, last.get_mut(&id)) {
+                    let gap = now.duration_since(*at).as_secs_f64();
+                    if *started {
+                        lat.inter_token.observe(gap)
+                    } else {
+                        lat.first_token.observe(gap)
+                    }
+                    (*at, *started) = (now, true);
+                }
+                let ended = matches!(event, Event::Finished { .. } | Event::Failed(_));
                 let Some(sink) = sinks.get_mut(&id) else { continue };
                 let gone = sink(event).is_break();
-                if gone && !last {
+                if gone && !ended {
                     // The client left: its slot and blocks are free for the next step.
                     engine.abort(id);
                 }
-                if gone || last {
+                if gone || ended {
                     sinks.remove(&id);
+                    last.remove(&id);
                 }
             }
         }
-        *stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
+        *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
     }
 }

@@ -254,6 +254,7 @@ pub async fn start(
         Some(model) => {
             let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
             let state = AppState::new(model, node.log.clone(), rentals, sale.as_ref());
+            api_state.metrics.watch_engine(state.model.clone());
             app = app.merge(serve::router(state.clone(), sale.as_ref()));
             Some(state)
         }

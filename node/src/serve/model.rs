@@ -14,7 +14,7 @@ use mindxtrain_trainer::data::template::encode_pieces;
 use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
 use mindxtrain_trainer::generate::Sampling;
 use mindxtrain_trainer::infer::{
-    Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Request, Stats,
+    Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, Stats,
 };
 use mindxtrain_trainer::model::merge_lora;
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
@@ -158,6 +158,11 @@ impl ServedModel {
     /// The engine's load (queue, running batch, cache blocks).
     pub fn stats(&self) -> Stats {
         self.engine.stats()
+    }
+
+    /// Time to first token and between tokens of every completion so far.
+    pub fn latencies(&self) -> Latencies {
+        self.engine.latencies()
     }
 
     /// The chat-templated prompt for `messages` (an assistant turn opened at the end).
