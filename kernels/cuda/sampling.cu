@@ -12,27 +12,27 @@ DEV unsigned ordered(float x) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Block-wide sum and max (every thread gets the result); `red` holds one float per warp.
-DEV float block_sum(float v, float* red) {
-  v = warp_sum(v);
+// A block-wide reduction (every thread gets the result): each warp reduces with `warp`, then
+// every thread folds the warps' results with `op`; `red` holds one float per warp.
+template <typename W, typename Op>
+DEV float block_reduce(float v, float* red, W warp_op, Op op, float init) {
+  v = warp_op(v);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   BARRIER();
   if (lane == 0) red[warp] = v;
   BARRIER();
-  float t = 0.f;
-  for (int w = 0; w < THREADS / WARP; ++w) t += red[w];
+  float t = init;
+  for (int w = 0; w < THREADS / WARP; ++w) t = op(t, red[w]);
   return t;
 }
 
+DEV float block_sum(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return warp_sum(x); }, [](float a, float b) { return a + b; }, 0.f);
+}
+
 DEV float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-  BARRIER();
-  if (lane == 0) red[warp] = v;
-  BARRIER();
-  float t = -INFINITY;
-  for (int w = 0; w < THREADS / WARP; ++w) t = fmaxf(t, red[w]);
-  return t;
+  return block_reduce(v, red, [](float x) { return warp_max(x); }, [](float a, float b) { return fmaxf(a, b); },
+                      -INFINITY);
 }
 
 // The largest key K with f(K) ≥ goal, f non-increasing in K (a count or a mass above K).

@@ -64,6 +64,19 @@ fn the_latest_sequence_is_preempted_and_recomputed_when_blocks_run_out() {
     assert_eq!(plan.seqs, [Scheduled { seq: 2, start: 8, len: 1, sample: true }]);
 }
 
+/// One step, then every sequence with 6 generated tokens ends (and leaves `live`).
+fn step_and_finish(s: &mut Scheduler, live: &mut Vec<SeqId>, token: u32) {
+    step(s, token);
+    live.retain(|&id| {
+        let st = s.seq(id).unwrap();
+        let done = st.tokens.len() >= st.prompt_len + 6;
+        if done {
+            assert!(s.remove(id));
+        }
+        !done
+    });
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Add { prefix: usize, len: usize, adapter: u64 },
@@ -111,16 +124,7 @@ proptest! {
                 }
                 Op::Step => {
                     token += 1;
-                    step(&mut s, token);
-                    // A sequence ends after 6 generated tokens.
-                    live.retain(|&id| {
-                        let st = s.seq(id).unwrap();
-                        let done = st.tokens.len() >= st.prompt_len + 6;
-                        if done {
-                            assert!(s.remove(id));
-                        }
-                        !done
-                    });
+                    step_and_finish(&mut s, &mut live, token);
                 }
                 Op::Cancel(i) => {
                     if !live.is_empty() {
@@ -137,15 +141,7 @@ proptest! {
                 break;
             }
             token += 1;
-            step(&mut s, token);
-            live.retain(|&id| {
-                let st = s.seq(id).unwrap();
-                let done = st.tokens.len() >= st.prompt_len + 6;
-                if done {
-                    s.remove(id);
-                }
-                !done
-            });
+            step_and_finish(&mut s, &mut live, token);
         }
         prop_assert!(live.is_empty(), "sequences never finished: {live:?}");
         prop_assert!(s.is_idle());
