@@ -457,3 +457,24 @@ fn record_acquisition(node_dir: &Path, rental: &serde_json::Value, record: &serd
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_and_adapters_parse_or_say_what_was_expected() {
+        assert_eq!(parse_device("cpu"), Ok(DeviceArg::Cpu));
+        assert_eq!(parse_device("cuda"), Ok(DeviceArg::Cuda(0)));
+        assert_eq!(parse_device("cuda:3"), Ok(DeviceArg::Cuda(3)));
+        assert!(parse_device("gpu").unwrap_err().contains("cpu, cuda or cuda:N"));
+        assert!(parse_device("cuda:x").is_err());
+        assert_eq!(parse_adapter("legal=runs/legal/final"), Ok(("legal".into(), PathBuf::from("runs/legal/final"))));
+        for bad in ["legal", "=dir", "legal="] {
+            assert!(parse_adapter(bad).unwrap_err().contains("NAME=DIR"), "{bad}");
+        }
+        // A CPU build cannot open a GPU and says how to get one.
+        #[cfg(not(feature = "cuda"))]
+        assert!(format!("{:#}", DeviceArg::Cuda(0).open().unwrap_err()).contains("scripts/build-gpu"));
+    }
+}
