@@ -205,10 +205,17 @@ fn main() -> Res<()> {
     let (prompt_len, new_tokens) = (args.num("prompt", 512), args.num("gen", 256));
     let streams: Vec<usize> = args.get("streams", "1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
     let deadline = Instant::now() + Duration::from_secs(args.num("budget_s", 420) as u64);
-    let mut results: Vec<Value> = Vec::new();
+    // Each result goes to `out` as soon as it is measured: a run cut short keeps what it has.
+    let mut out = match args.0.get("out") {
+        Some(path) => Some(std::fs::File::create(path)?),
+        None => None,
+    };
     let mut emit = |v: Value| {
         println!("{v}");
-        results.push(v);
+        if let Some(f) = out.as_mut() {
+            use std::io::Write;
+            let _ = writeln!(f, "{v}");
+        }
     };
 
     let bandwidth = copy_bandwidth(&device)?;
@@ -246,6 +253,21 @@ fn main() -> Res<()> {
     // Warm-up: every kernel's PTX is JIT-compiled on its first launch.
     drive(&mut engine, vec![greedy(0, None), greedy(1, None)], &[0.0, 0.0], deadline)?;
 
+    // Greedy tokens of the identity prompts, against the peer's when it wrote them.
+    let ident: Vec<Request> = (0..16).map(|i| Request::greedy(tokens(64, 7000 + i as u64, vocab), 32)).collect();
+    let ours = drive(&mut engine, ident, &[0.0; 16], deadline)?.tokens;
+    let ours: Vec<Vec<u32>> = (0..16).map(|i| ours.get(&i).cloned().unwrap_or_default()).collect();
+    if let Some(path) = args.0.get("peer_tokens")
+        && let Ok(text) = std::fs::read_to_string(path)
+    {
+        let peer: Vec<Vec<u32>> = serde_json::from_str(&text)?;
+        let firsts: Vec<Option<usize>> =
+            ours.iter().zip(&peer).map(|(a, b)| a.iter().zip(b).position(|(x, y)| x != y)).collect();
+        let identical = firsts.iter().filter(|f| f.is_none()).count();
+        emit(json!({"metric": "greedy_identical_prompts_of_16", "ours": identical, "first_divergence": firsts}));
+    }
+    emit(json!({"metric": "greedy_identity_tokens", "ours": ours}));
+
     // Batch-1 decode against the floor: every decode step reads every weight once.
     let one = drive(&mut engine, vec![greedy(0, None)], &[0.0], deadline)?;
     let decode_tok_s = 1.0 / (one.itl.iter().sum::<f64>() / one.itl.len().max(1) as f64);
@@ -277,8 +299,14 @@ fn main() -> Res<()> {
                 }
                 _ => vec![0.0; n],
             };
-            let mut l = drive(&mut engine, (0..n).map(|i| greedy(i, None)).collect(), &arrivals, deadline)?;
             let tag = format!("streams_{n}_{arrival}");
+            let mut l = match drive(&mut engine, (0..n).map(|i| greedy(i, None)).collect(), &arrivals, deadline) {
+                Ok(l) => l,
+                Err(e) => {
+                    emit(json!({"metric": format!("{tag}_output_tok_s"), "skipped": e.to_string()}));
+                    continue;
+                }
+            };
             emit(json!({"metric": format!("{tag}_output_tok_s"), "ours": l.out_tok_s}));
             emit(json!({"metric": format!("{tag}_ttft_p50_s"), "ours": percentile(&mut l.ttft, 0.5)}));
             emit(json!({"metric": format!("{tag}_ttft_p99_s"), "ours": percentile(&mut l.ttft, 0.99)}));
@@ -307,22 +335,5 @@ fn main() -> Res<()> {
         );
     }
 
-    // Greedy tokens of the identity prompts, against the peer's when it wrote them.
-    let ident: Vec<Request> = (0..16).map(|i| Request::greedy(tokens(64, 7000 + i as u64, vocab), 32)).collect();
-    let ours = drive(&mut engine, ident, &[0.0; 16], deadline)?.tokens;
-    let ours: Vec<Vec<u32>> = (0..16).map(|i| ours.get(&i).cloned().unwrap_or_default()).collect();
-    if let Some(path) = args.0.get("peer_tokens")
-        && let Ok(text) = std::fs::read_to_string(path)
-    {
-        let peer: Vec<Vec<u32>> = serde_json::from_str(&text)?;
-        let firsts: Vec<Option<usize>> =
-            ours.iter().zip(&peer).map(|(a, b)| a.iter().zip(b).position(|(x, y)| x != y)).collect();
-        let identical = firsts.iter().filter(|f| f.is_none()).count();
-        emit(json!({"metric": "greedy_identical_prompts_of_16", "ours": identical, "first_divergence": firsts}));
-    }
-    emit(json!({"metric": "greedy_identity_tokens", "ours": ours}));
-    if let Some(out) = args.0.get("out") {
-        std::fs::write(out, results.iter().map(|v| v.to_string() + "\n").collect::<String>())?;
-    }
     Ok(())
 }
