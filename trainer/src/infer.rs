@@ -242,6 +242,8 @@ fn serve(mut engine: Engine, rx: mpsc::Receiver<Command>, shared: Shared) {
         }
         if !engine.is_idle() {
             let events = engine.step();
+            // Published before the events go out, so whoever hears a request end sees it gone.
+            *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = engine.stats();
             let now = Instant::now();
             let mut lat = shared.latencies.lock().unwrap_or_else(|e| e.into_inner());
             for (id, event) in events {
