@@ -107,7 +107,7 @@ fn a_full_queue_is_refused_with_429_and_retry_after() {
             metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing"));
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
-    assert_eq!(value("mindxtrain_engine_running"), 0.0);
+    assert_eq!(value("mindxtrain_engine_running"), 0.0, "{metrics}");
     assert_eq!(value("mindxtrain_engine_kv_blocks_used"), 0.0);
     assert!(value("mindxtrain_engine_kv_blocks_total") > 0.0);
     assert_eq!(value("mindxtrain_engine_time_to_first_token_seconds_count"), served as f64, "{metrics}");

@@ -309,9 +309,11 @@ fn a_client_that_leaves_frees_its_slot_and_blocks() {
         assert!(std::time::Instant::now() < deadline, "{:?}", handle.stats());
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    // It still serves the next request, and refusals come back at submit time.
+    // It still serves the next request; once its stream has ended, the published load shows it
+    // gone; refusals come back at submit time.
     let events: Vec<Event> = handle.stream(Request::greedy(vec![7, 8], 3)).unwrap().collect();
     assert_eq!(events.len(), 4);
+    assert_eq!((handle.stats().running, handle.stats().kv_used_blocks), (0, 0));
     assert!(matches!(handle.stream(Request::greedy(vec![1; 200], 3)), Err(EngineError::PromptTooLong { .. })));
 }
 
