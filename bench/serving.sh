@@ -22,7 +22,7 @@ PYTHONUNBUFFERED=1 timeout 300 python3 bench/serving_peer.py "$SHAPE" "$WORK/mod
 WEIGHTS=()
 [[ -f $WORK/model/config.json ]] && WEIGHTS=("weights=$WORK/model" "peer_tokens=$WORK/peer_tokens.json")
 "$WORK/serve-bench" device=cuda shape="$SHAPE" streams="$STREAMS" prompt="$PROMPT" gen="$GEN" rate="$RATE" \
-  budget_s="${BUDGET_S:-240}" out="$WORK/ours.jsonl" "${WEIGHTS[@]}" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
+  budget_s="${BUDGET_S:-200}" out="$WORK/ours.jsonl" "${WEIGHTS[@]}" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
 cp "$WORK"/*.jsonl "$LOGS/" 2>/dev/null
 python3 - "$WORK/ours.jsonl" "$WORK/peer.jsonl" "$LOGS/serving.jsonl" "$GPU" "$DRIVER" "${COMMIT:-unknown}" <<'PY'
 import datetime, json, os, sys
