@@ -1,8 +1,9 @@
 //! Serving a trained model: OpenAI-compatible inference sold per call over x402, and
 //! rentals of it to other agents. Every payment and rental is an event in the log.
 //!
-//! * [`model`]: the served checkpoint and one completion on it; [`stop`]: text deltas
-//!   and stop sequences; [`queue`]: generation slots and a bounded fair queue;
+//! * [`model`]: the served checkpoint on the serving engine (`mindxtrain_trainer::infer`:
+//!   batching, text deltas, stop sequences) and one completion on it; [`queue`]: generation
+//!   slots and a bounded fair queue;
 //! * [`openai`]: the wire format; [`chat`]: the model routes;
 //! * [`rentals`]: the rental book and tokens; [`rental_routes`]: their routes;
 //! * [`payments`]: x402 reports as log events; [`client`]: paying for a call (our client
@@ -24,7 +25,6 @@ pub mod payments;
 pub mod queue;
 pub mod rental_routes;
 pub mod rentals;
-pub mod stop;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -54,6 +54,8 @@ pub fn demo_step(
         force_base: false,
         merge: false,
         name: None,
+        device: &candle_core::Device::Cpu,
+        adapters: &[],
     })?;
     let billing = loaded.recipe.publish.billing.x402.clone().context("the demo recipe sets no x402 price")?;
     let price = billing.pricing.per_call.context("the demo recipe prices per call")?.atomic();

@@ -53,6 +53,14 @@ pub struct ServeArgs {
     /// The model id clients use (default: the recipe's model.name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Serve another PEFT adapter over the same base as model id NAME (repeatable): one engine
+    /// batches requests for every adapter together.
+    #[arg(long = "adapter", value_name = "NAME=DIR", value_parser = parse_adapter, requires = "checkpoint")]
+    pub adapters: Vec<(String, PathBuf)>,
+    /// Where to run the model: `cpu` or `cuda[:N]` (default: the recipe's hardware, so a model
+    /// trained on a GPU is served on one).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceArg>,
     /// Address to listen on; port 0 picks a free one (printed at start).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -252,6 +260,11 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
     let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let device = match args.device {
+        Some(d) => d.open()?,
+        None => mindxtrain_trainer::run::run_device(&loaded.recipe)
+            .context("the recipe's hardware (pass --device cpu to serve on the CPU)")?,
+    };
     let model = ServedModel::load(&ModelSource {
         recipe: &loaded,
         recipe_dir: &recipe_dir,
@@ -260,8 +273,46 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         force_base: args.force_base,
         merge: args.merge,
         name: args.name.clone(),
+        device: &device,
+        adapters: &args.adapters,
     })?;
     Ok((model, loaded))
+}
+
+fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.is_empty() => Ok((name.trim().to_string(), dir.into())),
+        _ => Err(format!("{s:?}: expected NAME=DIR (the model id clients use, and a PEFT adapter directory)")),
+    }
+}
+
+/// `serve --device`: the CPU or one CUDA GPU by ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    match s {
+        "cpu" => Ok(DeviceArg::Cpu),
+        "cuda" => Ok(DeviceArg::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(DeviceArg::Cuda)
+            .ok_or_else(|| format!("{s:?}: expected cpu, cuda or cuda:N")),
+    }
+}
+
+impl DeviceArg {
+    fn open(self) -> Result<candle_core::Device> {
+        match self {
+            DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceArg::Cuda(n) => candle_core::Device::new_cuda(n)
+                .with_context(|| format!("opening cuda:{n} (this binary needs the cuda feature: scripts/build-gpu)")),
+        }
+    }
 }
 
 /// The open node a server runs on.
@@ -298,6 +349,7 @@ pub async fn start(node: NodeParts, model: Option<ServedModel>, sale: Option<Sal
         Some(model) => {
             let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
             let state = AppState::new(model, node.log.clone(), rentals, sale.as_ref());
+            api_state.metrics.watch_engine(state.model.clone());
             app = app.merge(serve::router(state.clone(), sale.as_ref()));
             Some(state)
         }
@@ -503,5 +555,26 @@ fn record_acquisition(node_dir: &Path, rental: &serde_json::Value, record: &serd
             Ok(false)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_and_adapters_parse_or_say_what_was_expected() {
+        assert_eq!(parse_device("cpu"), Ok(DeviceArg::Cpu));
+        assert_eq!(parse_device("cuda"), Ok(DeviceArg::Cuda(0)));
+        assert_eq!(parse_device("cuda:3"), Ok(DeviceArg::Cuda(3)));
+        assert!(parse_device("gpu").unwrap_err().contains("cpu, cuda or cuda:N"));
+        assert!(parse_device("cuda:x").is_err());
+        assert_eq!(parse_adapter("legal=runs/legal/final"), Ok(("legal".into(), PathBuf::from("runs/legal/final"))));
+        for bad in ["legal", "=dir", "legal="] {
+            assert!(parse_adapter(bad).unwrap_err().contains("NAME=DIR"), "{bad}");
+        }
+        // A CPU build cannot open a GPU and says how to get one.
+        #[cfg(not(feature = "cuda"))]
+        assert!(format!("{:#}", DeviceArg::Cuda(0).open().unwrap_err()).contains("scripts/build-gpu"));
     }
 }
