@@ -4,9 +4,10 @@
 //! is shutting down (503).
 //!
 //! The KV budget counts what admitted work (running and queued) may need: each request
-//! reserves the blocks of its prompt plus its token budget until it ends. Up to
-//! [`KV_OVERCOMMIT`] times the engine's cache may be reserved: the engine schedules what fits
-//! and preempts beyond it, and a request asking for more than that waits its turn elsewhere.
+//! reserves the blocks of its prompt plus its token budget until it ends. The running batch
+//! may reserve the whole cache and the queue, as it holds `max_waiting / slots` requests per
+//! slot, that many caches more: the engine schedules what fits and preempts beyond it, and
+//! work past the queue's share is refused rather than left to wait for minutes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,9 +23,6 @@ pub enum Refused {
     /// The server is draining.
     Closed,
 }
-
-/// How many times its KV cache the admitted work may reserve.
-pub const KV_OVERCOMMIT: usize = 2;
 
 /// The engine's KV cache, in blocks of `block_size` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +41,8 @@ impl KvBudget {
 pub struct Admission {
     slots: Arc<Semaphore>,
     kv: Option<KvBudget>,
+    /// How many caches' worth of blocks admitted and queued work may reserve.
+    kv_depth: usize,
     /// Blocks reserved by admitted and queued requests.
     reserved: AtomicUsize,
     slot_count: usize,
@@ -67,6 +67,7 @@ impl Admission {
         Admission {
             slots: Arc::new(Semaphore::new(slots)),
             kv,
+            kv_depth: 1 + max_waiting.div_ceil(slots),
             reserved: AtomicUsize::new(0),
             slot_count: slots,
             waiting: AtomicUsize::new(0),
@@ -91,7 +92,7 @@ impl Admission {
     fn reserve(&self, tokens: usize) -> Result<usize, Refused> {
         let Some(kv) = self.kv else { return Ok(0) };
         let need = kv.blocks(tokens);
-        let limit = kv.total_blocks.saturating_mul(KV_OVERCOMMIT);
+        let limit = kv.total_blocks.saturating_mul(self.kv_depth);
         let mut now = self.reserved.load(Ordering::SeqCst);
         loop {
             if now > 0 && now + need > limit {
@@ -180,7 +181,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_kv_budget_bounds_admitted_work_and_is_given_back() {
-        // 10 blocks of 16 tokens, twice that may be reserved; plenty of slots.
+        // 10 blocks of 16 tokens; a queue of one per slot may reserve as much again.
         let a = Arc::new(Admission::new(8, 8, Some(KvBudget { total_blocks: 10, block_size: 16 })));
         let one = a.enter(160).await.unwrap();
         assert_eq!(a.reserved_blocks(), 10);
