@@ -11,6 +11,7 @@ pub mod collective;
 pub mod data;
 pub mod events;
 pub mod generate;
+pub mod infer;
 pub mod model;
 pub mod optim;
 pub mod parallel;
