@@ -3,6 +3,11 @@
 //! same global batch, ZeRO-1/2/3 on the bytes of unsharded data parallel, a killed rank ends the
 //! run with a clear error within the collective timeout, a run resumes at another world size, and
 //! two "nodes" meet through `--rdzv`.
+//!
+//! Bitwise with one process holds when each rank computes one batch per step: the collective sums
+//! in rank order, `((g0 + g1) + g2)`, which is the order one process accumulates them in. A rank
+//! that accumulates several batches first (`g0 + g2` on rank 0 of 2) reassociates the sum: the
+//! weights then differ from one process in the last bits and drift apart as training goes on.
 
 use mindxtrain_tests::micro::{self, Node, ok_json, s};
 use serde_json::Value;
@@ -12,16 +17,16 @@ use std::time::{Duration, Instant};
 
 const STEPS: u64 = 12;
 
-/// The micro recipe with a global batch of 6 rows (1 per device × 6 accumulated at one rank: 2
-/// and 3 ranks split it evenly), small gradient buckets (several per step) and `sharding`.
-fn recipe(name: &str, sharding: &str, steps: u64) -> String {
+/// The micro recipe with 1 row per device, `accum` batches accumulated per rank (the global batch
+/// is `accum × world size`), small gradient buckets (several per step) and `sharding`.
+fn recipe(name: &str, sharding: &str, steps: u64, accum: u64) -> String {
     let text = micro::recipe(name, 5, micro::FULL, steps, "")
-        .replace("    per_device: 2\n    grad_accum: 2", "    per_device: 1\n    grad_accum: 6")
+        .replace("    per_device: 2\n    grad_accum: 2", &format!("    per_device: 1\n    grad_accum: {accum}"))
         .replace(
             "  precision: fp32\n",
             &format!("  precision: fp32\n  distributed:\n    sharding: {sharding}\n    bucket_mb: 0.01\n    timeout_seconds: 20\n"),
         );
-    assert!(text.contains("grad_accum: 6") && text.contains("sharding:"), "the micro recipe changed shape");
+    assert!(text.contains("per_device: 1") && text.contains("sharding:"), "the micro recipe changed shape");
     text
 }
 
@@ -31,41 +36,62 @@ fn files(v: &Value) -> Value {
     v["files"].clone()
 }
 
+/// The digests of a finished run's weight files (runs of different recipes: `config.json` is
+/// the same, the recipe is not in `final/`, but compare only what training produced).
+fn weights(v: &Value) -> Vec<Value> {
+    files(v)
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["path"].as_str().unwrap().ends_with(".safetensors"))
+        .map(|f| f["blake3"].clone())
+        .collect()
+}
+
 fn train(node: &Node, recipe: &Path, out: &Path, extra: &[&str]) -> Value {
     let mut args = vec!["train", s(recipe), "--out", s(out), "--eval-prompts", "1"];
     args.extend_from_slice(extra);
     ok_json(&node.run(&args))
 }
 
-fn write(node: &Node, name: &str, sharding: &str, steps: u64) -> PathBuf {
-    node.recipe(name, &recipe(name, sharding, steps))
+fn write(node: &Node, name: &str, sharding: &str, steps: u64, accum: u64) -> PathBuf {
+    node.recipe(name, &recipe(name, sharding, steps, accum))
 }
 
 #[test]
 fn two_and_three_ranks_end_on_the_bytes_of_one_process() {
     let node = Node::new();
-    let r = write(&node, "dp", "none", STEPS);
-    let one = train(&node, &r, &node.path("one"), &[]);
-    let two = train(&node, &r, &node.path("two"), &["--nproc-per-node", "2"]);
-    let three = train(&node, &r, &node.path("three"), &["--nproc-per-node", "3"]);
-    assert_eq!(files(&one), files(&two), "2 ranks differ from one process");
-    assert_eq!(files(&one), files(&three), "3 ranks differ from one process");
+    // Global batches of 2 and 3 rows: one process accumulates them, each rank computes one.
+    let per_rank = write(&node, "dp", "none", STEPS, 1);
+    let two_rows = write(&node, "dp2", "none", STEPS, 2);
+    let three_rows = write(&node, "dp3", "none", STEPS, 3);
+    let one2 = train(&node, &two_rows, &node.path("one2"), &[]);
+    let one3 = train(&node, &three_rows, &node.path("one3"), &[]);
+    let two = train(&node, &per_rank, &node.path("two"), &["--nproc-per-node", "2"]);
+    let three = train(&node, &per_rank, &node.path("three"), &["--nproc-per-node", "3"]);
+    assert_eq!(weights(&one2), weights(&two), "2 ranks differ from one process");
+    assert_eq!(weights(&one3), weights(&three), "3 ranks differ from one process");
+    // One rank through the distributed path is the one-process path.
+    let one_rank = train(&node, &two_rows, &node.path("one-rank"), &["--collective", "tcp", "--nproc-per-node", "1"]);
+    assert_eq!(files(&one_rank), files(&one2), "one rank differs from one process");
 
     // The plan and the run record the layout: world size, global batch, the collective stage.
     let plan: Value = serde_json::from_slice(&std::fs::read(node.path("three/plan.json")).unwrap()).unwrap();
     let p = &plan["parallel"];
-    assert_eq!((p["world_size"].as_u64(), p["global_batch"].as_u64(), p["grad_accum"].as_u64()), (Some(3), Some(6), Some(2)));
+    assert_eq!((p["world_size"].as_u64(), p["global_batch"].as_u64(), p["grad_accum"].as_u64()), (Some(3), Some(3), Some(1)));
     assert_eq!(p["backend"], "tcp", "{p}");
     assert!(p["collective"]["candidates"].as_array().is_some_and(|c| !c.is_empty()), "{p}");
     let started = node.events("run.started");
-    let last = &started.last().unwrap()["data"];
-    assert_eq!(last["parallel"]["world_size"], 3, "{last}");
     // One run.started per run: rank 0 alone writes the run's events.
-    assert_eq!(started.len(), 3);
+    assert_eq!(started.len(), 5);
+    let run_id = three["run_id"].as_str().unwrap();
+    let ev = started.iter().find(|e| e["data"]["run_id"] == run_id).expect("the 3-rank run's run.started");
+    let layout = &ev["data"]["parallel"];
+    assert_eq!((layout["world_size"].as_u64(), layout["global_batch"].as_u64()), (Some(3), Some(3)), "{layout}");
+    assert_eq!(layout["topology"]["ranks"].as_array().map(Vec::len), Some(3), "{layout}");
 
     // The manifest records world size, topology and the collective settings.
-    let run_id = three["run_id"].as_str().unwrap();
-    let m = ok_json(&node.run(&["manifest", "show", run_id]));
+    let m = ok_json(&node.run(&["manifest", "show", three["manifest"]["file"].as_str().unwrap()]));
     let text = m.to_string();
     assert!(text.contains("\"world_size\":3") && text.contains("topology"), "{m}");
 }
@@ -75,14 +101,14 @@ fn zero_1_2_3_end_on_the_bytes_of_unsharded_data_parallel() {
     let node = Node::new();
     let mut runs = Vec::new();
     for sharding in ["none", "zero1", "zero2", "zero3"] {
-        let r = write(&node, &format!("z-{sharding}"), sharding, STEPS);
+        // Three batches per rank: the reduction overlaps the backward of the last one.
+        let r = write(&node, &format!("z-{sharding}"), sharding, STEPS, 3);
         let v = train(&node, &r, &node.path(&format!("out-{sharding}")), &["--nproc-per-node", "2"]);
-        runs.push((sharding, files(&v)));
+        runs.push((sharding, weights(&v)));
     }
     // Different recipes (the sharding is in the bytes), the same weights.
-    for (sharding, f) in &runs[1..] {
-        let names = |v: &Value| v.as_array().unwrap().iter().map(|f| f["blake3"].clone()).collect::<Vec<_>>();
-        assert_eq!(names(f), names(&runs[0].1), "{sharding} differs from unsharded data parallel");
+    for (sharding, w) in &runs[1..] {
+        assert_eq!(w, &runs[0].1, "{sharding} differs from unsharded data parallel");
     }
 }
 
@@ -128,7 +154,7 @@ fn kill(pid: u32) {
 #[test]
 fn a_killed_rank_ends_the_run_with_a_clear_error_within_the_timeout() {
     let node = Node::new();
-    let r = write(&node, "kill", "zero2", 100_000);
+    let r = write(&node, "kill", "zero2", 100_000, 2);
     let out = node.path("killed");
     let (child, ranks) = start_and_wait(&node, &r, &out, &["--nproc-per-node", "2"], 2);
     let killed_at = Instant::now();
@@ -157,8 +183,9 @@ fn is_zombie(pid: u32) -> bool {
 #[test]
 fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
     let node = Node::new();
-    let r = write(&node, "resume", "zero1", STEPS);
-    let whole = train(&node, &r, &node.path("whole"), &[]);
+    // A global batch of 2 rows: one process accumulating both, or two ranks of one.
+    let whole = train(&node, &write(&node, "whole", "zero1", STEPS, 2), &node.path("whole"), &[]);
+    let r = write(&node, "resume", "zero1", STEPS, 1);
 
     // Two ranks, the launcher killed after a checkpoint; its ranks stop when it goes away.
     let out = node.path("moved");
@@ -171,9 +198,9 @@ fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
         assert!(Instant::now() < deadline, "ranks outlived their launcher by 30 s");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Resumed at three ranks: the same global batch, one accumulation fewer per rank.
-    let resumed = train(&node, &r, &out, &["--resume", "--nproc-per-node", "3"]);
-    assert_eq!(files(&resumed), files(&whole), "resumed at 3 ranks, the weights differ");
+    // Resumed in one process: the run's global batch (2 rows, in run.json), so it accumulates 2.
+    let resumed = train(&node, &r, &out, &["--resume"]);
+    assert_eq!(weights(&resumed), weights(&whole), "resumed in one process, the weights differ");
     // The plan of the old world size is kept beside the new one.
     let kept: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
@@ -181,6 +208,8 @@ fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("plan-"))
         .collect();
     assert_eq!(kept.len(), 1, "the 2-rank plan was not kept");
+    let plan: Value = serde_json::from_slice(&std::fs::read(out.join("plan.json")).unwrap()).unwrap();
+    assert!(plan["parallel"].is_null(), "the resumed run's plan is not a one-process plan: {plan}");
     let resumes = node.events("run.resumed");
     assert_eq!(resumes.len(), 1, "{resumes:?}");
 }
@@ -189,7 +218,7 @@ fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
 fn two_nodes_meet_through_rdzv_on_loopback() {
     let node = Node::new();
     let other = Node::new();
-    let r = write(&node, "rdzv", "none", STEPS);
+    let r = write(&node, "rdzv", "none", STEPS, 2);
     let reference = train(&node, &r, &node.path("ref"), &["--nproc-per-node", "2"]);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let rdzv = format!("127.0.0.1:{port}");

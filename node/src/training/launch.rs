@@ -191,12 +191,36 @@ impl RankCommand {
     }
 }
 
-/// A node other than 0: fetches the job from node 0's rendezvous, starts this node's ranks with
-/// the run's environment and waits for them. Returns the first failure, if any.
+/// A node other than 0: fetches each job from node 0's rendezvous (the probe's collective stage
+/// is one job per candidate, then the run), starts this node's ranks with the job's environment
+/// and waits for them. Returns once the ranks of the run (a training job) have ended: the first
+/// failure, if any.
 pub fn follow(launch: &Launch, cmd: &RankCommand) -> Result<(), String> {
-    let job = mindxtrain_trainer::collective::rendezvous::fetch_job(launch.rdzv, launch.node_rank, launch.timeout)
-        .map_err(|e| e.to_string())?;
-    let job: Job = serde_json::from_value(job).map_err(|e| format!("node 0 sent a job this build cannot read: {e}"))?;
-    let mut ranks = spawn::LocalRanks::start(launch, cmd, launch.rdzv, &job.env, None)?;
-    ranks.wait_all()
+    let mut last: Option<Value> = None;
+    loop {
+        let deadline = std::time::Instant::now() + launch.timeout;
+        // Between two jobs node 0 closes its rendezvous and opens the next: a connection it
+        // dropped, or the job already run, means asking again.
+        let value = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(format!("node 0 at {} sent no new job within {} s", launch.rdzv, launch.timeout.as_secs()));
+            }
+            match mindxtrain_trainer::collective::rendezvous::fetch_job(launch.rdzv, launch.node_rank, left) {
+                Ok(v) if last.as_ref() != Some(&v) => break v,
+                Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e.to_string()),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        let job: Job =
+            serde_json::from_value(value.clone()).map_err(|e| format!("node 0 sent a job this build cannot read: {e}"))?;
+        let mut ranks = spawn::LocalRanks::start(launch, cmd, launch.rdzv, &job.env, None)?;
+        let result = ranks.wait_all();
+        match job.work {
+            Work::Train(_) => return result,
+            // A candidate that failed is recorded as such by node 0; the next job follows.
+            Work::Probe { .. } => last = Some(value),
+        }
+    }
 }

@@ -323,6 +323,21 @@ pub enum Incoming {
 /// [`Incoming`] on one channel.
 pub struct Server {
     addr: SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Server {
+    /// Stops listening (the port is free again for the next world a launcher starts on it, as
+    /// the probe's stage does once per candidate): the accept loop is woken by a connection.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let wake = if self.addr.ip().is_unspecified() {
+            SocketAddr::new(IpAddr::from([127, 0, 0, 1]), self.addr.port())
+        } else {
+            self.addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+    }
 }
 
 impl Server {
@@ -330,11 +345,16 @@ impl Server {
     pub fn start(addr: SocketAddr, tx: Sender<Incoming>) -> Result<Server, CollectiveError> {
         let listener = TcpListener::bind(addr).map_err(|e| rdzv(format!("cannot listen on {addr}: {e}")))?;
         let addr = listener.local_addr().map_err(rdzv)?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
         std::thread::Builder::new()
             .name("mindxtrain-rdzv".into())
             .spawn(move || {
                 let mut next = 0usize;
                 for stream in listener.incoming() {
+                    if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
                     let Ok(stream) = stream else { continue };
                     let (Ok(reader), true) = (stream.try_clone(), stream.set_nodelay(true).is_ok()) else { continue };
                     let conn = Conn { id: next, writer: Arc::new(Mutex::new(stream)) };
@@ -362,7 +382,7 @@ impl Server {
                 }
             })
             .map_err(rdzv)?;
-        Ok(Server { addr })
+        Ok(Server { addr, stop })
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -50,7 +50,6 @@ fn replay(observer: &mut dyn Observer, v: &Value) {
 }
 
 struct State {
-    world: usize,
     node_rank: usize,
     ranks_per_node: usize,
     conns: Vec<Option<Conn>>,
@@ -86,10 +85,13 @@ impl State {
         rank / self.ranks_per_node == self.node_rank
     }
 
+    /// Every local process has exited and every rank's connection has closed (its reader
+    /// forwards a rank's last messages before its end, so a result sent just before the exit is
+    /// never lost), or the stop's grace period is over.
     fn done(&self) -> bool {
         let local_done = self.exited.iter().all(|e| *e);
-        let remote_done = !self.welcomed || (0..self.world).filter(|&r| !self.local(r)).all(|r| self.closed[r]);
-        local_done && (remote_done || self.stop_by.is_some_and(|d| Instant::now() > d))
+        let conns_done = !self.welcomed || self.closed.iter().all(|c| *c);
+        local_done && (conns_done || self.stop_by.is_some_and(|d| Instant::now() > d))
     }
 }
 
@@ -111,7 +113,6 @@ pub fn supervise(
     let mut local = LocalRanks::start(launch, cmd, server.addr(), &job.env, Some(tx))?;
     let world = launch.world();
     let mut s = State {
-        world,
         node_rank: launch.node_rank,
         ranks_per_node: launch.ranks_per_node,
         conns: vec![None; world],
