@@ -78,7 +78,10 @@ fn two_and_three_ranks_end_on_the_bytes_of_one_process() {
     // The plan and the run record the layout: world size, global batch, the collective stage.
     let plan: Value = serde_json::from_slice(&std::fs::read(node.path("three/plan.json")).unwrap()).unwrap();
     let p = &plan["parallel"];
-    assert_eq!((p["world_size"].as_u64(), p["global_batch"].as_u64(), p["grad_accum"].as_u64()), (Some(3), Some(3), Some(1)));
+    assert_eq!(
+        (p["world_size"].as_u64(), p["global_batch"].as_u64(), p["grad_accum"].as_u64()),
+        (Some(3), Some(3), Some(1))
+    );
     assert_eq!(p["backend"], "tcp", "{p}");
     assert!(p["collective"]["candidates"].as_array().is_some_and(|c| !c.is_empty()), "{p}");
     let started = node.events("run.started");
@@ -130,14 +133,15 @@ fn children(pid: u32) -> Vec<u32> {
 fn start_and_wait(node: &Node, recipe: &Path, out: &Path, extra: &[&str], ranks: usize) -> (Child, Vec<u32>) {
     let mut args = vec!["--json", "train", s(recipe), "--out", s(out), "--eval-prompts", "1"];
     args.extend_from_slice(extra);
-    let child = mindxtrain_tests::mindxtrain(&node.dir, &args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        mindxtrain_tests::mindxtrain(&node.dir, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        assert!(Instant::now() < deadline, "no checkpoint within 120 s");
+        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("no checkpoint within 120 s, or the run ended: {}", String::from_utf8_lossy(&o.stderr));
+        }
         let pids = children(child.id());
         if pids.len() == ranks && out.join("checkpoints/latest").exists() {
             return (child, pids);

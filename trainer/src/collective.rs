@@ -34,11 +34,11 @@ pub mod rendezvous;
 mod spans;
 mod wire;
 
+pub use abort::Abort;
 pub use error::CollectiveError;
 pub use mesh::Mesh;
 #[cfg(feature = "cuda")]
 pub use nccl::Nccl;
-pub use abort::Abort;
 pub use spans::{Span, even_spans};
 
 use candle_core::Tensor;

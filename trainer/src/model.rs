@@ -17,9 +17,9 @@ mod adapter_stack;
 mod block;
 mod config;
 mod decode;
-mod hooks;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
+mod hooks;
 mod lora;
 mod nf4;
 mod paged;

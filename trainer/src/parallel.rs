@@ -71,9 +71,9 @@ pub fn shard<T>(batches: Vec<T>, rank: usize, world: usize) -> Vec<T> {
 /// The accumulation one rank needs to keep a run's global batch at `world` ranks.
 pub fn accumulation(global_batch: u64, per_device: u64, world: usize) -> Result<u64, String> {
     let per_step = per_device * world as u64;
-    if per_step == 0 || global_batch % per_step != 0 || global_batch == 0 {
+    if per_step == 0 || !global_batch.is_multiple_of(per_step) || global_batch == 0 {
         let rows = global_batch / per_device.max(1);
-        let fits: Vec<String> = (1..=rows.min(64)).filter(|w| rows % w == 0).map(|w| w.to_string()).collect();
+        let fits: Vec<String> = (1..=rows.min(64)).filter(|w| rows.is_multiple_of(*w)).map(|w| w.to_string()).collect();
         return Err(format!(
             "the run's global batch is {global_batch} rows, which {world} rank(s) of per_device {per_device} cannot \
              split evenly; world sizes that fit: {}",

@@ -25,10 +25,10 @@
 mod measure;
 pub mod parallel;
 
-pub use parallel::{CollectiveCandidate, CollectiveStage, OpTiming, ParallelPlan};
 pub use measure::{
     Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure,
 };
+pub use parallel::{CollectiveCandidate, CollectiveStage, OpTiming, ParallelPlan};
 
 use mindxtrain_kernels::KernelConfig;
 use mindxtrain_kernels::attention::AttentionKernels;

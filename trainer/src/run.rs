@@ -182,10 +182,7 @@ pub fn train(
     sink: &mut (impl EventSink + Send),
     observer: &mut (dyn Observer + Send),
 ) -> Result<RunSummary, RunError> {
-    spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
-    effective_env(spec)?;
-    let pool = thread_pool(spec.plan.choices.threads)?;
-    pool.install(|| Session::open(spec, None, sink)?.run(sink, observer))
+    run_session(spec, None, sink, observer)
 }
 
 /// Runs `spec` as one rank of a distributed run on `device`: every rank trains its share of each
@@ -198,10 +195,20 @@ pub fn train_rank(
     sink: &mut (impl EventSink + Send),
     observer: &mut (dyn Observer + Send),
 ) -> Result<RunSummary, RunError> {
+    run_session(spec, Some((dist, device)), sink, observer)
+}
+
+/// One process's session: alone (`None`), or one rank of a distributed run.
+fn run_session(
+    spec: &RunSpec,
+    rank: Option<(crate::parallel::Distributed, candle_core::Device)>,
+    sink: &mut (impl EventSink + Send),
+    observer: &mut (dyn Observer + Send),
+) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
     effective_env(spec)?;
     let pool = thread_pool(spec.plan.choices.threads)?;
-    pool.install(|| Session::open(spec, Some((dist, device)), sink)?.run(sink, observer))
+    pool.install(|| Session::open(spec, rank, sink)?.run(sink, observer))
 }
 
 /// The environment the run asks for: the recipe's `train.env` with the plan's `env`

@@ -49,7 +49,9 @@ fn nvidia_takes_one_two_four_or_eight() {
 #[test]
 fn fsdp_is_zero3_and_the_distributed_knobs_have_ranges() {
     let h100 = |extra: &str| {
-        edit("name: mi300x", "name: h100").replace("gpus: 1", "gpus: 2").replace("train:\n", &format!("train:\n{extra}"))
+        edit("name: mi300x", "name: h100")
+            .replace("gpus: 1", "gpus: 2")
+            .replace("train:\n", &format!("train:\n{extra}"))
     };
     let r = Recipe::from_str(&h100("  fsdp: true\n"), "x").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.recipe.train.distributed.sharding(r.recipe.train.fsdp), mindxtrain_trainer::recipe::Sharding::Zero3);

@@ -100,7 +100,9 @@ impl Launch {
                 return Err(format!("--devices lists {} device(s) for {ranks_per_node} rank(s) per node", ids.len()));
             }
             if backend == Backend::Nccl && (1..ids.len()).any(|i| ids[..i].contains(&ids[i])) {
-                return Err("--devices: NCCL needs one GPU per rank; ranks that share a GPU use --collective tcp".into());
+                return Err(
+                    "--devices: NCCL needs one GPU per rank; ranks that share a GPU use --collective tcp".into()
+                );
             }
             ids.iter().map(|d| format!("cuda:{d}")).collect()
         } else {
@@ -151,7 +153,11 @@ pub struct Job {
 pub enum Work {
     Train(TrainJob),
     /// Time collectives at these sizes (the probe's collective stage).
-    Probe { sizes: Vec<u64>, ops: Vec<String>, dtype: String },
+    Probe {
+        sizes: Vec<u64>,
+        ops: Vec<String>,
+        dtype: String,
+    },
 }
 
 /// A run, as rank 0's launcher was asked for it.
@@ -213,8 +219,8 @@ pub fn follow(launch: &Launch, cmd: &RankCommand) -> Result<(), String> {
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         };
-        let job: Job =
-            serde_json::from_value(value.clone()).map_err(|e| format!("node 0 sent a job this build cannot read: {e}"))?;
+        let job: Job = serde_json::from_value(value.clone())
+            .map_err(|e| format!("node 0 sent a job this build cannot read: {e}"))?;
         let mut ranks = spawn::LocalRanks::start(launch, cmd, launch.rdzv, &job.env, None)?;
         let result = ranks.wait_all();
         match job.work {

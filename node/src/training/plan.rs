@@ -1,9 +1,9 @@
 //! Measuring a run's AOT plan, writing it once and recording it as `plan.emitted`.
 
 use super::PLAN_EMITTED;
+use super::launch::{self, Launch, RankCommand};
 use crate::log::{AppendError, AppendRequest, EventLog};
 use mindxtrain_trainer::data::DataOptions;
-use super::launch::{self, Launch, RankCommand};
 use mindxtrain_trainer::plan::{CollectiveStage, ParallelPlan, Plan};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Sharding};
 use mindxtrain_trainer::run::RunError;

@@ -151,7 +151,7 @@ impl HostBuf {
     /// `bytes` (as [`HostBuf::bytes`] gave them) as a buffer of `dtype`.
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Result<HostBuf, CollectiveError> {
         let size = dtype.size_in_bytes();
-        if bytes.len() % size != 0 {
+        if !bytes.len().is_multiple_of(size) {
             return Err(CollectiveError::Mismatch(format!("{} bytes are not {dtype:?} values", bytes.len())));
         }
         let n = bytes.len() / size;

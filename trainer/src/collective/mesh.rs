@@ -112,10 +112,8 @@ impl Mesh {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let absent: Vec<String> = (rank + 1..world)
-                            .filter(|&p| readers[p].is_none())
-                            .map(|p| p.to_string())
-                            .collect();
+                        let absent: Vec<String> =
+                            (rank + 1..world).filter(|&p| readers[p].is_none()).map(|p| p.to_string()).collect();
                         return Err(CollectiveError::Rendezvous(format!(
                             "ranks {} did not connect within {} s",
                             absent.join(", "),
@@ -264,10 +262,15 @@ impl Mesh {
         let mine_n = spans::owned(spans, self.rank);
         let mut contributions: Vec<Option<HostBuf>> = (0..self.world).map(|_| None).collect();
         let refs: Vec<&[u8]> = outgoing.iter().map(Vec::as_slice).collect();
-        self.exchange(Op::ReduceScatter, &refs, |_| Some(mine_n * size), |peer, bytes| {
-            contributions[peer] = Some(HostBuf::from_bytes(dtype, &bytes)?);
-            Ok(())
-        })?;
+        self.exchange(
+            Op::ReduceScatter,
+            &refs,
+            |_| Some(mine_n * size),
+            |peer, bytes| {
+                contributions[peer] = Some(HostBuf::from_bytes(dtype, &bytes)?);
+                Ok(())
+            },
+        )?;
         let mut own = HostBuf::zeros(dtype, mine_n)?;
         let mut at_out = 0;
         for (at, s) in spans::offsets(spans).filter(|(_, s)| s.owner == self.rank) {
@@ -299,10 +302,15 @@ impl Mesh {
         let payload = mine.bytes(0, mine_n).to_vec();
         let refs: Vec<&[u8]> = vec![payload.as_slice(); self.world];
         let mut parts: Vec<Option<HostBuf>> = (0..self.world).map(|_| None).collect();
-        self.exchange(Op::AllGather, &refs, |peer| Some(spans::owned(spans, peer) * size), |peer, bytes| {
-            parts[peer] = Some(HostBuf::from_bytes(dtype, &bytes)?);
-            Ok(())
-        })?;
+        self.exchange(
+            Op::AllGather,
+            &refs,
+            |peer| Some(spans::owned(spans, peer) * size),
+            |peer, bytes| {
+                parts[peer] = Some(HostBuf::from_bytes(dtype, &bytes)?);
+                Ok(())
+            },
+        )?;
         parts[self.rank] = Some(mine.clone());
         let mut out = HostBuf::zeros(dtype, n)?;
         let mut cursor = vec![0usize; self.world];
@@ -407,10 +415,15 @@ impl Collective for Mesh {
     fn all_gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
         let refs: Vec<&[u8]> = vec![bytes; self.world];
         let mut out: Vec<Vec<u8>> = vec![Vec::new(); self.world];
-        self.exchange(Op::Bytes, &refs, |_| None, |peer, b| {
-            out[peer] = b;
-            Ok(())
-        })?;
+        self.exchange(
+            Op::Bytes,
+            &refs,
+            |_| None,
+            |peer, b| {
+                out[peer] = b;
+                Ok(())
+            },
+        )?;
         out[self.rank] = bytes.to_vec();
         Ok(out)
     }

@@ -108,11 +108,7 @@ impl Nccl {
                 return Err(CollectiveError::Aborted { reason });
             }
             if start.elapsed() > self.timeout {
-                return Err(CollectiveError::Timeout {
-                    peer: usize::MAX,
-                    op,
-                    seconds: self.timeout.as_secs(),
-                });
+                return Err(CollectiveError::Timeout { peer: usize::MAX, op, seconds: self.timeout.as_secs() });
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
@@ -120,7 +116,11 @@ impl Nccl {
     }
 
     /// Brackets one operation with timing events while a timeline is being recorded.
-    fn timed<R>(&mut self, label: &str, f: impl FnOnce(&mut Self) -> Result<R, CollectiveError>) -> Result<R, CollectiveError> {
+    fn timed<R>(
+        &mut self,
+        label: &str,
+        f: impl FnOnce(&mut Self) -> Result<R, CollectiveError>,
+    ) -> Result<R, CollectiveError> {
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = match self.timeline {
             Some(_) => Some(self.stream.record_event(timing).map_err(driver_err("recording an event"))?),
@@ -343,7 +343,9 @@ impl Collective for Nccl {
         let mut all = self.alloc::<u8>(longest * world)?;
         {
             let mut group = self.comm.group();
-            group.all_gather(send.slice(0..longest), all.slice_mut(0..longest * world)).map_err(nccl_err("ncclAllGather"))?;
+            group
+                .all_gather(send.slice(0..longest), all.slice_mut(0..longest * world))
+                .map_err(nccl_err("ncclAllGather"))?;
         }
         self.wait_host("host gather")?;
         let all = self.stream.clone_dtoh(&all).map_err(driver_err("copying from the GPU"))?;

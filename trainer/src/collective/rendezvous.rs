@@ -89,17 +89,29 @@ pub struct Welcome {
 pub enum Up {
     Join(Join),
     /// A launcher of another node asks for the job (its ranks' environment) before starting them.
-    Agent { node_rank: usize },
+    Agent {
+        node_rank: usize,
+    },
     /// One of the run's events (rank 0); answered by [`Down::Ack`] once it is recorded.
-    Event { kind: String, subject: String, data: Value },
+    Event {
+        kind: String,
+        subject: String,
+        data: Value,
+    },
     /// Progress for the launcher's display (no answer).
-    Progress { data: Value },
+    Progress {
+        data: Value,
+    },
     /// Should the run stop after this step? Answered by [`Down::Cancel`].
     AskCancel,
     /// A result for the launcher (the run's summary, probe timings).
-    Report { data: Value },
+    Report {
+        data: Value,
+    },
     /// This rank failed; the launcher stops the others.
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
 }
 
 /// Launcher → rank.
@@ -108,11 +120,21 @@ pub enum Up {
 pub enum Down {
     Welcome(Welcome),
     /// The job, for a launcher of another node.
-    Job { job: Value },
-    Refused { reason: String },
-    Ack { error: Option<String> },
-    Cancel { stop: bool },
-    Abort { reason: String },
+    Job {
+        job: Value,
+    },
+    Refused {
+        reason: String,
+    },
+    Ack {
+        error: Option<String>,
+    },
+    Cancel {
+        stop: bool,
+    },
+    Abort {
+        reason: String,
+    },
 }
 
 /// A rank's channel to its launcher.
@@ -225,8 +247,8 @@ pub fn fetch_job(addr: SocketAddr, node_rank: usize, timeout: Duration) -> Resul
 impl Control {
     fn send(&self, msg: &Up) -> Result<(), CollectiveError> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        write_json(&mut *w, msg).map_err(|e| {
-            CollectiveError::Aborted { reason: self.abort.reason().unwrap_or_else(|| format!("the launcher: {e}")) }
+        write_json(&mut *w, msg).map_err(|e| CollectiveError::Aborted {
+            reason: self.abort.reason().unwrap_or_else(|| format!("the launcher: {e}")),
         })
     }
 
@@ -253,7 +275,9 @@ impl Control {
         self.send(&Up::Event { kind: kind.into(), subject: subject.into(), data })?;
         match self.reply()? {
             Down::Ack { error: None } => Ok(()),
-            Down::Ack { error: Some(e) } => Err(CollectiveError::Aborted { reason: format!("recording an event: {e}") }),
+            Down::Ack { error: Some(e) } => {
+                Err(CollectiveError::Aborted { reason: format!("recording an event: {e}") })
+            }
             other => Err(rdzv(format!("unexpected answer to an event: {other:?}"))),
         }
     }
@@ -312,11 +336,20 @@ impl Conn {
 /// What the server hears, in the order it arrives.
 #[derive(Debug)]
 pub enum Incoming {
-    Message { conn: Conn, msg: Up },
+    Message {
+        conn: Conn,
+        msg: Up,
+    },
     /// The connection ended (the rank's process ended, or it closed it).
-    Closed { conn: Conn },
+    Closed {
+        conn: Conn,
+    },
     /// A rank process the launcher started on this node ended (`status` says how).
-    Exited { local_rank: usize, success: bool, status: String },
+    Exited {
+        local_rank: usize,
+        success: bool,
+        status: String,
+    },
 }
 
 /// The launcher's listening socket; connections are read on threads of their own and arrive as

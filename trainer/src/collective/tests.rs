@@ -126,8 +126,14 @@ fn ranks_calling_different_operations_are_told_so() {
     // The first to read the other's frame names the mismatch; the other may instead see the
     // connection shut behind it.
     let errs: Vec<CollectiveError> = got.into_iter().map(|r| r.unwrap_err()).collect();
-    assert!(errs.iter().any(|e| matches!(e, CollectiveError::Mismatch(m) if m.contains("while this rank is at"))), "{errs:?}");
-    assert!(errs.iter().all(|e| matches!(e, CollectiveError::Mismatch(_) | CollectiveError::PeerClosed { .. })), "{errs:?}");
+    assert!(
+        errs.iter().any(|e| matches!(e, CollectiveError::Mismatch(m) if m.contains("while this rank is at"))),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter().all(|e| matches!(e, CollectiveError::Mismatch(_) | CollectiveError::PeerClosed { .. })),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -147,10 +153,7 @@ fn a_rank_that_goes_away_ends_the_others_collective_at_once() {
     });
     assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     for e in got.into_iter().flatten() {
-        assert!(
-            matches!(e, CollectiveError::PeerClosed { peer: 1, .. } | CollectiveError::PeerClosed { .. }),
-            "{e}"
-        );
+        assert!(matches!(e, CollectiveError::PeerClosed { peer: 1, .. } | CollectiveError::PeerClosed { .. }), "{e}");
     }
 }
 

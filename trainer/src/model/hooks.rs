@@ -74,6 +74,8 @@ mod tests {
         assert_eq!(stage_of("model.embed_tokens.weight"), Stage::Embedding);
         assert_eq!(stage_of("lm_head.weight"), Stage::Head);
         assert_eq!(stage_of("model.norm.weight"), Stage::Head);
-        assert!(Stage::Embedding < Stage::Block(0) && Stage::Block(3) < Stage::Block(10) && Stage::Block(99) < Stage::Head);
+        assert!(
+            Stage::Embedding < Stage::Block(0) && Stage::Block(3) < Stage::Block(10) && Stage::Block(99) < Stage::Head
+        );
     }
 }

@@ -88,7 +88,11 @@ impl<'a> GradReducer<'a> {
         let (entries, grads): (Vec<Entry>, Vec<Tensor>) = std::mem::take(&mut self.pending).into_iter().unzip();
         let bytes = std::mem::take(&mut self.pending_bytes);
         let flat: Vec<Tensor> = grads.iter().map(|g| g.flatten_all()).collect::<Result<_, _>>()?;
-        let flat = if flat.len() == 1 { flat.into_iter().next().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&flat, 0)? };
+        let flat = if flat.len() == 1 {
+            flat.into_iter().next().unwrap_or_else(|| unreachable!())
+        } else {
+            Tensor::cat(&flat, 0)?
+        };
         let job = match self.reduce {
             Reduce::Everyone => Job::AllReduce(flat),
             Reduce::Owners(_) => {

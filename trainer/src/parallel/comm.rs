@@ -76,6 +76,9 @@ pub struct Timing {
 
 type Done = (u64, Result<Output, CollectiveError>, Timing);
 
+/// A job's result and, when it ran, when.
+type Finished = (Result<Output, CollectiveError>, Option<Timing>);
+
 enum Worker {
     Inline(RefCell<Box<dyn Collective>>),
     Thread { jobs: Option<Sender<(u64, Job)>>, done: Receiver<Done>, handle: Option<std::thread::JoinHandle<()>> },
@@ -87,7 +90,7 @@ pub struct Comm {
     rank: usize,
     world: usize,
     next: Cell<u64>,
-    ready: RefCell<BTreeMap<u64, (Result<Output, CollectiveError>, Option<Timing>)>>,
+    ready: RefCell<BTreeMap<u64, Finished>>,
     /// Host-clock spans of finished jobs, by label, while a trace is being recorded.
     finished: RefCell<Vec<(u64, &'static str, Timing)>>,
 }
@@ -234,9 +237,10 @@ impl Comm {
         let all = self.gather_f64(&[value])?;
         let mut total = 0.0;
         for (rank, v) in all.iter().enumerate() {
-            total += v.first().copied().ok_or_else(|| {
-                CollectiveError::Mismatch(format!("rank {rank} sent no value to a sum"))
-            })?;
+            total += v
+                .first()
+                .copied()
+                .ok_or_else(|| CollectiveError::Mismatch(format!("rank {rank} sent no value to a sum")))?;
         }
         Ok(total)
     }

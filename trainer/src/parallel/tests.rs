@@ -136,7 +136,8 @@ fn outputs(out: &Path) -> BTreeMap<String, Vec<u8>> {
     for dir in [out.join("final"), out.join("checkpoints").join(latest.trim())] {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
-            let name = format!("{}/{}", dir.file_name().unwrap().to_string_lossy(), p.file_name().unwrap().to_string_lossy());
+            let name =
+                format!("{}/{}", dir.file_name().unwrap().to_string_lossy(), p.file_name().unwrap().to_string_lossy());
             // The state names the checkpoint's world size and plan; the weights and moments are compared.
             if !name.ends_with("trainer_state.json") {
                 files.insert(name.replace(latest.trim(), "latest"), std::fs::read(&p).unwrap());

@@ -109,8 +109,10 @@ pub fn summarize(events: &[Event]) -> Vec<(u64, Overlap)> {
     steps
         .into_iter()
         .map(|step| {
-            let backward: Vec<&Event> =
-                events.iter().filter(|e| e.step == step && e.lane == "compute" && e.name.contains("backward")).collect();
+            let backward: Vec<&Event> = events
+                .iter()
+                .filter(|e| e.step == step && e.lane == "compute" && e.name.contains("backward"))
+                .collect();
             let comm: Vec<&Event> = events.iter().filter(|e| e.step == step && e.lane == "comm").collect();
             let mut o = Overlap { buckets: comm.len(), ..Overlap::default() };
             for c in &comm {

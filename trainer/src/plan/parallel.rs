@@ -71,10 +71,7 @@ pub struct OpTiming {
 impl CollectiveCandidate {
     /// The score of these timings for `buckets` with `op`; `None` if a size was not timed.
     pub fn score(timings: &[OpTiming], op: &str, buckets: &[u64]) -> Option<f64> {
-        buckets
-            .iter()
-            .map(|&b| timings.iter().find(|t| t.op == op && t.bytes == b).map(|t| t.us))
-            .sum::<Option<f64>>()
+        buckets.iter().map(|&b| timings.iter().find(|t| t.op == op && t.bytes == b).map(|t| t.us)).sum::<Option<f64>>()
     }
 }
 

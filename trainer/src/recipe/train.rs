@@ -576,11 +576,7 @@ impl Distributed {
 
 impl Default for Distributed {
     fn default() -> Self {
-        Distributed {
-            sharding: None,
-            bucket_mb: Self::default_bucket_mb(),
-            timeout_seconds: Self::default_timeout(),
-        }
+        Distributed { sharding: None, bucket_mb: Self::default_bucket_mb(), timeout_seconds: Self::default_timeout() }
     }
 }
 

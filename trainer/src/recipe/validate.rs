@@ -137,10 +137,9 @@ fn hardware(c: &mut Checks, r: &Recipe) {
     let gpus = hw.gpus;
     match hw.name.vendor() {
         Vendor::Cpu if gpus != 0 => c.fail("hardware.gpus", format!("expected 0 for `cpu`, found {gpus}")),
-        Vendor::Nvidia if ![0, 1, 2, 4, 8].contains(&gpus) => c.fail(
-            "hardware.gpus",
-            format!("expected 0 (CPU), 1, 2, 4 or 8 on {}, found {gpus}", name_of(&hw.name)),
-        ),
+        Vendor::Nvidia if ![0, 1, 2, 4, 8].contains(&gpus) => {
+            c.fail("hardware.gpus", format!("expected 0 (CPU), 1, 2, 4 or 8 on {}, found {gpus}", name_of(&hw.name)))
+        }
         Vendor::Amd if ![0, 1, 8].contains(&gpus) => c.fail(
             "hardware.gpus",
             format!(

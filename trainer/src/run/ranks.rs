@@ -39,7 +39,12 @@ pub(super) struct RankState {
 impl RankState {
     /// The rank's state before the run's record is known; [`RankState::set_batch`] fills in the
     /// layout's batch, [`RankState::shard`] the owners.
-    pub fn new(dist: Distributed, recipe: &Recipe, method: &MethodPlan, device: &Device) -> Result<RankState, RunError> {
+    pub fn new(
+        dist: Distributed,
+        recipe: &Recipe,
+        method: &MethodPlan,
+        device: &Device,
+    ) -> Result<RankState, RunError> {
         let sharding = recipe.train.distributed.sharding(recipe.train.fsdp);
         if sharding == Sharding::Zero3 {
             if method.preference.is_some() {
@@ -120,7 +125,7 @@ impl RankState {
     }
 
     /// Rank 0's bytes on every rank.
-    pub fn from_rank0(&self, value: &[u8]) -> Result<Vec<u8>, RunError> {
+    pub fn rank0_value(&self, value: &[u8]) -> Result<Vec<u8>, RunError> {
         Ok(parallel::from_rank0(&self.comm, value)?)
     }
 
@@ -183,7 +188,9 @@ impl RankState {
             sums.push(v);
         }
         if let Some((r, _)) = cursor.iter().enumerate().find(|(r, n)| **n != all[*r].len()) {
-            return Err(CollectiveError::Mismatch(format!("rank {r} sent gradient norm parts for other tensors")).into());
+            return Err(
+                CollectiveError::Mismatch(format!("rank {r} sent gradient norm parts for other tensors")).into()
+            );
         }
         Ok(norm_of_sums(sums))
     }
@@ -203,7 +210,8 @@ impl RankState {
             let t = target.remove(name).ok_or_else(|| RunError::Recipe(format!("rank holds no tensor `{name}`")))?;
             mine.insert(name.clone(), t);
         }
-        let own_grads: Grads = grads.iter().filter(|(n, _)| self.updates(n)).map(|(n, g)| (n.clone(), g.clone())).collect();
+        let own_grads: Grads =
+            grads.iter().filter(|(n, _)| self.updates(n)).map(|(n, g)| (n.clone(), g.clone())).collect();
         let stepped = optimizer.step(&mut mine, &own_grads, lr);
         target.extend(mine.clone());
         stepped?;

@@ -135,7 +135,7 @@ impl<'a> Session<'a> {
         let mut existing = if writer { out.read_record()? } else { None };
         if let Some(r) = &ranks {
             let bytes = serde_json::to_vec(&existing).unwrap_or_default();
-            existing = serde_json::from_slice(&r.from_rank0(&bytes)?)
+            existing = serde_json::from_slice(&r.rank0_value(&bytes)?)
                 .map_err(|e| RunError::Recipe(format!("rank 0's run record: {e}")))?;
             r.agree("plan", &hex(&spec.plan_blake3))?;
             r.agree("dataset", &dataset.manifest.digest())?;
@@ -180,7 +180,7 @@ impl<'a> Session<'a> {
         let resume_from = match &ranks {
             Some(r) => {
                 let path = resume_from.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
-                let path = String::from_utf8_lossy(&r.from_rank0(path.as_bytes())?).into_owned();
+                let path = String::from_utf8_lossy(&r.rank0_value(path.as_bytes())?).into_owned();
                 (!path.is_empty()).then(|| std::path::PathBuf::from(path))
             }
             None => resume_from,
@@ -199,13 +199,12 @@ impl<'a> Session<'a> {
         };
         // Rank 0's record (its run id) everywhere.
         let record = match &ranks {
-            Some(r) => serde_json::from_slice(&r.from_rank0(&serde_json::to_vec(&record).unwrap_or_default())?)
+            Some(r) => serde_json::from_slice(&r.rank0_value(&serde_json::to_vec(&record).unwrap_or_default())?)
                 .map_err(|e| RunError::Recipe(format!("rank 0's run record: {e}")))?,
             None => record,
         };
         // The global batch a run started with stays; runs recorded before it was are 1-process runs.
-        let global_batch =
-            record.global_batch.unwrap_or(per_device * u64::from(recipe.train.batch.grad_accum));
+        let global_batch = record.global_batch.unwrap_or(per_device * u64::from(recipe.train.batch.grad_accum));
         let accum = match ranks.as_mut() {
             Some(r) => r.set_batch(global_batch)?,
             None => crate::parallel::accumulation(global_batch, per_device, 1).map_err(RunError::Recipe)?,
@@ -218,7 +217,9 @@ impl<'a> Session<'a> {
         if let Some(dir) = &resume_from {
             let state = checkpoint::load_training_state(dir)?;
             let same_world = state.world_size == world;
-            if state.recipe_hash != hex(&spec.recipe.bytes_blake3) || (same_world && state.plan_hash != hex(&spec.plan_blake3)) {
+            if state.recipe_hash != hex(&spec.recipe.bytes_blake3)
+                || (same_world && state.plan_hash != hex(&spec.plan_blake3))
+            {
                 return Err(RunError::Recipe(format!(
                     "--resume: checkpoint {} was made with recipe {} and plan {}, not this recipe and plan",
                     dir.display(),
@@ -446,7 +447,7 @@ impl<'a> Session<'a> {
             None => Ok(stop),
             Some(r) => {
                 let mine = [u8::from(stop)];
-                let all = r.from_rank0(&mine)?;
+                let all = r.rank0_value(&mine)?;
                 Ok(all.first() == Some(&1))
             }
         }
@@ -490,7 +491,7 @@ impl<'a> Session<'a> {
     fn save_checkpoint(&mut self, sink: &mut impl EventSink) -> Result<(), RunError> {
         let dir = self.out.checkpoint_dir(self.step);
         let exists = match &self.ranks {
-            Some(r) => r.from_rank0(&[u8::from(self.writes() && dir.exists())])?.first() == Some(&1),
+            Some(r) => r.rank0_value(&[u8::from(self.writes() && dir.exists())])?.first() == Some(&1),
             None => dir.exists(),
         };
         if exists {
@@ -650,7 +651,10 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
 }
 
 /// Sequence log-probs of chosen and rejected answers under a frozen reference model.
-pub(super) fn reference_logps(frozen: &Qwen3, batch: &crate::batch::PreferenceBatch) -> Result<Vec<(f64, f64)>, RunError> {
+pub(super) fn reference_logps(
+    frozen: &Qwen3,
+    batch: &crate::batch::PreferenceBatch,
+) -> Result<Vec<(f64, f64)>, RunError> {
     let chosen = frozen.sequence_logps(&batch.chosen, None)?;
     let rejected = frozen.sequence_logps(&batch.rejected, None)?;
     Ok(chosen.into_iter().zip(rejected).collect())

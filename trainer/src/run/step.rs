@@ -8,8 +8,8 @@ use crate::batch::{PackedBatch, PreferenceBatch};
 use crate::collective::CollectiveError;
 use crate::model::{Grads, NoHooks, StepHooks, StepOptions, Trainable};
 use crate::optim::{clip_grad_norm, clip_to_norm, global_grad_norm};
-use crate::parallel::{self, GradReducer, RankHooks, Reduce, Sharding, Zero3Window};
 use crate::parallel::trace::Event;
+use crate::parallel::{self, GradReducer, RankHooks, Reduce, Sharding, Zero3Window};
 use std::cell::RefCell;
 
 /// One forward/backward's rows.
@@ -55,8 +55,7 @@ impl Session<'_> {
             let batches: Vec<PackedBatch> = (0..n).map(|_| it.next_batch()).collect();
             self.cursor = it.cursor();
             let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
-            let tokens =
-                batches.iter().map(|b| b.segment_ids.iter().filter(|&&s| s != 0).count() as u64).sum::<u64>();
+            let tokens = batches.iter().map(|b| b.segment_ids.iter().filter(|&&s| s != 0).count() as u64).sum::<u64>();
             let micros = parallel::shard(batches, rank, world)
                 .iter()
                 .flat_map(|b| split(b, micro))
@@ -152,7 +151,8 @@ impl Session<'_> {
             (Some(o), Sharding::Zero3) => {
                 let shapes = r.sharded.iter().cloned().collect();
                 let layers = self.model.config().num_hidden_layers;
-                let w = Zero3Window::open(&r.comm, o, &shapes, self.model.params(), layers, self.model.dtype(), &r.device);
+                let w =
+                    Zero3Window::open(&r.comm, o, &shapes, self.model.params(), layers, self.model.dtype(), &r.device);
                 Some(w.map_err(|e| collective_or(&error, e.into()))?)
             }
             _ => None,

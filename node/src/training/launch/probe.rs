@@ -56,7 +56,11 @@ pub fn collective_stage(
             backend: launch.backend,
             env: full_env,
             timeout_seconds: launch.timeout.as_secs(),
-            work: Work::Probe { sizes: sizes.clone(), ops: vec!["all_reduce".into(), "reduce_scatter".into()], dtype: dtype.into() },
+            work: Work::Probe {
+                sizes: sizes.clone(),
+                ops: vec!["all_reduce".into(), "reduce_scatter".into()],
+                dtype: dtype.into(),
+            },
         };
         let mut ignore = |_: &str, _: &str, _: serde_json::Value| Ok(());
         let candidate = match supervise(launch, cmd, &job, &mut ignore, &mut Quiet) {
@@ -70,7 +74,9 @@ pub fn collective_stage(
                 score_us: None,
                 note: Some(format!("unexpected outcome {other:?}")),
             },
-            Err(e) => CollectiveCandidate { env, timings: Vec::new(), score_us: None, note: Some(format!("failed: {e}")) },
+            Err(e) => {
+                CollectiveCandidate { env, timings: Vec::new(), score_us: None, note: Some(format!("failed: {e}")) }
+            }
         };
         stage.candidates.push(candidate);
         // After the algorithm × protocol pairs, channel counts on top of the best so far.

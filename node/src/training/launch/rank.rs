@@ -56,7 +56,8 @@ struct ControlObserver<'a>(&'a Control);
 
 impl Observer for ControlObserver<'_> {
     fn started(&mut self, first_step: u64, total_steps: u64) {
-        let _ = self.0.progress(progress_call("started", json!({"first_step": first_step, "total_steps": total_steps})));
+        let _ =
+            self.0.progress(progress_call("started", json!({"first_step": first_step, "total_steps": total_steps})));
     }
     fn step(&mut self, r: &StepReport) {
         let _ = self.0.progress(progress_call("step", serde_json::to_value(r).unwrap_or_default()));
@@ -119,7 +120,12 @@ fn nccl(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn nccl(_: &rendezvous::Welcome, _: &candle_core::Device, _: Duration, _: Arc<Abort>) -> Result<Box<dyn Collective>, String> {
+fn nccl(
+    _: &rendezvous::Welcome,
+    _: &candle_core::Device,
+    _: Duration,
+    _: Arc<Abort>,
+) -> Result<Box<dyn Collective>, String> {
     Err("--collective nccl: this build has no CUDA (build with scripts/build-gpu)".into())
 }
 

@@ -18,7 +18,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 pub enum Outcome {
     Finished(Box<RunSummary>),
     /// Every rank stopped after `step`, checkpointed (a cancel).
-    Cancelled { step: u64 },
+    Cancelled {
+        step: u64,
+    },
     /// Rank 0's timings (the probe's collective stage).
     Probe(Vec<OpTiming>),
 }
@@ -171,7 +173,9 @@ pub fn supervise(
             }
             Incoming::Message { conn, msg: Up::Agent { node_rank } } => {
                 if node_rank == 0 || node_rank >= launch.nnodes {
-                    conn.send(&Down::Refused { reason: format!("node rank {node_rank} is not in 1..{}", launch.nnodes) });
+                    conn.send(&Down::Refused {
+                        reason: format!("node rank {node_rank} is not in 1..{}", launch.nnodes),
+                    });
                 } else {
                     conn.send(&Down::Job { job: job_value.clone() });
                     s.agents.push(conn);
