@@ -19,10 +19,10 @@
 
 use super::spans::{offsets, owned, total};
 use super::{Abort, Backend, Collective, CollectiveError, Span};
-use candle_core::backprop::BackpropOp;
 use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits, sys};
 use candle_core::cuda_backend::cudarc::nccl::{result as nccl_result, safe as nccl};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -211,22 +211,17 @@ impl Nccl {
                 total(spans)
             )));
         }
-        let mine = owned(spans, rank);
-        let mut out = self.alloc::<T>(mine.max(1))?;
+        // One buffer per span this rank owns (NCCL writes each; they are joined after).
+        let mut outs = Vec::new();
+        for (_, s) in offsets(spans).filter(|(_, s)| s.owner == rank && s.len > 0) {
+            outs.push(self.alloc::<T>(s.len)?);
+        }
         {
             let (storage, layout) = t.storage_and_layout();
             let Storage::Cuda(c) = &*storage else { return Err(CollectiveError::Tensor("not on the GPU".into())) };
             let (a, _) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
             let src = c.as_cuda_slice::<T>()?;
-            // Each owned span's destination, cut from `out` in span order.
-            let mut rest = out.slice_mut(0..mine.max(1));
-            let mut dsts = Vec::new();
-            for (_, s) in offsets(spans).filter(|(_, s)| s.owner == rank && s.len > 0) {
-                let (head, tail) = rest.split_at_mut(s.len);
-                dsts.push(head);
-                rest = tail;
-            }
-            let mut dsts = dsts.into_iter();
+            let mut dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>().into_iter();
             let mut group = self.comm.group();
             for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
                 let view = src.slice(a + off..a + off + s.len);
@@ -234,8 +229,7 @@ impl Nccl {
                 group.reduce(view, dst, &nccl::ReduceOp::Sum, s.owner as i32).map_err(nccl_err("ncclReduce"))?;
             }
         }
-        let out = self.tensor(out);
-        Ok(if mine == 0 { out.narrow(0, 0, 0)? } else { out })
+        self.joined::<T>(outs, t.dtype())
     }
 
     fn all_gather_as<T: CudaDType + nccl::NcclType + DeviceRepr + ValidAsZeroBits>(
@@ -251,9 +245,11 @@ impl Nccl {
                 owned(spans, rank)
             )));
         }
-        let n = total(spans);
-        let mut out = self.alloc::<T>(n.max(1))?;
-        // This rank's spans go into place first (a broadcast's root sends from its own buffer).
+        let dtype = mine.dtype();
+        let mut outs = Vec::new();
+        for (_, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
+            outs.push(self.alloc::<T>(s.len)?);
+        }
         let mine = if mine.elem_count() == 0 { None } else { Some(flat_on(mine, &self.device)?) };
         {
             let guard = mine.as_ref().map(|m| m.storage_and_layout());
@@ -268,32 +264,35 @@ impl Nccl {
                 }
                 None => None,
             };
-            let mut dsts = Vec::new();
-            let mut rest = out.slice_mut(0..n.max(1));
-            for (_, s) in offsets(spans) {
-                let (head, tail) = rest.split_at_mut(s.len);
-                dsts.push(head);
-                rest = tail;
-            }
+            // This rank's spans are sent from its own buffer, in order (a broadcast's root).
+            let mut sends = Vec::new();
             let mut from = 0;
-            let mut group = self.comm.group();
-            for ((_, s), dst) in offsets(spans).zip(dsts) {
-                if s.len == 0 {
-                    continue;
-                }
-                let send = match (&src, s.owner == rank) {
+            for (_, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
+                match (&src, s.owner == rank) {
                     (Some(src), true) => {
-                        let v = src.slice(from..from + s.len);
+                        sends.push(Some(src.slice(from..from + s.len)));
                         from += s.len;
-                        Some(v)
                     }
-                    _ => None,
-                };
+                    _ => sends.push(None),
+                }
+            }
+            let dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>();
+            let mut group = self.comm.group();
+            for (((_, s), send), dst) in offsets(spans).filter(|(_, s)| s.len > 0).zip(sends).zip(dsts) {
                 group.broadcast(send, dst, s.owner as i32).map_err(nccl_err("ncclBroadcast"))?;
             }
         }
-        let out = self.tensor(out);
-        Ok(if n == 0 { out.narrow(0, 0, 0)? } else { out })
+        self.joined::<T>(outs, dtype)
+    }
+
+    /// The buffers as one flat tensor, in order (empty when there are none).
+    fn joined<T: CudaDType>(&self, outs: Vec<CudaSlice<T>>, dtype: DType) -> Result<Tensor, CollectiveError> {
+        let mut parts: Vec<Tensor> = outs.into_iter().map(|o| self.tensor(o)).collect();
+        Ok(match parts.len() {
+            0 => Tensor::zeros(0, dtype, &Device::Cuda(self.device.clone()))?,
+            1 => parts.remove(0),
+            _ => Tensor::cat(&parts, 0)?,
+        })
     }
 }
 
