@@ -69,6 +69,7 @@ if [[ " $PEERS " == *" liger "* ]]; then
     echo "liger: no wheel installed from .whl/ (carry .whl, see docs/benchmarks.md)" | tee -a "$LOGS/bench.log"
   fi
 fi
+[[ " $PEERS " == *" unsloth "* ]] && echo "unsloth: not measured: $UNSLOTH" | tee -a "$LOGS/bench.log"
 
 for s in $SHAPES; do
   IFS=: read -r shape b t <<<"$s"
@@ -103,7 +104,7 @@ PY
           side liger "$shape" env PYTHONUNBUFFERED=1 PYTHONPATH="$LIGER_PATH${PYTHONPATH:+:$PYTHONPATH}" \
             python3 bench/hf_peer.py liger "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}"
         else fail liger "$shape" "liger-kernel not installed: no .whl/liger_kernel-*.whl carried"; fi ;;
-      unsloth) fail unsloth "$shape" "not measured: $UNSLOTH" ;;
+      unsloth) fail unsloth "$shape" "not measured: $UNSLOTH" >/dev/null ;;  # said once, above
       *) echo "unknown side $who (ours, peft, liger, unsloth)" | tee -a "$LOGS/bench.log" ;;
     esac
   done

@@ -209,6 +209,7 @@ fn main() -> candle_core::Result<()> {
     let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
     let t0 = Instant::now();
     let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
+    dev.synchronize()?;
     let init_s = t0.elapsed().as_secs_f64();
     eprintln!("ours {shape}: seeded weights in {init_s:.1} s");
     let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };

@@ -443,7 +443,10 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
         let want = seeded::host(&states, block, n, 0.02)?;
         let mut exact = 0;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-13 * w.abs(), "value {i} of {n} (block {block}): {g} vs host {w} (states {states:?})");
+            assert!(
+                (g - w).abs() <= 1e-13 * w.abs(),
+                "value {i} of {n} (block {block}): {g} vs host {w} (states {states:?})"
+            );
             exact += usize::from(g == w);
         }
         // The same function, not merely a close one: nearly every value has the host's bits.

@@ -164,7 +164,8 @@ pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) ->
         return Ok(params);
     }
     for batch in shapes.chunks(rayon::current_num_threads().max(1)) {
-        let drawn = batch.par_iter().map(|(name, shape)| draw(seed, name, shape, dtype, &Device::Cpu)).collect::<Vec<_>>();
+        let drawn =
+            batch.par_iter().map(|(name, shape)| draw(seed, name, shape, dtype, &Device::Cpu)).collect::<Vec<_>>();
         for ((name, _), t) in batch.iter().zip(drawn) {
             params.insert(name.clone(), t?.to_device(device)?);
         }
@@ -203,7 +204,10 @@ mod tests {
         let shape = [DRAW_BLOCK + 1000];
         let values = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64, &Device::Cpu)).unwrap().to_vec1::<f64>().unwrap()
+            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64, &Device::Cpu))
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
         };
         let (one, many) = (values(1), values(4));
         assert_eq!(one, many);
