@@ -435,7 +435,7 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
         s = s.wrapping_add(seeded::GAMMA);
         seeded::mix(s)
     };
-    for (block, n) in [(1000, 12_345), (1 << 22, (1 << 22) + 5000)] {
+    for (block, n) in [(1000usize, 12_345usize), (1 << 22, (1 << 22) + 5000)] {
         let states: Vec<u64> = (0..n.div_ceil(block)).map(|_| next()).collect();
         let got = fused(|| seeded::normal(&states, block, n, 0.02, &gpu()))?;
         assert_eq!(got.dims(), [n]);
