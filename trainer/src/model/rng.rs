@@ -44,7 +44,6 @@ impl SplitMix64 {
         let a = self.next_u64();
         seeded::box_muller(a, self.next_u64())
     }
-
 }
 
 /// A string as a stream id (FNV-1a), so streams can be named by parameter.
