@@ -31,12 +31,8 @@ import time
 
 import torch
 
-SHAPES = {  # hidden, layers, heads, kv heads, head_dim, ffn, vocab
-    "0.6B": (1024, 28, 16, 8, 128, 3072, 151936),
-    "1.7B": (2048, 28, 16, 8, 128, 6144, 151936),
-    "8B": (4096, 36, 32, 8, 128, 12288, 151936),
-    "tiny": (64, 2, 4, 2, 16, 128, 1000),
-}
+from qwen3_shapes import random_model
+
 DEVICE = os.environ.get("HF_PEER_DEVICE", "cuda")
 
 
@@ -92,18 +88,9 @@ def main():
     elif peer != "peft":
         sys.exit(f"unknown peer {peer!r} (peft or liger)")
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    hidden, layers, heads, kv, hd, ffn, vocab = SHAPES[shape]
-    cfg = Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=shape != "8B", max_position_embeddings=40960)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
     t0 = time.perf_counter()
-    with torch.device(DEVICE):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = random_model(shape, DEVICE)
+    vocab = model.config.vocab_size
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(model, lora)
@@ -120,14 +107,14 @@ def main():
         check = None
         if kind == "packed":
             try:
-                check = dict(zip(("max_logit_diff", "max_logit"), packing_check(model, cfg.vocab_size)))
+                check = dict(zip(("max_logit_diff", "max_logit"), packing_check(model, vocab)))
             except Exception as e:  # a check that cannot run must not cost the timing
                 check = {"error": f"{type(e).__name__}: {e}"[:300]}
         if DEVICE == "cuda":
             torch.cuda.reset_peak_memory_stats()
         times = []
         for step in range(warmup + steps):
-            ids, pos, labels = batch(docs, t, cfg.vocab_size, gen)
+            ids, pos, labels = batch(docs, t, vocab, gen)
             sync()
             t0 = time.perf_counter()
             # The uniform kind passes no position ids, as a plain causal batch (HF's fastest path).
