@@ -1,38 +1,115 @@
 #!/usr/bin/env bash
-# Our trainer against the PEFT peer, in ONE call on one GPU machine: for each Qwen3 shape, a LoRA
-# step of ours (trainer example gpu_step, carried in target-gpu/carry/gpu-step.gz by
-# scripts/build-gpu) and of HF transformers + PEFT (bench/peft_peer.py, the machine's python3),
-# then tok/s, peak memory and the ratio per shape. From the device tool:
-#   run(command="bench/run.sh", carry=["target-gpu/carry"])
-# SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048" by default; OURS_STEPS / PEER_WARMUP / PEER_STEPS.
+# Our trainer against its peers, in ONE call on one GPU machine. Per Qwen3 shape, each in its own
+# process, one after another on the same GPU:
+#   ours    trainer example gpu_step (scripts/build-gpu train: target-gpu/carry-train/gpu-step.gz;
+#           target-gpu/carry/gpu-step.gz from `scripts/build-gpu tests` also serves)
+#   peft    HF transformers + PEFT, SDPA (bench/hf_peer.py, the machine's python3)
+#   liger   the same + Liger kernels 0.8.5 (RoPE, RMSNorm, SwiGLU, fused linear cross-entropy), from
+#           the wheel in .whl/ (pure Python + Triton; the machine has torch and triton)
+#   unsloth not measured: it does not install offline within a call's 64 MiB (see UNSLOTH below)
+# Each side times two batches: `uniform` (one document of SEQ tokens per row) and `packed` (documents
+# of mixed lengths packed into each row, attention kept inside each document: our segment masks,
+# HF's packed position ids), both the median of the timed steps after warm-up, with peak memory.
+# One JSON line per metric (date, gpu, driver, commit, metric, ours, peer, peer_value, ratio) goes
+# to $OUT/train.jsonl (the device call's output: append it to bench/results/train.jsonl) or, run by
+# hand, to bench/results/train.jsonl; the ratio table is printed at the end. From the device tool:
+#   run(command="COMMIT=<hash> bench/run.sh", carry=["target-gpu/carry-train", ".whl"], timeout_s=600)
+# Settings (environment): SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048", PEERS="ours peft liger unsloth",
+# STEPS=5 (timed steps per batch kind; ours warms up 2, the peers PEER_WARMUP=3), PACKED=1,
+# BUDGET_S=480 (the whole bench; a process gets what is left, at most RUN_S=170, and a process that
+# cannot start is reported as skipped), DOC_MIN=32 (shortest packed document; lengths log-uniform
+# from it to SEQ), PACK_SEED=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${OUT:-target-gpu/out}
+SHAPES=${SHAPES:-0.6B:8:2048 1.7B:4:2048 8B:2:2048} PEERS=${PEERS:-ours peft liger unsloth}
+STEPS=${STEPS:-5} PEER_WARMUP=${PEER_WARMUP:-3} PACKED=${PACKED:-1} BUDGET_S=${BUDGET_S:-480} RUN_S=${RUN_S:-170}
+LOGS=${OUT:-bench/results}
 mkdir -p "$LOGS"
-BIN=$(mktemp -d)
-gunzip -c target-gpu/carry/gpu-step.gz >"$BIN/gpu-step" && chmod +x "$BIN/gpu-step"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } | tee "$LOGS/bench.log"
-for s in ${SHAPES:-0.6B:8:2048 1.7B:4:2048 8B:2:2048}; do
-  IFS=: read -r shape b t <<<"$s"
-  "$BIN/gpu-step" "$shape" "$b" "$t" "${OURS_STEPS:-5}" 2>>"$LOGS/bench.log" | tee -a "$LOGS/results.jsonl" \
-    || echo "{\"who\":\"ours\",\"shape\":\"$shape\",\"error\":\"failed (see bench.log)\"}" | tee -a "$LOGS/results.jsonl"
-  PYTHONUNBUFFERED=1 python3 bench/peft_peer.py "$shape" "$b" "$t" "${PEER_WARMUP:-3}" "${PEER_STEPS:-5}" 2>>"$LOGS/bench.log" \
-    | tee -a "$LOGS/results.jsonl" \
-    || echo "{\"who\":\"peft\",\"shape\":\"$shape\",\"error\":\"failed (see bench.log)\"}" | tee -a "$LOGS/results.jsonl"
+WORK=$(mktemp -d /tmp/mx-train.XXXX)
+START=$SECONDS
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+{ date -u; echo "$GPU, driver $DRIVER, commit $COMMIT"; } | tee "$LOGS/bench.log"
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+UNSLOTH="unsloth 2026.10.9 needs, beyond what the GPU machine has, unsloth_zoo, trl (<= 1.15), datasets (< 5, with dill and multiprocess), torchao, cut_cross_entropy, tyro, pydantic + pydantic-core, hf_transfer, diffusers, json5, nest-asyncio, structlog and msgspec (bitsandbytes and xformers optional): its own wheel is 28.6 MB (27 MB of it a bundled web app, studio/) and the closure about 50 MB, which with our 12 MB binary passes the 64 MiB a device call carries; the machine cannot reach a registry"
+
+fail() { # who shape reason: one error row per batch kind the process would have reported
+  echo "{\"who\":\"$1\",\"shape\":\"$2\",\"kind\":\"uniform\",\"error\":\"$3\"}" | tee -a "$RESULTS"
+  [[ $PACKED == 1 ]] && echo "{\"who\":\"$1\",\"shape\":\"$2\",\"kind\":\"packed\",\"error\":\"$3\"}" | tee -a "$RESULTS"
+}
+# Runs "$@" (one side at one shape) with what is left of the budget; its stdout rows go to RESULTS.
+side() {
+  local who=$1 shape=$2 left=$((BUDGET_S - (SECONDS - START)))
+  shift 2
+  ((left > RUN_S)) && left=$RUN_S
+  if ((left < 20)); then fail "$who" "$shape" "skipped: the bench's budget (BUDGET_S=$BUDGET_S s) is spent"; return; fi
+  local n0 t0=$SECONDS
+  n0=$(wc -l <"$RESULTS")
+  timeout "$left" "$@" 2>>"$LOGS/bench.log" | tee -a "$RESULTS"
+  local rc=${PIPESTATUS[0]}
+  echo "$who $shape: exit $rc after $((SECONDS - t0)) s" | tee -a "$LOGS/bench.log"
+  if (($(wc -l <"$RESULTS") == n0)); then
+    fail "$who" "$shape" "exit $rc after $((SECONDS - t0)) s$( ((rc == 124)) && echo ' (timed out)'), see bench.log"
+  fi
+}
+
+BIN=""
+for gz in target-gpu/carry-train/gpu-step.gz target-gpu/carry/gpu-step.gz; do
+  if [[ -f $gz ]]; then gunzip -c "$gz" >"$WORK/gpu-step" && chmod +x "$WORK/gpu-step" && BIN=$WORK/gpu-step; break; fi
 done
-python3 - "$LOGS/results.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-by = {}
-for r in rows:
-    by.setdefault(r["shape"], {})[r["who"]] = r
-# MFU: our model-FLOP count per step (the same work for both sides) over each side's step time,
-# against the bf16 GEMM ceiling our binary measured in this run. Memory: the driver's
-# memory.used after each step, both sides.
-print(f"{'shape':<6} {'ours tok/s':>11} {'peft tok/s':>11} {'ratio':>6} {'ours MFU':>9} {'peft MFU':>9} {'ours GiB':>9} {'peft GiB':>9}")
-for shape, d in by.items():
-    o, p = d.get("ours", {}), d.get("peft", {})
-    ratio = o["tok_per_s"] / p["tok_per_s"] if "tok_per_s" in o and "tok_per_s" in p else float("nan")
-    mfu = lambda r: f"{o['step_flops'] / r['s_per_step'] / o['gemm_flops_per_s']:.1%}" if "step_flops" in o and "s_per_step" in r else "n/a"
-    print(f"{shape:<6} {o.get('tok_per_s', 'n/a'):>11} {p.get('tok_per_s', 'n/a'):>11} {ratio:>6.2f} {mfu(o):>9} {mfu(p):>9} {o.get('peak_gib', 'n/a'):>9} {p.get('peak_gib', 'n/a'):>9}")
+LIGER_PATH=""
+if [[ " $PEERS " == *" liger "* ]]; then
+  if ls .whl/liger_kernel-*.whl >/dev/null 2>&1 \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/liger_kernel-*.whl \
+      >>"$LOGS/bench.log" 2>&1; then
+    LIGER_PATH=$WORK/site
+  else
+    echo "liger: no wheel installed from .whl/ (carry .whl, see docs/benchmarks.md)" | tee -a "$LOGS/bench.log"
+  fi
+fi
+[[ " $PEERS " == *" unsloth "* ]] && echo "unsloth: not measured: $UNSLOTH" | tee -a "$LOGS/bench.log"
+
+for s in $SHAPES; do
+  IFS=: read -r shape b t <<<"$s"
+  PACKING=()
+  if [[ $PACKED == 1 ]]; then
+    # Documents of log-uniform lengths from DOC_MIN to SEQ, packed in order; a row's last document
+    # is cut to fit. The same file for every side.
+    python3 - "$b" "$t" "${DOC_MIN:-32}" "${PACK_SEED:-0}" >"$WORK/packing-$shape" <<'PY'
+import math, random, sys
+b, t, lo, seed = map(int, sys.argv[1:5])
+rng = random.Random(f"{seed}/{b}/{t}")
+for _ in range(b):
+    row, left = [], t
+    while left:
+        n = min(left, int(math.exp(rng.uniform(math.log(lo), math.log(t)))))
+        row.append(n)
+        left -= n
+    print(" ".join(map(str, row)))
 PY
+    PACKING=("$WORK/packing-$shape")
+    echo "packed rows at $shape: $(wc -w <"$WORK/packing-$shape") documents in $b rows of $t" | tee -a "$LOGS/bench.log"
+  fi
+  for who in $PEERS; do
+    case $who in
+      ours)
+        if [[ -n $BIN ]]; then side ours "$shape" "$BIN" "$shape" "$b" "$t" $((STEPS + 2)) "${PACKING[@]}"
+        else fail ours "$shape" "no gpu-step.gz under target-gpu/carry-train or target-gpu/carry (scripts/build-gpu train)"; fi ;;
+      peft)
+        side peft "$shape" env PYTHONUNBUFFERED=1 python3 bench/hf_peer.py peft "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}" ;;
+      liger)
+        if [[ -n $LIGER_PATH ]]; then
+          side liger "$shape" env PYTHONUNBUFFERED=1 PYTHONPATH="$LIGER_PATH${PYTHONPATH:+:$PYTHONPATH}" \
+            python3 bench/hf_peer.py liger "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}"
+        else fail liger "$shape" "liger-kernel not installed: no .whl/liger_kernel-*.whl carried"; fi ;;
+      unsloth) fail unsloth "$shape" "not measured: $UNSLOTH" >/dev/null ;;  # said once, above
+      *) echo "unknown side $who (ours, peft, liger, unsloth)" | tee -a "$LOGS/bench.log" ;;
+    esac
+  done
+done
+cp "$RESULTS" "$LOGS/results.jsonl"
+echo "bench: $((SECONDS - START)) s in all" | tee -a "$LOGS/bench.log"
+python3 bench/train_report.py "$RESULTS" "$LOGS/train.jsonl" "$GPU" "$DRIVER" "$COMMIT"
+rm -rf "$WORK"

@@ -19,13 +19,9 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
 
-SHAPES = {  # vocab, hidden, layers, heads, kv heads, head_dim, ffn
-    "8B": (151936, 4096, 36, 32, 8, 128, 12288),
-    "1.7B": (151936, 2048, 28, 16, 8, 128, 6144),
-    "0.6B": (151936, 1024, 28, 16, 8, 128, 3072),
-}
+from qwen3_shapes import SHAPES, random_model
+
 MASK = (1 << 64) - 1
 
 
@@ -54,7 +50,7 @@ def main():
     streams = [int(s) for s in (sys.argv[5] if len(sys.argv) > 5 else "1,16,64,256").split(",")]
     prompt_len = int(sys.argv[6]) if len(sys.argv) > 6 else 512
     gen = int(sys.argv[7]) if len(sys.argv) > 7 else 256
-    vocab, hidden, layers, heads, kv, hd, ffn = SHAPES[shape]
+    vocab = SHAPES[shape][0]
     results = []
 
     def emit(d):
@@ -73,14 +69,7 @@ def main():
     emit({"metric": "bf16_gemm_flops", "peer": 2 * 8192**3 * 5 / t})
     del a
 
-    cfg = Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=shape != "8B", max_position_embeddings=40960)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = random_model(shape, "cuda")
     model.eval()
     (_, t) = timed(lambda: model.save_pretrained(save_dir, safe_serialization=True, max_shard_size="4GB"))
     print(f"saved the model to {save_dir} in {t:.1f} s", file=sys.stderr, flush=True)

@@ -39,7 +39,10 @@ DEV float block_max(float v, float* red) {
 template <typename F> DEV unsigned largest_key(F f, float goal) {
   unsigned lo = 0u, hi = 0xffffffffu;  // f(lo) ≥ goal holds: everything is above key 0
   while (lo < hi) {
-    const unsigned mid = lo + (hi - lo + 1u) / 2u;
+    // ⌈(hi − lo) / 2⌉ without forming hi − lo + 1, which wraps to 0 on the full range and
+    // would pin mid at lo forever.
+    const unsigned d = hi - lo;
+    const unsigned mid = lo + d / 2u + (d & 1u);
     if (f(mid) >= goal) lo = mid; else hi = mid - 1u;
   }
   return lo;

@@ -17,6 +17,7 @@ pub(crate) mod nf4;
 pub(crate) mod paged;
 pub(crate) mod rmsnorm;
 pub(crate) mod sampling;
+pub(crate) mod seeded;
 #[cfg(test)]
 mod tests;
 

@@ -37,6 +37,7 @@ pub mod profile;
 pub mod rmsnorm;
 pub mod rope;
 pub mod sampling;
+pub mod seeded;
 pub mod swiglu;
 
 pub use candle_core::{Error, Result};

@@ -1,11 +1,15 @@
-//! One LoRA training step of our engine on the GPU at a Qwen3 shape, timed: random-init base in
+//! LoRA training steps of our engine on the GPU at a Qwen3 shape, timed: random-init base in
 //! bf16, LoRA r16 α32 on all seven projections, labels = inputs shifted, AdamW on the adapters
-//! (the fused `kernels::adamw` update, moments on the device). Prints one JSON line per shape
-//! (tok/s, peak memory from the driver, model FLOPs per step and the bf16 GEMM ceiling measured
-//! here, for MFU) for bench/run.sh, which runs the PEFT peer beside it.
-//! Built by scripts/build-gpu (cuda feature).
+//! (the fused `kernels::adamw` update, moments on the device). Prints one JSON line per batch
+//! kind (tok/s as the median of the steps after two warm-ups, peak memory from the driver, model
+//! FLOPs per step and the bf16 GEMM ceiling measured here, for MFU) for bench/run.sh, which runs
+//! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
-//! `gpu_step SHAPE BATCH SEQ STEPS` with SHAPE one of 0.6B, 1.7B, 8B.
+//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B: STEPS steps of
+//! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
+//! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
+//! it for every peer), STEPS steps of that packed batch (`"kind":"packed"`), attention kept
+//! inside each document by the engine's segment masks.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -13,7 +17,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::adamw::{self, Coefficients};
 use mindxtrain_kernels::profile;
-use mindxtrain_trainer::batch::PackedBatch;
+use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
 use mindxtrain_trainer::recipe::TargetModule;
 
@@ -39,22 +43,43 @@ fn config(shape: &str) -> Qwen3Config {
     }
 }
 
-fn batch(b: usize, t: usize, vocab: usize, step: u64) -> PackedBatch {
+/// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to
+/// `t`): positions restart and segment ids change at each document, and the last token of a
+/// document predicts nothing (the next document is not its continuation).
+fn batch(docs: &[Vec<usize>], t: usize, vocab: usize, step: u64) -> PackedBatch {
+    let b = docs.len();
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ step;
     let mut next = || {
         state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         ((state >> 33) % vocab as u64) as u32
     };
     let input_ids: Vec<u32> = (0..b * t).map(|_| next()).collect();
-    let labels = (0..b * t).map(|i| if (i + 1) % t == 0 { -100 } else { input_ids[i + 1] as i64 }).collect();
-    PackedBatch {
-        batch: b,
-        seq_len: t,
-        position_ids: (0..b * t).map(|i| (i % t) as u32).collect(),
-        segment_ids: vec![1; b * t],
-        input_ids,
-        labels,
+    let (mut position_ids, mut segment_ids, mut labels) = (vec![], vec![], vec![]);
+    for lengths in docs {
+        for (doc, &len) in lengths.iter().enumerate() {
+            for p in 0..len {
+                let i = position_ids.len();
+                position_ids.push(p as u32);
+                segment_ids.push(doc as u32 + 1);
+                labels.push(if p + 1 < len { input_ids[i + 1] as i64 } else { IGNORE });
+            }
+        }
     }
+    PackedBatch { batch: b, seq_len: t, input_ids, position_ids, segment_ids, labels }
+}
+
+/// The document lengths of each row: one document per row, or the lines of a packing file.
+fn documents(b: usize, t: usize, packing: Option<&str>) -> Result<Vec<Vec<usize>>, String> {
+    let Some(path) = packing else { return Ok(vec![vec![t]; b]) };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("packing file {path}: {e}"))?;
+    let rows = text
+        .lines()
+        .map(|l| l.split_whitespace().map(|n| n.parse::<usize>().map_err(|e| format!("{path}: {n:?}: {e}"))).collect())
+        .collect::<Result<Vec<Vec<usize>>, String>>()?;
+    if rows.len() != b || rows.iter().any(|r| r.iter().sum::<usize>() != t || r.contains(&0)) {
+        return Err(format!("{path}: want {b} lines of positive document lengths summing to {t}"));
+    }
+    Ok(rows)
 }
 
 fn used_gib() -> f64 {
@@ -96,29 +121,32 @@ fn gemm_ceiling(dev: &Device) -> candle_core::Result<f64> {
     Ok(2.0 * (n as f64).powi(3) / times[times.len() / 2])
 }
 
-fn main() -> candle_core::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let (shape, b, t, steps) =
-        (args[1].as_str(), args[2].parse().unwrap(), args[3].parse().unwrap(), args[4].parse::<u64>().unwrap());
-    let dev = Device::new_cuda(0)?;
-    mindxtrain_kernels::cache_freed_memory(&dev)?;
-    let cfg = config(shape);
-    let ceiling = gemm_ceiling(&dev)?;
+/// The optimizer moments of the adapters, on the device.
+type Moments = BTreeMap<String, (Tensor, Tensor)>;
+
+/// `steps` timed steps on the rows `docs`, the first two untimed; returns the median seconds per
+/// step and the driver's peak memory. With MINDXTRAIN_PROFILE, prints the last step's ops.
+fn measure(
+    model: &Qwen3,
+    ad: &mut Adapters,
+    moments: &mut Moments,
+    docs: &[Vec<usize>],
+    steps: u64,
+    label: &str,
+) -> candle_core::Result<(f64, f64)> {
     let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
-    let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
-    let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
-    let mut ad = Adapters::init(&cfg, &lora, 2, DType::BF16, &dev).map_err(err)?;
-    let mut moments: BTreeMap<String, (Tensor, Tensor)> = BTreeMap::new();
+    let dev = model.device().clone();
+    let t = docs[0].iter().sum::<usize>();
     let (mut peak, mut timed) = (0f64, Vec::new());
     for step in 1..=steps {
-        let pb = batch(b, t, cfg.vocab_size, step);
+        let pb = batch(docs, t, model.config().vocab_size, step);
         if step == steps {
             // MINDXTRAIN_PROFILE: attribute the last step only (the first ones load kernels).
             drop(profile::take());
         }
         let t0 = Instant::now();
-        let opts = StepOptions { loss_scale: 1.0 / (b * (t - 1)) as f64, ..StepOptions::default() };
-        let out = model.forward_backward(&pb, Trainable::Adapters, Some(&ad), &opts).map_err(err)?;
+        let opts = StepOptions { loss_scale: 1.0 / pb.target_tokens().max(1) as f64, ..StepOptions::default() };
+        let out = model.forward_backward(&pb, Trainable::Adapters, Some(ad), &opts).map_err(err)?;
         let _profile = profile::scope("optimizer (glue)", &dev);
         let k = Coefficients::new([0.9, 0.999], 1e-8, 0.0, 1e-4, step);
         for (name, p) in ad.tensors.iter_mut() {
@@ -135,7 +163,7 @@ fn main() -> candle_core::Result<()> {
         dev.synchronize()?;
         let s = t0.elapsed().as_secs_f64();
         peak = peak.max(used_gib());
-        eprintln!("ours {shape} step {step}: {:.3} s, loss {:.4}", s, out.loss_sum / out.target_tokens as f64);
+        eprintln!("ours {label} step {step}: {s:.3} s, loss {:.4}", out.loss_sum / out.target_tokens as f64);
         if step > 2 {
             timed.push(s);
         }
@@ -144,9 +172,9 @@ fn main() -> candle_core::Result<()> {
     if !ops.is_empty() {
         let last = *timed.last().unwrap_or(&f64::NAN);
         let attributed: f64 = ops.iter().map(|o| o.2).sum();
-        eprintln!("profile of step {steps} ({last:.3} s, synchronised after every op):");
-        for (label, calls, secs) in ops {
-            eprintln!("  {label:<22} {calls:>5} calls {:>9.1} ms {:>5.1}%", secs * 1e3, 100.0 * secs / last);
+        eprintln!("profile of {label} step {steps} ({last:.3} s, synchronised after every op):");
+        for (op, calls, secs) in ops {
+            eprintln!("  {op:<22} {calls:>5} calls {:>9.1} ms {:>5.1}%", secs * 1e3, 100.0 * secs / last);
         }
         eprintln!(
             "  {:<22} {:>5}       {:>9.1} ms {:>5.1}%",
@@ -156,12 +184,49 @@ fn main() -> candle_core::Result<()> {
             100.0 * (last - attributed) / last
         );
     }
+    if timed.is_empty() {
+        candle_core::bail!("gpu_step: {steps} steps leave none to time after the two warm-ups");
+    }
     timed.sort_by(f64::total_cmp);
-    let median = timed[timed.len() / 2];
-    println!(
-        "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"batch\":{b},\"seq\":{t},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1},\"step_flops\":{:.4e},\"gemm_flops_per_s\":{ceiling:.4e}}}",
-        (b * t) as f64 / median,
-        step_flops(&cfg, b, t)
-    );
+    Ok((timed[timed.len() / 2], peak))
+}
+
+fn main() -> candle_core::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 5 {
+        candle_core::bail!("usage: gpu_step SHAPE BATCH SEQ STEPS [PACKING]");
+    }
+    let num = |i: usize| args[i].parse::<usize>().map_err(|e| candle_core::Error::Msg(format!("{}: {e}", args[i])));
+    let (shape, b, t, steps) = (args[1].as_str(), num(2)?, num(3)?, num(4)? as u64);
+    let mut kinds = vec![("uniform", documents(b, t, None).map_err(candle_core::Error::Msg)?)];
+    if let Some(path) = args.get(5) {
+        kinds.push(("packed", documents(b, t, Some(path)).map_err(candle_core::Error::Msg)?));
+    }
+    let dev = Device::new_cuda(0)?;
+    let cfg = config(shape);
+    let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
+    let t0 = Instant::now();
+    let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
+    // The pool still has its default release threshold here, so the draws' f64 scratch (5 GB
+    // for the 8B embedding) goes back to the driver at this sync and never counts as peak.
+    dev.synchronize()?;
+    let init_s = t0.elapsed().as_secs_f64();
+    mindxtrain_kernels::cache_freed_memory(&dev)?;
+    let ceiling = gemm_ceiling(&dev)?;
+    eprintln!("ours {shape}: seeded weights in {init_s:.1} s");
+    let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    let mut ad = Adapters::init(&cfg, &lora, 2, DType::BF16, &dev).map_err(err)?;
+    let mut moments = Moments::new();
+    for (kind, docs) in kinds {
+        let (median, peak) = measure(&model, &mut ad, &mut moments, &docs, steps, &format!("{shape} {kind}"))?;
+        // The packed kind's FLOPs are those of one document per row, as for the peers: tok/s is
+        // what compares, and the MFU of a packed batch counts the attention it skips.
+        println!(
+            "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"kind\":\"{kind}\",\"batch\":{b},\"seq\":{t},\"documents\":{},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1},\"step_flops\":{:.4e},\"gemm_flops_per_s\":{ceiling:.4e},\"init_s\":{init_s:.1}}}",
+            docs.iter().map(Vec::len).sum::<usize>(),
+            (b * t) as f64 / median,
+            step_flops(&cfg, b, t)
+        );
+    }
     Ok(())
 }

@@ -116,6 +116,13 @@ fn rmsnorm_matches_the_f64_reference() -> Result<()> {
             let (y_ref, _) = crate::rmsnorm::forward(&s_ref, &wr, 1e-6)?;
             expect_close(&format!("{tag} add+norm s"), &s, &s_ref, tol, inp.seed)?;
             expect_close(&format!("{tag} add+norm y"), &y, &y_ref, tol, inp.seed)?;
+            // The trainer's block swaps a separate add and norm for this: the same bits.
+            let s_sep = (&x + &r)?;
+            let (y_sep, _) = crate::rmsnorm::forward(&s_sep, &w, 1e-6)?;
+            for (name, f, sep) in [("s", &s, &s_sep), ("y", &y, &y_sep)] {
+                let same = f.eq(sep)?.to_dtype(DType::F32)?.min_all()?.to_scalar::<f32>()?;
+                assert_eq!(same, 1.0, "{tag}: fused add+norm {name} differs from add then norm");
+            }
         }
     }
     Ok(())
@@ -413,6 +420,40 @@ fn nf4_dequant_matmul_matches_the_host_dequantisation() -> Result<()> {
         expect_close(&format!("{tag} x·Wᵀ"), &y, &xr.matmul(&dense.t()?)?, tol, inp.seed)?;
         let dx = fused(|| nf4::matmul(&dy, &dev, tile))?;
         expect_close(&format!("{tag} dy·W"), &dx, &dyr.matmul(&dense)?, tol, inp.seed)?;
+    }
+    Ok(())
+}
+
+/// The weight init's draws: each value the host's (`seeded::host`) up to the last bits of `log`
+/// and `cos`, over block edges, a last partial block and draw indices past 2^22 (where `2j + 1`
+/// times γ wraps many times).
+#[test]
+fn seeded_normal_matches_the_host_draws() -> Result<()> {
+    use crate::seeded;
+    let mut s = seed();
+    let mut next = || {
+        s = s.wrapping_add(seeded::GAMMA);
+        seeded::mix(s)
+    };
+    for (block, n) in [(1000usize, 12_345usize), (1 << 22, (1 << 22) + 5000)] {
+        let states: Vec<u64> = (0..n.div_ceil(block)).map(|_| next()).collect();
+        let got = fused(|| seeded::normal(&states, block, n, 0.02, &gpu()))?;
+        assert_eq!(got.dims(), [n]);
+        let got = got.to_vec1::<f64>()?;
+        let want = seeded::host(&states, block, n, 0.02)?;
+        let mut exact = 0;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-13 * w.abs(),
+                "value {i} of {n} (block {block}): {g} vs host {w} (states {states:?})"
+            );
+            exact += usize::from(g == w);
+        }
+        // The same function, not merely a close one: nearly every value has the host's bits.
+        assert!(exact as f64 >= 0.99 * n as f64, "{exact} of {n} values with the host's bits");
+        println!("seeded normal, blocks of {block}: {exact} of {n} values bitwise the host's, the rest within 1e-13");
+        // Deterministic on the device.
+        assert_eq!(seeded::normal(&states, block, n, 0.02, &gpu())?.to_vec1::<f64>()?, got);
     }
     Ok(())
 }

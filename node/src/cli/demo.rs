@@ -31,10 +31,16 @@ pub struct DemoArgs {
     /// Keep the node in this directory (must not exist yet) instead of a temporary one.
     #[arg(long)]
     keep: Option<PathBuf>,
+    /// Serve the trained model for the paid calls from this device (cpu, cuda or cuda:N;
+    /// training stays on the CPU). A CUDA device needs a binary built with the cuda feature.
+    #[arg(long, value_parser = super::serve_cmd::parse_device, default_value = "cpu")]
+    serve_device: super::serve_cmd::DeviceArg,
 }
 
 pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     let started = Instant::now();
+    // Opened first: a missing GPU fails before a minute of training, not after it.
+    let serve_device = args.serve_device.open()?;
     let temp;
     let dir = match &args.keep {
         Some(d) => {
@@ -93,8 +99,11 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         receipt["files_checked"]
     ));
 
-    say("[5/6] selling the LoRA model over x402 on anvil: a paid chat completion, then a rental used up".into());
-    let market = super::market_demo::demo_step(&dir, &log, &id, &training, &say)?;
+    say(format!(
+        "[5/6] selling the LoRA model over x402 on anvil from {}: a paid chat completion, then a rental used up",
+        mindxtrain_trainer::run::device_name(&serve_device)
+    ));
+    let market = super::market_demo::demo_step(&dir, &log, &id, &training, &serve_device, &say)?;
     let stats = log.stats();
     drop(log);
 

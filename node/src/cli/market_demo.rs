@@ -37,6 +37,7 @@ pub fn demo_step(
     log: &Arc<EventLog>,
     id: &Identity,
     training: &Value,
+    device: &candle_core::Device,
     say: &dyn Fn(String),
 ) -> Result<Value> {
     let lora = &training[1];
@@ -54,7 +55,7 @@ pub fn demo_step(
         force_base: false,
         merge: false,
         name: None,
-        device: &candle_core::Device::Cpu,
+        device,
         adapters: &[],
     })?;
     let billing = loaded.recipe.publish.billing.x402.clone().context("the demo recipe sets no x402 price")?;
@@ -129,7 +130,7 @@ pub fn demo_step(
             record.payer == buyer_address && record.amount == U256::from(price),
             "the paid call is not recorded in X402Receiver"
         );
-        anyhow::Ok(json!({"url": url, "model": name, "asset": usdc, "receiver": receiver, "price": price.to_string(),
+        anyhow::Ok(json!({"url": url, "model": name, "device": mindxtrain_trainer::run::device_name(device), "asset": usdc, "receiver": receiver, "price": price.to_string(),
             "received": received.to_string(), "paid_call": call, "rental": rental, "operator_api": operator}))
     });
     anvil.stop();

@@ -293,7 +293,7 @@ pub enum DeviceArg {
     Cuda(usize),
 }
 
-fn parse_device(s: &str) -> Result<DeviceArg, String> {
+pub(crate) fn parse_device(s: &str) -> Result<DeviceArg, String> {
     match s {
         "cpu" => Ok(DeviceArg::Cpu),
         "cuda" => Ok(DeviceArg::Cuda(0)),
@@ -306,7 +306,7 @@ fn parse_device(s: &str) -> Result<DeviceArg, String> {
 }
 
 impl DeviceArg {
-    fn open(self) -> Result<candle_core::Device> {
+    pub(crate) fn open(self) -> Result<candle_core::Device> {
         match self {
             DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
             DeviceArg::Cuda(n) => candle_core::Device::new_cuda(n)

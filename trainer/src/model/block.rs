@@ -252,8 +252,9 @@ impl StepCtx<'_> {
         lora: &mut BTreeMap<Proj, LoraTape>,
     ) -> Result<BlockTail> {
         let eps = self.model.config.rms_norm_eps;
-        let x2 = (x + self.proj_forward(layer, Proj::O, attn, Some(lora))?)?;
-        let (h2, rstd2) = rmsnorm::forward(&x2, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
+        // The residual add runs inside the norm's kernel on a GPU (same bits as add then norm).
+        let o = self.proj_forward(layer, Proj::O, attn, Some(lora))?;
+        let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
         let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(lora))?;
         let up = self.proj_forward(layer, Proj::Up, &h2, Some(lora))?;
         let m = swiglu::forward(&gate, &up)?;

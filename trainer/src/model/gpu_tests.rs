@@ -151,6 +151,30 @@ fn train(
     (losses, ad.tensors)
 }
 
+/// Seeded weights drawn on the GPU are the host's: every parameter, in f32 (one rounding of the
+/// same f64 draws; the GPU's log/cos may move a value's last f64 bit, which f32 almost never
+/// sees) and bf16, and the same bits on every draw.
+#[test]
+fn seeded_weights_drawn_on_the_gpu_are_the_hosts() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let cfg = config();
+    for (dtype, bound) in [(DType::F32, 1e-7), (DType::BF16, 4e-3)] {
+        let host = params::init_random(&cfg, 11, dtype, &Device::Cpu).unwrap();
+        let drawn = params::init_random(&cfg, 11, dtype, &gpu).unwrap();
+        assert_eq!(host.keys().collect::<Vec<_>>(), drawn.keys().collect::<Vec<_>>());
+        for (name, want) in &host {
+            let got = &drawn[name];
+            assert!(got.device().is_cuda(), "{name} was not drawn on the GPU");
+            assert_eq!((got.dims(), got.dtype()), (want.dims(), want.dtype()), "{name}");
+            let err = rel_err(got, want);
+            assert!(err <= bound, "{name} {dtype:?}: relative error {err:e} over {bound:e}");
+        }
+        let again = params::init_random(&cfg, 11, dtype, &gpu).unwrap();
+        let bits = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(drawn.iter().all(|(n, t)| bits(t) == bits(&again[n])), "two GPU draws differ ({dtype:?})");
+    }
+}
+
 #[test]
 fn fifty_lora_steps_on_the_gpu_follow_the_cpu_loss_curve() {
     let gpu = Device::new_cuda(0).expect("a CUDA device");

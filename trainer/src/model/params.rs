@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
+use mindxtrain_kernels::seeded;
 
 use super::rng::{SplitMix64, name_id};
 use super::{ModelError, Qwen3Config};
@@ -154,8 +155,17 @@ pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) ->
     use rayon::prelude::*;
     let shapes: Vec<(String, Vec<usize>)> = expected_shapes(c).into_iter().collect();
     let mut params = Params::new();
+    if device.is_cuda() {
+        // Drawn where they live: one launch per tensor, nothing crosses the bus.
+        for (name, shape) in shapes {
+            let t = draw(seed, &name, &shape, dtype, device)?;
+            params.insert(name, t);
+        }
+        return Ok(params);
+    }
     for batch in shapes.chunks(rayon::current_num_threads().max(1)) {
-        let drawn = batch.par_iter().map(|(name, shape)| draw(seed, name, shape, dtype)).collect::<Vec<_>>();
+        let drawn =
+            batch.par_iter().map(|(name, shape)| draw(seed, name, shape, dtype, &Device::Cpu)).collect::<Vec<_>>();
         for ((name, _), t) in batch.iter().zip(drawn) {
             params.insert(name.clone(), t?.to_device(device)?);
         }
@@ -166,24 +176,23 @@ pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) ->
 /// Values per stream within one tensor. The first block of a tensor draws from the tensor's own
 /// stream, so tensors up to this size hold what they always held; later blocks draw from streams
 /// derived from the tensor's and the block's index, so one large tensor (an 8B model's 622M-value
-/// embedding) fills on every core instead of one.
+/// embedding) fills on every core (or GPU thread) instead of one.
 const DRAW_BLOCK: usize = 1 << 22;
 
-/// One parameter of [`init_random`], on the host.
-fn draw(seed: u64, name: &str, shape: &[usize], dtype: DType) -> candle_core::Result<Tensor> {
-    use rayon::prelude::*;
+/// One parameter of [`init_random`], drawn on `device` (`mindxtrain_kernels::seeded`: on a GPU by
+/// its own kernel, the same function as the host's up to the last bit of `log`/`cos`).
+fn draw(seed: u64, name: &str, shape: &[usize], dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
     if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
-        return Tensor::ones(shape, dtype, &Device::Cpu);
+        return Tensor::ones(shape, dtype, device);
     }
-    let mut v = vec![0f64; shape.iter().product()];
-    v.par_chunks_mut(DRAW_BLOCK).enumerate().for_each(|(block, values)| {
-        let mut rng = match block {
-            0 => SplitMix64::derive(seed, &[name_id(name)]),
-            b => SplitMix64::derive(seed, &[name_id(name), b as u64]),
-        };
-        values.iter_mut().for_each(|x| *x = 0.02 * rng.normal());
-    });
-    Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)
+    let n: usize = shape.iter().product();
+    let states: Vec<u64> = (0..n.div_ceil(DRAW_BLOCK))
+        .map(|block| match block {
+            0 => SplitMix64::derive(seed, &[name_id(name)]).state(),
+            b => SplitMix64::derive(seed, &[name_id(name), b as u64]).state(),
+        })
+        .collect();
+    seeded::normal(&states, DRAW_BLOCK, n, 0.02, device)?.reshape(shape)?.to_dtype(dtype)
 }
 
 #[cfg(test)]
@@ -195,7 +204,10 @@ mod tests {
         let shape = [DRAW_BLOCK + 1000];
         let values = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64)).unwrap().to_vec1::<f64>().unwrap()
+            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64, &Device::Cpu))
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
         };
         let (one, many) = (values(1), values(4));
         assert_eq!(one, many);

@@ -2,6 +2,8 @@
 //! gives the same numbers on every platform and thread count, and streams are derived from
 //! `(seed, purpose)` so a recomputed forward (activation checkpointing) draws the same mask.
 
+use mindxtrain_kernels::seeded;
+
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
@@ -15,29 +17,32 @@ impl SplitMix64 {
         let mut s = SplitMix64(seed);
         let mut h = s.next_u64();
         for &p in parts {
-            h = SplitMix64(h ^ p.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64();
+            h = SplitMix64(h ^ p.wrapping_mul(seeded::GAMMA)).next_u64();
         }
         SplitMix64(h)
     }
 
+    /// The state: the stream as `mindxtrain_kernels::seeded` draws it (on the device, too).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(seeded::GAMMA);
+        seeded::mix(self.0)
     }
 
     /// Uniform in `[0, 1)` with 53 random bits.
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        seeded::unit(self.next_u64())
     }
 
-    /// Standard normal (Box–Muller; one draw per call keeps streams simple to reason about).
+    /// Standard normal (Box–Muller over two draws, as `seeded` draws the weight init; the tests
+    /// walk streams with it).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.unit();
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        let a = self.next_u64();
+        seeded::box_muller(a, self.next_u64())
     }
 }
 
