@@ -14,6 +14,19 @@ pub enum DataError {
     /// A JSONL line that is not a valid record of the expected format.
     #[error("{}:{line}: {reason}", path.display())]
     BadLine { path: PathBuf, line: u64, reason: String },
+    /// A problem with a Parquet or Arrow file: where it is, as precisely as known (the row
+    /// group or record batch, the column, the row within it).
+    #[error("{}{}{}{}: {message}", path.display(),
+        group.as_ref().map(|g| format!(" {g}")).unwrap_or_default(),
+        column.as_ref().map(|c| format!(" column `{c}`")).unwrap_or_default(),
+        row.map(|r| format!(" row {r}")).unwrap_or_default())]
+    BadTable { path: PathBuf, group: Option<String>, column: Option<String>, row: Option<u64>, message: String },
+    /// A chat template that does not compile or fails on a conversation.
+    #[error("chat template {origin}: {message}")]
+    Template { origin: String, message: String },
+    /// An input file that changed after it was indexed (its size or modification time).
+    #[error("{}: changed while the run was reading it ({reason}); its BLAKE3 in the manifest no longer describes it", path.display())]
+    Changed { path: PathBuf, reason: String },
     #[error("tokenizer {origin}: {message}")]
     Tokenizer { origin: String, message: String },
     /// The recipe asks for something the data pipeline cannot do with what it was given.

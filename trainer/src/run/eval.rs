@@ -70,13 +70,13 @@ pub fn evaluate(
 ) -> Result<EvalReport, EvalError> {
     let mut loss_sum = 0.0;
     let mut target_tokens = 0;
-    for batch in dataset.holdout_batches(per_device) {
+    for batch in dataset.holdout_batches(per_device)? {
         let losses = model.token_losses(&batch, adapters)?;
         loss_sum += losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         target_tokens += batch.target_tokens();
     }
     let loss = (target_tokens > 0).then(|| loss_sum / target_tokens as f64);
-    let prompts: Vec<PromptItem> = dataset.holdout_prompts(tokenizer)?.into_iter().take(max_prompts).collect();
+    let prompts: Vec<PromptItem> = dataset.holdout_prompts_max(tokenizer, max_prompts)?;
     let stop = [tokenizer.im_end_id(), tokenizer.eos_id()];
     let mut correct = 0;
     let mut samples = Vec::new();
@@ -98,7 +98,7 @@ pub fn evaluate(
     Ok(EvalReport {
         v: 1,
         step,
-        holdout_examples: dataset.holdout.len(),
+        holdout_examples: dataset.holdout_len(),
         loss,
         perplexity: loss.map(f64::exp),
         target_tokens,

@@ -424,7 +424,7 @@ impl<'a> Session<'a> {
         let mut denominator = 0.0;
         if let Some(loss) = self.method.preference {
             let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let pairs: usize = batches.iter().map(|b| b.chosen.batch).sum();
             for b in &batches {
@@ -450,7 +450,7 @@ impl<'a> Session<'a> {
             denominator = pairs as f64;
         } else {
             let mut it = self.dataset.batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
             let scale = 1.0 / targets.max(1) as f64;

@@ -74,7 +74,7 @@ fn examples_fit_a_tiny_byte_model() {
         let longest = generate(&p)
             .iter()
             .map(|t| {
-                let pieces = ChatTemplate::COMPACT.render(&t.conversation(), Targets::AssistantFrom(0));
+                let pieces = ChatTemplate::COMPACT.render(&t.conversation(), Targets::AssistantFrom(0)).unwrap().pieces;
                 encode_pieces(&tokenizer, &pieces).unwrap().ids.len() + 1 // + eos
             })
             .max()
@@ -87,11 +87,11 @@ fn examples_fit_a_tiny_byte_model() {
 fn records_read_back_as_the_same_conversation() {
     let template = ChatTemplate::QWEN3;
     for task in generate(&TaskParams { seed: 5, count: 300, multi_arg_tools: true }) {
-        let want = pieces_to_string(&template.render(&task.conversation(), Targets::AssistantFrom(0)));
+        let want = pieces_to_string(&template.render(&task.conversation(), Targets::AssistantFrom(0)).unwrap().pieces);
         for format in [DataFormat::Chat, DataFormat::Instruction] {
             let line = task.record(format).to_string();
             let Some(Example::Chat(conv)) = parse_line(line.as_bytes(), format).unwrap() else { panic!("{line}") };
-            assert_eq!(pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0))), want, "{line}");
+            assert_eq!(pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0)).unwrap().pieces), want, "{line}");
         }
         let line = task.record(DataFormat::Preference).to_string();
         let parsed = parse_line(line.as_bytes(), DataFormat::Preference).unwrap().unwrap();
