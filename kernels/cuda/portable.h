@@ -19,11 +19,13 @@ static __device__ __forceinline__ bf16 __float2bfloat16(float x) { return bf16(x
 // AMD wavefronts are 64 lanes; the warp reductions below use WARP, never 32.
 #define WARP 64
 #define SHFL_XOR(v, m) __shfl_xor((v), (m))
+#define SHFL(v, src) __shfl((v), (src))
 #else
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;
 #define WARP 32
 #define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
 #endif
 
 #define KERNEL extern "C" __global__

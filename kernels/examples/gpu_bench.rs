@@ -63,6 +63,7 @@ impl Ceilings {
 
 fn main() -> Result<()> {
     let dev = Device::new_cuda(0)?;
+    let cfg = mindxtrain_kernels::KernelConfig::default();
     // The same measurement before and after keeping freed memory in the pool: candle allocates
     // every output, so the difference is what each op pays for allocation by default.
     print!("pool releases freed memory (default) -> ");
@@ -96,19 +97,19 @@ fn main() -> Result<()> {
         let (q, k, v) =
             (rand(&[batch, heads, t, hd], &dev)?, rand(&[batch, kv, t, hd], &dev)?, rand(&[batch, kv, t, hd], &dev)?);
         let scale = 1.0 / (hd as f64).sqrt();
-        let (out, lse) = attention::forward(&q, &k, &v, &mask, scale)?;
+        let (out, lse) = attention::forward(&cfg, &q, &k, &v, &mask, scale)?;
         // Causal: half of the T×T scores; 2 GEMMs forward, 5 backward (recomputing scores).
         let pairs = (batch * heads) as f64 * (t * t) as f64 / 2.0;
         let qb = (q.elem_count() * 2) as f64;
         c.report(
             "attention fwd",
-            time(&dev, 5, || attention::forward(&q, &k, &v, &mask, scale))?,
+            time(&dev, 5, || attention::forward(&cfg, &q, &k, &v, &mask, scale))?,
             4.0 * pairs * hd as f64,
             2.5 * qb,
         );
         c.report(
             "attention bwd",
-            time(&dev, 3, || attention::backward(&out, &q, &k, &v, &out, &lse, &mask, scale))?,
+            time(&dev, 3, || attention::backward(&cfg, &out, &q, &k, &v, &out, &lse, &mask, scale))?,
             10.0 * pairs * hd as f64,
             5.0 * qb,
         );
@@ -118,17 +119,17 @@ fn main() -> Result<()> {
         let labels = Labels::new(&ids, vocab, DType::BF16, &dev)?;
         let gemm = 2.0 * (tokens * vocab * hidden) as f64;
         for chunk in [8192, 32768] {
-            let (_, lse) = lm_head_ce::forward(&x, &lm, &labels, chunk)?;
+            let (_, lse) = lm_head_ce::forward(&cfg, &x, &lm, &labels, chunk)?;
             let dl = Tensor::ones(tokens, DType::F32, &dev)?;
             c.report(
                 &format!("lm_head CE fwd (chunk {chunk})"),
-                time(&dev, 5, || lm_head_ce::forward(&x, &lm, &labels, chunk))?,
+                time(&dev, 5, || lm_head_ce::forward(&cfg, &x, &lm, &labels, chunk))?,
                 gemm,
                 0.0,
             );
             c.report(
                 &format!("lm_head CE bwd (chunk {chunk}, dh only)"),
-                time(&dev, 5, || lm_head_ce::backward(&dl, &x, &lm, &lse, &labels, chunk, false))?,
+                time(&dev, 5, || lm_head_ce::backward(&cfg, &dl, &x, &lm, &lse, &labels, chunk, false))?,
                 2.0 * gemm,
                 0.0,
             );

@@ -8,8 +8,9 @@
 pub mod cached;
 mod choice;
 
-pub use choice::{AttentionKernels, KEY_TILES, MAX_DQ_SPLITS, kernels, set_kernels};
+pub use choice::{AttentionKernels, KEY_TILES, MAX_DQ_SPLITS};
 
+use crate::KernelConfig;
 use crate::cpu::{self, dispatch};
 use crate::on_gpu_or;
 use candle_core::{D, DType, Device, Result, Tensor};
@@ -82,8 +83,16 @@ fn check_heads(q: &Tensor, k: &Tensor) -> Result<()> {
 
 /// `q`: `[B, heads, T, hd]`, `k`, `v`: `[B, kv_heads, T, hd]`. Returns the output
 /// `[B, heads, T, hd]` and the row log-sum-exp of the scaled, masked scores `[B, heads, T]`,
-/// from which the backward recomputes the probabilities (no T×T matrix is kept).
-pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> Result<(Tensor, Tensor)> {
+/// from which the backward recomputes the probabilities (no T×T matrix is kept). On a GPU,
+/// `cfg` picks the flash kernel.
+pub fn forward(
+    cfg: &KernelConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
     let _profile = crate::profile::scope("attention fwd", q.device());
     mask.check(q)?;
     check_heads(q, k)?;
@@ -92,7 +101,9 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> R
     use cpu::attention::forward as fused;
     let cpu_or_reference =
         || dispatch!([q, k, v], fused(q, k, v, &mask.starts, scale), reference::forward(q, k, v, mask, scale));
-    on_gpu_or!([q, k, v], gpu(q, k, v, mask, scale), cpu_or_reference())
+    #[cfg(not(feature = "cuda"))]
+    let _ = cfg;
+    on_gpu_or!([q, k, v], gpu(q, k, v, mask, scale, cfg.attention()), cpu_or_reference())
 }
 
 /// Gradients `(dq, dk, dv)` of [`forward`]; `dout` is `[B, heads, T, hd]`, `out` and `lse`
@@ -101,6 +112,7 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64) -> R
 /// the CPU kernels compute D with the scores they already have.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
+    cfg: &KernelConfig,
     dout: &Tensor,
     q: &Tensor,
     k: &Tensor,
@@ -124,8 +136,8 @@ pub fn backward(
         )
     };
     #[cfg(not(feature = "cuda"))]
-    let _ = out;
-    on_gpu_or!([dout, q, k, v], gpu(dout, q, k, v, out, lse, mask, scale), cpu_or_reference())
+    let _ = (cfg, out);
+    on_gpu_or!([dout, q, k, v], gpu(dout, q, k, v, out, lse, mask, scale, cfg.attention()), cpu_or_reference())
 }
 
 /// The composed form, on any candle device: the referee of the fused kernels.
@@ -208,9 +220,10 @@ mod tests {
         let [q, k, v, dy] = inputs(b, h, kv, t, hd, 1)?;
         let mask = Mask::new(&[1, 1, 2, 2, 2, 1, 1, 1, 0, 0], b, t)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let (o, lse) = forward(&q, &k, &v, &mask, scale)?;
-        let (dq, dk, dv) = backward(&dy, &q, &k, &v, &o, &lse, &mask, scale)?;
-        let f = |x: &[Tensor]| Ok(forward(&x[0], &x[1], &x[2], &mask, scale)?.0);
+        let cfg = KernelConfig::default();
+        let (o, lse) = forward(&cfg, &q, &k, &v, &mask, scale)?;
+        let (dq, dk, dv) = backward(&cfg, &dy, &q, &k, &v, &o, &lse, &mask, scale)?;
+        let f = |x: &[Tensor]| Ok(forward(&cfg, &x[0], &x[1], &x[2], &mask, scale)?.0);
         check(f, &[q, k, v], &dy, &[dq, dk, dv])
     }
 
@@ -224,10 +237,11 @@ mod tests {
         let grads_ref = reference::backward(&dy, &q, &k, &v, &lse_ref, &mask, 0.3)?;
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
             let c = |x: &Tensor| x.to_dtype(dtype);
-            let (o, lse) = forward(&c(&q)?, &c(&k)?, &c(&v)?, &mask, 0.3)?;
+            let cfg = KernelConfig::default();
+            let (o, lse) = forward(&cfg, &c(&q)?, &c(&k)?, &c(&v)?, &mask, 0.3)?;
             assert_close(&o, &o_ref, tol)?;
             assert_close(&lse, &lse_ref, tol)?;
-            let (dq, dk, dv) = backward(&c(&dy)?, &c(&q)?, &c(&k)?, &c(&v)?, &o, &lse, &mask, 0.3)?;
+            let (dq, dk, dv) = backward(&cfg, &c(&dy)?, &c(&q)?, &c(&k)?, &c(&v)?, &o, &lse, &mask, 0.3)?;
             assert_close(&dq, &grads_ref.0, tol)?;
             assert_close(&dk, &grads_ref.1, tol)?;
             assert_close(&dv, &grads_ref.2, tol)?;
@@ -241,14 +255,15 @@ mod tests {
         let (t, hd) = (5, 2);
         let [q, k, v, _] = inputs(1, 2, 1, t, hd, 5)?;
         let mask = Mask::new(&[1, 1, 2, 2, 2], 1, t)?;
-        let (o, _) = forward(&q, &k, &v, &mask, 1.0)?;
+        let cfg = KernelConfig::default();
+        let (o, _) = forward(&cfg, &q, &k, &v, &mask, 1.0)?;
         let bump = |x: &Tensor, j: usize| -> Result<Tensor> {
             let mut d = vec![0f64; t * hd];
             d[j * hd] = 5.0;
             x.broadcast_add(&Tensor::from_vec(d, (1, 1, t, hd), &Device::Cpu)?)
         };
         for j in 0..t {
-            let (o2, _) = forward(&q, &bump(&k, j)?, &bump(&v, j)?, &mask, 1.0)?;
+            let (o2, _) = forward(&cfg, &q, &bump(&k, j)?, &bump(&v, j)?, &mask, 1.0)?;
             let (a, b) = (o.reshape((2, t, hd))?.to_vec3::<f64>()?, o2.reshape((2, t, hd))?.to_vec3::<f64>()?);
             for head in 0..2 {
                 for i in 0..t {

@@ -14,6 +14,7 @@ pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod linear;
+pub(crate) mod paged;
 pub(crate) mod rmsnorm;
 
 use candle_core::{DType, Device, Result, Shape, Storage, Tensor, WithDType};

@@ -1,24 +1,13 @@
 //! Which GEMM algorithm runs for each distinct GEMM shape: the AOT plan's GEMM axis.
 //!
 //! On a GPU every GEMM of the linear ops goes through cuBLAS. The probe records the shapes a
-//! training step uses ([`record_shapes`] / [`recorded_shapes`]), times cuBLAS's default
+//! training step uses ([`crate::KernelConfig::recording_shapes`]), times cuBLAS's default
 //! against cuBLASLt's heuristic candidates for each (`time_candidates`, feature `cuda`), and the
-//! plan keeps the fastest. A run installs the plan's table once with [`set_gemm_algos`]; shapes
-//! not in it use the default. Nothing is tuned while a run trains.
-//!
-//! ```
-//! use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape, gemm_algo, set_gemm_algos};
-//! let shape = GemmShape { m: 1024, n: 4096, k: 1024, transa: true, transb: false, bf16: true };
-//! set_gemm_algos([(shape, GemmAlgo::Lt { index: 2, algo: "00".repeat(64) })]).unwrap();
-//! assert!(matches!(gemm_algo(&shape), Some(GemmAlgo::Lt { index: 2, .. })));
-//! // A malformed algorithm is refused, and the table is left as it was.
-//! assert!(set_gemm_algos([(shape, GemmAlgo::Lt { index: 0, algo: "zz".into() })]).is_err());
-//! assert!(gemm_algo(&shape).is_some());
-//! ```
+//! plan keeps the fastest. A run puts the plan's table into its [`crate::KernelConfig`]
+//! ([`crate::KernelConfig::with_gemm_algos`]); shapes not in it use the default. Nothing is
+//! tuned while a run trains.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, RwLock};
 
 /// One GEMM in cuBLAS's column-major terms: `C[m × n] = op(A)·op(B)` with `op(A)` of `m × k`
 /// (`A` stored transposed when `transa`) and `op(B)` of `k × n`; every matrix is dense, so the
@@ -81,43 +70,6 @@ impl GemmAlgo {
     }
 }
 
-static CHOSEN: RwLock<BTreeMap<GemmShape, GemmAlgo>> = RwLock::new(BTreeMap::new());
-static SEEN: Mutex<Option<BTreeSet<GemmShape>>> = Mutex::new(None);
-
-/// Replaces the table of chosen algorithms; refuses (and keeps the old table) if any entry is
-/// malformed.
-pub fn set_gemm_algos(algos: impl IntoIterator<Item = (GemmShape, GemmAlgo)>) -> Result<(), String> {
-    let table: BTreeMap<GemmShape, GemmAlgo> = algos.into_iter().collect();
-    for algo in table.values() {
-        algo.lt_bytes()?;
-    }
-    *CHOSEN.write().unwrap_or_else(|e| e.into_inner()) = table;
-    Ok(())
-}
-
-/// The algorithm chosen for `shape`, if the table has one.
-pub fn gemm_algo(shape: &GemmShape) -> Option<GemmAlgo> {
-    CHOSEN.read().unwrap_or_else(|e| e.into_inner()).get(shape).cloned()
-}
-
-/// Starts collecting the shape of every GEMM that runs (forgetting earlier ones).
-pub fn record_shapes() {
-    *SEEN.lock().unwrap_or_else(|e| e.into_inner()) = Some(BTreeSet::new());
-}
-
-/// Stops collecting and returns the distinct shapes seen since [`record_shapes`], in order.
-pub fn recorded_shapes() -> Vec<GemmShape> {
-    SEEN.lock().unwrap_or_else(|e| e.into_inner()).take().map(|s| s.into_iter().collect()).unwrap_or_default()
-}
-
-/// Notes a GEMM about to run (a no-op unless recording).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn note(shape: GemmShape) {
-    if let Some(seen) = SEEN.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        seen.insert(shape);
-    }
-}
-
 #[cfg(feature = "cuda")]
 pub use crate::gpu::lt::{GemmTiming, time_candidates};
 
@@ -135,18 +87,5 @@ mod tests {
         assert!(GemmAlgo::Lt { index: 0, algo: "ab".repeat(63) }.lt_bytes().is_err());
         assert!(GemmAlgo::Lt { index: 0, algo: "é".repeat(64) }.lt_bytes().is_err());
         assert_eq!(serde_json::to_string(&GemmAlgo::Default).unwrap(), r#"{"kind":"default"}"#);
-    }
-
-    #[test]
-    fn recording_collects_distinct_shapes_only_while_on() {
-        let s = |m| GemmShape { m, n: 2, k: 3, transa: false, transb: true, bf16: false };
-        note(s(1));
-        record_shapes();
-        for m in [5, 4, 5] {
-            note(s(m));
-        }
-        assert_eq!(recorded_shapes(), [s(4), s(5)]);
-        note(s(6));
-        assert!(recorded_shapes().is_empty());
     }
 }

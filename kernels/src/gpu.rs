@@ -12,8 +12,11 @@ pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod lt;
+pub(crate) mod multi_lora;
 pub(crate) mod nf4;
+pub(crate) mod paged;
 pub(crate) mod rmsnorm;
+pub(crate) mod sampling;
 #[cfg(test)]
 mod tests;
 

@@ -139,9 +139,9 @@ mod tests {
     #[test]
     fn a_slightly_wrong_gradient_is_caught() -> Result<()> {
         let (x, w, dy) = setup()?;
-        let (dx, dw) = linear::backward(&dy, &x, &w, true)?;
+        let (dx, dw) = linear::backward(&Default::default(), &dy, &x, &w, true)?;
         let wrong = dx.affine(1.001, 0.0)?;
-        let f = |t: &[Tensor]| linear::forward(&t[0], &t[1]);
+        let f = |t: &[Tensor]| linear::forward(&Default::default(), &t[0], &t[1]);
         assert!(check(f, &[x.clone(), w.clone()], &dy, &[wrong, dw.clone().unwrap()]).is_err());
         check(f, &[x, w], &dy, &[dx, dw.unwrap()])
     }
@@ -149,8 +149,8 @@ mod tests {
     #[test]
     fn a_missing_gradient_is_caught() -> Result<()> {
         let (x, w, dy) = setup()?;
-        let (dx, _) = linear::backward(&dy, &x, &w, false)?;
-        let f = |t: &[Tensor]| linear::forward(&t[0], &t[1]);
+        let (dx, _) = linear::backward(&Default::default(), &dy, &x, &w, false)?;
+        let f = |t: &[Tensor]| linear::forward(&Default::default(), &t[0], &t[1]);
         let err = check(f, &[x, w.clone()], &dy, &[dx, w.zeros_like()?]).unwrap_err();
         assert!(err.to_string().contains("8 of 20 probes disagree"), "{err}");
         Ok(())

@@ -8,12 +8,14 @@
 //! take fused GPU kernels (module `gpu`, sources in `kernels/cuda/`), tested against the same
 //! references on the device (`scripts/gpu-test`). With the `hip` feature the same sources load
 //! on AMD GPUs through hip-sys (module `hip`, on device buffers; built here, never run).
+//! The plan's tunables reach the ops as a value, a [`KernelConfig`], never as process-wide state.
 //! Nothing here uses candle's autograd: its fast norm/rope/softmax ops silently drop
 //! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
 //! against central finite differences ([`gradcheck`]).
 
 pub mod adamw;
 pub mod attention;
+mod config;
 mod cpu;
 pub mod cross_entropy;
 pub mod embedding;
@@ -27,13 +29,18 @@ pub mod gradcheck;
 pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
+pub mod memory;
+pub mod multi_lora;
 pub mod nf4;
+pub mod paged_attention;
 pub mod profile;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sampling;
 pub mod swiglu;
 
 pub use candle_core::{Error, Result};
+pub use config::{GemmShapeLog, KernelConfig};
 
 /// Under the `cuda` feature, CUDA tensors of f32/bf16 go to the GPU kernel `$gpu` (the caller
 /// imports it under that name, behind the same cfg); everything else evaluates `$rest`.

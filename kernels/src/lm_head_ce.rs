@@ -12,6 +12,7 @@
 //! run in the inputs' dtype. The two chunk passes are fused kernels on the GPU and composed
 //! candle ops elsewhere; the referee is [`crate::cross_entropy`] on the full logits.
 
+use crate::KernelConfig;
 use crate::cross_entropy::Labels;
 use crate::on_gpu_or;
 use candle_core::{D, DType, Result, Tensor};
@@ -37,13 +38,13 @@ fn check(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<(usize
 
 /// `h` `[N, D]`, lm_head `w` `[V, D]` → per-token losses `[N]` (0 where ignored) and the row
 /// log-sum-exp `[N, 1]` (statistics dtype), which the backward needs.
-pub fn forward(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<(Tensor, Tensor)> {
+pub fn forward(cfg: &KernelConfig, h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<(Tensor, Tensor)> {
     let _profile = crate::profile::scope("lm_head CE fwd", h.device());
     let (_, v) = check(h, w, labels, chunk)?;
     let stat = stat_dtype(h.dtype());
     let mut lse: Option<Tensor> = None;
     for v0 in (0..v).step_by(chunk) {
-        let logits = chunk_logits(h, &w.narrow(0, v0, chunk.min(v - v0))?)?;
+        let logits = chunk_logits(cfg, h, &w.narrow(0, v0, chunk.min(v - v0))?)?;
         let part = row_lse(&logits)?;
         lse = Some(match lse {
             None => part,
@@ -59,7 +60,9 @@ pub fn forward(h: &Tensor, w: &Tensor, labels: &Labels, chunk: usize) -> Result<
 
 /// Gradients of `Σ d_losses·losses`: `dh` `[N, D]` in `h`'s dtype and, with `want_dw`, the
 /// lm_head's `[V, D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
+    cfg: &KernelConfig,
     d_losses: &Tensor,
     h: &Tensor,
     w: &Tensor,
@@ -77,11 +80,11 @@ pub fn backward(
     let mut dws = Vec::new();
     for v0 in (0..v).step_by(chunk) {
         let wc = w.narrow(0, v0, chunk.min(v - v0))?;
-        let logits = chunk_logits(h, &wc)?;
+        let logits = chunk_logits(cfg, h, &wc)?;
         let g = chunk_grad(&logits, &lse, &weight, &labels.targets, v0)?;
         let (dh_part, dw_part) = if h.device().is_cuda() {
-            let dw = if want_dw { Some(crate::linear::weight_grad(&g, h)?) } else { None };
-            (crate::linear::input_grad_sum(&[(&g, &wc)])?, dw)
+            let dw = if want_dw { Some(crate::linear::weight_grad(cfg, &g, h)?) } else { None };
+            (crate::linear::input_grad_sum(cfg, &[(&g, &wc)])?, dw)
         } else {
             (g.matmul(&wc)?, if want_dw { Some(g.t()?.matmul(h)?) } else { None })
         };
@@ -95,8 +98,8 @@ pub fn backward(
 
 /// A chunk's logits `h·W_cᵀ`. On a GPU they go through the linear ops' planned GEMM path, like
 /// every projection (so the probe times their shapes too); elsewhere candle's matmul.
-fn chunk_logits(h: &Tensor, wc: &Tensor) -> Result<Tensor> {
-    if h.device().is_cuda() { crate::linear::forward(h, wc) } else { h.matmul(&wc.t()?) }
+fn chunk_logits(cfg: &KernelConfig, h: &Tensor, wc: &Tensor) -> Result<Tensor> {
+    if h.device().is_cuda() { crate::linear::forward(cfg, h, wc) } else { h.matmul(&wc.t()?) }
 }
 
 /// `log(eᵃ + eᵇ)` elementwise, stable.
@@ -165,19 +168,20 @@ mod tests {
         let labels = Labels::new(&ids, v, DType::F64, &dev)?;
         let dl = random(&[n], 3, &dev)?;
         let logits = h.matmul(&w.t()?)?;
+        let cfg = KernelConfig::default();
         let (l_ref, lse_ref) = cross_entropy::forward(&logits, &labels)?;
         let g_ref = cross_entropy::backward(&dl, &logits, &lse_ref, &labels)?;
         let (dh_ref, dw_ref) = (g_ref.matmul(&w)?, g_ref.t()?.matmul(&h)?);
         for chunk in [64, 301, 1000] {
-            let (l, lse) = forward(&h, &w, &labels, chunk)?;
+            let (l, lse) = forward(&cfg, &h, &w, &labels, chunk)?;
             assert_close(&l, &l_ref, 1e-12)?;
             assert_close(&lse, &lse_ref, 1e-12)?;
-            let (dh, dw) = backward(&dl, &h, &w, &lse, &labels, chunk, true)?;
+            let (dh, dw) = backward(&cfg, &dl, &h, &w, &lse, &labels, chunk, true)?;
             assert_close(&dh, &dh_ref, 1e-12)?;
             assert_close(&dw.unwrap(), &dw_ref, 1e-12)?;
         }
-        assert!(forward(&h, &w, &labels, 0).is_err());
-        assert!(backward(&dl, &h, &w, &lse_ref, &labels, 64, false)?.1.is_none());
+        assert!(forward(&cfg, &h, &w, &labels, 0).is_err());
+        assert!(backward(&cfg, &dl, &h, &w, &lse_ref, &labels, 64, false)?.1.is_none());
         Ok(())
     }
 }

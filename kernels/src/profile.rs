@@ -11,7 +11,7 @@
 //! use candle_core::{Device, Tensor};
 //! let x = Tensor::ones((4, 8), candle_core::DType::F32, &Device::Cpu)?;
 //! let w = Tensor::ones((3, 8), candle_core::DType::F32, &Device::Cpu)?;
-//! mindxtrain_kernels::linear::forward(&x, &w)?;
+//! mindxtrain_kernels::linear::forward(&Default::default(), &x, &w)?;
 //! // Empty unless MINDXTRAIN_PROFILE was set when the process first asked.
 //! for (label, calls, seconds) in mindxtrain_kernels::profile::take() {
 //!     println!("{label}: {calls} calls, {seconds:.3} s");

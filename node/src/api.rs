@@ -6,7 +6,10 @@
 //! * [`auth`]: the bearer token (`node-dir/api.token`, 0600) or an ed25519-signed request
 //!   ([`signed`]) every route that reveals payer data or changes state needs; read-only
 //!   public routes stay open;
-//! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`].
+//! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`];
+//! * [`cpu`]: where CPU-bound handlers compute, off the executor and bounded;
+//! * [`listener`]: the accept loop (header read timeout, connections per address);
+//! * [`host`]: the `Host` check that keeps DNS rebinding off a node bound to loopback.
 //!
 //! ```no_run
 //! # async fn f(state: std::sync::Arc<mindxtrain_node::api::ApiState>) -> anyhow::Result<()> {
@@ -20,7 +23,10 @@
 //! ```
 
 pub mod auth;
+pub mod cpu;
 pub mod health;
+pub mod host;
+pub mod listener;
 pub mod log_routes;
 pub mod metrics;
 pub mod openapi;
@@ -81,6 +87,8 @@ pub struct ApiState {
     pub launches: runs::Launches,
     /// On-chain receipt checks go one at a time (each may start a read-only anvil).
     pub chain_checks: tokio::sync::Mutex<()>,
+    /// Where CPU-bound handlers (recipe checks) compute, off the executor.
+    pub cpu: cpu::CpuPool,
 }
 
 impl ApiState {
@@ -97,7 +105,19 @@ impl ApiState {
         let launches = runs::Launches::default();
         let chain_checks = tokio::sync::Mutex::new(());
         let started = Instant::now();
-        Arc::new(ApiState { log, identity, node_dir, metrics, model, facilitator, started, launches, chain_checks })
+        let cpu = cpu::CpuPool::new();
+        Arc::new(ApiState {
+            log,
+            identity,
+            node_dir,
+            metrics,
+            model,
+            facilitator,
+            started,
+            launches,
+            chain_checks,
+            cpu,
+        })
     }
 }
 

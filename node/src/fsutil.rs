@@ -22,6 +22,13 @@ pub fn write_new_durably(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()>
     if path.exists() {
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} already exists", path.display())));
     }
+    replace_durably(path, bytes, mode)
+}
+
+/// Writes `bytes` to `path` with `mode`, replacing what was there, so that after a crash
+/// the file holds either the old bytes or the new ones: a temporary file, fsync, rename,
+/// fsync of the directory.
+pub fn replace_durably(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let dir = parent_dir(path);
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let _ = std::fs::remove_file(&tmp);

@@ -1,14 +1,35 @@
 //! The node's ed25519 identity.
 //!
 //! The secret seed lives in `node.key` (hex, mode 0600, refused if group- or
-//! world-readable, as ssh refuses loose keys); the public key in `node.pub`. The key
-//! signs every event, every log checkpoint and every manifest.
+//! world-readable, as ssh refuses loose keys, unless [`allow_readable_secrets`] was
+//! called); the public key in `node.pub`. The key signs every event, every log checkpoint
+//! and every manifest.
 
 use crate::fsutil;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use thiserror::Error;
+
+/// Whether secret files readable by group or others are accepted (see
+/// [`allow_readable_secrets`]).
+static ALLOW_READABLE_SECRETS: AtomicBool = AtomicBool::new(false);
+
+/// Accepts `node.key` and `api.token` files that group or others can read, for this
+/// process. The binary calls it for `--allow-readable-secrets`: some secret stores mount
+/// files 0644 and cannot do otherwise. Like ssh's `StrictModes no`, it is a process-wide
+/// choice made once at start, never a default.
+pub fn allow_readable_secrets() {
+    ALLOW_READABLE_SECRETS.store(true, Ordering::Relaxed);
+}
+
+/// The mode bits of a secret file group or others may use, or `None` when it is private
+/// (or loose modes are allowed).
+pub fn loose_mode(meta: &std::fs::Metadata) -> Option<u32> {
+    let mode = meta.permissions().mode() & 0o777;
+    (mode & 0o077 != 0 && !ALLOW_READABLE_SECRETS.load(Ordering::Relaxed)).then_some(mode)
+}
 
 pub const SECRET_FILE: &str = "node.key";
 pub const PUBLIC_FILE: &str = "node.pub";
@@ -17,7 +38,10 @@ pub const PUBLIC_FILE: &str = "node.pub";
 pub enum IdentityError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{path} is readable by group or others (mode {mode:o}); run `chmod 600 {path}`")]
+    #[error(
+        "{path} is readable by group or others (mode {mode:o}); run `chmod 600 {path}` (or pass \
+         --allow-readable-secrets if the file cannot be private)"
+    )]
     LoosePermissions { path: PathBuf, mode: u32 },
     #[error("{path}: not a hex-encoded 32-byte ed25519 key")]
     Malformed { path: PathBuf },
@@ -71,8 +95,7 @@ impl Identity {
         let path = dir.join(SECRET_FILE);
         let io = |source| IdentityError::Io { path: path.clone(), source };
         let meta = std::fs::metadata(&path).map_err(io)?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        if let Some(mode) = loose_mode(&meta) {
             return Err(IdentityError::LoosePermissions { path, mode });
         }
         let text = std::fs::read_to_string(&path).map_err(io)?;

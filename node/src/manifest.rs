@@ -21,6 +21,8 @@ pub use seal::{EventRange, NamedBytes, NamedFile, RunFacts, Sealed, SourceRef, s
 pub use statement::Statement;
 
 use crate::log::AppendError;
+use crate::log::witness::{Claim, Witness};
+use ed25519_dalek::VerifyingKey;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -72,3 +74,41 @@ pub fn parse_statement(payload: &[u8]) -> Result<Statement, ManifestError> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// What this node's sealed manifests say of its log, as witnesses (see
+/// [`crate::log::witness`]): each names its run's events and carries a checkpoint signed
+/// when it was sealed. Files that are not manifests signed by `key` are passed over: they
+/// vouch for no log of this node.
+pub fn witnesses(node_dir: &Path, key: &VerifyingKey) -> Result<Vec<Witness>, (PathBuf, std::io::Error)> {
+    let dir = node_dir.join(MANIFEST_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err((dir, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| (dir.clone(), e))?.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).map_err(|e| (path.clone(), e))?;
+        let Some((run, position)) = Envelope::from_json(&bytes)
+            .ok()
+            .and_then(|env| env.verify(key).ok())
+            .and_then(|payload| parse_statement(&payload).ok())
+            .map(|s| (s.run_id().to_owned(), s.predicate.run_details.mindxtrain_log))
+        else {
+            continue;
+        };
+        let Ok(cp) = crate::log::checkpoint::Checkpoint::verify(&position.checkpoint, key) else { continue };
+        found.push(Witness {
+            source: format!("run {run}'s manifest"),
+            path,
+            claim: Claim::Tree { size: cp.size, root: cp.root },
+            events: Some((position.first_seq, position.last_seq)),
+        });
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}

@@ -7,7 +7,11 @@
 //!   api.token     the operator API's bearer token, mode 0600
 //!   log/          segment files (the record of truth), LOCK, torn/ (preserved torn tails)
 //!   index/        sled secondary index (rebuildable)
+//!   log-checkpoint.note   the log's latest signed checkpoint (a witness: see log::witness)
 //! ```
+//!
+//! Only [`init`] starts a log; [`open`] refuses one that is gone, empty or shorter than
+//! what the node recorded of it.
 
 use crate::identity::{Identity, IdentityError};
 use crate::log::{EventLog, LogOptions, OpenError, OpenReport};
@@ -26,6 +30,8 @@ pub enum NodeError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     Log(#[from] OpenError),
+    #[error(transparent)]
+    Token(#[from] crate::api::auth::TokenError),
 }
 
 /// Creates a node directory with a fresh key and a log holding its genesis event.
@@ -35,9 +41,8 @@ pub fn init(dir: &Path) -> Result<(Identity, OpenReport), NodeError> {
     }
     std::fs::create_dir_all(dir).map_err(|source| NodeError::Io { path: dir.to_path_buf(), source })?;
     let id = Identity::create_in(dir)?;
-    crate::api::auth::ApiToken::load_or_create(dir)
-        .map_err(|source| NodeError::Io { path: dir.join(crate::api::auth::TOKEN_FILE), source })?;
-    let (_log, report) = EventLog::open(dir, id.clone(), LogOptions::default())?;
+    crate::api::auth::ApiToken::load_or_create(dir)?;
+    let (_log, report) = EventLog::create(dir, id.clone(), LogOptions::default())?;
     Ok((id, report))
 }
 

@@ -1,8 +1,9 @@
 //! Serving a trained model: OpenAI-compatible inference sold per call over x402, and
 //! rentals of it to other agents. Every payment and rental is an event in the log.
 //!
-//! * [`model`]: the served checkpoint and one completion on it; [`stop`]: text deltas
-//!   and stop sequences; [`queue`]: generation slots and a bounded fair queue;
+//! * [`model`]: the served checkpoint on the serving engine (`mindxtrain_trainer::infer`:
+//!   batching, text deltas, stop sequences) and one completion on it; [`queue`]: generation
+//!   slots and a bounded fair queue;
 //! * [`openai`]: the wire format; [`chat`]: the model routes;
 //! * [`rentals`]: the rental book and tokens; [`rental_routes`]: their routes;
 //! * [`payments`]: x402 reports as log events; [`client`]: paying for a call (our client
@@ -24,7 +25,6 @@ pub mod payments;
 pub mod queue;
 pub mod rental_routes;
 pub mod rentals;
-pub mod stop;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +73,8 @@ pub struct Sale {
 impl AppState {
     pub fn new(model: ServedModel, log: Arc<EventLog>, rentals: Arc<RentalBook>, sale: Option<&Sale>) -> Arc<AppState> {
         let slots = model.recipe.serve.max_batch.max(1) as usize;
+        let stats = model.stats();
+        let kv = queue::KvBudget { total_blocks: stats.kv_total_blocks, block_size: stats.block_size };
         let rental_prices = sale.map(|s| RentalPrices {
             per_call: per_call_ceiling(&s.prices),
             per_hour: s
@@ -82,7 +84,7 @@ impl AppState {
         });
         Arc::new(AppState {
             model: Arc::new(model),
-            admission: Arc::new(Admission::new(slots, slots * QUEUE_PER_SLOT)),
+            admission: Arc::new(Admission::new(slots, slots * QUEUE_PER_SLOT, Some(kv))),
             rentals,
             log,
             rental_prices,

@@ -298,11 +298,17 @@ fn stream_config(offer: Offer) -> PaidRouteConfig {
     PaidRouteConfig::new(vec![offer], Pricing::Prepared(prepare))
 }
 
-/// `chunk 0\n`, `chunk 1\n`, … one every [`STREAM_GAP`].
-async fn stream_handler() -> axum::body::Body {
+/// `chunk 0\n`, `chunk 1\n`, … one every [`STREAM_GAP`]; a request whose body is `fail` gets
+/// one chunk and then a failed stream (as a generation that fails mid-answer).
+async fn stream_handler(body: Bytes) -> axum::body::Body {
+    let fail = body.as_ref() == b"fail";
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     tokio::spawn(async move {
         for i in 0..STREAM_CHUNKS {
+            if fail && i == 1 {
+                let _ = tx.send(Err(std::io::Error::other("generation failed"))).await;
+                return;
+            }
             if tx.send(Ok(Bytes::from(format!("chunk {i}\n")))).await.is_err() {
                 return;
             }
@@ -314,7 +320,13 @@ async fn stream_handler() -> axum::body::Body {
 
 /// The 402 a route answers without payment.
 pub async fn payment_required(http: &reqwest::Client, url: &str) -> anyhow::Result<PaymentRequired> {
-    let r = http.post(url).header("content-type", "application/json").body("{}").send().await?;
+    payment_required_for(http, url, "{}").await
+}
+
+/// The 402 a route answers a request with `body` and no payment (a route that prepares its
+/// requests answers one it cannot serve with a 4xx instead).
+pub async fn payment_required_for(http: &reqwest::Client, url: &str, body: &str) -> anyhow::Result<PaymentRequired> {
+    let r = http.post(url).header("content-type", "application/json").body(body.to_owned()).send().await?;
     anyhow::ensure!(r.status() == 402, "expected 402, got {}", r.status());
     let h = r.headers().get(header::PAYMENT_REQUIRED).ok_or_else(|| anyhow::anyhow!("no PAYMENT-REQUIRED"))?;
     Ok(header::decode_payment_required(h.as_bytes())?)

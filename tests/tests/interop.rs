@@ -365,8 +365,14 @@ fn a_trained_adapter_and_its_merged_export_load_in_peft_and_transformers_with_ou
             theirs["adapter_text"]
         );
     }
-    let (model, adapters) =
-        mindxtrain_trainer::run::load_checkpoint(recipe, &node.dir, Some(&base_final), &lora.join("final")).unwrap();
+    let (model, adapters) = mindxtrain_trainer::checkpoint::load_checkpoint(
+        recipe,
+        &node.dir,
+        Some(&base_final),
+        &lora.join("final"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
     let t = ids.len();
     let prompt = PackedBatch {
         batch: 1,

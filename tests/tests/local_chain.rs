@@ -4,7 +4,7 @@
 //! nothing more than a settler key; what is missing is named with the command that gives it.
 
 use mindxtrain_tests::served::{self, Server, s};
-use mindxtrain_tests::x402_env::{ANVIL_KEY_1, payment_required};
+use mindxtrain_tests::x402_env::{ANVIL_KEY_1, payment_required_for};
 use mindxtrain_tests::{micro, mindxtrain};
 use serde_json::Value;
 
@@ -52,8 +52,9 @@ async fn serve_sells_on_the_nodes_own_chain_once_it_is_up_and_deployed() {
     let key = served::key_file(&t.root, "settler.key", ANVIL_KEY_1.trim_start_matches("0x"));
     let server = Server::start(&node, &t, &["--settler-key", s(&key)]);
     assert_eq!(server.started["price_per_call"], served::PRICE);
-    let required =
-        payment_required(&reqwest::Client::new(), &format!("{}/v1/chat/completions", server.url)).await.unwrap();
+    let ask = serde_json::json!({"model": served::MODEL, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let url = format!("{}/v1/chat/completions", server.url);
+    let required = payment_required_for(&reqwest::Client::new(), &url, &ask).await.unwrap();
     let offer: Value = serde_json::to_value(&required.accepts[0]).unwrap();
     assert_eq!(offer["asset"].as_str().unwrap().to_lowercase(), token.to_lowercase(), "{offer}");
     assert_eq!(offer["network"], "eip155:31337");

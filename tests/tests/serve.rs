@@ -96,6 +96,21 @@ fn a_full_queue_is_refused_with_429_and_retry_after() {
         assert!(retry.is_some_and(|s| s >= 1), "429 without Retry-After");
         assert_eq!(body["error"]["code"], "queue_full");
     }
+    // The engine's load and latencies are on /metrics: idle again, every block free, one
+    // first-token time per served completion.
+    let metrics = rt.block_on(async {
+        let r = reqwest::Client::new().get(format!("{}/metrics", server.url)).bearer_auth(Server::token(&node));
+        r.send().await.unwrap().text().await.unwrap()
+    });
+    let value = |name: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert_eq!(value("mindxtrain_engine_running"), 0.0, "{metrics}");
+    assert_eq!(value("mindxtrain_engine_kv_blocks_used"), 0.0);
+    assert!(value("mindxtrain_engine_kv_blocks_total") > 0.0);
+    assert_eq!(value("mindxtrain_engine_time_to_first_token_seconds_count"), served as f64, "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,5 @@
-//! Weights in and out: HF safetensors (single and sharded), PEFT adapters, training state.
+//! Weights in and out: HF safetensors (single and sharded), PEFT adapters, training state, and
+//! whole models loaded onto a device ([`load_checkpoint`], [`load_base`]).
 //!
 //! * [`WeightFiles`] reads an HF model directory (`model.safetensors` or a sharded
 //!   `model.safetensors.index.json`), converting bf16/f16/f32 to the dtype asked for.
@@ -13,6 +14,7 @@
 mod durable;
 mod error;
 mod hf;
+mod load;
 mod peft;
 mod safetensors_file;
 mod state;
@@ -21,6 +23,10 @@ pub use durable::{FileDigest, StagedDir, latest, prune, publish_latest};
 pub use error::CheckpointError;
 pub use hf::{
     CONFIG_FILE, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, WeightFiles, load_hf_weights, save_hf_model,
+};
+pub use load::{
+    LoadError, digest_file, is_adapter, load_adapter, load_adapter_tensors, load_base, load_checkpoint, load_hf_model,
+    model_dtype,
 };
 pub use peft::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterConfig, load_peft_adapter, save_peft_adapter};
 pub use safetensors_file::{read_safetensors, safetensors_bytes};

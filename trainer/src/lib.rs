@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod events;
 pub mod generate;
+pub mod infer;
 pub mod model;
 pub mod optim;
 pub mod plan;

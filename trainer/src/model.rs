@@ -6,11 +6,14 @@
 //! * [`Qwen3Config`]: the shape, from and to HF `config.json`.
 //! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
 //!   token loss and gradients), [`Qwen3::logits`];
-//!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]).
+//!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]);
+//!   [`Qwen3::forward_paged`] runs a serving step (many sequences, a paged cache, an
+//!   [`AdapterStack`] mixing adapters row by row: [`crate::infer`]).
 //! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
 //! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`].
 //! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
 
+mod adapter_stack;
 mod block;
 mod config;
 mod decode;
@@ -18,6 +21,7 @@ mod decode;
 mod gpu_tests;
 mod lora;
 mod nf4;
+mod paged;
 mod params;
 pub mod preference;
 mod qwen3;
@@ -25,10 +29,12 @@ pub(crate) mod rng;
 #[cfg(test)]
 mod tests;
 
+pub use adapter_stack::AdapterStack;
 pub use config::Qwen3Config;
 pub use decode::KvCache;
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
+pub use paged::{LayerCache, PagedInputs};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{PreferenceLoss, PreferenceOutput};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};

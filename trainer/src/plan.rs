@@ -28,6 +28,7 @@ pub use measure::{
     Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure,
 };
 
+use mindxtrain_kernels::KernelConfig;
 use mindxtrain_kernels::attention::AttentionKernels;
 use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape};
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,12 @@ fn default_gemm_rows() -> usize {
 }
 
 impl Choices {
+    /// The kernel settings of these choices (CPU GEMM blocking, GPU attention kernels), with
+    /// no GEMM table.
+    pub fn kernels(&self) -> Result<KernelConfig, String> {
+        KernelConfig::new(self.gemm_rows, self.attention).map_err(|e| e.to_string())
+    }
+
     /// Choices without a measurement (evaluation without a plan): `threads`, whole
     /// micro-batches, no checkpointing, the kernels' default blocking.
     pub fn unmeasured(threads: usize) -> Choices {
@@ -212,9 +219,14 @@ impl Plan {
         }
     }
 
-    /// The GEMM table a run installs: each measured shape and its chosen algorithm.
+    /// The GEMM table a run uses: each measured shape and its chosen algorithm.
     pub fn gemm_algos(&self) -> impl Iterator<Item = (GemmShape, GemmAlgo)> + '_ {
         self.gemms.iter().map(|g| (g.shape, g.chosen.clone()))
+    }
+
+    /// What the kernels of a run under this plan are told: its choices and its GEMM table.
+    pub fn kernels(&self) -> Result<KernelConfig, String> {
+        self.choices.kernels()?.with_gemm_algos(self.gemm_algos())
     }
 
     /// The file form: pretty JSON with a final newline. The plan's identity is the BLAKE3

@@ -67,14 +67,20 @@ pub use train::{
     Precision, Qlora, Reward, Schedule, ScheduleKind, TargetModule, Train,
 };
 
-use de::{De, PathStack};
+use de::{De, PathStack, Sink};
 use error::FieldPath;
 
 /// Recipes are hand-written and small; a larger file is a mistake or an attack.
 pub const MAX_RECIPE_BYTES: u64 = 1 << 20;
 
-/// Bounds the error-recovery loop in [`Recipe::check_str`].
-const MAX_SCHEMA_ERRORS: usize = 100;
+pub use yaml::MAX_NODES;
+
+/// Most reads of the tree [`Recipe::check_str`] makes. One read finds every error it can go
+/// on after; each further read follows an error that ended the one before (a missing field,
+/// a value a hand-written check refused, a section of the wrong shape) with that field
+/// dropped. The bound keeps checking linear in the size of the text: a 1 MiB recipe is
+/// read at most this many times, whatever it holds.
+const MAX_READS: usize = 8;
 
 /// A recipe that passed every check, with the digest of the exact bytes it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,47 +157,67 @@ impl Recipe {
     /// assert!(paths.contains(&"meta.seed"));
     /// ```
     pub fn check_str(src: &str, origin_name: &str) -> Result<LoadedRecipe, RecipeErrors> {
+        Self::check_counted(src, origin_name, &Sink::default())
+    }
+
+    /// [`Recipe::check_str`], noting errors and work in `sink`.
+    fn check_counted(src: &str, origin_name: &str, sink: &Sink) -> Result<LoadedRecipe, RecipeErrors> {
         let bytes_blake3 = *blake3::hash(src.as_bytes()).as_bytes();
-        let mut tree = yaml::parse(src).map_err(|e| {
+        let tree = yaml::parse(src).map_err(|e| {
             RecipeErrors::one(RecipeError::new(origin_name, e.loc, &e.path, e.message, ErrorKind::Syntax))
         })?;
-        let mut errors = Vec::new();
-        let mut removed: Vec<FieldPath> = Vec::new();
+        let mut reads = 0;
         let parsed = loop {
+            reads += 1;
             let root = PathStack::Root;
-            let err = match Recipe::deserialize(De::root(&tree, &root)) {
+            let err = match Recipe::deserialize(De::root(&tree, &root, sink)) {
                 Ok(recipe) => break Some(recipe),
                 Err(e) => e,
             };
-            let (loc, path) = err.at.clone().unwrap_or((tree.loc, FieldPath::default()));
+            let (_, path) = err.at.clone().unwrap_or((tree.loc, FieldPath::default()));
             let missing = err.is_missing_field();
-            // A field we dropped to keep going may now be "missing"; that is not news.
-            let consequence = removed.iter().any(|r| path.starts_with(r) || (missing && r.starts_with(&path)));
-            if !consequence {
-                errors.push(RecipeError::new(origin_name, loc, &path, err.message, ErrorKind::Schema));
+            // A field dropped to go on may now be "missing"; that is not news.
+            if !(missing && sink.holds_failure(&path)) {
+                sink.note_error(err, tree.loc);
             }
             let target = if missing { path.parent() } else { path.up_to_last_key() };
-            if target.0.is_empty() || removed.len() >= MAX_SCHEMA_ERRORS || !tree.remove(&target) {
+            if target.0.is_empty() || reads >= MAX_READS || !tree.drop_entry(&target) {
                 break None;
             }
-            removed.push(target);
         };
+        let (mut invariants, mut broken) = (Vec::new(), 0);
         if let Some(mut recipe) = parsed {
             validate::resolve(&mut recipe);
             for (path, message) in validate::validate(&recipe) {
-                if removed.iter().any(|r| path.starts_with(r) || r.starts_with(&path)) {
+                // A rule about a field that did not read, or about what holds it, follows from that.
+                if sink.under_failure(&path) || sink.holds_failure(&path) {
                     continue;
                 }
-                let loc = tree.locate(&path);
-                errors.push(RecipeError::new(origin_name, loc, &path, message, ErrorKind::Invariant));
+                broken += 1;
+                if invariants.len() < de::MAX_KEPT_ERRORS {
+                    let loc = tree.locate(&path);
+                    invariants.push(RecipeError::new(origin_name, loc, &path, message, ErrorKind::Invariant));
+                }
             }
-            if errors.is_empty() {
+            if sink.found() == 0 && broken == 0 {
                 return Ok(LoadedRecipe { recipe, bytes_blake3, source_name: origin_name.to_owned() });
             }
         }
+        let found = sink.found() + broken;
+        let mut errors: Vec<RecipeError> = sink
+            .take_kept()
+            .into_iter()
+            .map(|(loc, path, message)| RecipeError::new(origin_name, loc, &path, message, ErrorKind::Schema))
+            .collect();
+        errors.extend(invariants);
+        let omitted = found.saturating_sub(errors.len());
         // Every failing path above records an error; the fallback only guards that promise.
-        Err(RecipeErrors::new(errors).unwrap_or_else(|| {
+        let errors = RecipeErrors::new(errors).unwrap_or_else(|| {
             RecipeErrors::one(RecipeError::io(origin_name, "recipe rejected without a reason (internal error)".into()))
-        }))
+        });
+        Err(errors.with_omitted(omitted))
     }
 }
+
+#[cfg(test)]
+mod linear_tests;

@@ -33,8 +33,8 @@ pub use eval::{EvalReport, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;
-pub use session::{Session, evaluate_checkpoint, load_checkpoint};
-pub use threads::{apply_choices, apply_plan, apply_threads};
+pub use session::{Session, evaluate_checkpoint};
+pub use threads::{plan_kernels, thread_pool};
 
 use crate::checkpoint::{CheckpointError, FileDigest as SavedFile};
 use crate::data::{DataError, DataOptions, DatasetManifest};
@@ -134,6 +134,9 @@ pub enum RunError {
     Optim(#[from] OptimError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// Boxed: a load error is rare and large, and every `Result` of a run carries its size.
+    #[error(transparent)]
+    Load(Box<crate::checkpoint::LoadError>),
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
@@ -159,6 +162,12 @@ pub enum RunError {
     Cancelled { step: u64 },
 }
 
+impl From<crate::checkpoint::LoadError> for RunError {
+    fn from(e: crate::checkpoint::LoadError) -> Self {
+        RunError::Load(Box::new(e))
+    }
+}
+
 /// Runs `spec` to the end, reporting to `sink` and `observer`.
 pub fn train(
     spec: &RunSpec,
@@ -167,7 +176,7 @@ pub fn train(
 ) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
     effective_env(spec)?;
-    let pool = apply_plan(&spec.plan)?;
+    let pool = thread_pool(spec.plan.choices.threads)?;
     pool.install(|| Session::open(spec, sink)?.run(sink, observer))
 }
 

@@ -1,18 +1,16 @@
-//! Which GPU attention kernels run: the AOT plan's attention choice, process-wide and set once
-//! before a run (like the thread count), so every step of a run uses the same kernels.
+//! Which GPU attention kernels run: the AOT plan's attention choice, carried in the
+//! [`crate::KernelConfig`] of the model that runs them, so every step of a run uses the same
+//! kernels.
 //!
 //! ```
-//! use mindxtrain_kernels::attention::{AttentionKernels, set_kernels, kernels};
+//! use mindxtrain_kernels::attention::AttentionKernels;
 //! let split = AttentionKernels { key_tile: 32, dq_splits: 2 };
-//! set_kernels(split).unwrap();
-//! assert_eq!(kernels(), split);
+//! assert!(split.validate().is_ok());
 //! assert!(!split.deterministic());
-//! assert!(set_kernels(AttentionKernels { key_tile: 48, dq_splits: 1 }).is_err());
-//! set_kernels(AttentionKernels::DEFAULT).unwrap();
+//! assert!(AttentionKernels { key_tile: 48, dq_splits: 1 }.validate().is_err());
 //! ```
 
 use candle_core::Result;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The tensor-core flash kernels' tunables (bf16, head size 64 or 128; other cases have one
 /// kernel each and ignore this).
@@ -55,20 +53,4 @@ impl Default for AttentionKernels {
     fn default() -> Self {
         Self::DEFAULT
     }
-}
-
-static KEY_TILE: AtomicUsize = AtomicUsize::new(AttentionKernels::DEFAULT.key_tile);
-static DQ_SPLITS: AtomicUsize = AtomicUsize::new(AttentionKernels::DEFAULT.dq_splits);
-
-/// Selects the kernels every later attention call uses; refuses values no kernel exists for.
-pub fn set_kernels(k: AttentionKernels) -> Result<()> {
-    k.validate()?;
-    KEY_TILE.store(k.key_tile, Ordering::Relaxed);
-    DQ_SPLITS.store(k.dq_splits, Ordering::Relaxed);
-    Ok(())
-}
-
-/// The kernels selected now.
-pub fn kernels() -> AttentionKernels {
-    AttentionKernels { key_tile: KEY_TILE.load(Ordering::Relaxed), dq_splits: DQ_SPLITS.load(Ordering::Relaxed) }
 }

@@ -1,12 +1,11 @@
 //! `y = x·Wᵀ` and its gradients as single-threaded GEMM calls on fixed blocks, in parallel
-//! (rows per block: [`crate::linear::set_block_rows`], the plan's choice).
+//! (rows per block: the [`crate::KernelConfig`]'s `gemm_rows`, the plan's choice).
 //!
 //! At the CPU recipes' shapes (1024 × 64 by 64 × 16 and the like) candle's matmul spends
 //! more on threading one small GEMM than on the arithmetic; fixed blocks of rows (or of
 //! `dW` rows) as independent tasks scale instead, and keep every sum in one order.
 
 use super::{MatRef, Real, matmul, tensor, with_slices};
-use crate::linear::block_rows;
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
@@ -14,21 +13,27 @@ use rayon::prelude::*;
 const OUT_ROWS: usize = 32;
 
 /// `x` `[n, in]`, `w` `[out, in]` → `[n, out]`.
-pub(crate) fn forward<T: Real>(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+pub(crate) fn forward<T: Real>(x: &Tensor, w: &Tensor, rows: usize) -> Result<Tensor> {
     let d_in = x.dim(1)?;
-    rows_times::<T>(x, w, w.dim(0)?, |w| MatRef::transposed(w, d_in))
+    rows_times::<T>(x, w, w.dim(0)?, rows, |w| MatRef::transposed(w, d_in))
 }
 
 /// `dx = dy·W`: `dy` `[n, out]`, `w` `[out, in]` → `[n, in]`.
-pub(crate) fn input_grad<T: Real>(dy: &Tensor, w: &Tensor) -> Result<Tensor> {
+pub(crate) fn input_grad<T: Real>(dy: &Tensor, w: &Tensor, rows: usize) -> Result<Tensor> {
     let d_in = w.dim(1)?;
-    rows_times::<T>(dy, w, d_in, |w| MatRef::rows(w, d_in))
+    rows_times::<T>(dy, w, d_in, rows, |w| MatRef::rows(w, d_in))
 }
 
-/// `a` `[n, k]` times the `[k, cols]` operand that `view` makes of `w`, in blocks of rows.
-fn rows_times<T: Real>(a: &Tensor, w: &Tensor, cols: usize, view: impl Fn(&[T]) -> MatRef<T> + Sync) -> Result<Tensor> {
+/// `a` `[n, k]` times the `[k, cols]` operand that `view` makes of `w`, in blocks of `rows` rows.
+fn rows_times<T: Real>(
+    a: &Tensor,
+    w: &Tensor,
+    cols: usize,
+    rows: usize,
+    view: impl Fn(&[T]) -> MatRef<T> + Sync,
+) -> Result<Tensor> {
     let (n, k) = a.dims2()?;
-    let (mut y, rows) = (vec![T::ZERO; n * cols], block_rows());
+    let (mut y, rows) = (vec![T::ZERO; n * cols], rows.max(1));
     with_slices::<T, _, 2>([a, w], |[a, w]| {
         y.par_chunks_mut(rows * cols).zip(a.par_chunks(rows * k)).for_each(|(y, a)| {
             let m = y.len() / cols;

@@ -6,7 +6,7 @@
 use super::{
     Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views,
 };
-use crate::attention::{Mask, reference};
+use crate::attention::{AttentionKernels, Mask, reference};
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("attention");
@@ -73,6 +73,7 @@ pub(crate) fn forward<T: Elem>(
     v: &Tensor,
     mask: &Mask,
     scale: f64,
+    kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor)> {
     let (b, heads, t, hd) = q.dims4()?;
     if !served(hd) {
@@ -88,7 +89,7 @@ pub(crate) fn forward<T: Elem>(
     with_views::<T, _, 3>([q, k, v], |[qv, kv_, vv]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             if tensor_cores {
-                let tile = crate::attention::kernels().key_tile;
+                let tile = kernels.key_tile;
                 let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}_k{tile}"))?;
                 let mut a = kernel.builder();
                 a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
@@ -117,13 +118,14 @@ pub(crate) fn backward<T: Elem>(
     lse: &Tensor,
     mask: &Mask,
     scale: f64,
+    kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, heads, t, hd) = q.dims4()?;
     if !served(hd) {
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
     }
     if flash::<T>(hd, &[dout, q, k, v, out]) {
-        return flash_backward(dout, q, k, v, out, lse, mask, scale);
+        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels.dq_splits);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -164,6 +166,7 @@ fn flash_backward(
     lse: &Tensor,
     mask: &Mask,
     scale: f64,
+    splits: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     type T = half::bf16;
     let (b, heads, t, hd) = q.dims4()?;
@@ -176,7 +179,6 @@ fn flash_backward(
     let mut dq = alloc::<T>(&dev, q.elem_count())?;
     let (mut dk, mut dv) = (alloc::<T>(&dev, k.elem_count())?, alloc::<T>(&dev, v.elem_count())?);
     let (h, kvh, tt, hd_i, rows_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, int(rows)?, scale as f32);
-    let splits = crate::attention::kernels().dq_splits;
     let delta_kernel = Kernel::named(&dev, &FLASH, "attn_bwd_delta_bf16")?;
     let dq_kernel = match splits {
         1 => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?,

@@ -9,7 +9,8 @@
 //! leading dimension `c`, so `Y[n, m] = X[n, k]·op(W)` is computed as `Yᵀ = op(W)ᵀ·Xᵀ`.
 
 use super::{Elem, alloc, device, dtype_of, int, lt, tensor, with_views};
-use crate::gemm_algos::{self, GemmAlgo, GemmShape};
+use crate::KernelConfig;
+use crate::gemm_algos::{GemmAlgo, GemmShape};
 use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView};
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
@@ -18,25 +19,39 @@ use candle_core::{DType, Result, Tensor};
 /// `Σᵢ xᵢ·op(Wᵢ)` for 2-D `xᵢ [n, kᵢ]`; `op(W) = Wᵀ` for `W [m, kᵢ]` when `transposed`, else
 /// `W [kᵢ, m]`. `None` when the tensors are not all f32 or all bf16 on one CUDA device (the
 /// caller then takes the composed path).
-pub(crate) fn sum(terms: &[(&Tensor, &Tensor)], transposed: bool) -> Result<Option<Tensor>> {
+pub(crate) fn sum(cfg: &KernelConfig, terms: &[(&Tensor, &Tensor)], transposed: bool) -> Result<Option<Tensor>> {
     let all: Vec<&Tensor> = terms.iter().flat_map(|(x, w)| [*x, *w]).collect();
     match dtype_of(&all) {
-        Some(DType::F32) => sum_typed::<f32>(terms, transposed).map(Some),
-        Some(DType::BF16) => sum_typed::<half::bf16>(terms, transposed).map(Some),
+        Some(DType::F32) => sum_typed::<f32>(cfg, terms, transposed).map(Some),
+        Some(DType::BF16) => sum_typed::<half::bf16>(cfg, terms, transposed).map(Some),
         _ => Ok(None),
     }
 }
 
 /// `dW = dyᵀ·x` for `dy [n, out]`, `x [n, in]`: `[out, in]`. `None` as for [`sum`].
-pub(crate) fn weight_grad(dy: &Tensor, x: &Tensor) -> Result<Option<Tensor>> {
+pub(crate) fn weight_grad(cfg: &KernelConfig, dy: &Tensor, x: &Tensor) -> Result<Option<Tensor>> {
     match dtype_of(&[dy, x]) {
-        Some(DType::F32) => weight_grad_typed::<f32>(dy, x).map(Some),
-        Some(DType::BF16) => weight_grad_typed::<half::bf16>(dy, x).map(Some),
+        Some(DType::F32) => weight_grad_typed::<f32>(cfg, dy, x).map(Some),
+        Some(DType::BF16) => weight_grad_typed::<half::bf16>(cfg, dy, x).map(Some),
         _ => Ok(None),
     }
 }
 
-fn sum_typed<T: Elem>(terms: &[(&Tensor, &Tensor)], transposed: bool) -> Result<Tensor>
+fn sum_typed<T: Elem>(cfg: &KernelConfig, terms: &[(&Tensor, &Tensor)], transposed: bool) -> Result<Tensor>
+where
+    CudaBlas: Gemm<T>,
+{
+    let (y, n, m) = sum_slice::<T>(cfg, terms, transposed)?;
+    Ok(tensor(y, &device(terms[0].0)?, (n, m)))
+}
+
+/// [`sum`] into a fresh buffer `[n, m]`, for kernels that go on writing into it (the multi-LoRA
+/// expand adds each row's adapter branch in place).
+pub(crate) fn sum_slice<T: Elem>(
+    cfg: &KernelConfig,
+    terms: &[(&Tensor, &Tensor)],
+    transposed: bool,
+) -> Result<(CudaSlice<T>, usize, usize)>
 where
     CudaBlas: Gemm<T>,
 {
@@ -52,12 +67,12 @@ where
             candle_core::bail!("gemm sum: term {i} is {:?}·{:?}, the sum is [{n}, {m}]", x.dims(), w.dims());
         }
         let shape = GemmShape { m, n, k, transa: transposed, transb: false, bf16: T::SUFFIX == "bf16" };
-        with_views::<T, _, 2>([w, x], |[wv, xv]| planned(&dev, &shape, &wv, &xv, &mut y, i > 0))?;
+        with_views::<T, _, 2>([w, x], |[wv, xv]| planned(cfg, &dev, &shape, &wv, &xv, &mut y, i > 0))?;
     }
-    Ok(tensor(y, &dev, (n, m)))
+    Ok((y, n, m))
 }
 
-fn weight_grad_typed<T: Elem>(dy: &Tensor, x: &Tensor) -> Result<Tensor>
+fn weight_grad_typed<T: Elem>(cfg: &KernelConfig, dy: &Tensor, x: &Tensor) -> Result<Tensor>
 where
     CudaBlas: Gemm<T>,
 {
@@ -69,12 +84,13 @@ where
     let mut dw = alloc::<T>(&dev, out * inp)?;
     // dWᵀ [in, out] (column-major) = xᵀ [in, n] · dy [n, out].
     let shape = GemmShape { m: inp, n: out, k: n, transa: false, transb: true, bf16: T::SUFFIX == "bf16" };
-    with_views::<T, _, 2>([x, dy], |[xv, dyv]| planned(&dev, &shape, &xv, &dyv, &mut dw, false))?;
+    with_views::<T, _, 2>([x, dy], |[xv, dyv]| planned(cfg, &dev, &shape, &xv, &dyv, &mut dw, false))?;
     Ok(tensor(dw, &dev, (out, inp)))
 }
 
-/// `c (+)= op(a)·op(b)` with the algorithm the plan chose for this shape (the default if none).
+/// `c (+)= op(a)·op(b)` with the algorithm `cfg` holds for this shape (the default if none).
 fn planned<T: Elem>(
+    cfg: &KernelConfig,
     dev: &CudaDevice,
     shape: &GemmShape,
     a: &CudaView<'_, T>,
@@ -85,9 +101,9 @@ fn planned<T: Elem>(
 where
     CudaBlas: Gemm<T>,
 {
-    gemm_algos::note(*shape);
-    let algo = gemm_algos::gemm_algo(shape).unwrap_or(GemmAlgo::Default);
-    run(dev, shape, &algo, a, b, c, accumulate)
+    cfg.note(*shape);
+    let algo = cfg.gemm_algo(shape).unwrap_or(&GemmAlgo::Default);
+    run(dev, shape, algo, a, b, c, accumulate)
 }
 
 /// `c (+)= op(a)·op(b)` with `algo`; `a`, `b` and `c` are dense in `shape`'s column-major terms.

@@ -226,13 +226,14 @@ fn lm_head_cross_entropy_matches_full_logits_in_f64() -> Result<()> {
             .collect();
         let labels = Labels::new(&ids, v, dt, &gpu())?;
         let labels_r = Labels::new(&ids, v, DType::F64, &Device::Cpu)?;
-        let (l, lse) = fused(|| crate::lm_head_ce::forward(&h, &w, &labels, chunk))?;
+        let (l, lse) = fused(|| crate::lm_head_ce::forward(&Default::default(), &h, &w, &labels, chunk))?;
         let logits = hr.matmul(&wr.t()?)?;
         let (l_ref, lse_ref) = cross_entropy::forward(&logits, &labels_r)?;
         let tag = format!("lm_head ce {dt:?}");
         expect_close(&format!("{tag} losses"), &l, &l_ref, tol, inp.seed)?;
         expect_close(&format!("{tag} lse"), &lse, &lse_ref, tol, inp.seed)?;
-        let (dh, dw) = fused(|| crate::lm_head_ce::backward(&dl, &h, &w, &lse, &labels, chunk, true))?;
+        let (dh, dw) =
+            fused(|| crate::lm_head_ce::backward(&Default::default(), &dl, &h, &w, &lse, &labels, chunk, true))?;
         let g = cross_entropy::backward(&dlr, &logits, &lse_ref, &labels_r)?;
         expect_close(&format!("{tag} dh"), &dh, &g.matmul(&wr)?, tol, inp.seed)?;
         expect_close(&format!("{tag} dw"), &dw.unwrap(), &g.t()?.matmul(&hr)?, tol, inp.seed)?;
@@ -242,7 +243,7 @@ fn lm_head_cross_entropy_matches_full_logits_in_f64() -> Result<()> {
 
 #[test]
 fn attention_matches_the_f64_reference() -> Result<()> {
-    use crate::attention::{self, AttentionKernels, Mask};
+    use crate::attention::{AttentionKernels, Mask};
     // GQA 8 over 2, head sizes 64 and 128; batch row 1 packs three documents, row 0 one.
     let (b, heads, kv, t) = (2, 8, 2, 300);
     let mut segments = vec![0u32; b * t];
@@ -263,12 +264,9 @@ fn attention_matches_the_f64_reference() -> Result<()> {
         let scale = 1.0 / (hd as f64).sqrt();
         for (dt, tol) in DTYPES {
             for &variant in if dt == DType::BF16 { &variants[..] } else { &variants[..1] } {
-                attention::set_kernels(variant)?;
+                let cfg = crate::KernelConfig::new(crate::linear::DEFAULT_BLOCK_ROWS, variant)?;
                 let tag = format!("attention hd {hd} {dt:?} {variant:?}");
-                let result =
-                    attention_case(&tag, &mask, [b, heads, kv, t, hd], scale, dt, tol, variant.deterministic());
-                attention::set_kernels(AttentionKernels::DEFAULT)?;
-                result?;
+                attention_case(&cfg, &tag, &mask, [b, heads, kv, t, hd], scale, dt, tol, variant.deterministic())?;
             }
         }
     }
@@ -279,6 +277,7 @@ fn attention_matches_the_f64_reference() -> Result<()> {
 /// backward must also give the same bits twice.
 #[allow(clippy::too_many_arguments)]
 fn attention_case(
+    cfg: &crate::KernelConfig,
     tag: &str,
     mask: &crate::attention::Mask,
     [b, heads, kv, t, hd]: [usize; 5],
@@ -292,17 +291,17 @@ fn attention_case(
     let (q, qr) = inp.make(&[b, heads, t, hd], 2.0)?;
     let ((k, kr), (v, vr)) = (inp.make(&[b, kv, t, hd], 2.0)?, inp.make(&[b, kv, t, hd], 1.0)?);
     let (dout, dor) = inp.make(&[b, heads, t, hd], 1.0)?;
-    let (out, lse) = fused(|| attention::forward(&q, &k, &v, mask, scale))?;
-    let (out_ref, lse_ref) = attention::forward(&qr, &kr, &vr, mask, scale)?;
+    let (out, lse) = fused(|| attention::forward(cfg, &q, &k, &v, mask, scale))?;
+    let (out_ref, lse_ref) = attention::forward(cfg, &qr, &kr, &vr, mask, scale)?;
     expect_close(&format!("{tag} out"), &out, &out_ref, tol, inp.seed)?;
     expect_close(&format!("{tag} lse"), &lse, &lse_ref, F32_TOL, inp.seed)?;
-    let (dq, dk, dv) = fused(|| attention::backward(&dout, &q, &k, &v, &out, &lse, mask, scale))?;
-    let (dq_ref, dk_ref, dv_ref) = attention::backward(&dor, &qr, &kr, &vr, &out_ref, &lse_ref, mask, scale)?;
+    let (dq, dk, dv) = fused(|| attention::backward(cfg, &dout, &q, &k, &v, &out, &lse, mask, scale))?;
+    let (dq_ref, dk_ref, dv_ref) = attention::backward(cfg, &dor, &qr, &kr, &vr, &out_ref, &lse_ref, mask, scale)?;
     expect_close(&format!("{tag} dq"), &dq, &dq_ref, tol, inp.seed)?;
     expect_close(&format!("{tag} dk"), &dk, &dk_ref, tol, inp.seed)?;
     expect_close(&format!("{tag} dv"), &dv, &dv_ref, tol, inp.seed)?;
     if deterministic {
-        let again = attention::backward(&dout, &q, &k, &v, &out, &lse, mask, scale)?;
+        let again = attention::backward(cfg, &dout, &q, &k, &v, &out, &lse, mask, scale)?;
         for (first, second) in [(&dq, &again.0), (&dk, &again.1), (&dv, &again.2)] {
             let bits = |x: &Tensor| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
             assert!(
@@ -320,17 +319,18 @@ fn gemm_sums_match_the_f64_reference() -> Result<()> {
     // A projection with its LoRA branch (forward) and two projections' input gradients
     // plus a branch (backward); odd sizes so no dimension is a tile multiple.
     let (n, d_in, d_out, r) = (300, 200, 130, 16);
+    let cfg = crate::KernelConfig::default();
     for (dt, tol) in DTYPES {
         let mut inp = Inputs::new(dt);
         let ((x, xr), (w, wr)) = (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?);
         let ((xa, xar), (b, br)) = (inp.make(&[n, r], 1.0)?, inp.make(&[d_out, r], 1.0)?);
-        let y = fused(|| linear::forward_sum(&[(&x, &w), (&xa, &b)]))?;
+        let y = fused(|| linear::forward_sum(&cfg, &[(&x, &w), (&xa, &b)]))?;
         let want = (xr.matmul(&wr.t()?)? + xar.matmul(&br.t()?)?)?;
         expect_close(&format!("x·Wᵀ + xa·Bᵀ {dt:?}"), &y, &want, tol, inp.seed)?;
         let ((dy, dyr), (dy2, dy2r)) = (inp.make(&[n, d_out], 1.0)?, inp.make(&[n, d_out], 1.0)?);
         let ((w2, w2r), (dxa, dxar), (a, ar)) =
             (inp.make(&[d_out, d_in], 1.0)?, inp.make(&[n, r], 1.0)?, inp.make(&[r, d_in], 1.0)?);
-        let dx = fused(|| linear::input_grad_sum(&[(&dy, &w), (&dy2, &w2), (&dxa, &a)]))?;
+        let dx = fused(|| linear::input_grad_sum(&cfg, &[(&dy, &w), (&dy2, &w2), (&dxa, &a)]))?;
         let want = ((dyr.matmul(&wr)? + dy2r.matmul(&w2r)?)? + dxar.matmul(&ar)?)?;
         expect_close(&format!("dy·W + dy₂·W₂ + dxa·A {dt:?}"), &dx, &want, tol, inp.seed)?;
     }
@@ -348,12 +348,16 @@ fn every_planned_gemm_algorithm_computes_the_same_products() -> Result<()> {
         let mut inp = Inputs::new(dt);
         let ((x, xr), (w, wr), (dy, dyr)) =
             (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?, inp.make(&[n, d_out], 1.0)?);
-        let ops = |x: &Tensor, w: &Tensor, dy: &Tensor| -> Result<[Tensor; 3]> {
-            Ok([linear::forward(x, w)?, linear::input_grad_sum(&[(dy, w)])?, linear::weight_grad(dy, x)?])
+        let ops = |cfg: &crate::KernelConfig, x: &Tensor, w: &Tensor, dy: &Tensor| -> Result<[Tensor; 3]> {
+            Ok([
+                linear::forward(cfg, x, w)?,
+                linear::input_grad_sum(cfg, &[(dy, w)])?,
+                linear::weight_grad(cfg, dy, x)?,
+            ])
         };
-        gemm_algos::record_shapes();
-        let defaults = fused(|| ops(&x, &w, &dy))?;
-        let shapes = gemm_algos::recorded_shapes();
+        let (recording, log) = crate::KernelConfig::default().recording_shapes();
+        let defaults = fused(|| ops(&recording, &x, &w, &dy))?;
+        let shapes = log.shapes();
         assert_eq!(shapes.len(), 3, "{shapes:?}");
         let want = [xr.matmul(&wr.t()?)?, dyr.matmul(&wr)?, dyr.t()?.matmul(&xr)?];
         for (got, want) in defaults.iter().zip(&want) {
@@ -368,10 +372,10 @@ fn every_planned_gemm_algorithm_computes_the_same_products() -> Result<()> {
             }
             // Every Lt candidate, installed for this shape alone, gives the reference's products.
             for t in timings.iter().filter(|t| t.algo != GemmAlgo::Default) {
-                gemm_algos::set_gemm_algos([(*shape, t.algo.clone())]).map_err(candle_core::Error::Msg)?;
-                let got = ops(&x, &w, &dy);
-                gemm_algos::set_gemm_algos([]).map_err(candle_core::Error::Msg)?;
-                for (got, want) in got?.iter().zip(&want) {
+                let cfg = crate::KernelConfig::default()
+                    .with_gemm_algos([(*shape, t.algo.clone())])
+                    .map_err(candle_core::Error::Msg)?;
+                for (got, want) in ops(&cfg, &x, &w, &dy)?.iter().zip(&want) {
                     expect_close(&format!("{} {shape:?} {dt:?}", t.algo.label()), got, want, tol, inp.seed)?;
                 }
             }
@@ -412,3 +416,5 @@ fn nf4_dequant_matmul_matches_the_host_dequantisation() -> Result<()> {
     }
     Ok(())
 }
+
+mod serving;

@@ -55,6 +55,10 @@ pub fn checkpoint_log(log: &EventLog, id: &Identity) -> Result<(Checkpoint, Stri
         cp.origin.clone(),
         json!({"size": size, "root": hex::encode(root), "note": note}),
     ))?;
+    // Kept outside log/ too, so that a log that later loses these events is refused.
+    if let Err(e) = log.save_head() {
+        tracing::warn!("could not keep the log's signed checkpoint: {e}");
+    }
     Ok((cp, note, a))
 }
 

@@ -34,7 +34,7 @@ mod tests {
     fn readiness_turns_503_with_the_reason_once_the_log_stops() {
         let dir = tempfile::tempdir().unwrap();
         let id = Identity::from_seed([3; 32]);
-        let (log, _) = EventLog::open(dir.path(), id.clone(), LogOptions::default()).unwrap();
+        let (log, _) = EventLog::create(dir.path(), id.clone(), LogOptions::default()).unwrap();
         let log = Arc::new(log);
         let rt = tokio::runtime::Runtime::new().unwrap();
         let state = rt.block_on(async { ApiState::new(log.clone(), Arc::new(id), dir.path().into(), None, false) });

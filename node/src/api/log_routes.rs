@@ -154,6 +154,36 @@ fn proof_error(e: ProofError) -> ApiError {
         ProofError::OutOfRange { .. } | ProofError::TooLarge { .. } => {
             ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "out_of_range", e.to_string())
         }
+        ProofError::BadSizes { .. } => ApiError::invalid("old", e.to_string()),
         ProofError::Read(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "log_unreadable", m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+    use crate::log::LogOptions;
+    use axum::response::IntoResponse;
+
+    #[test]
+    fn a_consistency_query_from_an_empty_or_larger_tree_is_the_callers_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Identity::from_seed([4; 32]);
+        let (log, _) = EventLog::create(dir.path(), id.clone(), LogOptions::default()).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let state = rt.block_on(async { ApiState::new(Arc::new(log), Arc::new(id), dir.path().into(), None, false) });
+        let status = |old, size| {
+            let q = Query(ConsistencyQuery { old, size });
+            match rt.block_on(consistency(State(state.clone()), q)) {
+                Ok(_) => StatusCode::OK,
+                Err(e) => e.into_response().status(),
+            }
+        };
+        assert_eq!(status(0, Some(0)), StatusCode::BAD_REQUEST);
+        assert_eq!(status(0, None), StatusCode::BAD_REQUEST);
+        assert_eq!(status(2, Some(1)), StatusCode::BAD_REQUEST);
+        assert_eq!(status(1, Some(5)), StatusCode::NOT_FOUND, "a tree the log does not have yet");
+        assert_eq!(status(1, Some(1)), StatusCode::OK);
     }
 }

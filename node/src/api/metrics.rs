@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::ApiState;
 use crate::log::{Event, EventLog};
+use crate::serve::model::ServedModel;
 
 /// Upper bounds (seconds) of the request latency histogram.
 const BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0];
@@ -25,6 +26,8 @@ pub struct Metrics {
     http: Mutex<BTreeMap<(String, String, u16), u64>>,
     latency: Mutex<BTreeMap<String, Histogram>>,
     events: Mutex<Fold>,
+    /// The served model's engine, when one is served: its queue, batch, cache and latencies.
+    engine: Mutex<Option<Arc<ServedModel>>>,
 }
 
 #[derive(Default, Clone)]
@@ -152,6 +155,11 @@ impl Metrics {
         });
     }
 
+    /// Reports the serving engine of `model` too.
+    pub fn watch_engine(&self, model: Arc<ServedModel>) {
+        *lock(&self.engine) = Some(model);
+    }
+
     fn observe(&self, route: String, method: String, status: u16, seconds: f64) {
         lock(&self.latency).entry(route.clone()).or_default().observe(seconds);
         *lock(&self.http).entry((route, method, status)).or_default() += 1;
@@ -215,7 +223,38 @@ impl Metrics {
         }
         metric(&mut out, "mindxtrain_anchor_latency_seconds", "histogram", "anchor.submitted to anchor.confirmed.");
         fold.anchor_latency.render(&mut out, "mindxtrain_anchor_latency_seconds", "");
+        drop(fold);
+        if let Some(model) = lock(&self.engine).as_ref() {
+            render_engine(&mut out, model, metric);
+        }
         out
+    }
+}
+
+/// The serving engine's gauges and latency histograms.
+fn render_engine(out: &mut String, model: &ServedModel, metric: fn(&mut String, &str, &str, &str)) {
+    use mindxtrain_trainer::infer::latency::BUCKETS;
+    let s = model.stats();
+    for (name, help, v) in [
+        ("mindxtrain_engine_waiting", "Requests queued in the engine, not yet running.", s.waiting),
+        ("mindxtrain_engine_running", "Requests in the engine's running batch.", s.running),
+        ("mindxtrain_engine_kv_blocks_used", "Key/value cache blocks held by requests.", s.kv_used_blocks),
+        ("mindxtrain_engine_kv_blocks_total", "Key/value cache blocks of the engine.", s.kv_total_blocks),
+    ] {
+        metric(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let lat = model.latencies();
+    for (name, help, h) in [
+        ("mindxtrain_engine_time_to_first_token_seconds", "Submission to first token.", &lat.first_token),
+        ("mindxtrain_engine_inter_token_seconds", "Between consecutive tokens of a completion.", &lat.inter_token),
+    ] {
+        metric(out, name, "histogram", help);
+        for (b, le) in h.buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {b}");
+        }
+        let _ =
+            writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", h.count, h.sum, h.count);
     }
 }
 

@@ -72,16 +72,23 @@ pub async fn verify(
         }
         _ => None,
     };
-    let inputs = match &local {
-        Some([files, plan, recipe]) => VerifyInputs {
-            files: Some(files.as_path()),
-            recipe: Some(recipe.as_path()),
-            plan: Some(plan.as_path()),
-            trusted_key: None,
-        },
-        None => VerifyInputs::default(),
-    };
-    let mut report = verify::verify_receipt(&receipt, &inputs);
+    // Hashing the run's files and checking signatures is CPU work: on the pool, not the executor.
+    let (receipt, mut report) = s
+        .cpu
+        .run(move || {
+            let inputs = match &local {
+                Some([files, plan, recipe]) => VerifyInputs {
+                    files: Some(files.as_path()),
+                    recipe: Some(recipe.as_path()),
+                    plan: Some(plan.as_path()),
+                    trusted_key: None,
+                },
+                None => VerifyInputs::default(),
+            };
+            let report = verify::verify_receipt(&receipt, &inputs);
+            (receipt, report)
+        })
+        .await?;
     if q.chain.unwrap_or(true) {
         let _one_at_a_time = s.chain_checks.lock().await;
         let dir = s.node_dir.clone();

@@ -86,10 +86,10 @@ pub fn error_list(errors: &RecipeErrors) -> Vec<Value> {
         .collect()
 }
 
-/// 400 with every recipe error, located.
+/// 400 with every recipe error, located (and how many more were left out).
 pub fn invalid_recipe(errors: &RecipeErrors) -> Response {
     let body = json!({"error": {"message": errors.to_string(), "type": "invalid_request_error",
-        "code": "invalid_recipe", "param": "recipe"}, "errors": error_list(errors)});
+        "code": "invalid_recipe", "param": "recipe"}, "errors": error_list(errors), "omitted": errors.omitted()});
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
@@ -101,13 +101,18 @@ fn summary(name: &str, l: &LoadedRecipe) -> Value {
 
 /// `GET /api/recipes`: the embedded recipes, each checked, and those registered here.
 pub async fn list(State(s): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
-    let embedded: Vec<Value> = EMBEDDED_RECIPES
-        .iter()
-        .map(|(name, src)| match Recipe::check_str(src, name) {
-            Ok(l) => summary(name, &l),
-            Err(e) => json!({"name": name, "valid": false, "errors": error_list(&e)}),
+    let embedded: Vec<Value> = s
+        .cpu
+        .run(|| {
+            EMBEDDED_RECIPES
+                .iter()
+                .map(|(name, src)| match Recipe::check_str(src, name) {
+                    Ok(l) => summary(name, &l),
+                    Err(e) => json!({"name": name, "valid": false, "errors": error_list(&e)}),
+                })
+                .collect()
         })
-        .collect();
+        .await?;
     let s2 = s.clone();
     let seqs = tokio::task::spawn_blocking(move || seqs_of(&s2, &[RECIPE_REGISTERED])).await.map_err(unreadable)??;
     let mut registered = Vec::new();
@@ -131,12 +136,15 @@ pub async fn show(State(s): State<Arc<ApiState>>, Path(name): Path<String>) -> R
             format!("no recipe {name} here"),
         )
     })?;
-    Ok(Json(match Recipe::check_str(&src, &name) {
-        Ok(l) => {
-            json!({"summary": summary(&name, &l), "resolved": serde_json::to_value(&l.recipe).map_err(unreadable)?, "yaml": src})
-        }
-        Err(e) => json!({"summary": {"name": name, "valid": false}, "errors": error_list(&e), "yaml": src}),
-    }))
+    let body = s
+        .cpu
+        .run(move || match Recipe::check_str(&src, &name) {
+            Ok(l) => serde_json::to_value(&l.recipe)
+                .map(|resolved| json!({"summary": summary(&name, &l), "resolved": resolved, "yaml": src})),
+            Err(e) => Ok(json!({"summary": {"name": name, "valid": false}, "errors": error_list(&e), "yaml": src})),
+        })
+        .await?;
+    body.map(Json).map_err(unreadable)
 }
 
 #[derive(Debug, Deserialize)]
@@ -146,33 +154,41 @@ pub struct ValidateRequest {
     name: Option<String>,
 }
 
-/// `POST /api/recipes/validate`: `{yaml, name}` → `{valid, errors: [{path, line, column, message}]}`.
-pub async fn validate(Json(req): Json<ValidateRequest>) -> Json<Value> {
+/// `POST /api/recipes/validate`: `{yaml, name}` → `{valid, errors: [{path, line, column, message}],
+/// omitted}`. Open to anyone, so it computes on the [`CpuPool`](super::cpu::CpuPool).
+pub async fn validate(
+    State(s): State<Arc<ApiState>>,
+    Json(req): Json<ValidateRequest>,
+) -> Result<Json<Value>, ApiError> {
     let name = req.name.unwrap_or_else(|| "recipe.yaml".into());
-    Json(match Recipe::check_str(&req.yaml, &name) {
-        Ok(l) => json!({"valid": true, "errors": [], "blake3": hex::encode(l.bytes_blake3)}),
-        Err(e) => json!({"valid": false, "errors": error_list(&e)}),
-    })
+    let body = s
+        .cpu
+        .run(move || match Recipe::check_str(&req.yaml, &name) {
+            Ok(l) => json!({"valid": true, "errors": [], "omitted": 0, "blake3": hex::encode(l.bytes_blake3)}),
+            Err(e) => json!({"valid": false, "errors": error_list(&e), "omitted": e.omitted()}),
+        })
+        .await?;
+    Ok(Json(body))
 }
 
 /// `POST /api/recipes`: `{yaml, name}` registered: the bytes kept for later launches by
 /// digest, then `recipe.registered` in the log (once per digest). 201 when new, 200 when known.
 pub async fn register(State(s): State<Arc<ApiState>>, Json(req): Json<ValidateRequest>) -> Response {
     let name = req.name.unwrap_or_else(|| "recipe.yaml".into());
-    let loaded = match Recipe::check_str(&req.yaml, &name) {
-        Ok(l) => l,
-        Err(e) => return invalid_recipe(&e),
-    };
     let (log, dir, yaml) = (s.log.clone(), s.node_dir.clone(), req.yaml);
-    let done = tokio::task::spawn_blocking(move || {
-        let stored = crate::recipes::store(&dir, &loaded.bytes_blake3, &yaml);
-        stored.map_err(|e| Rejected::Unknown(Box::new(unreadable(format!("keeping the recipe: {e}")))))?;
-        match crate::recipes::record(&log, &name, &yaml, loaded) {
-            Ok(r) => Ok((name, r)),
-            Err(e) => Err(Rejected::Unknown(Box::new(unreadable(e)))),
-        }
-    })
-    .await;
+    // Checking, storing and the append's wait all happen on the pool's thread.
+    let done = s
+        .cpu
+        .run(move || {
+            let loaded = Recipe::check_str(&yaml, &name).map_err(Rejected::Invalid)?;
+            let stored = crate::recipes::store(&dir, &loaded.bytes_blake3, &yaml);
+            stored.map_err(|e| Rejected::Unknown(Box::new(unreadable(format!("keeping the recipe: {e}")))))?;
+            match crate::recipes::record(&log, &name, &yaml, loaded) {
+                Ok(r) => Ok((name, r)),
+                Err(e) => Err(Rejected::Unknown(Box::new(unreadable(e)))),
+            }
+        })
+        .await;
     match done {
         Ok(Ok((name, r))) => {
             let status = if r.already { StatusCode::OK } else { StatusCode::CREATED };
@@ -180,6 +196,6 @@ pub async fn register(State(s): State<Arc<ApiState>>, Json(req): Json<ValidateRe
                 .into_response()
         }
         Ok(Err(rejected)) => rejected.into_response(),
-        Err(e) => unreadable(e).into_response(),
+        Err(e) => e.into_response(),
     }
 }

@@ -206,26 +206,41 @@ fn trusted_key(dir: &Path, arg: Option<String>) -> Result<TrustedKey> {
 }
 
 fn verify_log(dir: &Path, out: &Output, key: Option<String>) -> Result<ExitCode> {
-    if !dir.join(mindxtrain_node::log::LOG_DIR).is_dir() {
+    let initialised = dir.join(identity::SECRET_FILE).exists();
+    if !dir.join(mindxtrain_node::log::LOG_DIR).is_dir() && !initialised {
         bail!("{}: no event log here; run `mindxtrain init --node-dir {}` first", dir.display(), dir.display());
     }
     let report = verify::verify(dir, trusted_key(dir, key)?)?;
-    out.emit(&json!({"ok": report.ok(), "report": report}), || {
+    out.emit(&json!({"ok": report.ok(), "report": report, "missing_events": report.missing_events()}), || {
         let mut s = format!(
-            "{} in {}, root {}\nsignatures checked against {} ({})",
+            "{} in {}, root {}\nsignatures checked against {} ({})\ncompared with {} record(s) of the log; index: {}",
             super::plural(report.events, "event"),
             super::plural(report.segments as u64, "segment"),
             report.root,
             report.key.as_deref().unwrap_or("no key"),
-            report.key_source
+            report.key_source,
+            report.witnesses.len(),
+            report.index
         );
         if report.ok() {
-            s.push_str("\nOK: crc, canonical form, seq continuity, chain links and signatures all verify");
-        } else {
-            s.push_str(&format!("\nFAILED: {} problem(s)", report.problems.len()));
-            for p in &report.problems {
-                s.push_str(&format!("\n  {p}"));
-            }
+            s.push_str(
+                "\nOK: crc, canonical form, seq continuity, chain links and signatures all verify, and the log holds \
+                 every event the node recorded elsewhere",
+            );
+            return s;
+        }
+        s.push_str(&format!("\nFAILED: {} problem(s)", report.problems.len() + report.missing.len()));
+        for p in &report.problems {
+            s.push_str(&format!("\n  {p}"));
+        }
+        for m in &report.missing {
+            s.push_str(&format!("\n  {m}"));
+        }
+        if let Some((first, last)) = report.missing_events() {
+            s.push_str(&format!(
+                "\n  events {first}..={last} are missing: restore log/ from a backup (a new log is only ever started by \
+                 `mindxtrain init`, in a new node directory)"
+            ));
         }
         s
     });
@@ -259,7 +274,14 @@ fn consistency(dir: &Path, out: &Output, old: u64, size: Option<u64>) -> Result<
     let r = reader(dir)?;
     let v = r.view();
     let size = size.unwrap_or(v.len());
-    let doc = proofs::consistency(v, old, size)?;
+    let doc = match proofs::consistency(v, old, size) {
+        Ok(d) => d,
+        Err(e @ (ProofError::BadSizes { .. } | ProofError::TooLarge { .. })) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+        }
+        Err(e) => return Err(e.into()),
+    };
     out.emit(&doc, || {
         format!(
             "tree {old} → {size}\n  old root {}\n  new root {}\n  path     {}",

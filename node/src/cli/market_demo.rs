@@ -54,6 +54,8 @@ pub fn demo_step(
         force_base: false,
         merge: false,
         name: None,
+        device: &candle_core::Device::Cpu,
+        adapters: &[],
     })?;
     let billing = loaded.recipe.publish.billing.x402.clone().context("the demo recipe sets no x402 price")?;
     let price = billing.pricing.per_call.context("the demo recipe prices per call")?.atomic();
@@ -100,7 +102,13 @@ pub fn demo_step(
             facilitator_routes: true,
         };
         let node = super::serve_cmd::NodeParts { log: log.clone(), id: Arc::new(id.clone()), dir: dir.to_path_buf() };
-        let server = super::serve_cmd::start(node, Some(model), Some(sale), "127.0.0.1:0".parse()?).await?;
+        let server = super::serve_cmd::start(
+            node,
+            Some(model),
+            Some(sale),
+            super::serve_cmd::Listen::new("127.0.0.1:0".parse()?),
+        )
+        .await?;
         let name = server.state.as_ref().map(|s| s.model.name.clone()).unwrap_or_default();
         let url = server.url.clone();
         let buyer_address = buyer.address();

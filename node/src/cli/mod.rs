@@ -42,6 +42,10 @@ pub struct Cli {
     /// More log output on stderr (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Accept node.key and api.token files that group or others can read (refused by
+    /// default, as ssh refuses loose keys): for secret stores that cannot mount them 0600.
+    #[arg(long, global = true)]
+    pub allow_readable_secrets: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -136,6 +140,9 @@ pub fn init_tracing(verbose: u8) {
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = output::Output { json: cli.json };
+    if cli.allow_readable_secrets {
+        mindxtrain_node::identity::allow_readable_secrets();
+    }
     match cli.command {
         Command::Init => log_cmd::init(&cli.node_dir, &out),
         Command::Log(cmd) => log_cmd::run(cmd, &cli.node_dir, &out),

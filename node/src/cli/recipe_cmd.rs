@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use mindxtrain_node::node;
 use mindxtrain_node::recipes::{self, RegisterError};
-use mindxtrain_trainer::recipe::{Recipe, RecipeError};
+use mindxtrain_trainer::recipe::{Recipe, RecipeError, RecipeErrors};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -56,6 +56,16 @@ pub fn error_json(e: &RecipeError) -> Value {
     })
 }
 
+/// The problems, one indented line each (and how many more were left out).
+fn listed(errs: &RecipeErrors) -> String {
+    errs.to_string().lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// `{file, ok: false, errors, omitted}`.
+fn invalid_json(file: &Path, errs: &RecipeErrors) -> Value {
+    json!({"file": file, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>(), "omitted": errs.omitted()})
+}
+
 fn check(files: &[PathBuf], out: &Output) -> Result<ExitCode> {
     let mut results = Vec::new();
     let mut text = Vec::new();
@@ -69,10 +79,9 @@ fn check(files: &[PathBuf], out: &Output) -> Result<ExitCode> {
             }
             Err(errs) => {
                 all_ok = false;
-                text.push(format!("invalid {} ({} problem(s))", f.display(), errs.len()));
-                text.extend(errs.iter().map(|e| format!("  {e}")));
-                results
-                    .push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
+                text.push(format!("invalid {} ({} problem(s))", f.display(), errs.len() + errs.omitted()));
+                text.push(listed(&errs));
+                results.push(invalid_json(f, &errs));
             }
         }
     }
@@ -91,9 +100,7 @@ fn show(file: &Path, out: &Output) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(errs) => {
-            for e in errs.iter() {
-                eprintln!("{e}");
-            }
+            eprintln!("{errs}");
             Ok(ExitCode::from(EXIT_INVALID_INPUT))
         }
     }
@@ -116,9 +123,8 @@ fn register(files: &[PathBuf], dir: &Path, out: &Output) -> Result<ExitCode> {
             Err(RegisterError::Invalid(errs)) => {
                 all_ok = false;
                 text.push(format!("not registered {}: invalid", f.display()));
-                text.extend(errs.iter().map(|e| format!("  {e}")));
-                results
-                    .push(json!({"file": f, "ok": false, "errors": errs.iter().map(error_json).collect::<Vec<_>>()}));
+                text.push(listed(&errs));
+                results.push(invalid_json(f, &errs));
             }
             Err(e) => return Err(e.into()),
         }

@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use mindxtrain_node::anchor::Deployment;
 use mindxtrain_node::anchor::session::SharedChain;
+use mindxtrain_node::api::host::AllowedHosts;
 use mindxtrain_node::api::{self, ApiState, auth::ApiToken};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog};
@@ -52,6 +53,14 @@ pub struct ServeArgs {
     /// The model id clients use (default: the recipe's model.name).
     #[arg(long)]
     pub name: Option<String>,
+    /// Serve another PEFT adapter over the same base as model id NAME (repeatable): one engine
+    /// batches requests for every adapter together.
+    #[arg(long = "adapter", value_name = "NAME=DIR", value_parser = parse_adapter, requires = "checkpoint")]
+    pub adapters: Vec<(String, PathBuf)>,
+    /// Where to run the model: `cpu` or `cuda[:N]` (default: the recipe's hardware, so a model
+    /// trained on a GPU is served on one).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceArg>,
     /// Address to listen on; port 0 picks a free one (printed at start).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -80,6 +89,44 @@ pub struct ServeArgs {
     /// transaction (`settleTransferAndRecord`); the settler key must be its settler.
     #[arg(long, conflicts_with_all = ["pay_to", "facilitator"])]
     pub receiver: Option<Address>,
+    /// Seconds a connection gets to send a request head (and may idle between requests).
+    #[arg(long, value_name = "SECS", default_value_t = api::listener::HEADER_READ_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: u64,
+    /// Most connections one client address may hold open at once.
+    #[arg(long, value_name = "N", default_value_t = api::listener::MAX_CONNECTIONS_PER_IP,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections_per_ip: usize,
+    /// A name the node answers to when it listens on loopback, beside the local ones
+    /// (a reverse proxy's public name, say); repeatable.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl ServeArgs {
+    /// Where and how the server listens.
+    fn listen(&self) -> Listen {
+        let limits = api::listener::Limits {
+            header_read_timeout: Duration::from_secs(self.header_timeout),
+            max_connections_per_ip: self.max_connections_per_ip,
+        };
+        Listen { addr: self.listen, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) }
+    }
+}
+
+/// Where a node server listens, and the limits of its connections.
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub limits: api::listener::Limits,
+    /// Names answered to on loopback beside the local ones (see `api::host`).
+    pub allowed_hosts: AllowedHosts,
+}
+
+impl Listen {
+    /// `addr` with the default limits and only local names.
+    pub fn new(addr: SocketAddr) -> Self {
+        Listen { addr, limits: api::listener::Limits::default(), allowed_hosts: AllowedHosts::default() }
+    }
 }
 
 pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
@@ -102,7 +149,7 @@ pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitC
             _ => None,
         };
         let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
-        let running = start(node, model.map(|(m, _)| m), sale, args.listen).await?;
+        let running = start(node, model.map(|(m, _)| m), sale, args.listen()).await?;
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
         let token_file = node_dir.join(api::auth::TOKEN_FILE);
@@ -213,6 +260,11 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
     let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let device = match args.device {
+        Some(d) => d.open()?,
+        None => mindxtrain_trainer::run::run_device(&loaded.recipe)
+            .context("the recipe's hardware (pass --device cpu to serve on the CPU)")?,
+    };
     let model = ServedModel::load(&ModelSource {
         recipe: &loaded,
         recipe_dir: &recipe_dir,
@@ -221,8 +273,46 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         force_base: args.force_base,
         merge: args.merge,
         name: args.name.clone(),
+        device: &device,
+        adapters: &args.adapters,
     })?;
     Ok((model, loaded))
+}
+
+fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.is_empty() => Ok((name.trim().to_string(), dir.into())),
+        _ => Err(format!("{s:?}: expected NAME=DIR (the model id clients use, and a PEFT adapter directory)")),
+    }
+}
+
+/// `serve --device`: the CPU or one CUDA GPU by ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    match s {
+        "cpu" => Ok(DeviceArg::Cpu),
+        "cuda" => Ok(DeviceArg::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(DeviceArg::Cuda)
+            .ok_or_else(|| format!("{s:?}: expected cpu, cuda or cuda:N")),
+    }
+}
+
+impl DeviceArg {
+    fn open(self) -> Result<candle_core::Device> {
+        match self {
+            DeviceArg::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceArg::Cuda(n) => candle_core::Device::new_cuda(n)
+                .with_context(|| format!("opening cuda:{n} (this binary needs the cuda feature: scripts/build-gpu)")),
+        }
+    }
 }
 
 /// The open node a server runs on.
@@ -244,12 +334,7 @@ pub struct Running {
 }
 
 /// Binds `listen` and serves until [`Running::stop`].
-pub async fn start(
-    node: NodeParts,
-    model: Option<ServedModel>,
-    sale: Option<Sale>,
-    listen: SocketAddr,
-) -> Result<Running> {
+pub async fn start(node: NodeParts, model: Option<ServedModel>, sale: Option<Sale>, listen: Listen) -> Result<Running> {
     let (token, created) = ApiToken::load_or_create(&node.dir).context("the operator token (api.token)")?;
     if created {
         tracing::info!(file = %node.dir.join(api::auth::TOKEN_FILE).display(), "created the operator token");
@@ -264,23 +349,23 @@ pub async fn start(
         Some(model) => {
             let rentals = RentalBook::load(node.log.clone(), node.id.clone())?;
             let state = AppState::new(model, node.log.clone(), rentals, sale.as_ref());
+            api_state.metrics.watch_engine(state.model.clone());
             app = app.merge(serve::router(state.clone(), sale.as_ref()));
             Some(state)
         }
         None => None,
     };
-    // The limits (body size, time to the response head) cover every route, the model's too.
-    let app = api::with_metrics(api::with_limits(app), metrics);
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    // The limits (body size, time to the response head) and the Host check cover every
+    // route, the model's too.
+    let app = api::host::guard(api::with_limits(app), listen.addr.ip(), listen.allowed_hosts);
+    let app = api::with_metrics(app, metrics);
+    let addr = listen.addr;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let (shutdown, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
-    });
+    let task = tokio::spawn(api::listener::serve(listener, app, listen.limits, async {
+        let _ = rx.await;
+    }));
     Ok(Running { url, state, api: api_state, shutdown, task })
 }
 
@@ -470,5 +555,26 @@ fn record_acquisition(node_dir: &Path, rental: &serde_json::Value, record: &serd
             Ok(false)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_and_adapters_parse_or_say_what_was_expected() {
+        assert_eq!(parse_device("cpu"), Ok(DeviceArg::Cpu));
+        assert_eq!(parse_device("cuda"), Ok(DeviceArg::Cuda(0)));
+        assert_eq!(parse_device("cuda:3"), Ok(DeviceArg::Cuda(3)));
+        assert!(parse_device("gpu").unwrap_err().contains("cpu, cuda or cuda:N"));
+        assert!(parse_device("cuda:x").is_err());
+        assert_eq!(parse_adapter("legal=runs/legal/final"), Ok(("legal".into(), PathBuf::from("runs/legal/final"))));
+        for bad in ["legal", "=dir", "legal="] {
+            assert!(parse_adapter(bad).unwrap_err().contains("NAME=DIR"), "{bad}");
+        }
+        // A CPU build cannot open a GPU and says how to get one.
+        #[cfg(not(feature = "cuda"))]
+        assert!(format!("{:#}", DeviceArg::Cuda(0).open().unwrap_err()).contains("scripts/build-gpu"));
     }
 }

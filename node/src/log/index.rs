@@ -64,31 +64,60 @@ const SUBJECT: u8 = b's';
 impl Index {
     /// Opens the index at `dir` and reconciles it with `view`.
     pub fn open(dir: &Path, view: &View) -> Result<(Self, Reconciled), IndexError> {
-        let (index, damage) = match Self::open_raw(dir) {
-            Ok(i) => (i, None),
+        let (index, damage) = Self::load(dir)?;
+        let reconciled = index.reconcile(view, damage)?;
+        Ok((index, reconciled))
+    }
+
+    /// Opens the index at `dir` as it is. A directory sled cannot open is not worth saving
+    /// (the log rebuilds it): it is wiped and opened empty, and why is returned for
+    /// [`Index::reconcile`].
+    pub fn load(dir: &Path) -> Result<(Self, Option<String>), IndexError> {
+        match Self::open_raw(dir) {
+            Ok(i) => Ok((i, None)),
             Err(e) => {
-                // A damaged sled directory is not worth saving: the log rebuilds it.
                 let _ = std::fs::remove_dir_all(dir);
-                (Self::open_raw(dir)?, Some(format!("could not open ({e})")))
+                Ok((Self::open_raw(dir)?, Some(format!("could not open ({e})"))))
             }
-        };
-        let reason = damage.or_else(|| index.staleness(view));
+        }
+    }
+
+    /// The index at `dir`'s last indexed event, read without changing anything but what
+    /// sled's own open does; `Ok(None)` when it holds none. For `log verify`, while no
+    /// writer holds the log.
+    pub fn read_marker(dir: &Path) -> Result<Option<(u64, Hash)>, IndexError> {
+        Self::open_raw(dir)?.marker()
+    }
+
+    /// The last indexed event, when the index is of this format: every event it has
+    /// indexed was durable, so the log must still hold it.
+    pub fn marker(&self) -> Result<Option<(u64, Hash)>, IndexError> {
+        match self.db.get(KEY_FORMAT)? {
+            Some(f) if f.as_ref() == FORMAT => self.last(),
+            _ => Ok(None),
+        }
+    }
+
+    /// Brings the index in line with `view`: caught up from its marker, or rebuilt when it
+    /// is missing, damaged (`damage`) or stale.
+    pub fn reconcile(&self, view: &View, damage: Option<String>) -> Result<Reconciled, IndexError> {
+        let reason = damage.or_else(|| self.staleness(view));
         let outcome = match reason {
             Some(reason) => {
-                index.clear()?;
-                let events = index.catch_up(view, 0)?;
+                self.clear()?;
+                let events = self.catch_up(view, 0)?;
                 Reconciled::Rebuilt { reason, events }
             }
             None => {
-                let from = index.last()?.map(|(s, _)| s + 1).unwrap_or(0);
-                match index.catch_up(view, from)? {
+                let from = self.last()?.map(|(s, _)| s + 1).unwrap_or(0);
+                match self.catch_up(view, from)? {
                     0 => Reconciled::Current,
                     n => Reconciled::CaughtUp(n),
                 }
             }
         };
-        index.db.flush()?;
-        Ok((index, outcome))
+        self.db.flush()?;
+        Ok(outcome)
     }
 
     fn open_raw(dir: &Path) -> Result<Self, IndexError> {
@@ -257,15 +286,22 @@ fn key(tag: u8, name: &str, seq: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::super::tests::copy_dir;
-    use super::super::{AppendRequest, EventLog, GENESIS_KIND, INDEX_DIR, LogOptions};
+    use super::super::{AppendRequest, EventLog, GENESIS_KIND, INDEX_DIR, LOG_DIR, LogOptions, OpenError};
     use super::{Query, Reconciled};
     use crate::identity::Identity;
     use serde_json::json;
     use std::path::Path;
 
     fn open(dir: &Path) -> (EventLog, Reconciled) {
-        let (log, report) = EventLog::open(dir, Identity::from_seed([12; 32]), LogOptions::default()).unwrap();
+        let (key, opts) = (Identity::from_seed([12; 32]), LogOptions::default());
+        let opened =
+            if dir.join(LOG_DIR).exists() { EventLog::open(dir, key, opts) } else { EventLog::create(dir, key, opts) };
+        let (log, report) = opened.unwrap();
         (log, report.index)
+    }
+
+    fn refused(dir: &Path) -> OpenError {
+        EventLog::open(dir, Identity::from_seed([12; 32]), LogOptions::default()).err().expect("must refuse")
     }
 
     /// Appends `n` `train.progress` events for runs `run-0..3` in turn (seqs 1..=n after
@@ -287,8 +323,12 @@ mod tests {
         copy_dir(&from.join(INDEX_DIR), &to.join(INDEX_DIR));
     }
 
+    /// The index only ever covers durable events: one that names an event the log lacks,
+    /// or another event at the same seq, says the log lost events or was replaced. The
+    /// open is refused, naming it, and changes nothing; an index that is not this log's
+    /// is removed by hand (it is rebuilt from the log).
     #[test]
-    fn an_index_whose_hash_differs_at_the_same_seq_is_rebuilt() {
+    fn an_index_of_another_or_longer_log_refuses_the_open_until_it_is_removed() {
         let dir = tempfile::tempdir().unwrap();
         let twin = tempfile::tempdir().unwrap();
         let longer = tempfile::tempdir().unwrap();
@@ -307,29 +347,25 @@ mod tests {
             fill(&log, 9, 100);
             log.append(AppendRequest::new("other.kind", "elsewhere", json!({"run_id": "run-x"}))).unwrap();
         }
+        let segment = std::fs::read(dir.path().join(LOG_DIR).join(super::super::segment::segment_name(0))).unwrap();
         replace_index(twin.path(), dir.path());
+        let msg = refused(dir.path()).to_string();
+        assert!(msg.contains("the index's last indexed event") && msg.contains("replaced or rewritten"), "{msg}");
+        replace_index(longer.path(), dir.path());
+        let msg = refused(dir.path()).to_string();
+        assert!(msg.contains("holds 10 events") && msg.contains("Events 10..=10 are missing"), "{msg}");
+        let now = std::fs::read(dir.path().join(LOG_DIR).join(super::super::segment::segment_name(0))).unwrap();
+        assert_eq!(now, segment, "nothing was changed");
+
+        // Removed, the index is rebuilt from the log, and none of the other's postings survive.
+        std::fs::remove_dir_all(dir.path().join(INDEX_DIR)).unwrap();
         let (log, reconciled) = open(dir.path());
-        assert_eq!(log.len(), 10);
-        match &reconciled {
-            Reconciled::Rebuilt { reason, events } => {
-                assert_eq!(reason, "its hash for seq 9 differs from the log's");
-                assert_eq!(*events, 10);
-            }
-            other => panic!("expected a rebuild, got {other:?}"),
-        }
+        assert!(matches!(&reconciled, Reconciled::Rebuilt { events: 10, .. }), "{reconciled:?}");
+        assert!(seqs(&log, Query::Kind("other.kind".into())).is_empty());
         assert_eq!(seqs(&log, Query::Kind("train.progress".into())), (1..=9).collect::<Vec<_>>());
         assert_eq!(seqs(&log, Query::Kind(GENESIS_KIND.into())), vec![0]);
         assert_eq!(seqs(&log, Query::Run("run-1".into())), vec![2, 5, 8]);
         assert_eq!(seqs(&log, Query::Subject("run-2".into())), vec![3, 6, 9]);
-        drop(log);
-
-        // An index of a longer, different log is rebuilt too, and none of its postings
-        // survive; after the rebuild the next open finds the index current.
-        replace_index(longer.path(), dir.path());
-        let (log, reconciled) = open(dir.path());
-        assert!(matches!(reconciled, Reconciled::Rebuilt { .. }), "{reconciled:?}");
-        assert!(seqs(&log, Query::Kind("other.kind".into())).is_empty());
-        assert!(seqs(&log, Query::Run("run-x".into())).is_empty());
         drop(log);
         let (_, reconciled) = open(dir.path());
         assert_eq!(reconciled, Reconciled::Current);

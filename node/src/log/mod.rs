@@ -24,6 +24,7 @@ pub mod record;
 pub mod segment;
 pub mod verify;
 mod view;
+pub mod witness;
 mod writer;
 
 pub use record::{Envelope, Event, Hash};
@@ -46,9 +47,9 @@ use tokio::sync::{oneshot, watch};
 pub const GENESIS_KIND: &str = "log.genesis";
 /// Sub-directory of the node dir holding segments.
 pub const LOG_DIR: &str = "log";
-const INDEX_DIR: &str = "index";
+pub(crate) const INDEX_DIR: &str = "index";
 const TORN_DIR: &str = "torn";
-const LOCK_FILE: &str = "LOCK";
+pub(crate) const LOCK_FILE: &str = "LOCK";
 
 /// What to append.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +107,13 @@ pub enum AppendError {
 pub enum OpenError {
     #[error(transparent)]
     Scan(#[from] ScanError),
+    /// The log is gone, empty, or shorter than what the node recorded elsewhere.
+    #[error("{0}")]
+    Lost(Box<witness::LostLog>),
+    #[error(transparent)]
+    Witness(#[from] witness::WitnessError),
+    #[error("{0} already holds a log; a new one starts only in an empty directory")]
+    Exists(PathBuf),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{0} is locked by another mindxtrain process")]
@@ -246,20 +254,51 @@ pub struct EventLog {
     tx: Option<mpsc::Sender<writer::Input>>,
     threads: Vec<JoinHandle<()>>,
     index: Arc<index::Index>,
-    public_key: [u8; 32],
+    key: Identity,
+    node_dir: PathBuf,
+    /// One writer of the signed checkpoint file at a time.
+    head: Mutex<()>,
     _lock: File,
 }
 
 impl EventLog {
-    /// Opens (creating if needed) the log under `node_dir/log`, recovering a torn tail
-    /// and reconciling the index. A new log starts with a genesis event naming the key.
+    /// Opens the log under `node_dir/log`, recovering a torn tail and reconciling the
+    /// index. A log that is gone, empty, or shorter than what the node recorded elsewhere
+    /// ([`witness`]: the index, the latest signed checkpoint, the manifests) is refused with
+    /// [`OpenError::Lost`], naming what is missing, and nothing is changed: a new log is only
+    /// started by [`EventLog::create`].
     pub fn open(node_dir: &Path, key: Identity, opts: LogOptions) -> Result<(Self, OpenReport), OpenError> {
+        Self::start(node_dir, key, opts, false)
+    }
+
+    /// Creates the log under `node_dir/log` with its genesis event naming the key (what
+    /// `init` does); refuses a directory that already holds segments.
+    pub fn create(node_dir: &Path, key: Identity, opts: LogOptions) -> Result<(Self, OpenReport), OpenError> {
+        Self::start(node_dir, key, opts, true)
+    }
+
+    fn start(node_dir: &Path, key: Identity, opts: LogOptions, new: bool) -> Result<(Self, OpenReport), OpenError> {
         let dir = node_dir.join(LOG_DIR);
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| OpenError::Io { path, source }
         };
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        if new {
+            std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            if !segment::list_segments(&dir)?.is_empty() {
+                return Err(OpenError::Exists(dir));
+            }
+        } else if !dir.is_dir() {
+            let mut witnesses = witness::gather(node_dir, &key.verifying_key())?;
+            let index_dir = node_dir.join(INDEX_DIR);
+            if index_dir.is_dir()
+                && let Ok(Some((seq, hash))) = index::Index::read_marker(&index_dir)
+            {
+                witnesses.push(witness::of_index(node_dir, seq, hash));
+            }
+            let shortfalls = witness::check(&witnesses, &[]);
+            return Err(lost(dir, 0, true, shortfalls));
+        }
         let lock_path = dir.join(LOCK_FILE);
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -271,16 +310,27 @@ impl EventLog {
             return Err(OpenError::Locked(dir));
         }
         let mut scan = segment::scan(&dir, true)?;
-        let mut report = OpenReport { torn: scan.torn.clone(), ..Default::default() };
-        if let Some(torn) = &scan.torn {
-            report.torn_saved_to = Some(save_and_truncate(&dir, torn, &scan).map_err(io(&torn.segment))?);
-            tracing::warn!(segment = %torn.segment.display(), offset = torn.offset, bytes = torn.bytes, reason = %torn.reason, "truncated a torn tail");
-        }
         let public_hex = hex::encode(key.public_bytes());
         if let Some(log_key) = &scan.genesis_key
             && *log_key != public_hex
         {
             return Err(OpenError::KeyMismatch { log_key: log_key.clone(), node_key: public_hex });
+        }
+        let mut witnesses = if new { Vec::new() } else { witness::gather(node_dir, &key.verifying_key())? };
+        let (index, index_damage) = index::Index::load(&node_dir.join(INDEX_DIR))?;
+        if let Ok(Some((seq, hash))) = index.marker() {
+            witnesses.push(witness::of_index(node_dir, seq, hash));
+        }
+        // Before anything is repaired: a torn tail that holds an event the node recorded
+        // elsewhere is not torn, it is acknowledged data damaged.
+        let shortfalls = witness::check(&witnesses, &scan.hashes);
+        if !new && (scan.hashes.is_empty() || !shortfalls.is_empty()) {
+            return Err(lost(dir, scan.hashes.len() as u64, false, shortfalls));
+        }
+        let mut report = OpenReport { torn: scan.torn.clone(), ..Default::default() };
+        if let Some(torn) = &scan.torn {
+            report.torn_saved_to = Some(save_and_truncate(&dir, torn, &scan).map_err(io(&torn.segment))?);
+            tracing::warn!(segment = %torn.segment.display(), offset = torn.offset, bytes = torn.bytes, reason = %torn.reason, "truncated a torn tail");
         }
         if scan.segments.is_empty() {
             let path = dir.join(segment::segment_name(0));
@@ -291,8 +341,7 @@ impl EventLog {
             scan.last_len = 0;
         }
         let view = View::from_scan(&scan);
-        let (index, reconciled) = index::Index::open(&node_dir.join(INDEX_DIR), &view)?;
-        report.index = reconciled;
+        report.index = index.reconcile(&view, index_damage)?;
         let (notify, _) = watch::channel(view.len());
         let shared = Arc::new(Shared {
             view: RwLock::new(view),
@@ -339,7 +388,8 @@ impl EventLog {
         threads.push(spawn("log-indexer", move || run_indexer(index_rx, s3, idx)));
         // After the sequencer: they stop once it is done with them.
         threads.extend(signer_threads);
-        let log = Self { shared, tx: Some(tx), threads, index, public_key: key.public_bytes(), _lock: lock };
+        let (node_dir, head) = (node_dir.to_path_buf(), Mutex::new(()));
+        let log = Self { shared, tx: Some(tx), threads, index, key, node_dir, head, _lock: lock };
         report.events = log.len();
         report.segments = scan.segments.len();
         if log.is_empty() {
@@ -351,6 +401,8 @@ impl EventLog {
             log.append(AppendRequest::new(GENESIS_KIND, public_hex, data).with_id("genesis").expecting_seq(0))
                 .map_err(OpenError::Genesis)?;
             report.events = 1;
+            // The genesis is the first thing the node vouches for: from now on an empty log is lost.
+            log.save_head().map_err(io(&log.node_dir.join(witness::CHECKPOINT_FILE)))?;
         }
         Ok((log, report))
     }
@@ -408,7 +460,20 @@ impl EventLog {
     }
 
     pub fn public_key(&self) -> [u8; 32] {
-        self.public_key
+        self.key.public_bytes()
+    }
+
+    /// Signs a checkpoint of the whole log and keeps it as the node's latest
+    /// ([`witness::CHECKPOINT_FILE`], outside `log/`), so that a log that later loses
+    /// these events is refused. Done when the log closes and when a checkpoint is recorded.
+    pub fn save_head(&self) -> std::io::Result<u64> {
+        let _one = self.head.lock().unwrap_or_else(|e| e.into_inner());
+        let (size, root) = self.read(|v| (v.len(), v.root(v.len())));
+        let root = root.map_err(|e| std::io::Error::other(e.to_string()))?;
+        if size > 0 {
+            witness::save_checkpoint(&self.node_dir, &self.key, size, root)?;
+        }
+        Ok(size)
     }
 
     #[cfg(test)]
@@ -461,7 +526,16 @@ impl Drop for EventLog {
             let _ = t.join();
         }
         let _ = self.index.flush();
+        // Every event in the view is durable: the checkpoint vouches for no more than that.
+        if let Err(e) = self.save_head() {
+            tracing::warn!("could not keep the log's signed checkpoint in {}: {e}", witness::CHECKPOINT_FILE);
+        }
     }
+}
+
+/// [`OpenError::Lost`] for the log at `log_dir`.
+fn lost(log_dir: PathBuf, events: u64, absent: bool, shortfalls: Vec<witness::Shortfall>) -> OpenError {
+    OpenError::Lost(Box::new(witness::LostLog { log_dir, events, absent, shortfalls }))
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
@@ -504,5 +578,7 @@ fn save_and_truncate(dir: &Path, torn: &segment::TornTail, scan: &segment::Scan)
     Ok(saved)
 }
 
+#[cfg(test)]
+mod lost_tests;
 #[cfg(test)]
 mod tests;

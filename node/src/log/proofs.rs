@@ -16,6 +16,10 @@ pub enum ProofError {
     OutOfRange { seq: u64, size: u64, len: u64 },
     #[error("tree size {size} is larger than the log ({len} events)")]
     TooLarge { size: u64, len: u64 },
+    #[error(
+        "a consistency proof goes from a tree of at least 1 event to one at least as large; asked from {old} to {size}"
+    )]
+    BadSizes { old: u64, size: u64 },
     #[error("{0}")]
     Read(String),
 }
@@ -42,8 +46,11 @@ pub fn inclusion(v: &View, seq: u64, size: u64) -> Result<Value, ProofError> {
 /// The consistency proof from the tree of `old` events to the tree of `size`.
 pub fn consistency(v: &View, old: u64, size: u64) -> Result<Value, ProofError> {
     let len = v.len();
-    if size > len || old > size {
-        return Err(ProofError::TooLarge { size: size.max(old), len });
+    if old == 0 || old > size {
+        return Err(ProofError::BadSizes { old, size });
+    }
+    if size > len {
+        return Err(ProofError::TooLarge { size, len });
     }
     let read = |e: &dyn std::fmt::Display| ProofError::Read(e.to_string());
     let proof = v.consistency_proof(old, size).map_err(|e| read(&e))?;

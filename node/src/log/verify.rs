@@ -6,10 +6,16 @@
 //! not verify under the log's key. After damaged bytes it resynchronises on the next
 //! crc-valid record so one flipped byte does not hide the rest of the log. Zeros after
 //! the last record of a segment are pre-written space, not a problem.
+//!
+//! A log can also be intact and still not be the node's whole log: a deleted or
+//! zero-filled segment, a removed `log/`. The audit compares the log with what the node
+//! recorded elsewhere ([`witness`]: the signed checkpoint, the manifests, and the index's
+//! last event when no writer holds the log) and lists each record the log falls short of.
 
 use super::record::{self, Event, HEADER_LEN, Hash, ZERO_HASH};
 use super::segment::{self, ScanError};
-use super::{GENESIS_KIND, LOG_DIR};
+use super::witness::{self, Shortfall, Witness};
+use super::{GENESIS_KIND, INDEX_DIR, LOCK_FILE, LOG_DIR};
 use crate::identity;
 use ed25519_dalek::VerifyingKey;
 use mindxtrain_chain::merkle;
@@ -44,11 +50,23 @@ pub struct Report {
     pub key: Option<String>,
     pub key_source: String,
     pub problems: Vec<Problem>,
+    /// The node's other records of its log that were compared with it (`source (path)`).
+    pub witnesses: Vec<String>,
+    /// How the index was consulted (it is locked while a node runs).
+    pub index: String,
+    /// Records the log falls short of: events lost, or the log replaced.
+    pub missing: Vec<Shortfall>,
 }
 
 impl Report {
     pub fn ok(&self) -> bool {
-        self.problems.is_empty()
+        self.problems.is_empty() && self.missing.is_empty()
+    }
+
+    /// The events that are missing (from the log's end to the last one a record vouches for).
+    pub fn missing_events(&self) -> Option<(u64, u64)> {
+        let last = self.missing.iter().filter_map(|s| s.missing.map(|(_, l)| l)).max()?;
+        Some((self.events, last))
     }
 }
 
@@ -69,8 +87,34 @@ impl TrustedKey {
 /// Audits the log under `node_dir`.
 pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError> {
     let dir = node_dir.join(LOG_DIR);
-    let listed = segment::list_segments(&dir)?;
+    // What the node recorded, read before the log: a live writer only gets ahead of it.
+    let witness_key = match &trusted {
+        TrustedKey::Pinned(k, _) => Some(**k),
+        TrustedKey::FromGenesis => witness::node_key(node_dir),
+    };
+    let mut missing = Vec::new();
+    let mut witnesses = match witness_key.map(|k| witness::gather(node_dir, &k)) {
+        Some(Ok(w)) => w,
+        Some(Err(e)) => {
+            missing.push(Shortfall {
+                source: "a record of the log".into(),
+                path: node_dir.into(),
+                missing: None,
+                what: e.to_string(),
+            });
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    let (index_witness, index) = index_witness(node_dir);
+    witnesses.extend(index_witness);
     let mut problems = Vec::new();
+    let listed = if dir.is_dir() {
+        segment::list_segments(&dir)?
+    } else {
+        problems.push(Problem { segment: dir.clone(), offset: 0, seq: 0, what: "log/ is missing".into() });
+        Vec::new()
+    };
     let mut events: Vec<(PathBuf, u64, Event)> = Vec::new();
     let mut expected_seq = 0u64;
     let mut prev: Hash = ZERO_HASH;
@@ -114,7 +158,19 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
             .collect();
         problems.extend(bad);
     }
+    if events.is_empty() && dir.is_dir() {
+        let what = "the log holds no events, not even the genesis event every log starts with".into();
+        problems.push(Problem { segment: dir.clone(), offset: 0, seq: 0, what });
+    }
     problems.sort_by_key(|p| (p.seq, p.offset));
+    // The hashes of seq 0, 1, … as far as they run without a gap.
+    let hashes: Vec<Hash> = events
+        .iter()
+        .enumerate()
+        .take_while(|(i, (_, _, e))| e.envelope.seq == *i as u64)
+        .map(|(_, (_, _, e))| e.hash)
+        .collect();
+    missing.extend(witness::check(&witnesses, &hashes));
     let leaves: Vec<Hash> = events.iter().map(|(_, _, e)| merkle::leaf_hash(&e.hash)).collect();
     Ok(Report {
         events: events.len() as u64,
@@ -123,10 +179,34 @@ pub fn verify(node_dir: &Path, trusted: TrustedKey) -> Result<Report, ScanError>
         key: key.map(|k| hex::encode(k.to_bytes())),
         key_source,
         problems,
+        witnesses: witnesses.iter().map(|w| format!("{} ({})", w.source, w.path.display())).collect(),
+        index,
+        missing,
     })
 }
 
 const READ_RETRIES: u32 = 3;
+
+/// The index's last event as a witness, and how the index was consulted. A running node
+/// holds the index (sled locks it) and checked it when it opened the log; the log's lock
+/// is held while the index is read, so no node starts meanwhile.
+fn index_witness(node_dir: &Path) -> (Option<Witness>, String) {
+    let index_dir = node_dir.join(INDEX_DIR);
+    if !index_dir.is_dir() {
+        return (None, "none".into());
+    }
+    let lock = std::fs::File::open(node_dir.join(LOG_DIR).join(LOCK_FILE)).ok();
+    if lock.as_ref().is_some_and(|l| l.try_lock().is_err()) {
+        return (None, "in use by the running node, which compared it with the log when it opened it".into());
+    }
+    let read = super::index::Index::read_marker(&index_dir);
+    drop(lock);
+    match read {
+        Ok(Some((seq, hash))) => (Some(witness::of_index(node_dir, seq, hash)), format!("last indexed event {seq}")),
+        Ok(None) => (None, "empty".into()),
+        Err(e) => (None, format!("unreadable ({e}); not consulted")),
+    }
+}
 
 struct SegmentAudit {
     events: Vec<(PathBuf, u64, Event)>,

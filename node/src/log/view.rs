@@ -7,6 +7,7 @@
 use super::LOG_DIR;
 use super::record::{Event, Hash};
 use super::segment::{self, Position, ReadSegment, Scan, ScanError, TornTail};
+use super::witness::{self, LostLog};
 use mindxtrain_chain::merkle::{self, ProofError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +25,11 @@ pub enum ReadError {
     Scan(#[from] ScanError),
     #[error("{0}: no event log here; run `mindxtrain init` first")]
     NoLog(PathBuf),
+    /// The log is gone, empty, or shorter than what the node recorded elsewhere.
+    #[error("{0}")]
+    Lost(Box<LostLog>),
+    #[error(transparent)]
+    Witness(#[from] witness::WitnessError),
 }
 
 /// Committed events: where each lies, its hash and its Merkle leaf.
@@ -111,8 +117,14 @@ impl View {
     }
 }
 
+fn lost(log_dir: PathBuf, events: u64, absent: bool, shortfalls: Vec<witness::Shortfall>) -> ReadError {
+    ReadError::Lost(Box::new(LostLog { log_dir, events, absent, shortfalls }))
+}
+
 /// A read-only view of a node's log that takes no lock and modifies nothing. A torn
-/// tail is reported, not repaired: only the writer repairs.
+/// tail is reported, not repaired: only the writer repairs. Like the writer, it refuses a
+/// log that is gone, empty, or shorter than the node's signed checkpoint and manifests say
+/// ([`witness`]; the index is the writer's to read).
 pub struct LogReader {
     dir: PathBuf,
     scan: Scan,
@@ -122,10 +134,23 @@ pub struct LogReader {
 impl LogReader {
     pub fn open(node_dir: &Path) -> Result<Self, ReadError> {
         let dir = node_dir.join(LOG_DIR);
+        // Witnesses first: a writer appending meanwhile only makes the log longer than them.
+        let witnesses = match witness::node_key(node_dir) {
+            Some(key) => witness::gather(node_dir, &key)?,
+            None => Vec::new(),
+        };
+        let initialised = node_dir.join(crate::identity::SECRET_FILE).exists();
         if !dir.is_dir() {
-            return Err(ReadError::NoLog(node_dir.to_path_buf()));
+            if witnesses.is_empty() && !initialised {
+                return Err(ReadError::NoLog(node_dir.to_path_buf()));
+            }
+            return Err(lost(dir, 0, true, witness::check(&witnesses, &[])));
         }
         let scan = segment::scan(&dir, false)?;
+        let shortfalls = witness::check(&witnesses, &scan.hashes);
+        if !shortfalls.is_empty() || (scan.hashes.is_empty() && (initialised || !witnesses.is_empty())) {
+            return Err(lost(dir, scan.hashes.len() as u64, false, shortfalls));
+        }
         let view = View::from_scan(&scan);
         Ok(Self { dir, scan, view })
     }

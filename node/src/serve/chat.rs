@@ -23,18 +23,19 @@ use super::{AppState, ChatPrice, unix_now};
 use mindxtrain_x402::{Quote, SettleWhen};
 
 pub async fn list_models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
+    let data: Vec<Value> = s.model.model_ids().iter().map(|id| model_object(&s, id)).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 pub async fn get_model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if id != s.model.name {
+    if s.model.resolve(&id).is_none() {
         return model_not_found(&id).into_response();
     }
-    Json(model_object(&s)).into_response()
+    Json(model_object(&s, &id)).into_response()
 }
 
-fn model_object(s: &AppState) -> Value {
-    json!({"id": s.model.name, "object": "model", "created": s.model.loaded_at, "owned_by": "mindxtrain"})
+fn model_object(s: &AppState, id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": s.model.loaded_at, "owned_by": "mindxtrain"})
 }
 
 fn model_not_found(id: &str) -> ApiError {
@@ -90,12 +91,12 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
         Some(token) => Some(s.rentals.reserve(token, &req.model, unix_now()).map_err(rental_refusal)?),
         None => None,
     };
-    let slot = s.admission.enter().await.map_err(|r| match r {
+    let slot = s.admission.enter(job.prompt_ids.len() + job.max_tokens).await.map_err(|r| match r {
         Refused::Busy { retry_after } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             "queue_full",
-            "all generation slots are busy and the queue is full",
+            "the model is busy: its generation slots and queue, or its KV-cache budget, are full",
         )
         .retry_after(retry_after),
         Refused::Closed => ApiError::new(
@@ -107,7 +108,7 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
         .retry_after(5),
     })?;
     let prompt_tokens = job.prompt_ids.len();
-    let meta = Meta { id: completion_id(), created: unix_now(), model: s.model.name.clone() };
+    let meta = Meta { id: completion_id(), created: unix_now(), model: req.model.clone() };
     if req.stream {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         return Ok(stream(s, job, slot, rental, meta, include_usage));
@@ -130,9 +131,7 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
 
 /// Checks a request against the model and turns it into a [`Job`].
 fn prepare(s: &AppState, req: &ChatRequest) -> Result<Job, ApiError> {
-    if req.model != s.model.name {
-        return Err(model_not_found(&req.model));
-    }
+    let adapter = s.model.resolve(&req.model).ok_or_else(|| model_not_found(&req.model))?;
     req.unsupported()?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "at least one message is required"));
@@ -170,7 +169,7 @@ fn prepare(s: &AppState, req: &ChatRequest) -> Result<Job, ApiError> {
         Some(n) => (n as usize).min(room),
         None => room,
     };
-    Ok(Job { prompt_ids, max_tokens, sampling, stops: req.stops()? })
+    Ok(Job { prompt_ids, max_tokens, sampling, stops: req.stops()?, adapter })
 }
 
 struct Meta {

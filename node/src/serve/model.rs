@@ -1,18 +1,25 @@
 //! The model a node serves: a trained checkpoint (full weights, or a LoRA adapter over its
-//! base) with the recipe's tokenizer and chat template, and one completion on it.
+//! base, and any further adapters over the same base) on the serving engine
+//! (`mindxtrain_trainer::infer`), with the recipe's tokenizer and chat template.
+//!
+//! Every completion is a request to one engine, which batches all of them step by step on the
+//! model's device; `complete` only waits for its own request's events.
 
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use candle_core::Device;
+use mindxtrain_trainer::checkpoint;
 use mindxtrain_trainer::data::template::encode_pieces;
 use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
-use mindxtrain_trainer::generate::{Finish, Limits, Sampling, generate};
-use mindxtrain_trainer::model::{Adapters, Qwen3, merge_lora};
+use mindxtrain_trainer::generate::Sampling;
+use mindxtrain_trainer::infer::{
+    Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, Stats,
+};
+use mindxtrain_trainer::model::merge_lora;
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_trainer::run;
 use thiserror::Error;
-
-use super::stop::TextStream;
 
 #[derive(Debug, Error)]
 pub enum ServeModelError {
@@ -20,6 +27,9 @@ pub enum ServeModelError {
     Load(String),
     #[error("{0}")]
     Prompt(String),
+    /// The engine refused the request (unknown adapter, prompt over the context, bad settings).
+    #[error("{0}")]
+    Refused(EngineError),
     #[error("generation failed: {0}")]
     Generate(String),
 }
@@ -31,6 +41,8 @@ pub struct Job {
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub stops: Vec<String>,
+    /// The served adapter that answers ([`ServedModel::resolve`]); `None`: the weights alone.
+    pub adapter: Option<String>,
 }
 
 /// How a completion ended.
@@ -43,11 +55,14 @@ pub struct Outcome {
 }
 
 pub struct ServedModel {
-    /// The id clients name in `model` (`/v1/models`).
+    /// The id clients name in `model` (`/v1/models`): the checkpoint as its run left it.
     pub name: String,
     pub recipe: Recipe,
-    model: Qwen3,
-    adapters: Option<Adapters>,
+    engine: EngineHandle,
+    /// The engine's name for the checkpoint's own adapter (when served unmerged).
+    own_adapter: Option<String>,
+    /// Further adapters over the same base, each its own model id.
+    extra: Vec<String>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     /// Prompt plus completion tokens one request may use.
@@ -71,6 +86,10 @@ pub struct ModelSource<'a> {
     pub merge: bool,
     /// Overrides the recipe's `model.name`.
     pub name: Option<String>,
+    /// Where the model is loaded and run (the recipe's hardware, or `serve --device`).
+    pub device: &'a Device,
+    /// Further PEFT adapters over the same base, served beside it as `(model id, directory)`.
+    pub adapters: &'a [(String, PathBuf)],
 }
 
 impl ServedModel {
@@ -81,24 +100,74 @@ impl ServedModel {
         let base = run::adapter_base(&recipe, src.recipe_dir, src.checkpoint, src.base, src.force_base)
             .map_err(|e| err(&e))?;
         let (mut model, mut adapters) =
-            run::load_checkpoint(&recipe, src.recipe_dir, base.as_deref(), src.checkpoint).map_err(|e| err(&e))?;
+            checkpoint::load_checkpoint(&recipe, src.recipe_dir, base.as_deref(), src.checkpoint, src.device)
+                .map_err(|e| err(&e))?;
         if src.merge
             && let Some(ad) = adapters.take()
         {
             let merged = merge_lora(model.params(), model.config(), &ad).map_err(|e| err(&e))?;
             *model.params_mut() = merged;
         }
+        let name = src.name.clone().unwrap_or_else(|| recipe.model.name.clone());
         let context = (recipe.serve.max_model_len as usize).min(model.config().max_position_embeddings);
+        let mut extra = Vec::new();
+        let mut loaded = Vec::new();
+        for (id, dir) in src.adapters {
+            if *id == name || extra.contains(id) {
+                return Err(ServeModelError::Load(format!("adapter id {id:?} is served twice")));
+            }
+            let ad = checkpoint::load_adapter(dir, model.config(), model.dtype(), src.device)
+                .map_err(|e| ServeModelError::Load(format!("adapter {id:?} ({}): {e}", dir.display())))?;
+            extra.push(id.clone());
+            loaded.push((id.clone(), ad));
+        }
+        let config = engine_config(&recipe, context, src.device, loaded.len() + 1);
+        let mut engine = Engine::new(model, Some(tokenizer.clone()), config).map_err(|e| err(&e))?;
+        let own_adapter = match adapters {
+            Some(ad) => {
+                engine.load_adapter(&name, ad).map_err(|e| err(&e))?;
+                Some(name.clone())
+            }
+            None => None,
+        };
+        for (id, ad) in loaded {
+            engine.load_adapter(&id, ad).map_err(|e| err(&e))?;
+        }
         Ok(ServedModel {
-            name: src.name.clone().unwrap_or_else(|| recipe.model.name.clone()),
+            name,
             template: ChatTemplate::for_tokenizer(&tokenizer),
             recipe,
-            model,
-            adapters,
+            engine: EngineHandle::spawn(engine),
+            own_adapter,
+            extra,
             tokenizer,
             context,
             loaded_at: super::unix_now(),
         })
+    }
+
+    /// Every model id this server answers to: the checkpoint's, then each further adapter's.
+    pub fn model_ids(&self) -> Vec<String> {
+        std::iter::once(self.name.clone()).chain(self.extra.iter().cloned()).collect()
+    }
+
+    /// The adapter a model id runs with (`Some(None)`: the weights alone); `None` for an id not
+    /// served here.
+    pub fn resolve(&self, id: &str) -> Option<Option<String>> {
+        if id == self.name {
+            return Some(self.own_adapter.clone());
+        }
+        self.extra.iter().any(|e| e == id).then(|| Some(id.to_string()))
+    }
+
+    /// The engine's load (queue, running batch, cache blocks).
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Time to first token and between tokens of every completion so far.
+    pub fn latencies(&self) -> Latencies {
+        self.engine.latencies()
     }
 
     /// The chat-templated prompt for `messages` (an assistant turn opened at the end).
@@ -121,54 +190,68 @@ impl ServedModel {
         Ok(encode_pieces(&self.tokenizer, &pieces).map_err(|e| ServeModelError::Prompt(e.to_string()))?.ids)
     }
 
-    /// Runs `job`, handing each new piece of final text to `on_text`, which may stop it
-    /// (the client went away). Blocking: call it from a blocking thread.
+    /// Runs `job`, handing each new piece of final text to `on_text`, which may stop it (the
+    /// client went away: the engine drops the request and frees its blocks at its next step).
+    /// Blocking: call it from a blocking thread.
     pub fn complete(
         &self,
         job: &Job,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Outcome, ServeModelError> {
-        let stop_ids = [self.tokenizer.im_end_id(), self.tokenizer.eos_id()];
-        let mut ids = Vec::new();
-        let mut text = TextStream::new(job.stops.clone());
+        let request = Request {
+            prompt: job.prompt_ids.clone(),
+            max_tokens: job.max_tokens,
+            sampling: job.sampling.into(),
+            adapter: job.adapter.clone(),
+            stop: job.stops.clone(),
+        };
+        let events = self.engine.stream(request).map_err(ServeModelError::Refused)?;
         let mut answer = String::new();
-        let mut decode_error = None;
-        let mut stopped_by_text = false;
-        let limits = Limits { max_tokens: job.max_tokens, vocab: self.tokenizer.vocab_size(), stop_ids: &stop_ids };
-        let finish = generate(&self.model, self.adapters.as_ref(), &job.prompt_ids, limits, &job.sampling, |id| {
-            ids.push(id);
-            let decoded = match self.tokenizer.decode(&ids, true) {
-                Ok(d) => d,
-                Err(e) => {
-                    decode_error = Some(e.to_string());
-                    return ControlFlow::Break(());
+        let mut tokens = 0;
+        for event in events {
+            match event {
+                Event::Token { text, .. } => {
+                    tokens += 1;
+                    answer.push_str(&text);
+                    if !text.is_empty() && on_text(&text).is_break() {
+                        // Dropping the stream cancels the request.
+                        return Ok(Outcome { text: answer, completion_tokens: tokens, finish_reason: "stop" });
+                    }
                 }
-            };
-            let released = text.push(&decoded);
-            answer.push_str(&released.text);
-            stopped_by_text = released.stopped;
-            if !released.text.is_empty() && on_text(&released.text).is_break() || released.stopped {
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        })
-        .map_err(|e| ServeModelError::Generate(e.to_string()))?;
-        if let Some(e) = decode_error {
-            return Err(ServeModelError::Generate(e));
-        }
-        if !stopped_by_text {
-            let decoded = self.tokenizer.decode(&ids, true).map_err(|e| ServeModelError::Generate(e.to_string()))?;
-            let rest = text.finish(&decoded);
-            if !rest.is_empty() {
-                // The client may already be gone; the answer is complete either way.
-                let _ = on_text(&rest);
-                answer.push_str(&rest);
+                Event::Finished { reason, text, usage } => {
+                    if !text.is_empty() {
+                        // The client may already be gone; the answer is complete either way.
+                        let _ = on_text(&text);
+                        answer.push_str(&text);
+                    }
+                    let finish_reason = if reason == FinishReason::Length { "length" } else { "stop" };
+                    return Ok(Outcome { text: answer, completion_tokens: usage.completion_tokens, finish_reason });
+                }
+                Event::Failed(message) => return Err(ServeModelError::Generate(message)),
             }
         }
-        Ok(Outcome {
-            text: answer,
-            completion_tokens: ids.len(),
-            finish_reason: if finish == Finish::Length { "length" } else { "stop" },
-        })
+        Err(ServeModelError::Generate("the engine stopped".into()))
+    }
+}
+
+/// The engine for a recipe's `serve` section: `max_batch` sequences at once, `max_model_len`
+/// tokens each. On a GPU the cache takes 90% of the memory the weights left free; on the CPU
+/// exactly what `max_batch` full-length requests need.
+fn engine_config(recipe: &Recipe, context: usize, device: &Device, adapters: usize) -> EngineConfig {
+    let seqs = recipe.serve.max_batch.max(1) as usize;
+    let block_size = 16;
+    EngineConfig {
+        block_size,
+        max_model_len: context,
+        max_num_seqs: seqs,
+        max_batched_tokens: 2048.max(seqs),
+        kv_blocks: if device.is_cuda() {
+            KvBlocks::FreeMemory(0.9)
+        } else {
+            KvBlocks::Exact(seqs * context.div_ceil(block_size))
+        },
+        prefix_caching: true,
+        max_adapters: adapters.max(8),
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
 }

@@ -11,7 +11,7 @@ use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
 use mindxtrain_trainer::optim::{AdamW, AdamWConfig};
 use mindxtrain_trainer::recipe::{Recipe, TargetModule};
-use mindxtrain_trainer::run::apply_threads;
+use mindxtrain_trainer::run::thread_pool;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -68,7 +68,7 @@ fn batch(b: usize, t: usize, vocab: usize) -> PackedBatch {
 /// Our steps/s at `threads`.
 fn ours(cfg: &TrainBench, threads: usize) -> Result<f64> {
     let config = tiny()?;
-    let pool = apply_threads(threads)?;
+    let pool = thread_pool(threads)?;
     pool.install(|| -> Result<f64> {
         let mut model = Qwen3::init_random(&config, 1, DType::F32, &Device::Cpu)?;
         let lora = LoraConfig {

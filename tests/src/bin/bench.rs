@@ -231,7 +231,7 @@ fn drive(n: usize, dur: Duration, op: impl Fn(usize, u64) -> Result<()> + Send +
 
 fn run_ours(base: &Path, n: usize, dur: Duration, opts: &LogOptions) -> Result<(f64, f64)> {
     let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
-    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
+    let (log, _) = EventLog::create(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
     let log = Arc::new(log);
     let l2 = log.clone();
     let before = log.stats();
@@ -247,7 +247,7 @@ fn run_ours(base: &Path, n: usize, dur: Duration, opts: &LogOptions) -> Result<(
 /// Same measurement with `n` tokio tasks on a runtime of one worker per core.
 fn run_ours_async(base: &Path, n: usize, dur: Duration, opts: &LogOptions) -> Result<(f64, f64, StageTimes)> {
     let tmp = tempfile::Builder::new().prefix("bench-log-").tempdir_in(base)?;
-    let (log, _) = EventLog::open(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
+    let (log, _) = EventLog::create(tmp.path(), Identity::from_seed([7; 32]), opts.clone())?;
     let log = Arc::new(log);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use candle_core::{Result, Tensor};
-use mindxtrain_kernels::{attention, linear, profile, rmsnorm, rope, swiglu};
+use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
 
 use super::lora::{Adapters, adapter_name};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
@@ -74,9 +74,9 @@ struct InputGrad {
 }
 
 /// The sum of every part: all products in one GEMM sum, then any masked branches.
-fn input_grad(parts: &[InputGrad]) -> Result<Tensor> {
+fn input_grad(kernels: &KernelConfig, parts: &[InputGrad]) -> Result<Tensor> {
     let products: Vec<(&Tensor, &Tensor)> = parts.iter().flat_map(|p| p.products.iter().map(|(d, w)| (d, w))).collect();
-    let mut dx = linear::input_grad_sum(&products)?;
+    let mut dx = linear::input_grad_sum(kernels, &products)?;
     for m in parts.iter().filter_map(|p| p.masked.as_ref()) {
         dx = (dx + m)?;
     }
@@ -108,6 +108,10 @@ pub(super) struct BlockTail {
 }
 
 impl StepCtx<'_> {
+    fn kernels(&self) -> &KernelConfig {
+        self.model.kernels()
+    }
+
     fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>> {
         self.model.weight(name).map_err(|e| candle_core::Error::Msg(e.to_string()))
     }
@@ -133,7 +137,9 @@ impl StepCtx<'_> {
         tape: Option<&mut BTreeMap<Proj, LoraTape>>,
     ) -> Result<Tensor> {
         let w = self.weight(&base_weight_name(layer, proj))?;
-        let Some((a, b)) = self.adapters.and_then(|ad| ad.pair(layer, proj)) else { return linear::forward(x, &w) };
+        let Some((a, b)) = self.adapters.and_then(|ad| ad.pair(layer, proj)) else {
+            return linear::forward(self.kernels(), x, &w);
+        };
         let _profile = profile::scope("LoRA fwd (glue)", x.device());
         let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
         let mask = self.dropout_mask(layer, proj, x)?;
@@ -143,8 +149,8 @@ impl StepCtx<'_> {
         };
         // The scaling goes on the thin [N, r] product, and the branch lands in the base
         // projection's output buffer.
-        let xa = (linear::forward(dropped.as_ref().unwrap_or(x), a)? * scale)?;
-        let y = linear::forward_sum(&[(x, &w), (&xa, b)])?;
+        let xa = (linear::forward(self.kernels(), dropped.as_ref().unwrap_or(x), a)? * scale)?;
+        let y = linear::forward_sum(self.kernels(), &[(x, &w), (&xa, b)])?;
         if let Some(tape) = tape {
             tape.insert(proj, LoraTape { mask, dropped, xa });
         }
@@ -164,25 +170,25 @@ impl StepCtx<'_> {
     ) -> Result<InputGrad> {
         let w = self.weight(&base_weight_name(layer, proj))?.into_owned();
         if self.base_grads {
-            accumulate(grads, base_weight_name(layer, proj), linear::weight_grad(dy, x)?)?;
+            accumulate(grads, base_weight_name(layer, proj), linear::weight_grad(self.kernels(), dy, x)?)?;
         }
         let mut part = InputGrad { products: vec![(dy.clone(), w)], masked: None };
         if let (Some(lt), Some((a, b))) = (tape.lora.get(&proj), self.adapters.and_then(|ad| ad.pair(layer, proj))) {
             let _profile = profile::scope("LoRA bwd (glue)", x.device());
             let scale = self.adapters.map(|ad| ad.config.scaling()).unwrap_or(1.0);
             // B saw s·drop(x)·Aᵀ: dB = dyᵀ·that, and A's output gradient is s·dy·B.
-            let (dxa, db) = linear::backward(dy, &lt.xa, b, self.adapter_grads)?;
+            let (dxa, db) = linear::backward(self.kernels(), dy, &lt.xa, b, self.adapter_grads)?;
             let dxa = (dxa * scale)?;
             if let Some(db) = db {
                 accumulate(grads, adapter_name(layer, proj, 'B'), db)?;
             }
             if self.adapter_grads {
-                let da = linear::weight_grad(&dxa, lt.dropped.as_ref().unwrap_or(x))?;
+                let da = linear::weight_grad(self.kernels(), &dxa, lt.dropped.as_ref().unwrap_or(x))?;
                 accumulate(grads, adapter_name(layer, proj, 'A'), da)?;
             }
             match &lt.mask {
                 None => part.products.push((dxa, a.clone())),
-                Some(m) => part.masked = Some((linear::input_grad_sum(&[(&dxa, a)])? * m)?),
+                Some(m) => part.masked = Some((linear::input_grad_sum(self.kernels(), &[(&dxa, a)])? * m)?),
             }
         }
         Ok(part)
@@ -194,7 +200,8 @@ impl StepCtx<'_> {
         let mut lora = BTreeMap::new();
         let qkv = self.attention_inputs(layer, x, &mut lora)?;
         let hd = self.model.config.head_dim;
-        let (o, lse) = attention::forward(&qkv.q, &qkv.k, &qkv.v, &self.mask, 1.0 / (hd as f64).sqrt())?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
         let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
         let tail = self.block_tail(layer, x, &attn, &mut lora)?;
         let out = tail.out.clone();
@@ -275,6 +282,7 @@ impl StepCtx<'_> {
         let scale = 1.0 / (hd as f64).sqrt();
         let out_heads = tape.attn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
         let (dq, dk, dv) = attention::backward(
+            self.kernels(),
             &dout_heads,
             &tape.inputs.q,
             &tape.inputs.k,
@@ -329,6 +337,6 @@ impl StepCtx<'_> {
             .iter()
             .map(|&(proj, dy)| self.proj_backward(layer, proj, dy, x, tape, grads))
             .collect::<Result<Vec<_>>>()?;
-        input_grad(&parts)
+        input_grad(self.kernels(), &parts)
     }
 }

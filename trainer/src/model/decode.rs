@@ -90,7 +90,7 @@ impl Qwen3 {
         }
         let last = x.narrow(0, t - 1, 1)?;
         let (h, _) = rmsnorm::forward(&last, &*self.weight(FINAL_NORM)?, self.config().rms_norm_eps)?;
-        let logits = linear::forward(&h, &*self.weight(self.head_name())?)?.flatten_all()?;
+        let logits = linear::forward(self.kernels(), &h, &*self.weight(self.head_name())?)?.flatten_all()?;
         cache.layers = updated;
         cache.len += t;
         Ok(logits)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::cross_entropy::{self, Labels};
-use mindxtrain_kernels::{attention, embedding, linear, lm_head_ce, rmsnorm, rope};
+use mindxtrain_kernels::{KernelConfig, attention, embedding, linear, lm_head_ce, rmsnorm, rope};
 
 use super::block::{BlockTape, Grads, StepCtx, accumulate};
 use super::lora::Adapters;
@@ -65,6 +65,8 @@ pub struct Qwen3 {
     quantized: BTreeMap<String, Nf4Tensor>,
     device: Device,
     dtype: DType,
+    /// The plan's kernel choices this model runs with (the default until a runner sets them).
+    kernels: KernelConfig,
 }
 
 /// A block's saved state: the full tape, or only its input when checkpointing.
@@ -111,7 +113,14 @@ impl Qwen3 {
         }
         let params =
             params.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect::<Result<_, ModelError>>()?;
-        Ok(Qwen3 { config, params, quantized: BTreeMap::new(), device: device.clone(), dtype })
+        Ok(Qwen3 {
+            config,
+            params,
+            quantized: BTreeMap::new(),
+            device: device.clone(),
+            dtype,
+            kernels: KernelConfig::default(),
+        })
     }
 
     /// Weights of the right shapes and scale drawn by the device's own generator (curand on a
@@ -147,6 +156,17 @@ impl Qwen3 {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The kernel choices every op of this model runs with.
+    pub fn kernels(&self) -> &KernelConfig {
+        &self.kernels
+    }
+
+    /// Runs every later op with `kernels` (the plan's choices; the session or runner that
+    /// owns the model sets them once).
+    pub fn set_kernels(&mut self, kernels: KernelConfig) {
+        self.kernels = kernels;
     }
 
     /// The dense parameters (without NF4-quantised weights).
@@ -214,7 +234,7 @@ impl Qwen3 {
     pub fn logits(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
         let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
         let xf = self.final_hidden(&ctx, batch)?;
-        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
+        let logits = linear::forward(&self.kernels, &xf, &*self.weight(self.head_name())?)?;
         Ok(logits.reshape((batch.batch, batch.seq_len, self.config.vocab_size))?)
     }
 
@@ -222,7 +242,7 @@ impl Qwen3 {
     pub fn token_losses(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
         let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
         let xf = self.final_hidden(&ctx, batch)?;
-        let logits = linear::forward(&xf, &*self.weight(self.head_name())?)?;
+        let logits = linear::forward(&self.kernels, &xf, &*self.weight(self.head_name())?)?;
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
         let (losses, _) = cross_entropy::forward(&logits, &labels)?;
         Ok(losses.reshape((batch.batch, batch.seq_len))?)
@@ -314,10 +334,10 @@ impl Qwen3 {
         let (xf, rstd_f) = rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
         let w = self.weight(self.head_name())?;
         let (losses, head) = if self.device.is_cuda() {
-            let (losses, lse) = lm_head_ce::forward(&xf, &w, &labels, HEAD_CHUNK)?;
+            let (losses, lse) = lm_head_ce::forward(&self.kernels, &xf, &w, &labels, HEAD_CHUNK)?;
             (losses, HeadTape::Chunked { lse })
         } else {
-            let logits = linear::forward(&xf, &w)?;
+            let logits = linear::forward(&self.kernels, &xf, &w)?;
             let (losses, lse) = cross_entropy::forward(&logits, &labels)?;
             (losses, HeadTape::Logits { logits, lse })
         };
@@ -333,10 +353,10 @@ impl Qwen3 {
         let (dxf, dhead) = match &tape.head {
             HeadTape::Logits { logits, lse } => {
                 let dlogits = cross_entropy::backward(d_losses, logits, lse, &tape.labels)?;
-                linear::backward(&dlogits, &tape.xf, &head, base)?
+                linear::backward(&self.kernels, &dlogits, &tape.xf, &head, base)?
             }
             HeadTape::Chunked { lse } => {
-                lm_head_ce::backward(d_losses, &tape.xf, &head, lse, &tape.labels, HEAD_CHUNK, base)?
+                lm_head_ce::backward(&self.kernels, d_losses, &tape.xf, &head, lse, &tape.labels, HEAD_CHUNK, base)?
             }
         };
         if let Some(g) = dhead {

@@ -627,8 +627,9 @@ fn op_timing() {
     let x = r(&[n, h], 1);
     let w = r(&[f, h], 2);
     let dy = r(&[n, f], 3);
-    time("linear fwd 1024x64→128", &mut || drop(linear::forward(&x, &w).unwrap()));
-    time("linear bwd dx+dw", &mut || drop(linear::backward(&dy, &x, &w, true).unwrap()));
+    let cfg = mindxtrain_kernels::KernelConfig::default();
+    time("linear fwd 1024x64→128", &mut || drop(linear::forward(&cfg, &x, &w).unwrap()));
+    time("linear bwd dx+dw", &mut || drop(linear::backward(&cfg, &dy, &x, &w, true).unwrap()));
     let nw = r(&[h], 4);
     time("rmsnorm fwd", &mut || drop(rmsnorm::forward(&x, &nw, 1e-6).unwrap()));
     let (_, rstd) = rmsnorm::forward(&x, &nw, 1e-6).unwrap();
@@ -637,9 +638,9 @@ fn op_timing() {
     let k = r(&[b, nkv, t, hd], 6);
     let vv = r(&[b, nkv, t, hd], 7);
     let mask = attention::Mask::new(&vec![1; n], b, t).unwrap();
-    time("attention fwd", &mut || drop(attention::forward(&q, &k, &vv, &mask, 0.25).unwrap()));
-    let (o, lse) = attention::forward(&q, &k, &vv, &mask, 0.25).unwrap();
-    time("attention bwd", &mut || drop(attention::backward(&q, &q, &k, &vv, &o, &lse, &mask, 0.25).unwrap()));
+    time("attention fwd", &mut || drop(attention::forward(&cfg, &q, &k, &vv, &mask, 0.25).unwrap()));
+    let (o, lse) = attention::forward(&cfg, &q, &k, &vv, &mask, 0.25).unwrap();
+    time("attention bwd", &mut || drop(attention::backward(&cfg, &q, &q, &k, &vv, &o, &lse, &mask, 0.25).unwrap()));
     let pos: Vec<u32> = (0..n as u32).map(|i| i % t as u32).collect();
     time("rope tables", &mut || drop(rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap()));
     let (cos, sin) = rope::tables(&pos, hd, 1e6, DType::F32, &dev).unwrap();

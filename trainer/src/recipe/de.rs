@@ -5,17 +5,111 @@
 //! the file. Enums whose Deserialize passes [`KIND_TAGGED`] as their name are read from a
 //! mapping whose `kind` key names the variant; this replaces serde's internally tagged enums,
 //! which buffer their input and would lose every location below the tag.
+//!
+//! One pass finds every error it can go on after ([`Sink`]): an unknown field is noted and
+//! skipped, and a value of the wrong type or an unknown enum value is noted and read as a
+//! stand-in of the right type, so the rest of the document is still checked. Only what serde's
+//! derived code raises itself (a missing field, a value a hand-written `Deserialize` refuses,
+//! a section of the wrong shape) ends the pass; [`super::Recipe::check_str`] then drops that
+//! field and reads the tree again, a bounded number of times.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, Visitor};
 
 use super::error::{FieldPath, Location};
-use super::yaml::{Entry, Node, NodeKind, Resolved, resolve};
+use super::yaml::{Entry, Mapping, Node, NodeKind, Resolved, resolve};
 
 mod enums;
 
 use enums::{TaggedEnum, UnitEnum};
+
+/// Errors kept with their text; beyond this many only a count is kept, so a document of
+/// 80,000 unknown keys costs 80,000 hash lookups, not 80,000 messages.
+pub(crate) const MAX_KEPT_ERRORS: usize = 100;
+
+/// Where the deserializer notes the errors it goes on after, across passes.
+#[derive(Default)]
+pub(crate) struct Sink {
+    kept: RefCell<Vec<(Location, FieldPath, String)>>,
+    found: Cell<usize>,
+    /// Paths with an error: what goes wrong under them is a consequence, not news.
+    failed: RefCell<HashSet<FieldPath>>,
+    /// Every proper prefix of a failed path.
+    above_failed: RefCell<HashSet<FieldPath>>,
+    /// Nodes and entries visited, over all passes: what the linearity test bounds.
+    pub(crate) work: Cell<u64>,
+}
+
+impl Sink {
+    fn step(&self) {
+        self.work.set(self.work.get() + 1);
+    }
+
+    /// True when `path` or a field around it already has an error.
+    pub(crate) fn under_failure(&self, path: &FieldPath) -> bool {
+        let failed = self.failed.borrow();
+        (0..=path.0.len()).any(|n| failed.contains(&FieldPath(path.0[..n].to_vec())))
+    }
+
+    /// True when a field inside `path` (or `path` itself) has an error.
+    pub(crate) fn holds_failure(&self, path: &FieldPath) -> bool {
+        self.failed.borrow().contains(path) || self.above_failed.borrow().contains(path)
+    }
+
+    /// Notes an error at `path` unless it is a consequence of one already noted; returns
+    /// whether it was new.
+    pub(crate) fn note(&self, loc: Location, path: FieldPath, message: impl FnOnce() -> String) -> bool {
+        if self.under_failure(&path) {
+            return false;
+        }
+        self.found.set(self.found.get() + 1);
+        let mut kept = self.kept.borrow_mut();
+        if kept.len() < MAX_KEPT_ERRORS {
+            kept.push((loc, path.clone(), message()));
+        }
+        let mut above = self.above_failed.borrow_mut();
+        for n in 0..path.0.len() {
+            above.insert(FieldPath(path.0[..n].to_vec()));
+        }
+        self.failed.borrow_mut().insert(path);
+        true
+    }
+
+    /// Notes an unknown key. Its entry is set aside at once, so nothing under it is read and
+    /// no later read meets it: it needs no place among the failed paths, and the path and
+    /// message are only made for the errors kept (80,000 of them cost 80,000 increments).
+    pub(crate) fn note_unknown(
+        &self,
+        loc: Location,
+        path: impl FnOnce() -> FieldPath,
+        message: impl FnOnce() -> String,
+    ) {
+        self.found.set(self.found.get() + 1);
+        let mut kept = self.kept.borrow_mut();
+        if kept.len() < MAX_KEPT_ERRORS {
+            kept.push((loc, path(), message()));
+        }
+    }
+
+    /// Notes a located error (one that ended a pass, or that a reader went on after).
+    pub(crate) fn note_error(&self, e: DeError, root: Location) -> bool {
+        let (loc, path) = e.at.unwrap_or((root, FieldPath::default()));
+        self.note(loc, path, || e.message)
+    }
+
+    /// How many errors were found (kept or only counted).
+    pub(crate) fn found(&self) -> usize {
+        self.found.get()
+    }
+
+    /// The kept errors, in the order found.
+    pub(crate) fn take_kept(&self) -> Vec<(Location, FieldPath, String)> {
+        std::mem::take(&mut *self.kept.borrow_mut())
+    }
+}
 
 /// Name a hand-written `Deserialize` passes to `deserialize_enum` to ask for `kind` tagging.
 pub(crate) const KIND_TAGGED: &str = "mindxtrain::recipe::kind_tagged";
@@ -120,11 +214,28 @@ pub(crate) struct De<'a> {
     pub path: &'a PathStack<'a>,
     /// The tag key of a `kind`-tagged enum, hidden from the variant's own fields.
     skip_tag: bool,
+    sink: &'a Sink,
 }
 
 impl<'a> De<'a> {
-    pub(crate) fn root(node: &'a Node, path: &'a PathStack<'a>) -> Self {
-        De { node, loc: node.loc, path, skip_tag: false }
+    pub(crate) fn root(node: &'a Node, path: &'a PathStack<'a>, sink: &'a Sink) -> Self {
+        De::new(node, node.loc, path, sink)
+    }
+
+    fn new(node: &'a Node, loc: Location, path: &'a PathStack<'a>, sink: &'a Sink) -> Self {
+        sink.step();
+        De { node, loc, path, skip_tag: false, sink }
+    }
+
+    /// The same node with the tag key hidden (a variant's fields).
+    fn untagged(&self) -> De<'a> {
+        De { skip_tag: true, ..De::new(self.node, self.loc, self.path, self.sink) }
+    }
+
+    /// Notes `e` here and goes on: the caller reads a stand-in value instead.
+    fn tolerate(&self, e: DeError) {
+        let e = e.located(self.loc, self.path);
+        self.sink.note_error(e, self.loc);
     }
 
     fn err(&self, message: String) -> DeError {
@@ -168,18 +279,21 @@ impl<'a> De<'a> {
         r.map_err(|e| e.located(self.loc, self.path))
     }
 
-    fn entries(&self) -> Option<&'a [Entry]> {
-        self.node.entries()
+    fn mapping(&self) -> Option<&'a Mapping> {
+        self.node.mapping()
     }
 }
 
 macro_rules! int_method {
     ($method:ident, $ty:ty, $visit:ident, $wide:ty) => {
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-            let r = self.int(<$ty>::MIN as i128, <$ty>::MAX as i128).and_then(|i| {
-                // The range check above makes the narrowing exact.
-                visitor.$visit(i as $wide)
+            let (lo, hi) = (<$ty>::MIN as i128, <$ty>::MAX as i128);
+            let i = self.int(lo, hi).unwrap_or_else(|e| {
+                self.tolerate(e);
+                0i128.clamp(lo, hi)
             });
+            // The range check above makes the narrowing exact.
+            let r = visitor.$visit(i as $wide);
             self.finish(r)
         }
     };
@@ -203,10 +317,14 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match self.resolved() {
-            Some(Resolved::Bool(b)) => visitor.visit_bool(b),
-            _ => Err(self.expected("a boolean (true or false)")),
+        let b = match self.resolved() {
+            Some(Resolved::Bool(b)) => b,
+            _ => {
+                self.tolerate(self.expected("a boolean (true or false)"));
+                false
+            }
         };
+        let r = visitor.visit_bool(b);
         self.finish(r)
     }
 
@@ -224,12 +342,16 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match self.resolved() {
-            Some(Resolved::Float(x)) => visitor.visit_f64(x),
+        let x = match self.resolved() {
+            Some(Resolved::Float(x)) => x,
             // Integers are exact in f64 up to 2^53, far beyond any recipe number.
-            Some(Resolved::Int(i)) => visitor.visit_f64(i as f64),
-            _ => Err(self.expected("a number")),
+            Some(Resolved::Int(i)) => i as f64,
+            _ => {
+                self.tolerate(self.expected("a number"));
+                0.0
+            }
         };
+        let r = visitor.visit_f64(x);
         self.finish(r)
     }
 
@@ -238,14 +360,22 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match (self.resolved(), &self.node.kind) {
-            (Some(Resolved::Str(s)), _) => visitor.visit_str(s),
-            (Some(Resolved::Null), _) => Err(self.expected("a string")),
+        let text = match (self.resolved(), &self.node.kind) {
+            (Some(Resolved::Str(s)), _) => s,
             // A plain `1` or `true` is not text under YAML 1.2; say how to make it text.
-            (Some(_), NodeKind::Scalar { text, .. }) => Err(self
-                .err(format!("expected a string, found {}; quote it (\"{text}\") if text is meant", self.describe()))),
-            _ => Err(self.expected("a string")),
+            (Some(r), NodeKind::Scalar { text, .. }) if r != Resolved::Null => {
+                let describe = self.describe();
+                self.tolerate(
+                    self.err(format!("expected a string, found {describe}; quote it (\"{text}\") if text is meant")),
+                );
+                ""
+            }
+            _ => {
+                self.tolerate(self.expected("a string"));
+                ""
+            }
         };
+        let r = visitor.visit_str(text);
         self.finish(r)
     }
 
@@ -272,10 +402,10 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match self.resolved() {
-            Some(Resolved::Null) => visitor.visit_unit(),
-            _ => Err(self.expected("an empty value")),
-        };
+        if self.resolved() != Some(Resolved::Null) {
+            self.tolerate(self.expected("an empty value"));
+        }
+        let r = visitor.visit_unit();
         self.finish(r)
     }
 
@@ -289,16 +419,22 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match &self.node.kind {
-            NodeKind::Seq(items) => visitor.visit_seq(SeqAcc { items, next: 0, path: self.path }),
-            _ => Err(self.expected("a list")),
+        let items: &[Node] = match &self.node.kind {
+            NodeKind::Seq(items) => items,
+            _ => {
+                self.tolerate(self.expected("a list"));
+                &[]
+            }
         };
+        let r = visitor.visit_seq(SeqAcc { items, next: 0, path: self.path, sink: self.sink });
         self.finish(r)
     }
 
     fn deserialize_tuple<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, DeError> {
         let r = match &self.node.kind {
-            NodeKind::Seq(items) if items.len() == len => visitor.visit_seq(SeqAcc { items, next: 0, path: self.path }),
+            NodeKind::Seq(items) if items.len() == len => {
+                visitor.visit_seq(SeqAcc { items, next: 0, path: self.path, sink: self.sink })
+            }
             NodeKind::Seq(items) => {
                 Err(self.err(format!("expected a list of {len} items, found {} items", items.len())))
             }
@@ -317,8 +453,8 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        let r = match self.entries() {
-            Some(entries) => visitor.visit_map(MapAcc::new(entries, self.path, self.skip_tag)),
+        let r = match self.mapping() {
+            Some(map) => visitor.visit_map(MapAcc::new(map, &self, None)),
             None => Err(self.expected("a mapping")),
         };
         self.finish(r)
@@ -330,8 +466,8 @@ impl<'de> Deserializer<'de> for De<'_> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
-        let r = match self.entries() {
-            Some(entries) => visitor.visit_map(MapAcc::new(entries, self.path, self.skip_tag)),
+        let r = match self.mapping() {
+            Some(map) => visitor.visit_map(MapAcc::new(map, &self, Some(fields))),
             None if fields.is_empty() => Err(self.expected("a mapping")),
             None => Err(self.expected(&format!("a mapping with fields {}", one_of(fields)))),
         };
@@ -345,9 +481,17 @@ impl<'de> Deserializer<'de> for De<'_> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         let r = match (&self.node.kind, name == KIND_TAGGED) {
-            (NodeKind::Scalar { .. }, false) => visitor.visit_enum(UnitEnum { de: &self }),
-            (NodeKind::Map(entries), true) => match entries.iter().find(|e| e.key == TAG_KEY) {
-                Some(tag) => visitor.visit_enum(TaggedEnum { de: &self, tag }),
+            (NodeKind::Scalar { text, .. }, false) => {
+                // An unknown value is noted and read as the first variant, to go on.
+                let known = variants.contains(&text.as_str()) || variants.is_empty();
+                if !known {
+                    self.tolerate(de::Error::unknown_variant(text, variants));
+                }
+                let name = if known { text.as_str() } else { variants[0] };
+                visitor.visit_enum(UnitEnum { de: &self, name })
+            }
+            (NodeKind::Map(map), true) => match map.get(TAG_KEY) {
+                Some(tag) => visitor.visit_enum(TaggedEnum { de: &self, tag, variants }),
                 None => Err(de::Error::missing_field(TAG_KEY)),
             },
             (_, true) => Err(self.expected(&format!("a mapping with `kind: <one of {}>`", variants.join(" | ")))),
@@ -373,6 +517,7 @@ struct SeqAcc<'a> {
     items: &'a [Node],
     next: usize,
     path: &'a PathStack<'a>,
+    sink: &'a Sink,
 }
 
 impl<'de> de::SeqAccess<'de> for SeqAcc<'_> {
@@ -384,9 +529,7 @@ impl<'de> de::SeqAccess<'de> for SeqAcc<'_> {
         };
         let path = PathStack::Index(self.path, self.next);
         self.next += 1;
-        seed.deserialize(De { node, loc: node.loc, path: &path, skip_tag: false })
-            .map(Some)
-            .map_err(|e| e.located(node.loc, &path))
+        seed.deserialize(De::new(node, node.loc, &path, self.sink)).map(Some).map_err(|e| e.located(node.loc, &path))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -399,11 +542,29 @@ struct MapAcc<'a> {
     current: Option<&'a Entry>,
     path: &'a PathStack<'a>,
     skip_tag: bool,
+    /// A struct's fields: any other key is noted as unknown and skipped.
+    fields: Option<&'static [&'static str]>,
+    sink: &'a Sink,
 }
 
 impl<'a> MapAcc<'a> {
-    fn new(entries: &'a [Entry], path: &'a PathStack<'a>, skip_tag: bool) -> Self {
-        MapAcc { entries: entries.iter(), current: None, path, skip_tag }
+    fn new(map: &'a Mapping, de: &De<'a>, fields: Option<&'static [&'static str]>) -> Self {
+        MapAcc {
+            entries: map.entries().iter(),
+            current: None,
+            path: de.path,
+            skip_tag: de.skip_tag,
+            fields,
+            sink: de.sink,
+        }
+    }
+
+    /// Notes an unknown key and sets its entry aside, so a later pass skips it at once.
+    fn unknown(&self, entry: &Entry, fields: &'static [&'static str]) {
+        let path = || PathStack::Key(self.path, &entry.key).to_path();
+        let message = || <DeError as de::Error>::unknown_field(&entry.key, fields).message;
+        self.sink.note_unknown(entry.key_loc, path, message);
+        entry.dropped.set(true);
     }
 }
 
@@ -412,15 +573,19 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
         let entry = loop {
-            match self.entries.next() {
-                Some(e) if self.skip_tag && e.key == TAG_KEY => continue,
-                Some(e) => break e,
-                None => return Ok(None),
+            let Some(e) = self.entries.next() else { return Ok(None) };
+            self.sink.step();
+            if !e.live() || (self.skip_tag && &*e.key == TAG_KEY) {
+                continue;
+            }
+            match self.fields {
+                Some(fields) if !fields.contains(&&*e.key) => self.unknown(e, fields),
+                _ => break e,
             }
         };
         self.current = Some(entry);
         let path = PathStack::Key(self.path, &entry.key);
-        let key: de::value::StrDeserializer<'_, DeError> = entry.key.as_str().into_deserializer();
+        let key: de::value::StrDeserializer<'_, DeError> = (&*entry.key).into_deserializer();
         seed.deserialize(key).map(Some).map_err(|e| e.located(entry.key_loc, &path))
     }
 
@@ -431,7 +596,7 @@ impl<'de> de::MapAccess<'de> for MapAcc<'_> {
         let path = PathStack::Key(self.path, &entry.key);
         // Errors a Deserialize impl raises after reading its value (a bad amount, a refused
         // policy) have not met a node yet; this is the field they belong to.
-        seed.deserialize(De { node: &entry.value, loc: entry.key_loc, path: &path, skip_tag: false })
+        seed.deserialize(De::new(&entry.value, entry.key_loc, &path, self.sink))
             .map_err(|e| e.located(entry.key_loc, &path))
     }
 

@@ -46,11 +46,6 @@ impl FieldPath {
         self
     }
 
-    /// True when `self` is `other` or lies inside it.
-    pub(crate) fn starts_with(&self, other: &FieldPath) -> bool {
-        self.0.starts_with(&other.0)
-    }
-
     /// The path up to and including its last key: a list item is dropped together with the
     /// list, since removing one item would shift the indices that later errors name.
     pub(crate) fn up_to_last_key(&self) -> FieldPath {
@@ -181,50 +176,68 @@ impl fmt::Display for RecipeError {
     }
 }
 
-/// Every problem found in one recipe, in file order; never empty.
+/// Every problem found in one recipe, in file order; never empty. A recipe with more
+/// problems than are worth listing (80,000 unknown keys, say) keeps the first ones found and
+/// counts the rest ([`RecipeErrors::omitted`]).
 ///
-/// Displays one [`RecipeError`] per line, which is what `recipe check` prints.
+/// Displays one [`RecipeError`] per line, which is what `recipe check` prints, then a line
+/// with the count of those left out, if any.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct RecipeErrors(Vec<RecipeError>);
+pub struct RecipeErrors {
+    errors: Vec<RecipeError>,
+    omitted: usize,
+}
 
 impl RecipeErrors {
     /// Sorts by location so a reader can walk the file top to bottom.
     pub(crate) fn new(mut errors: Vec<RecipeError>) -> Option<Self> {
         errors.sort_by_key(|e| e.location);
-        (!errors.is_empty()).then_some(RecipeErrors(errors))
+        (!errors.is_empty()).then_some(RecipeErrors { errors, omitted: 0 })
     }
 
     pub(crate) fn one(error: RecipeError) -> Self {
-        RecipeErrors(vec![error])
+        RecipeErrors { errors: vec![error], omitted: 0 }
+    }
+
+    pub(crate) fn with_omitted(mut self, omitted: usize) -> Self {
+        self.omitted = omitted;
+        self
+    }
+
+    /// Problems found but not listed (beyond the first 100 of a pass).
+    pub fn omitted(&self) -> usize {
+        self.omitted
     }
 
     /// The problem nearest the top of the file.
     pub fn first(&self) -> &RecipeError {
         // The constructor refuses an empty list, so index 0 exists.
-        &self.0[0]
+        &self.errors[0]
     }
 
+    /// The listed problems.
     pub fn iter(&self) -> std::slice::Iter<'_, RecipeError> {
-        self.0.iter()
+        self.errors.iter()
     }
 
+    /// How many problems are listed (see also [`RecipeErrors::omitted`]).
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.errors.len()
     }
 
     /// Always false; present because clippy expects it beside `len`.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.errors.is_empty()
     }
 
     pub fn into_vec(self) -> Vec<RecipeError> {
-        self.0
+        self.errors
     }
 }
 
 impl From<RecipeErrors> for RecipeError {
     fn from(errors: RecipeErrors) -> Self {
-        errors.0.into_iter().next().unwrap_or_else(|| RecipeError::io("<recipe>", "no error".into()))
+        errors.errors.into_iter().next().unwrap_or_else(|| RecipeError::io("<recipe>", "no error".into()))
     }
 }
 
@@ -232,17 +245,20 @@ impl<'a> IntoIterator for &'a RecipeErrors {
     type Item = &'a RecipeError;
     type IntoIter = std::slice::Iter<'a, RecipeError>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.errors.iter()
     }
 }
 
 impl fmt::Display for RecipeErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
+        for (i, e) in self.errors.iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{e}")?;
+        }
+        if self.omitted > 0 {
+            write!(f, "\n{}: … and {} more problems not listed", self.errors[0].source_name, self.omitted)?;
         }
         Ok(())
     }

@@ -3,6 +3,14 @@
 //! saphyr-parser gives events with spans; this module folds them into a tree and refuses,
 //! with a location, what recipes do not allow: duplicate keys, anchors and aliases (so no
 //! alias expansion can blow up), tags, non-string keys, several documents, deep nesting.
+//!
+//! Every step is linear in the text: a mapping finds a key through a hash index (a
+//! mapping of 80,000 keys once took 25 s to check for duplicates pairwise), and the
+//! deserializer's error recovery drops an entry by marking it, not by rebuilding the tree.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
@@ -10,6 +18,12 @@ use super::error::{FieldPath, Location, Seg};
 
 /// Recipes are a few levels deep; the cap keeps recursion in the deserializer bounded.
 pub(crate) const MAX_DEPTH: usize = 32;
+
+/// Most nodes (keys, values, lists and mappings) a recipe may hold. The recipes in
+/// `recipes/` hold at most about 200; a file with more is generated or hostile, and the cap bounds
+/// the work one check does: YAML parsing costs ~400 instructions per byte of small nodes,
+/// so a megabyte of them would take most of the 100 ms a check may use.
+pub const MAX_NODES: usize = 10_000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Node {
@@ -21,14 +35,54 @@ pub(crate) struct Node {
 pub(crate) enum NodeKind {
     Scalar { text: String, plain: bool },
     Seq(Vec<Node>),
-    Map(Vec<Entry>),
+    Map(Box<Mapping>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Entry {
-    pub key: String,
+    /// Shared with the mapping's index: one allocation per key.
+    pub key: Rc<str>,
     pub key_loc: Location,
     pub value: Node,
+    /// Set when error recovery has set the entry aside: readers skip it from then on.
+    pub dropped: Cell<bool>,
+}
+
+impl Entry {
+    pub(crate) fn live(&self) -> bool {
+        !self.dropped.get()
+    }
+}
+
+/// A mapping's entries in file order, with each key's position for lookups in O(1).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Mapping {
+    entries: Vec<Entry>,
+    index: HashMap<Rc<str>, usize>,
+}
+
+impl Mapping {
+    /// Every entry in file order, dropped ones included (check [`Entry::live`]).
+    pub(crate) fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The live entry with this key.
+    pub(crate) fn get(&self, key: &str) -> Option<&Entry> {
+        self.index.get(key).map(|&i| &self.entries[i]).filter(|e| e.live())
+    }
+
+    /// Reserves `key` for the next entry pushed (one hash per key); returns the first
+    /// one's location when the key is already there.
+    fn claim(&mut self, key: Rc<str>) -> Result<(), Location> {
+        match self.index.entry(key) {
+            std::collections::hash_map::Entry::Occupied(first) => Err(self.entries[*first.get()].key_loc),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(self.entries.len());
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What a scalar means under the YAML 1.2 core schema.
@@ -109,7 +163,7 @@ fn loc_of(span: &Span) -> Location {
 
 enum Frame {
     Seq { loc: Location, items: Vec<Node> },
-    Map { loc: Location, entries: Vec<Entry>, key: Option<(String, Location)> },
+    Map { loc: Location, map: Mapping, key: Option<(Rc<str>, Location)> },
 }
 
 struct Builder {
@@ -153,7 +207,7 @@ impl Builder {
     fn close(&mut self) -> Result<(), SyntaxError> {
         let node = match self.stack.pop() {
             Some(Frame::Seq { loc, items }) => Node { loc, kind: NodeKind::Seq(items) },
-            Some(Frame::Map { loc, entries, .. }) => Node { loc, kind: NodeKind::Map(entries) },
+            Some(Frame::Map { loc, map, .. }) => Node { loc, kind: NodeKind::Map(Box::new(map)) },
             None => return Ok(()),
         };
         self.attach(node)
@@ -161,11 +215,12 @@ impl Builder {
 
     fn scalar(&mut self, text: String, plain: bool, loc: Location) -> Result<(), SyntaxError> {
         if self.in_key_position() {
-            let duplicate = match self.stack.last() {
-                Some(Frame::Map { entries, .. }) => entries.iter().find(|e| e.key == text).map(|e| e.key_loc),
-                _ => None,
+            let text: Rc<str> = text.into();
+            let claimed = match self.stack.last_mut() {
+                Some(Frame::Map { map, .. }) => map.claim(text.clone()),
+                _ => Ok(()),
             };
-            if let Some(first) = duplicate {
+            if let Err(first) = claimed {
                 let mut err = self.fail(loc, format!("duplicate key (first defined at line {})", first.line));
                 err.path = err.path.key(&text);
                 return Err(err);
@@ -181,9 +236,11 @@ impl Builder {
     fn attach(&mut self, node: Node) -> Result<(), SyntaxError> {
         match self.stack.last_mut() {
             Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => {
+            Some(Frame::Map { map, key, .. }) => {
+                // The key claimed its place in the index when it was read; its value is the
+                // next entry.
                 if let Some((key, key_loc)) = key.take() {
-                    entries.push(Entry { key, key_loc, value: node });
+                    map.entries.push(Entry { key, key_loc, value: node, dropped: Cell::new(false) });
                 }
             }
             None => self.root = Some(node),
@@ -209,7 +266,7 @@ fn end_of(src: &str) -> Location {
 pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
     let mut parser = Parser::new_from_str(src);
     let mut b = Builder { stack: Vec::new(), root: None };
-    let mut documents = 0usize;
+    let (mut documents, mut nodes) = (0usize, 0usize);
     // The scanner may place an unexpected end, or an implicit empty value, one line past the
     // text; clamping keeps every location inside the file.
     let end = end_of(src);
@@ -220,6 +277,18 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
             b.fail(loc, format!("invalid YAML: {}", e.info()))
         })?;
         let loc = loc_of(&span).min(end);
+        if matches!(event, Event::Scalar(..) | Event::SequenceStart(..) | Event::MappingStart(..)) {
+            nodes += 1;
+            if nodes > MAX_NODES {
+                return Err(b.fail(
+                    loc,
+                    format!(
+                        "more than {MAX_NODES} keys and values: recipes are written by hand and hold a few hundred; \
+                         checking stops here"
+                    ),
+                ));
+            }
+        }
         let anchored = |id: usize| id != 0;
         match event {
             Event::DocumentStart(_) => {
@@ -246,7 +315,7 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
             }
             Event::SequenceStart(_, None) => b.open(Frame::Seq { loc, items: Vec::new() }, loc)?,
             Event::MappingStart(_, None) => {
-                b.open(Frame::Map { loc, entries: Vec::new(), key: None }, loc)?;
+                b.open(Frame::Map { loc, map: Mapping::default(), key: None }, loc)?;
             }
             Event::SequenceEnd | Event::MappingEnd => b.close()?,
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
@@ -260,9 +329,18 @@ pub(crate) fn parse(src: &str) -> Result<Node, SyntaxError> {
 }
 
 impl Node {
-    pub(crate) fn entries(&self) -> Option<&[Entry]> {
+    pub(crate) fn mapping(&self) -> Option<&Mapping> {
         match &self.kind {
-            NodeKind::Map(e) => Some(e),
+            NodeKind::Map(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The child at one step of a path, if it is there and live.
+    fn child(&self, seg: &Seg) -> Option<(Location, &Node)> {
+        match (seg, &self.kind) {
+            (Seg::Key(k), NodeKind::Map(map)) => map.get(k).map(|e| (e.key_loc, &e.value)),
+            (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|n| (n.loc, n)),
             _ => None,
         }
     }
@@ -273,14 +351,7 @@ impl Node {
         let mut node = self;
         let mut loc = self.loc;
         for seg in &path.0 {
-            let next = match (seg, &node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => {
-                    entries.iter().find(|e| &e.key == k).map(|e| (e.key_loc, &e.value))
-                }
-                (Seg::Index(i), NodeKind::Seq(items)) => items.get(*i).map(|n| (n.loc, n)),
-                _ => None,
-            };
-            match next {
+            match node.child(seg) {
                 Some((l, n)) => {
                     loc = l;
                     node = n;
@@ -291,30 +362,24 @@ impl Node {
         loc
     }
 
-    /// Removes the mapping entry at `path` (which must end in a key); false if absent.
-    pub(crate) fn remove(&mut self, path: &FieldPath) -> bool {
+    /// Sets the mapping entry at `path` (which must end in a key) aside; false if absent.
+    pub(crate) fn drop_entry(&self, path: &FieldPath) -> bool {
         let Some((Seg::Key(last), parents)) = path.0.split_last() else {
             return false;
         };
         let mut node = self;
         for seg in parents {
-            let next = match (seg, &mut node.kind) {
-                (Seg::Key(k), NodeKind::Map(entries)) => entries.iter_mut().find(|e| &e.key == k).map(|e| &mut e.value),
-                (Seg::Index(i), NodeKind::Seq(items)) => items.get_mut(*i),
-                _ => None,
-            };
-            match next {
-                Some(n) => node = n,
+            match node.child(seg) {
+                Some((_, n)) => node = n,
                 None => return false,
             }
         }
-        match &mut node.kind {
-            NodeKind::Map(entries) => {
-                let before = entries.len();
-                entries.retain(|e| &e.key != last);
-                entries.len() != before
+        match node.mapping().and_then(|m| m.get(last)) {
+            Some(entry) => {
+                entry.dropped.set(true);
+                true
             }
-            _ => false,
+            None => false,
         }
     }
 }

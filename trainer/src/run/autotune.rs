@@ -9,14 +9,14 @@
 use super::RunError;
 use super::method::MethodPlan;
 use super::microbatch::{accumulate, split};
-use super::session::dtype_of;
 use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
 use crate::plan::{
     Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates, measure,
 };
 use crate::recipe::LoadedRecipe;
-use mindxtrain_kernels::gemm_algos::{self, GemmAlgo, GemmShape};
+use mindxtrain_kernels::GemmShapeLog;
+use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -39,8 +39,8 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         }
         (None, None) => return Err(RunError::Recipe("model: give model.path or model.config".into())),
     };
-    let dtype = dtype_of(r.model.dtype);
-    let model = if device.is_cuda() {
+    let dtype = crate::checkpoint::model_dtype(r.model.dtype);
+    let mut model = if device.is_cuda() {
         Qwen3::init_for_timing(&config, dtype, &device)?
     } else {
         Qwen3::init_random(&config, r.meta.seed, dtype, &device)?
@@ -61,8 +61,15 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     };
     let scale = 1.0 / batch.target_tokens().max(1) as f64;
     let trainable = method.trainable;
+    // While set, every probed step records the GEMM shapes it runs into this log.
+    let recording: std::cell::RefCell<Option<GemmShapeLog>> = std::cell::RefCell::new(None);
     let mut probe = |c: &Choices| -> Result<(), String> {
-        let pool = super::apply_choices(c).map_err(|e| e.to_string())?;
+        let pool = super::thread_pool(c.threads).map_err(|e| e.to_string())?;
+        let kernels = c.kernels()?;
+        model.set_kernels(match &*recording.borrow() {
+            Some(log) => kernels.recording_into(log),
+            None => kernels,
+        });
         pool.install(|| {
             let opts = StepOptions {
                 activation_checkpointing: c.activation_checkpointing,
@@ -85,8 +92,8 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let deterministic = r.autotune.deterministic;
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (best, measurements, truncated, gemms) = if device.is_cuda() {
-        // Steps are timed with cuBLAS's default algorithms; the GEMM stage picks per shape.
-        gemm_algos::set_gemm_algos([]).map_err(RunError::Recipe)?;
+        // Steps are timed with cuBLAS's default algorithms (the choices carry no GEMM table);
+        // the GEMM stage picks per shape.
         let cands = gpu_candidates(cpus, per_device);
         // One untimed step first, outside the budget, like loading the model: the first launch
         // of each kernel module JIT-compiles its PTX (seconds on a cold machine), which no
@@ -95,13 +102,13 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         let _ = probe(&cands[0]);
         let start = Instant::now();
         let batch_split = measure(&cands, budget / 2, &mut probe).map_err(failed)?;
-        gemm_algos::record_shapes();
+        *recording.borrow_mut() = Some(GemmShapeLog::default());
         let kernels = measure(
             &attention_candidates(batch_split.best, deterministic),
             budget.saturating_sub(start.elapsed()).mul_f64(0.7),
             &mut probe,
         );
-        let shapes = gemm_algos::recorded_shapes();
+        let shapes = recording.borrow_mut().take().map(|log| log.shapes()).unwrap_or_default();
         // Stage 1 may have spent the budget (slow steps, or candidates that fail slowly): the
         // batch split it found stands, with the default kernels.
         let kernels = match kernels {
@@ -182,7 +189,7 @@ fn fastest(timings: &[GemmTiming]) -> GemmAlgo {
 
 #[cfg(feature = "cuda")]
 fn time_gemm(device: &candle_core::Device, shape: &GemmShape, per_candidate_ms: f64) -> Vec<GemmTiming> {
-    match gemm_algos::time_candidates(device, shape, LT_CANDIDATES, per_candidate_ms) {
+    match mindxtrain_kernels::gemm_algos::time_candidates(device, shape, LT_CANDIDATES, per_candidate_ms) {
         Ok(ts) => ts
             .into_iter()
             .map(|t| GemmTiming { algo: t.algo, us: t.us, note: t.error.map(|e| format!("failed: {e}")) })

@@ -115,9 +115,9 @@ pub fn digest_weights(dir: &Path) -> Result<Vec<FileDigest>, RunError> {
             message: "not an HF model directory: no config.json".into(),
         });
     }
-    let mut files = vec![super::session::digest_file(&config, dir)?];
+    let mut files = vec![checkpoint::digest_file(&config, dir)?];
     for f in checkpoint::WeightFiles::open(dir)?.files() {
-        files.push(super::session::digest_file(&f, dir)?);
+        files.push(checkpoint::digest_file(&f, dir)?);
     }
     Ok(files)
 }

@@ -28,7 +28,8 @@ pub fn export_hf(
     out: &Path,
 ) -> Result<Vec<FileDigest>, RunError> {
     let tokenizer = Tokenizer::from_recipe(&recipe.model, recipe_dir)?;
-    let (mut model, adapters) = super::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir)?;
+    let (mut model, adapters) =
+        crate::checkpoint::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir, &candle_core::Device::Cpu)?;
     if let Some(adapters) = adapters {
         let merged = merge_lora(model.params(), model.config(), &adapters)?;
         *model.params_mut() = merged;

@@ -9,9 +9,9 @@ use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
 use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
 use crate::data::{DataCursor, Dataset, Tokenizer};
 use crate::events::{EventSink, TrainerEvent};
-use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions, Trainable};
+use crate::model::{Adapters, Qwen3, StepOptions, Trainable};
 use crate::optim::{AdamW, AdamWConfig, LrSchedule, clip_grad_norm};
-use crate::recipe::{Dtype, Recipe};
+use crate::recipe::Recipe;
 use candle_core::{DType, Device};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -51,14 +51,6 @@ fn hex(b: &[u8; 32]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-pub(super) fn dtype_of(d: Dtype) -> DType {
-    match d {
-        Dtype::Fp32 => DType::F32,
-        Dtype::Bf16 => DType::BF16,
-        Dtype::Fp16 => DType::F16,
-    }
-}
-
 /// Loads the base model: `init_from`, else `model.path`, else random init from the seed
 /// (refused for an adapter unless the recipe asks for it: [`base::check_base_choice`]).
 fn load_base_model(
@@ -68,69 +60,12 @@ fn load_base_model(
     device: &Device,
 ) -> Result<(Qwen3, BaseRecord), RunError> {
     base::check_base_choice(recipe, recipe_dir, init_from)?;
-    let dtype = dtype_of(recipe.model.dtype);
-    match base::base_dir(recipe, recipe_dir, init_from) {
-        Some(dir) => {
-            let (model, files) = load_hf(&dir, dtype, device)?;
-            Ok((model, BaseRecord::Weights { path: base::absolute(&dir).display().to_string(), files }))
-        }
-        None => {
-            let config = recipe.model.config.as_ref().ok_or_else(|| {
-                RunError::Recipe("model: give model.path (HF checkpoint) or model.config (random init)".into())
-            })?;
-            let model = Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?;
-            Ok((model, BaseRecord::RandomInit { seed: recipe.meta.seed }))
-        }
-    }
-}
-
-/// A trained model as a run left it: `checkpoint_dir` holds full HF weights, or a PEFT
-/// adapter applied over the recipe's base (`init_from`, else `model.path`, else the
-/// seeded random init). What `mindxtrain eval` and the inference server load, with
-/// `init_from` from [`base::adapter_base`] (the base recorded beside the adapter).
-pub fn load_checkpoint(
-    recipe: &Recipe,
-    recipe_dir: &Path,
-    init_from: Option<&Path>,
-    checkpoint_dir: &Path,
-) -> Result<(Qwen3, Option<Adapters>), RunError> {
-    let device = Device::Cpu;
-    let dtype = dtype_of(recipe.model.dtype);
-    if !checkpoint_dir.join(checkpoint::ADAPTER_CONFIG_FILE).exists() {
-        return Ok((load_hf(checkpoint_dir, dtype, &device)?.0, None));
-    }
-    let (model, _) = load_base_model(recipe, recipe_dir, init_from, &device)?;
-    let method = MethodPlan::from_recipe(&recipe.train.method)?;
-    let lora = method
-        .lora
-        .ok_or_else(|| RunError::Recipe("the checkpoint is an adapter but the recipe's method has no LoRA".into()))?;
-    let tensors = load_adapter_tensors(checkpoint_dir, dtype, &device)?;
-    let adapters = Adapters::new(model.config(), lora, tensors)?;
-    Ok((model, Some(adapters)))
-}
-
-/// An HF model directory: config.json and its weights, with the digests of its files.
-fn load_hf(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3, Vec<SavedFile>), RunError> {
-    let config_path = dir.join(checkpoint::CONFIG_FILE);
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|e| RunError::Io { path: config_path.display().to_string(), message: e.to_string() })?;
-    let config = Qwen3Config::from_hf_json(&text)?;
-    let params = checkpoint::load_hf_weights(dir, dtype, device)?;
-    let mut files = vec![digest_file(&config_path, dir)?];
-    for f in checkpoint::WeightFiles::open(dir)?.files() {
-        files.push(digest_file(&f, dir)?);
-    }
-    Ok((Qwen3::new(config, params, device)?, files))
-}
-
-/// Size and BLAKE3 of `path`, named relative to `root`.
-pub(super) fn digest_file(path: &Path, root: &Path) -> Result<SavedFile, RunError> {
-    let err = |e: std::io::Error| RunError::Io { path: path.display().to_string(), message: e.to_string() };
-    let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(path).map_err(err)?;
-    let bytes = std::fs::metadata(path).map_err(err)?.len();
-    let rel = path.strip_prefix(root).unwrap_or(path).to_string_lossy().replace('\\', "/");
-    Ok(SavedFile { path: rel, bytes, blake3: h.finalize().to_hex().to_string() })
+    let (model, files) = checkpoint::load_base(recipe, recipe_dir, init_from, device)?;
+    let record = match base::base_dir(recipe, recipe_dir, init_from) {
+        Some(dir) => BaseRecord::Weights { path: base::absolute(&dir).display().to_string(), files },
+        None => BaseRecord::RandomInit { seed: recipe.meta.seed },
+    };
+    Ok((model, record))
 }
 
 /// A model's full weights with its `config.json`, in the HF layout.
@@ -184,6 +119,7 @@ impl<'a> Session<'a> {
                 base.path().map_or_else(|| base.describe(), |p| p.display().to_string())
             )));
         }
+        model.set_kernels(super::plan_kernels(&spec.plan)?);
         let mut adapters = match &method.lora {
             Some(l) => Some(Adapters::init(model.config(), l, recipe.meta.seed, model.dtype(), &device)?),
             None => None,
@@ -228,7 +164,7 @@ impl<'a> Session<'a> {
             cursor = serde_json::from_value(state.data_cursor)
                 .map_err(|e| RunError::Io { path: dir.display().to_string(), message: format!("data cursor: {e}") })?;
             match adapters.as_mut() {
-                Some(a) => a.tensors = load_adapter_tensors(dir, model.dtype(), &device)?,
+                Some(a) => a.tensors = checkpoint::load_adapter_tensors(dir, model.dtype(), &device)?,
                 None => *model.params_mut() = checkpoint::load_hf_weights(dir, model.dtype(), &device)?,
             }
         } else if spec.resume {
@@ -555,7 +491,7 @@ impl<'a> Session<'a> {
     fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
         let path = self.out.eval_json();
         self.out.write_json(&path, report)?;
-        digest_file(&path, self.out.root())
+        Ok(checkpoint::digest_file(&path, self.out.root())?)
     }
 }
 
@@ -606,27 +542,20 @@ fn new_run_id(spec: &RunSpec) -> String {
 /// recipe (or `init_from`), plus the adapter when the directory holds one.
 pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<EvalReport, RunError> {
     super::effective_env(spec)?;
-    let pool = super::apply_plan(&spec.plan)?;
+    let kernels = super::plan_kernels(&spec.plan)?;
+    let pool = super::thread_pool(spec.plan.choices.threads)?;
     pool.install(|| {
         let recipe = &spec.recipe.recipe;
         let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
         let base =
             super::adapter_base(recipe, &spec.recipe_dir, checkpoint_dir, spec.init_from.as_deref(), spec.force_base)?;
-        let (model, adapters) = load_checkpoint(recipe, &spec.recipe_dir, base.as_deref(), checkpoint_dir)?;
+        let (mut model, adapters) =
+            checkpoint::load_checkpoint(recipe, &spec.recipe_dir, base.as_deref(), checkpoint_dir, &Device::Cpu)?;
+        model.set_kernels(kernels);
         let per_device = recipe.train.batch.per_device as usize;
         Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)
     })
-}
-
-/// A PEFT adapter's tensors in the model's dtype.
-fn load_adapter_tensors(
-    dir: &Path,
-    dtype: DType,
-    device: &Device,
-) -> Result<BTreeMap<String, candle_core::Tensor>, RunError> {
-    let (_, tensors) = checkpoint::load_peft_adapter(dir, device)?;
-    Ok(tensors.into_iter().map(|(k, t)| Ok((k, t.to_dtype(dtype)?))).collect::<Result<_, candle_core::Error>>()?)
 }
 
 /// Sequence log-probs of chosen and rejected answers under a frozen reference model.

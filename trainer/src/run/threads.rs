@@ -1,35 +1,23 @@
-//! Applying the plan to the kernels: CPU choices (thread count, matmul blocking), the GPU
-//! attention kernels and the GEMM algorithm of each shape. All are process-wide and set once
-//! before the first step.
+//! The CPU side of a plan: the rayon pool a run executes in. The kernel choices themselves
+//! travel as a value ([`crate::plan::Plan::kernels`]) in the model the run owns.
 
 use super::RunError;
-use crate::plan::{Choices, Plan};
+use crate::plan::Plan;
+use mindxtrain_kernels::KernelConfig;
 
-/// Applies the whole plan (its choices and its GEMM table) and returns the pool to run in.
-pub fn apply_plan(plan: &Plan) -> Result<rayon::ThreadPool, RunError> {
-    mindxtrain_kernels::gemm_algos::set_gemm_algos(plan.gemm_algos())
-        .map_err(|e| RunError::Recipe(format!("plan: {e}")))?;
-    apply_choices(&plan.choices)
+/// The plan's kernel settings, or why the plan cannot be run.
+pub fn plan_kernels(plan: &Plan) -> Result<KernelConfig, RunError> {
+    plan.kernels().map_err(|e| RunError::Recipe(format!("plan: {e}")))
 }
 
-/// Applies every process-wide choice of one candidate and returns the pool to run in.
-pub fn apply_choices(c: &Choices) -> Result<rayon::ThreadPool, RunError> {
-    mindxtrain_kernels::linear::set_block_rows(c.gemm_rows);
-    mindxtrain_kernels::attention::set_kernels(c.attention).map_err(|e| RunError::Recipe(format!("plan: {e}")))?;
-    apply_threads(c.threads)
-}
-
-/// Builds the rayon pool the run executes in and points candle's matmul at the same
-/// count. candle sizes its GEMM parallelism from `RAYON_NUM_THREADS` on every call, so
-/// the variable is set too; summation order in candle's kernels does not depend on the
-/// thread count, which keeps results bitwise equal across choices.
-pub fn apply_threads(threads: usize) -> Result<rayon::ThreadPool, RunError> {
-    let threads = threads.max(1);
-    // SAFETY: called before the run starts any kernel; the only concurrent readers of the
-    // environment would be candle ops, and none is running on any thread at this point.
-    unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+/// Builds the rayon pool a run executes in. candle's own matmul sizes its parallelism from the
+/// machine (or `RAYON_NUM_THREADS` when the operator sets it) and runs inside this pool; its
+/// summation order does not depend on the thread count, so results stay bitwise equal across
+/// choices. Nothing process-wide is changed: a server may run a training and a serving pool
+/// side by side.
+pub fn thread_pool(threads: usize) -> Result<rayon::ThreadPool, RunError> {
     rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
+        .num_threads(threads.max(1))
         .thread_name(|i| format!("mindxtrain-cpu-{i}"))
         .build()
         .map_err(|e| RunError::Io { path: "thread pool".into(), message: e.to_string() })

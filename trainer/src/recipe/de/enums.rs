@@ -1,7 +1,7 @@
 //! `EnumAccess` for the two ways recipes write enums: a bare scalar (`dtype: bf16`) and a
 //! mapping tagged by `kind` (`method: {kind: lora, r: 16}`).
 
-use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, Visitor};
 
 use super::{De, DeError, PathStack, TAG_KEY};
 use crate::recipe::yaml::{Entry, NodeKind};
@@ -9,6 +9,8 @@ use crate::recipe::yaml::{Entry, NodeKind};
 /// A unit enum written as a scalar, e.g. `dtype: bf16`.
 pub(super) struct UnitEnum<'a, 'b> {
     pub(super) de: &'b De<'a>,
+    /// The variant to read: the scalar's text, or a stand-in once an unknown one was noted.
+    pub(super) name: &'b str,
 }
 
 impl<'de> de::EnumAccess<'de> for UnitEnum<'_, '_> {
@@ -16,8 +18,9 @@ impl<'de> de::EnumAccess<'de> for UnitEnum<'_, '_> {
     type Variant = Self;
 
     fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self), DeError> {
-        let de = De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: false };
-        Ok((seed.deserialize(de)?, self))
+        let name: de::value::StrDeserializer<'_, DeError> = self.name.into_deserializer();
+        let value = seed.deserialize(name).map_err(|e| e.located(self.de.loc, self.de.path))?;
+        Ok((value, self))
     }
 }
 
@@ -49,6 +52,9 @@ impl<'de> de::VariantAccess<'de> for UnitEnum<'_, '_> {
 pub(super) struct TaggedEnum<'a, 'b> {
     pub(super) de: &'b De<'a>,
     pub(super) tag: &'a Entry,
+    /// The variants' names: an unknown `kind` ends the pass (no stand-in variant's fields
+    /// would say anything true about the others).
+    pub(super) variants: &'static [&'static str],
 }
 
 impl<'de> de::EnumAccess<'de> for TaggedEnum<'_, '_> {
@@ -57,8 +63,12 @@ impl<'de> de::EnumAccess<'de> for TaggedEnum<'_, '_> {
 
     fn variant_seed<V: DeserializeSeed<'de>>(self, seed: V) -> Result<(V::Value, Self), DeError> {
         let path = PathStack::Key(self.de.path, TAG_KEY);
-        let de = De { node: &self.tag.value, loc: self.tag.key_loc, path: &path, skip_tag: false };
-        let value = match de.node.kind {
+        let de = De::new(&self.tag.value, self.tag.key_loc, &path, self.de.sink);
+        let value = match &de.node.kind {
+            NodeKind::Scalar { text, .. } if !self.variants.contains(&text.as_str()) => {
+                let e: DeError = de::Error::unknown_variant(text, self.variants);
+                return Err(e.located(de.loc, &path));
+            }
             NodeKind::Scalar { .. } => seed.deserialize(de)?,
             _ => return Err(de.expected("a method name").located(de.loc, &path)),
         };
@@ -69,23 +79,24 @@ impl<'de> de::EnumAccess<'de> for TaggedEnum<'_, '_> {
 impl<'de> de::VariantAccess<'de> for TaggedEnum<'_, '_> {
     type Error = DeError;
 
+    /// Every other key is noted as unknown (and set aside); the variant itself is fine.
     fn unit_variant(self) -> Result<(), DeError> {
         let kind = match &self.tag.value.kind {
             NodeKind::Scalar { text, .. } => text.as_str(),
             _ => "",
         };
-        match self.de.entries().and_then(|e| e.iter().find(|e| e.key != TAG_KEY)) {
-            Some(extra) => {
-                let path = PathStack::Key(self.de.path, &extra.key);
-                let message = format!("unknown field `{}`; `kind: {kind}` takes no other fields", extra.key);
-                Err(DeError { message, missing: None, at: None }.located(extra.key_loc, &path))
-            }
-            None => Ok(()),
+        let entries = self.de.mapping().map_or(&[][..], |m| m.entries());
+        for extra in entries.iter().filter(|e| e.live() && &*e.key != TAG_KEY) {
+            let path = || PathStack::Key(self.de.path, &extra.key).to_path();
+            let message = || format!("unknown field `{}`; `kind: {kind}` takes no other fields", extra.key);
+            self.de.sink.note_unknown(extra.key_loc, path, message);
+            extra.dropped.set(true);
         }
+        Ok(())
     }
 
     fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, DeError> {
-        seed.deserialize(De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: true })
+        seed.deserialize(self.de.untagged())
     }
 
     fn tuple_variant<V: Visitor<'de>>(self, _len: usize, _visitor: V) -> Result<V::Value, DeError> {
@@ -93,7 +104,6 @@ impl<'de> de::VariantAccess<'de> for TaggedEnum<'_, '_> {
     }
 
     fn struct_variant<V: Visitor<'de>>(self, fields: &'static [&'static str], visitor: V) -> Result<V::Value, DeError> {
-        let de = De { node: self.de.node, loc: self.de.loc, path: self.de.path, skip_tag: true };
-        de.deserialize_struct("", fields, visitor)
+        self.de.untagged().deserialize_struct("", fields, visitor)
     }
 }

@@ -1,0 +1,122 @@
+"""The serving peer of bench/serving.sh: HF transformers `generate` (static cache, SDPA, greedy,
+batched, EOS off) on a random-init Qwen3 shape in bf16, on the same GPU in the same call as ours.
+
+    python3 bench/serving_peer.py SHAPE SAVE_DIR OUT_JSON TOKENS_JSON [STREAMS] [PROMPT] [GEN]
+
+* copy bandwidth (bytes read + written per second, a 2 GiB device copy) and the bf16 GEMM ceiling;
+* the model (torch seed 0) saved to SAVE_DIR as HF safetensors, so our engine loads the same
+  weights;
+* per batch size: output tok/s of one timed `generate` after an untimed warm-up (static cache
+  compiles the decode step on first use), and TTFT as a `generate` of one new token;
+* greedy tokens of the 16 identity prompts (64 tokens, 32 new) and, per generated position, the
+  gap between the top two logits, which says where bf16 rounding could flip a greedy choice.
+
+Prompt token ids follow the rule of trainer/examples/serve_bench.rs (`tokens`), so both sides
+run the same prompts.
+"""
+import json
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+SHAPES = {  # vocab, hidden, layers, heads, kv heads, head_dim, ffn
+    "8B": (151936, 4096, 36, 32, 8, 128, 12288),
+    "1.7B": (151936, 2048, 28, 16, 8, 128, 6144),
+    "0.6B": (151936, 1024, 28, 16, 8, 128, 3072),
+}
+MASK = (1 << 64) - 1
+
+
+def tokens(n, seed, vocab):
+    """xorshift64 from seed·φ | 1, as serve_bench's `tokens`."""
+    s = ((seed * 0x9E3779B97F4A7C15) & MASK) | 1
+    out = []
+    for _ in range(n):
+        s ^= (s << 13) & MASK
+        s ^= s >> 7
+        s ^= (s << 17) & MASK
+        out.append(s % vocab)
+    return out
+
+
+def timed(f):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    r = f()
+    torch.cuda.synchronize()
+    return r, time.perf_counter() - t
+
+
+def main():
+    shape, save_dir, out_path, tokens_path = sys.argv[1:5]
+    streams = [int(s) for s in (sys.argv[5] if len(sys.argv) > 5 else "1,16,64,256").split(",")]
+    prompt_len = int(sys.argv[6]) if len(sys.argv) > 6 else 512
+    gen = int(sys.argv[7]) if len(sys.argv) > 7 else 256
+    vocab, hidden, layers, heads, kv, hd, ffn = SHAPES[shape]
+    results = []
+
+    def emit(d):
+        print(json.dumps(d), flush=True)
+        results.append(d)
+
+    x = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _, t = timed(lambda: [y.copy_(x) for _ in range(10)])
+    emit({"metric": "copy_bandwidth_bytes_per_s", "peer": 2 * 2 * x.numel() * 10 / t})
+    del x, y
+    a = torch.ones(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    a @ a
+    _, t = timed(lambda: [a @ a for _ in range(5)])
+    emit({"metric": "bf16_gemm_flops", "peer": 2 * 8192**3 * 5 / t})
+    del a
+
+    cfg = Qwen3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=shape != "8B", max_position_embeddings=40960)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    (_, t) = timed(lambda: model.save_pretrained(save_dir, safe_serialization=True, max_shard_size="4GB"))
+    print(f"saved the model to {save_dir} in {t:.1f} s", file=sys.stderr, flush=True)
+    gc = model.generation_config
+    gc.eos_token_id = None
+    gc.pad_token_id = 0
+
+    def generate(ids, new, **kw):
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                  min_new_tokens=new, do_sample=False, cache_implementation="static",
+                                  **kw)
+
+    for n in streams:
+        ids = torch.tensor([tokens(prompt_len, 1000 + i, vocab) for i in range(n)], device="cuda")
+        generate(ids, 8)  # warm-up: compiles the static-cache decode step for this batch
+        _, ttft = timed(lambda: generate(ids, 1))
+        out, t = timed(lambda: generate(ids, gen))
+        assert out.shape[1] == prompt_len + gen
+        emit({"metric": f"streams_{n}_all_at_once_output_tok_s", "peer": n * gen / t})
+        emit({"metric": f"streams_{n}_all_at_once_ttft_p50_s", "peer": ttft})
+        torch.cuda.empty_cache()
+
+    ident = torch.tensor([tokens(64, 7000 + i, vocab) for i in range(16)], device="cuda")
+    out = generate(ident, 32, output_scores=True, return_dict_in_generate=True)
+    toks = out.sequences[:, 64:].tolist()
+    gaps = []
+    for row in range(16):
+        gaps.append([float(torch.topk(s[row].float(), 2).values.diff().abs()) for s in out.scores])
+    with open(tokens_path, "w") as f:
+        json.dump(toks, f)
+    emit({"metric": "greedy_identity_top2_gaps", "peer": gaps})
+    with open(out_path, "w") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+// The serving engine's attention over a paged key/value cache (CPU reference:
+// kernels/src/paged_attention.rs). Caches are [blocks, block_size, kv_heads, hd]; a sequence's
+// token p lives in slot table[p / block_size] * block_size + p % block_size.
+//
+// paged_attn: one thread block per (work item, kv head, split). A work item is up to TQ query
+// rows of one sequence (TQ·g ≤ 16 (row, query head) units, g = heads / kv_heads); a decode row is
+// an item of one row. The item's key range is cut into `splits` parts of `part` keys (split-K:
+// a long context is spread over many blocks even when few sequences decode); each part is read
+// in tiles of WARP keys that the block stages in shared memory once for all its units (GQA:
+// the group's query heads share each K/V load). A warp owns units; lane l scores key l of the
+// tile (a full dot product from shared memory), the softmax is online across tiles, and each
+// lane accumulates its hd/WARP output elements. With one split the output is written normalised;
+// otherwise each split leaves (max, sum, unnormalised output) and paged_reduce merges them.
+#include "portable.h"
+
+#define THREADS 128
+#define WARPS (THREADS / WARP)
+#define MAX_UNITS 16
+#define UNITS_PER_WARP (MAX_UNITS / WARPS)
+
+// One work item: a sequence and the rows [row0, row0 + rows) of its new tokens.
+struct Item {
+  int seq;
+  int row0;
+  int rows;
+};
+
+// Padding of a shared K row, so lanes reading different keys at one offset hit different banks.
+template <typename T> struct KPad { static const int value = 1; };
+template <> struct KPad<bf16> { static const int value = 2; };
+
+template <typename T, int HD>
+DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_starts,
+                    const unsigned* context_lens, const unsigned* tables, const Item* items, T* out,
+                    float* part_m, float* part_l, float* part_acc, int heads, int kvh_count,
+                    int block_size, int max_blocks, int part, int splits, float scale) {
+  constexpr int E = HD / WARP;  // output elements per lane
+  constexpr int KS = HD + KPad<T>::value;
+  extern __shared__ unsigned char smem_raw[];
+  T* ks = reinterpret_cast<T*>(smem_raw);                       // [WARP][KS]
+  T* vs = ks + WARP * KS;                                       // [WARP][HD]
+  float* qs = reinterpret_cast<float*>(vs + WARP * HD);         // [MAX_UNITS][HD]
+
+  const Item it = items[blockIdx.x];
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int g = heads / kvh_count;
+  const int units = it.rows * g;
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  const int first = query_starts[it.seq];
+  const int t = query_starts[it.seq + 1] - first;
+  const int ctx = context_lens[it.seq];
+  const unsigned* table = tables + (size_t)it.seq * max_blocks;
+  // Keys this item may see at all, and this split's share of them.
+  const int last = ctx - t + it.row0 + it.rows - 1;
+  const int k0 = split * part, k1 = min(last + 1, k0 + part);
+
+  for (int i = threadIdx.x; i < units * HD; i += THREADS) {
+    const int u = i / HD, e = i % HD;
+    const int row = first + it.row0 + u / g, head = kvh * g + u % g;
+    qs[i] = to_f(q[((size_t)row * heads + head) * HD + e]) * scale;
+  }
+  float m[UNITS_PER_WARP], l[UNITS_PER_WARP], acc[UNITS_PER_WARP][E];
+#pragma unroll
+  for (int j = 0; j < UNITS_PER_WARP; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+    for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
+  }
+  BARRIER();
+  for (int tile = k0; tile < k1; tile += WARP) {
+    for (int i = threadIdx.x; i < WARP * HD; i += THREADS) {
+      const int r = i / HD, e = i % HD, key = tile + r;
+      T kv_k = from_f<T>(0.f), kv_v = from_f<T>(0.f);
+      if (key < k1) {
+        const size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
+        const size_t at = (slot * kvh_count + kvh) * HD + e;
+        kv_k = kc[at];
+        kv_v = vc[at];
+      }
+      ks[r * KS + e] = kv_k;
+      vs[r * HD + e] = kv_v;
+    }
+    BARRIER();
+    const int key = tile + lane;
+#pragma unroll
+    for (int j = 0; j < UNITS_PER_WARP; ++j) {
+      const int u = warp + j * WARPS;
+      // Warp-uniform: every lane of a warp takes the same branches, so the shuffles below
+      // always run on the whole warp.
+      if (u >= units) continue;
+      // Row u / g of the item may see keys up to ctx − t + its row index.
+      const int limit = ctx - t + it.row0 + u / g;
+      float s = -INFINITY;
+      if (key < k1 && key <= limit) {
+        s = 0.f;
+        const float* qu = qs + u * HD;
+        const T* kr = ks + lane * KS;
+        for (int e = 0; e < HD; ++e) s += qu[e] * to_f(kr[e]);
+      }
+      const float tile_max = warp_max(s);
+      const float m_new = fmaxf(m[j], tile_max);
+      if (m_new == -INFINITY) continue;  // nothing visible yet
+      const float corr = __expf(m[j] - m_new);
+      const float p = (s == -INFINITY) ? 0.f : __expf(s - m_new);
+      l[j] = l[j] * corr + warp_sum(p);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[j][e] *= corr;
+      for (int r = 0; r < WARP; ++r) {
+        const float pr = SHFL(p, r);
+        const T* vr = vs + r * HD + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[j][e] += pr * to_f(vr[e]);
+      }
+      m[j] = m_new;
+    }
+    BARRIER();
+  }
+#pragma unroll
+  for (int j = 0; j < UNITS_PER_WARP; ++j) {
+    const int u = warp + j * WARPS;
+    if (u >= units) continue;
+    const int row = first + it.row0 + u / g, head = kvh * g + u % g;
+    const size_t rh = (size_t)row * heads + head;
+    if (splits == 1) {
+      const float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
+      for (int e = 0; e < E; ++e) out[rh * HD + lane * E + e] = from_f<T>(acc[j][e] * inv);
+    } else {
+      const size_t at = rh * splits + split;
+      if (lane == 0) {
+        part_m[at] = m[j];
+        part_l[at] = l[j];
+      }
+      for (int e = 0; e < E; ++e) part_acc[at * HD + lane * E + e] = acc[j][e];
+    }
+  }
+}
+
+#define PAGED_ATTN(S, T, HD)                                                                        \
+  KERNEL void paged_attn_##S##_hd##HD(                                                              \
+      const T* q, const T* kc, const T* vc, const unsigned* qs, const unsigned* cl,                 \
+      const unsigned* tables, const Item* items, T* out, float* pm, float* pl, float* pacc,         \
+      int heads, int kvh, int block_size, int max_blocks, int part, int splits, float scale) {      \
+    paged_attn<T, HD>(q, kc, vc, qs, cl, tables, items, out, pm, pl, pacc, heads, kvh, block_size, \
+                      max_blocks, part, splits, scale);                                             \
+  }
+#define PAGED_ATTN_ALL(S, T) PAGED_ATTN(S, T, 64) PAGED_ATTN(S, T, 128) PAGED_ATTN(S, T, 256)
+FOR_DTYPES(PAGED_ATTN_ALL)
+
+// Merges the splits of each (row, head): out = Σ accᵢ·e^{mᵢ−M} / Σ lᵢ·e^{mᵢ−M}. One block of
+// hd threads per (row, head); grid (rows, heads).
+#define PAGED_REDUCE(S, T)                                                                          \
+  KERNEL void paged_reduce_##S(const float* pm, const float* pl, const float* pacc, T* out,        \
+                               int heads, int splits, int hd) {                                     \
+    const size_t rh = (size_t)blockIdx.x * heads + blockIdx.y;                                      \
+    float mx = -INFINITY;                                                                           \
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pm[rh * splits + s]);                           \
+    float denom = 0.f;                                                                              \
+    for (int s = 0; s < splits; ++s) {                                                              \
+      const float ms = pm[rh * splits + s];                                                         \
+      if (ms != -INFINITY) denom += pl[rh * splits + s] * __expf(ms - mx);                          \
+    }                                                                                               \
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {                                            \
+      float num = 0.f;                                                                              \
+      for (int s = 0; s < splits; ++s) {                                                            \
+        const float ms = pm[rh * splits + s];                                                       \
+        if (ms != -INFINITY) num += pacc[(rh * splits + s) * hd + e] * __expf(ms - mx);             \
+      }                                                                                             \
+      out[rh * hd + e] = from_f<T>(denom > 0.f ? num / denom : 0.f);                                \
+    }                                                                                               \
+  }
+FOR_DTYPES(PAGED_REDUCE)
+
+// cache[slots[i]] = src[i], rows of `row` elements; grid-stride over every element. A slot past
+// the cache's `capacity` is skipped (the host checks slots; this keeps a bad one in bounds).
+#define KV_WRITE(S, T)                                                                              \
+  KERNEL void kv_write_##S(T* cache, const T* src, const unsigned* slots, size_t n, int row,       \
+                           unsigned capacity) {                                                     \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                  \
+      const size_t r = i / row;                                                                     \
+      if (slots[r] < capacity) cache[(size_t)slots[r] * row + i % row] = src[i];                    \
+    }                                                                                               \
+  }
+FOR_DTYPES(KV_WRITE)
+
+// What a block does between its projections and attention, for every row n in one pass: q and k
+// heads RMS-normalised (gains qw, kw) and rotated (RoPE, rotate_half convention, tables cos/sin
+// [N, hd]); q written to q_out, k and v into their cache slots. One warp per (row, head), heads
+// counted as q heads, then k heads, then v heads; hd ≤ 256.
+template <typename T>
+DEV void prepare_unit(const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos,
+                      const T* sin, T* q_out, T* kc, T* vc, const unsigned* slots, unsigned capacity,
+                      int n, int heads, int kvh, int hd, float eps, float* stash) {
+  const int per_row = heads + 2 * kvh;
+  const int lane = threadIdx.x % WARP;
+  const int unit = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+  if (unit >= n * per_row) return;
+  const int row = unit / per_row, j = unit % per_row;
+  const size_t slot = slots[row] < capacity ? slots[row] : 0;
+  const bool store = slots[row] < capacity;
+  if (j >= heads + kvh) {  // v: copied into the cache as it is
+    const int h = j - heads - kvh;
+    if (store)
+      for (int e = lane; e < hd; e += WARP) vc[(slot * kvh + h) * hd + e] = v[((size_t)row * kvh + h) * hd + e];
+    return;
+  }
+  const bool is_q = j < heads;
+  const int h = is_q ? j : j - heads;
+  const T* x = is_q ? q + ((size_t)row * heads + h) * hd : k + ((size_t)row * kvh + h) * hd;
+  const T* w = is_q ? qw : kw;
+  float ss = 0.f;
+  for (int e = lane; e < hd; e += WARP) {
+    const float xv = to_f(x[e]);
+    ss += xv * xv;
+  }
+  const float r = rsqrtf(warp_sum(ss) / hd + eps);
+  // The normalised row, rounded to T as the unfused ops would store it, goes through the
+  // warp's own stash so each lane can read its rotation partner.
+  for (int e = lane; e < hd; e += WARP) stash[e] = to_f(from_f<T>(to_f(x[e]) * r * to_f(w[e])));
+#if !defined(__HIPCC__)
+  __syncwarp();
+#endif
+  const int half = hd / 2;
+  const T* cr = cos + (size_t)row * hd;
+  const T* sr = sin + (size_t)row * hd;
+  T* dst = is_q ? q_out + ((size_t)row * heads + h) * hd : kc + (slot * kvh + h) * hd;
+  if (!is_q && !store) return;
+  for (int e = lane; e < hd; e += WARP) {
+    const float rot = e < half ? -stash[e + half] : stash[e - half];
+    dst[e] = from_f<T>(stash[e] * to_f(cr[e]) + rot * to_f(sr[e]));
+  }
+}
+
+#define PAGED_PREPARE(S, T)                                                                         \
+  KERNEL void paged_prepare_##S(const T* q, const T* k, const T* v, const T* qw, const T* kw,      \
+                                const T* cos, const T* sin, T* q_out, T* kc, T* vc,                 \
+                                const unsigned* slots, unsigned capacity, int n, int heads,         \
+                                int kvh, int hd, float eps) {                                       \
+    __shared__ float stash[THREADS / WARP][256];                                                    \
+    prepare_unit<T>(q, k, v, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, hd,  \
+                    eps, stash[threadIdx.x / WARP]);                                                \
+  }
+FOR_DTYPES(PAGED_PREPARE)

@@ -1,0 +1,150 @@
+// Per-row sampling on the device (CPU reference: kernels/src/sampling.rs, which defines the rule):
+// greedy, or temperature with top-k and top-p as thresholds on logit values, then the first
+// index (vocabulary order) whose running kept weight passes u·Σ kept. One block per row; the
+// k-th largest value and the top-p cut are found by bisection over the floats' ordered bit
+// patterns (32 counting passes each), so nothing is sorted.
+#include "portable.h"
+
+#define THREADS 256
+
+DEV unsigned ordered(float x) {
+  const unsigned b = __float_as_uint(x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// A block-wide reduction (every thread gets the result): each warp reduces with `warp`, then
+// every thread folds the warps' results with `op`; `red` holds one float per warp.
+template <typename W, typename Op>
+DEV float block_reduce(float v, float* red, W warp_op, Op op, float init) {
+  v = warp_op(v);
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  BARRIER();
+  if (lane == 0) red[warp] = v;
+  BARRIER();
+  float t = init;
+  for (int w = 0; w < THREADS / WARP; ++w) t = op(t, red[w]);
+  return t;
+}
+
+DEV float block_sum(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return warp_sum(x); }, [](float a, float b) { return a + b; }, 0.f);
+}
+
+DEV float block_max(float v, float* red) {
+  return block_reduce(v, red, [](float x) { return warp_max(x); }, [](float a, float b) { return fmaxf(a, b); },
+                      -INFINITY);
+}
+
+// The largest key K with f(K) ≥ goal, f non-increasing in K (a count or a mass above K).
+template <typename F> DEV unsigned largest_key(F f, float goal) {
+  unsigned lo = 0u, hi = 0xffffffffu;  // f(lo) ≥ goal holds: everything is above key 0
+  while (lo < hi) {
+    const unsigned mid = lo + (hi - lo + 1u) / 2u;
+    if (f(mid) >= goal) lo = mid; else hi = mid - 1u;
+  }
+  return lo;
+}
+
+template <typename T>
+DEV void sample_row(const T* logits, const float* temperature, const float* top_p,
+                    const unsigned* top_k, const float* uniform, unsigned* token, float* logprob,
+                    int vocab) {
+  __shared__ float red[THREADS / WARP];
+  __shared__ float chunk[THREADS];
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const T* l = logits + (size_t)row * vocab;
+  // Max and its first index.
+  float mx = -INFINITY;
+  int arg = vocab;
+  for (int i = tid; i < vocab; i += THREADS) {
+    const float x = to_f(l[i]);
+    if (x > mx) { mx = x; arg = i; }
+  }
+  const float row_max = block_max(mx, red);
+  const float cand = (mx == row_max) ? (float)arg : (float)vocab;
+  const int first_max = (int)(-block_max(-cand, red));
+  float se = 0.f;
+  for (int i = tid; i < vocab; i += THREADS) se += __expf(to_f(l[i]) - row_max);
+  const float lse = row_max + __logf(block_sum(se, red));
+  const float temp = temperature[row];
+  const unsigned k = top_k[row];
+  int pick = first_max;
+  if (temp > 0.f && k != 1u) {
+    const float inv_t = 1.f / temp;
+    auto weight = [&](float x) { return __expf((x - row_max) * inv_t); };
+    unsigned cut = 0u;
+    if (k > 0u && (int)k < vocab) {
+      cut = largest_key([&](unsigned key) {
+        float c = 0.f;
+        for (int i = tid; i < vocab; i += THREADS) c += ordered(to_f(l[i])) >= key ? 1.f : 0.f;
+        return block_sum(c, red);
+      }, (float)k);
+    }
+    if (top_p[row] < 1.f) {
+      float kept = 0.f;
+      for (int i = tid; i < vocab; i += THREADS) {
+        const float x = to_f(l[i]);
+        if (ordered(x) >= cut) kept += weight(x);
+      }
+      const float goal = top_p[row] * block_sum(kept, red);
+      const unsigned floor_key = cut;
+      cut = largest_key([&](unsigned key) {
+        const unsigned kk = key > floor_key ? key : floor_key;
+        float s = 0.f;
+        for (int i = tid; i < vocab; i += THREADS) {
+          const float x = to_f(l[i]);
+          if (ordered(x) >= kk) s += weight(x);
+        }
+        return block_sum(s, red);
+      }, goal);
+      if (cut < floor_key) cut = floor_key;
+    }
+    // Contiguous chunks per thread, their kept mass, an exclusive scan, then the one chunk that
+    // holds the crossing walks its elements.
+    const int per = (vocab + THREADS - 1) / THREADS;
+    const int i0 = tid * per, i1 = min(vocab, i0 + per);
+    float mine = 0.f;
+    int last_kept = -1;
+    for (int i = i0; i < i1; ++i) {
+      const float x = to_f(l[i]);
+      if (ordered(x) >= cut) { mine += weight(x); last_kept = i; }
+    }
+    chunk[tid] = mine;
+    BARRIER();
+    __shared__ float total;
+    __shared__ int chosen;
+    if (tid == 0) {
+      float acc = 0.f;
+      for (int t = 0; t < THREADS; ++t) { const float c = chunk[t]; chunk[t] = acc; acc += c; }
+      total = acc;
+      chosen = -1;
+    }
+    BARRIER();
+    const float target = uniform[row] * total;
+    float acc = chunk[tid];
+    if (mine > 0.f && acc <= target && target < acc + mine) {
+      for (int i = i0; i < i1; ++i) {
+        const float x = to_f(l[i]);
+        if (ordered(x) < cut) continue;
+        acc += weight(x);
+        if (acc > target) { chosen = i; break; }
+      }
+    }
+    BARRIER();
+    // Rounding can leave the draw past the last kept weight: take the last kept index.
+    const float lk = block_max(last_kept >= 0 ? (float)last_kept : -1.f, red);
+    pick = chosen >= 0 ? chosen : (int)lk;
+  }
+  if (tid == 0) {
+    token[row] = (unsigned)pick;
+    logprob[row] = to_f(l[pick]) - lse;
+  }
+}
+
+#define SAMPLE(S, T)                                                                                \
+  KERNEL void sample_##S(const T* logits, const float* temperature, const float* top_p,            \
+                         const unsigned* top_k, const float* uniform, unsigned* token,              \
+                         float* logprob, int vocab) {                                               \
+    sample_row<T>(logits, temperature, top_p, top_k, uniform, token, logprob, vocab);              \
+  }
+FOR_DTYPES(SAMPLE)

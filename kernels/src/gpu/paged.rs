@@ -1,0 +1,208 @@
+//! Paged attention, the fused q/k norm + RoPE + cache write, and the cache write itself on the
+//! GPU (`cuda/paged_attention.cu`); CPU references in `crate::paged_attention`.
+
+use super::{
+    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor, with_views,
+};
+use crate::paged_attention::{PagedMeta, reference};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+use candle_core::cuda_backend::{CudaDType, CudaStorage};
+use candle_core::{Layout, Result, Tensor};
+
+const MODULE: Module = module!("paged_attention");
+const THREADS: u32 = 128;
+/// `MAX_UNITS` in the kernel: (row, query head) pairs one block holds.
+const MAX_UNITS: usize = 16;
+const WARP: usize = 32;
+/// Blocks that keep an H100/H200 busy (2 per SM): below this a step's work is split over keys.
+const BUSY_BLOCKS: usize = 264;
+
+/// How a batch is cut into thread blocks: work items of up to `tq` rows of one sequence, and
+/// each item's keys into `splits` parts of `part` keys.
+#[derive(Debug, Clone)]
+pub(crate) struct GpuPlan {
+    items: Tensor,
+    count: usize,
+    splits: usize,
+    part: usize,
+}
+
+impl GpuPlan {
+    pub(crate) fn new(meta: &PagedMeta, tq: usize, kv: usize, device: &candle_core::Device) -> Result<GpuPlan> {
+        let mut flat: Vec<i32> = Vec::new();
+        for s in 0..meta.sequences() {
+            let (_, t, _, _) = meta.seq(s);
+            for row0 in (0..t).step_by(tq) {
+                flat.extend([s as i32, row0 as i32, tq.min(t - row0) as i32]);
+            }
+        }
+        let count = flat.len() / 3;
+        let max_ctx = meta.max_context().max(1);
+        let tiles = max_ctx.div_ceil(WARP);
+        let wanted = BUSY_BLOCKS.div_ceil((count * kv).max(1)).clamp(1, tiles);
+        let part = tiles.div_ceil(wanted) * WARP;
+        let splits = max_ctx.div_ceil(part);
+        let items = Tensor::from_vec(flat, count * 3, device)?;
+        Ok(GpuPlan { items, count, splits, part })
+    }
+}
+
+fn served(hd: usize, group: usize) -> bool {
+    matches!(hd, 64 | 128 | 256) && group <= MAX_UNITS
+}
+
+pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &PagedMeta, scale: f64) -> Result<Tensor> {
+    let (n, heads, hd) = q.dims3()?;
+    let (_, bs, kv, _) = kc.dims4()?;
+    let g = heads / kv;
+    if !served(hd, g) {
+        return reference::forward(q, kc, vc, meta, scale);
+    }
+    let dev = device(q)?;
+    let tq = (MAX_UNITS / g).max(1);
+    let plan = meta.gpu_plan(tq, kv, q.device())?;
+    let [starts, lens, tables] = meta.device_tensors()?;
+    let mut out = alloc::<T>(&dev, n * heads * hd)?;
+    let partial = if plan.splits > 1 { n * heads * plan.splits } else { 1 };
+    let mut pm = alloc::<f32>(&dev, partial)?;
+    let mut pl = alloc::<f32>(&dev, partial)?;
+    let mut pacc = alloc::<f32>(&dev, partial * if plan.splits > 1 { hd } else { 1 })?;
+    let pad = if T::SUFFIX == "bf16" { 2 } else { 1 };
+    let elem = std::mem::size_of::<T>();
+    let shared = (WARP * (hd + pad) * elem + WARP * hd * elem + MAX_UNITS * hd * 4) as u32;
+    let kernel =
+        Kernel::named(&dev, &MODULE, &format!("paged_attn_{}_hd{hd}", T::SUFFIX))?.with_dynamic_shared(shared)?;
+    let (h, kvh, bsz, mb) = (int(heads)?, int(kv)?, int(bs)?, int(meta.max_blocks())?);
+    let (part, splits, scale) = (int(plan.part)?, int(plan.splits)?, scale as f32);
+    with_views::<T, _, 3>([q, kc, vc], |[qv, kcv, vcv]| {
+        with_views::<u32, _, 3>([starts, lens, tables], |[sv, lv, tv]| {
+            with_views::<i32, _, 1>([&plan.items], |[iv]| {
+                let mut a = kernel.builder();
+                a.arg(&qv).arg(&kcv).arg(&vcv).arg(&sv).arg(&lv).arg(&tv).arg(&iv);
+                a.arg(&mut out).arg(&mut pm).arg(&mut pl).arg(&mut pacc);
+                a.arg(&h).arg(&kvh).arg(&bsz).arg(&mb).arg(&part).arg(&splits).arg(&scale);
+                let cfg = LaunchConfig {
+                    grid_dim: (plan.count as u32, kv as u32, plan.splits as u32),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: shared,
+                };
+                launch(a, cfg)
+            })
+        })
+    })?;
+    if plan.splits > 1 {
+        let reduce = Kernel::new::<T>(&dev, &MODULE, "paged_reduce")?;
+        let mut a = reduce.builder();
+        let hd_i = int(hd)?;
+        a.arg(&pm).arg(&pl).arg(&pacc).arg(&mut out).arg(&h).arg(&splits).arg(&hd_i);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, heads as u32, 1),
+            block_dim: (hd.min(256) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(a, cfg)?;
+    }
+    Ok(tensor(out, &dev, (n, heads, hd)))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prepare<T: Elem>(
+    q_pre: &Tensor,
+    k_pre: &Tensor,
+    v: &Tensor,
+    (qn, kn, eps): (&Tensor, &Tensor, f64),
+    cos: &Tensor,
+    sin: &Tensor,
+    (kc, vc): (&Tensor, &Tensor),
+    slots: &Tensor,
+) -> Result<Tensor> {
+    let (n, heads, hd) = q_pre.dims3()?;
+    let kv = k_pre.dim(1)?;
+    let (blocks, bs, ckv, chd) = kc.dims4()?;
+    let fits = hd <= 256
+        && hd.is_multiple_of(2)
+        && (ckv, chd) == (kv, hd)
+        && kc.dtype() == q_pre.dtype()
+        && vc.dims() == kc.dims()
+        && kc.is_contiguous()
+        && vc.is_contiguous()
+        && slots.dims1()? == n
+        && cos.dims() == [n, hd];
+    if !fits {
+        return reference::prepare(q_pre, k_pre, v, (qn, kn, eps), cos, sin, (kc, vc), slots);
+    }
+    let dev = device(q_pre)?;
+    let mut q = alloc::<T>(&dev, n * heads * hd)?;
+    let kernel = Kernel::new::<T>(&dev, &MODULE, "paged_prepare")?;
+    let capacity = u32::try_from(blocks * bs).map_err(|_| candle_core::Error::Msg("kv cache too large".into()))?;
+    let (n_i, h, kvh, hd_i, eps) = (int(n)?, int(heads)?, int(kv)?, int(hd)?, eps as f32);
+    let stream = dev.cuda_stream();
+    with_views::<T, _, 9>([q_pre, k_pre, v, qn, kn, cos, sin, kc, vc], |[qv, kv_, vv, qw, kw, cv, sv, kcv, vcv]| {
+        with_views::<u32, _, 1>([slots], |[slv]| {
+            // The caches are written in place through their raw pointers: they are contiguous,
+            // owned by the engine's runner (no other tensor aliases them), and the kernel writes
+            // only rows at slots below `capacity`.
+            let (kc_ptr, _kc_sync) = kcv.device_ptr(&stream);
+            let (vc_ptr, _vc_sync) = vcv.device_ptr(&stream);
+            let mut a = kernel.builder();
+            a.arg(&qv).arg(&kv_).arg(&vv).arg(&qw).arg(&kw).arg(&cv).arg(&sv).arg(&mut q);
+            a.arg(&kc_ptr).arg(&vc_ptr).arg(&slv).arg(&capacity).arg(&n_i).arg(&h).arg(&kvh).arg(&hd_i).arg(&eps);
+            let units = n * (heads + 2 * kv);
+            let per_block = THREADS as usize / WARP;
+            let cfg = LaunchConfig {
+                grid_dim: (units.div_ceil(per_block) as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch(a, cfg)
+        })
+    })?;
+    Ok(tensor(q, &dev, (n, heads, hd)))
+}
+
+/// The in-place cache write of `crate::paged_attention::write_kv` (candle's in-place op hands
+/// over the cache's storage mutably).
+pub(crate) fn write_rows(
+    cache: &mut CudaStorage,
+    cache_l: &Layout,
+    src: &CudaStorage,
+    src_l: &Layout,
+    slots: &CudaStorage,
+    slots_l: &Layout,
+    capacity: usize,
+) -> Result<()> {
+    let dev = cache.device.clone();
+    let n = src_l.shape().elem_count();
+    let rows = slots_l.shape().elem_count();
+    let row = int(n / rows.max(1))?;
+    let capacity = u32::try_from(capacity).map_err(|_| candle_core::Error::Msg("kv cache too large".into()))?;
+    let range = |l: &Layout| {
+        l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("kv write: operand is not contiguous".into()))
+    };
+    let ((c0, c1), (s0, s1), (i0, i1)) = (range(cache_l)?, range(src_l)?, range(slots_l)?);
+    let slot_view = slots.as_cuda_slice::<u32>()?.slice(i0..i1);
+    fn go<T: Elem + CudaDType>(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        cache: &mut CudaStorage,
+        src: &CudaStorage,
+        (c0, c1, s0, s1): (usize, usize, usize, usize),
+        slot_view: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>,
+        n: usize,
+        row: i32,
+        capacity: u32,
+    ) -> Result<()> {
+        let kernel = Kernel::new::<T>(dev, &MODULE, "kv_write")?;
+        let src_view = src.as_cuda_slice::<T>()?.slice(s0..s1);
+        let mut cache_view = cache.as_cuda_slice_mut::<T>()?.slice_mut(c0..c1);
+        let mut a = kernel.builder();
+        a.arg(&mut cache_view).arg(&src_view).arg(slot_view).arg(&n).arg(&row).arg(&capacity);
+        launch(a, grid_for(n, 256))
+    }
+    let offsets = (c0, c1, s0, s1);
+    match cache.dtype() {
+        candle_core::DType::F32 => go::<f32>(&dev, cache, src, offsets, &slot_view, n, row, capacity),
+        candle_core::DType::BF16 => go::<half::bf16>(&dev, cache, src, offsets, &slot_view, n, row, capacity),
+        other => candle_core::bail!("kv write: {other:?} caches are not served on the GPU"),
+    }
+}

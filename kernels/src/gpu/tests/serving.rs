@@ -1,0 +1,168 @@
+//! The serving kernels (paged attention, the fused prepare, the cache write, multi-LoRA and
+//! sampling) against their CPU references, on fresh random inputs.
+
+use super::*;
+use crate::multi_lora::{self, LoraStack, RowAdapters};
+use crate::paged_attention::{self, PagedMeta, SeqSlice};
+use crate::sampling::{self, RowSampling};
+
+const BS: usize = 16;
+
+/// Sequences of a step as `(new rows, context)`, each with its own scattered blocks.
+fn tables(seqs: &[(usize, usize)]) -> (Vec<Vec<u32>>, usize) {
+    let mut next = 0u32;
+    let mut out = Vec::new();
+    for &(_, ctx) in seqs {
+        let n = ctx.div_ceil(BS) as u32;
+        // Interleave: every other block, so no table is contiguous.
+        out.push((0..n).map(|i| next + 2 * i + 1).collect());
+        next += 2 * n + 1;
+    }
+    (out, next as usize)
+}
+
+fn meta(seqs: &[(usize, usize)], tables: &[Vec<u32>], device: &Device) -> Result<PagedMeta> {
+    let slices: Vec<SeqSlice> = seqs
+        .iter()
+        .zip(tables)
+        .map(|(&(query_len, context_len), b)| SeqSlice { query_len, context_len, blocks: b })
+        .collect();
+    PagedMeta::new(BS, &slices, device)
+}
+
+#[test]
+fn paged_attention_matches_the_reference_for_decodes_prefills_and_long_contexts() -> Result<()> {
+    // A decode-only step (one long context: split over keys), a mixed step (prefill chunks
+    // beside decodes, a chunk after a cached prefix), GQA 32/8 and 16/8, head sizes 64/128.
+    let steps: [&[(usize, usize)]; 3] =
+        [&[(1, 3000), (1, 17), (1, 700)], &[(37, 37), (1, 64), (20, 531), (1, 1)], &[(1, 5)]];
+    for (heads, kv, hd) in [(32, 8, 128), (16, 8, 64), (8, 8, 128)] {
+        for seqs in steps {
+            let (tables, blocks) = tables(seqs);
+            let (cpu_meta, gpu_meta) = (meta(seqs, &tables, &Device::Cpu)?, meta(seqs, &tables, &gpu())?);
+            for (dt, tol) in DTYPES {
+                let mut inp = Inputs::new(dt);
+                let (q, qr) = inp.make(&[cpu_meta.rows(), heads, hd], 1.0)?;
+                let ((kc, kcr), (vc, vcr)) =
+                    (inp.make(&[blocks, BS, kv, hd], 1.0)?, inp.make(&[blocks, BS, kv, hd], 1.0)?);
+                let scale = 1.0 / (hd as f64).sqrt();
+                let got = fused(|| paged_attention::forward(&q, &kc, &vc, &gpu_meta, scale))?;
+                let want = paged_attention::reference::forward(&qr, &kcr, &vcr, &cpu_meta, scale)?;
+                expect_close(
+                    &format!("paged attention {seqs:?} {heads}/{kv}×{hd} {dt:?}"),
+                    &got,
+                    &want,
+                    tol,
+                    inp.seed,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn prepare_and_kv_write_match_the_reference() -> Result<()> {
+    let (n, heads, kv, hd, blocks) = (19, 16, 4, 128, 6);
+    let positions: Vec<u32> = (0..n as u32).map(|i| i * 37 % 90).collect();
+    let slots: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % (blocks * BS) as u32).collect();
+    let slots: Vec<u32> = {
+        let mut s = slots;
+        s.sort();
+        s.dedup();
+        s
+    };
+    let n = slots.len();
+    for (dt, tol) in DTYPES {
+        let mut inp = Inputs::new(dt);
+        let ((q, qr), (k, kr), (v, vr)) =
+            (inp.make(&[n, heads, hd], 2.0)?, inp.make(&[n, kv, hd], 2.0)?, inp.make(&[n, kv, hd], 1.0)?);
+        let ((qn, qnr), (kn, knr)) = (inp.make(&[hd], 1.0)?, inp.make(&[hd], 1.0)?);
+        let (cos, sin) = crate::rope::tables(&positions[..n], hd, 1e6, dt, &gpu())?;
+        let (cosr, sinr) = crate::rope::tables(&positions[..n], hd, 1e6, DType::F64, &Device::Cpu)?;
+        let zeros = |d: &Device, t: DType| Tensor::zeros((blocks, BS, kv, hd), t, d);
+        let (kc, vc, kcr, vcr) = (
+            zeros(&gpu(), dt)?,
+            zeros(&gpu(), dt)?,
+            zeros(&Device::Cpu, DType::F64)?,
+            zeros(&Device::Cpu, DType::F64)?,
+        );
+        let (s_gpu, s_cpu) = (Tensor::new(slots.as_slice(), &gpu())?, Tensor::new(slots.as_slice(), &Device::Cpu)?);
+        let got = fused(|| paged_attention::prepare(&q, &k, &v, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &s_gpu))?;
+        let want =
+            paged_attention::reference::prepare(&qr, &kr, &vr, (&qnr, &knr, 1e-6), &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
+        expect_close(&format!("prepare q {dt:?}"), &got, &want, tol, inp.seed)?;
+        expect_close(&format!("prepare k cache {dt:?}"), &kc, &kcr, tol, inp.seed)?;
+        expect_close(&format!("prepare v cache {dt:?}"), &vc, &vcr, tol, inp.seed)?;
+        // The plain cache write, in place, every other slot untouched.
+        let (kc2, vc2) = (zeros(&gpu(), dt)?, zeros(&gpu(), dt)?);
+        fused(|| paged_attention::write_kv(&kc2, &vc2, &k, &v, &s_gpu))?;
+        let (kw, vw) = (zeros(&Device::Cpu, DType::F64)?, zeros(&Device::Cpu, DType::F64)?);
+        paged_attention::reference::write_kv(&kw, &vw, &kr, &vr, &s_cpu)?;
+        expect_close(&format!("kv write k {dt:?}"), &kc2, &kw, 0.0, inp.seed)?;
+        expect_close(&format!("kv write v {dt:?}"), &vc2, &vw, 0.0, inp.seed)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn multi_lora_matches_the_loop_over_adapters() -> Result<()> {
+    let (n, d_in, d_out, r, slots) = (77, 256, 384, 16, 8);
+    let ids: Vec<Option<u32>> = (0..n).map(|i| if i % 5 == 3 { None } else { Some((i * 3 % slots) as u32) }).collect();
+    let cfg = crate::KernelConfig::default();
+    for (dt, tol) in DTYPES {
+        let mut inp = Inputs::new(dt);
+        let ((x, xr), (w, wr)) = (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?);
+        let ((a, ar), (b, br)) = (inp.make(&[slots, r, d_in], 1.0)?, inp.make(&[slots, d_out, r], 1.0)?);
+        let scales: Vec<f64> = (0..slots).map(|s| 0.5 + s as f64 / 4.0).collect();
+        let stack = LoraStack { a, b, scales: scales.clone() };
+        let stack_r = LoraStack { a: ar, b: br, scales };
+        let got = fused(|| multi_lora::forward(&cfg, &x, &w, &stack, &RowAdapters::new(ids.clone(), &gpu())?))?;
+        let want =
+            multi_lora::reference::forward(&cfg, &xr, &wr, &stack_r, &RowAdapters::new(ids.clone(), &Device::Cpu)?)?;
+        expect_close(&format!("multi-LoRA {dt:?}"), &got, &want, tol * 2.0, inp.seed)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn device_sampling_picks_the_reference_s_tokens() -> Result<()> {
+    let (rows, vocab) = (64, 151_936);
+    let mut rng = seed();
+    let mut next = || {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let settings: Vec<RowSampling> = (0..rows)
+        .map(|i| RowSampling {
+            temperature: [0.0, 0.7, 1.0, 1.3][i % 4],
+            top_p: [1.0, 0.9, 0.5, 1.0][(i / 4) % 4],
+            top_k: [0, 50, 1, 1000][(i / 16) % 4],
+            uniform: next() as f32,
+        })
+        .collect();
+    for dt in [DType::F32, DType::BF16] {
+        let mut inp = Inputs::new(dt);
+        let (logits, _) = inp.make(&[rows, vocab], 8.0)?;
+        let got = sampling::sample(&logits, &settings)?;
+        let want = sampling::reference::sample(&logits.to_device(&Device::Cpu)?, &settings)?;
+        let mut differ = 0;
+        for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&want).enumerate() {
+            // Greedy rows must agree exactly; a sampled row may differ only where f32 sums put
+            // the draw on the other side of a boundary the f64 reference drew.
+            if gt != wt {
+                differ += 1;
+                assert!(
+                    settings[i].temperature > 0.0 && settings[i].top_k != 1,
+                    "row {i} ({:?}): {gt} vs {wt}",
+                    settings[i]
+                );
+            } else {
+                assert!((gl - wl).abs() < 1e-3, "row {i}: log-probability {gl} vs {wl}");
+            }
+        }
+        println!("sampling {dt:?}: {differ} of {rows} rows differ from the f64 reference (seed {})", inp.seed);
+        assert!(differ <= 1, "{differ} rows differ (seed {})", inp.seed);
+    }
+    Ok(())
+}

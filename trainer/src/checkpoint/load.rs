@@ -1,0 +1,201 @@
+//! Loading a model for use, onto the device the caller names: an HF model directory, a
+//! recipe's base (its `model.path`, an `--init-from` directory, or the seeded random init), and
+//! a trained checkpoint as a run left it (full weights, or a PEFT adapter over the base).
+//!
+//! A training run, `mindxtrain eval` and the inference server all load through here, so the
+//! model a node serves on its GPU is exactly the one its run trained.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::error::io;
+use super::{ADAPTER_CONFIG_FILE, AdapterConfig, CONFIG_FILE, CheckpointError, FileDigest, WeightFiles};
+use crate::model::{Adapters, LoraConfig, ModelError, Qwen3, Qwen3Config};
+use crate::recipe::{Dtype, Recipe, TargetModule};
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("model: give model.path (HF checkpoint) or model.config (random init)")]
+    NoModel,
+    #[error("{path}: {reason}")]
+    Adapter { path: String, reason: String },
+}
+
+/// The tensor dtype of a recipe's `model.dtype`.
+pub fn model_dtype(d: Dtype) -> DType {
+    match d {
+        Dtype::Fp32 => DType::F32,
+        Dtype::Bf16 => DType::BF16,
+        Dtype::Fp16 => DType::F16,
+    }
+}
+
+/// An HF model directory (`config.json` and its weights) on `device`, with the digests of its
+/// files.
+pub fn load_hf_model(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
+    let config_path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
+    let config = Qwen3Config::from_hf_json(&text)?;
+    let params = super::load_hf_weights(dir, dtype, device)?;
+    let mut files = vec![digest_file(&config_path, dir)?];
+    for f in WeightFiles::open(dir)?.files() {
+        files.push(digest_file(&f, dir)?);
+    }
+    Ok((Qwen3::new(config, params, device)?, files))
+}
+
+/// A recipe's base model on `device`: `init_from`, else `model.path` (relative to
+/// `recipe_dir`), else the random init from `meta.seed`.
+pub fn load_base(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    device: &Device,
+) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
+    let dtype = model_dtype(recipe.model.dtype);
+    let dir = init_from.map(Path::to_path_buf).or_else(|| recipe.model.path.as_ref().map(|p| recipe_dir.join(p)));
+    match dir {
+        Some(dir) => load_hf_model(&dir, dtype, device),
+        None => {
+            let config = recipe.model.config.as_ref().ok_or(LoadError::NoModel)?;
+            Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
+        }
+    }
+}
+
+/// A trained model as a run left it, on `device`: `checkpoint_dir` holds full HF weights, or a
+/// PEFT adapter applied over the recipe's base ([`load_base`]).
+pub fn load_checkpoint(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    checkpoint_dir: &Path,
+    device: &Device,
+) -> Result<(Qwen3, Option<Adapters>), LoadError> {
+    let dtype = model_dtype(recipe.model.dtype);
+    if !is_adapter(checkpoint_dir) {
+        return Ok((load_hf_model(checkpoint_dir, dtype, device)?.0, None));
+    }
+    let (model, _) = load_base(recipe, recipe_dir, init_from, device)?;
+    let adapters = load_adapter(checkpoint_dir, model.config(), dtype, device)?;
+    Ok((model, Some(adapters)))
+}
+
+/// Whether `dir` holds a PEFT adapter rather than full weights.
+pub fn is_adapter(dir: &Path) -> bool {
+    dir.join(ADAPTER_CONFIG_FILE).exists()
+}
+
+/// A PEFT adapter directory as [`Adapters`] for a model of `config`, in `dtype` on `device`.
+/// Its rank, scaling and targets come from its own `adapter_config.json`, so adapters trained by
+/// different recipes can be served over one base.
+pub fn load_adapter(dir: &Path, config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Adapters, LoadError> {
+    let (peft, tensors) = super::load_peft_adapter(dir, device)?;
+    let lora = lora_config(&peft).map_err(|reason| LoadError::Adapter { path: dir.display().to_string(), reason })?;
+    Ok(Adapters::new(config, lora, in_dtype(tensors, dtype)?)?)
+}
+
+/// A PEFT adapter's tensors in `dtype` (for resuming a run whose config is the recipe's).
+pub fn load_adapter_tensors(dir: &Path, dtype: DType, device: &Device) -> Result<BTreeMap<String, Tensor>, LoadError> {
+    let (_, tensors) = super::load_peft_adapter(dir, device)?;
+    in_dtype(tensors, dtype)
+}
+
+fn in_dtype(tensors: BTreeMap<String, Tensor>, dtype: DType) -> Result<BTreeMap<String, Tensor>, LoadError> {
+    tensors
+        .into_iter()
+        .map(|(k, t)| match t.to_dtype(dtype) {
+            Ok(t) => Ok((k, t)),
+            Err(source) => Err(CheckpointError::Tensor { name: k, source }.into()),
+        })
+        .collect()
+}
+
+/// The adapter hyper-parameters a PEFT config describes.
+fn lora_config(peft: &AdapterConfig) -> Result<LoraConfig, String> {
+    let target_modules = peft
+        .target_modules
+        .iter()
+        .map(|m| {
+            TargetModule::all()
+                .into_iter()
+                .find(|t| super::peft::module_name(*t) == m)
+                .ok_or_else(|| format!("target module {m:?} is not a Qwen3 projection"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LoraConfig {
+        r: peft.r as usize,
+        alpha: f64::from(peft.lora_alpha),
+        dropout: peft.lora_dropout,
+        target_modules,
+        rslora: peft.use_rslora,
+    })
+}
+
+/// Size and BLAKE3 of `path`, named relative to `root`.
+pub fn digest_file(path: &Path, root: &Path) -> Result<FileDigest, CheckpointError> {
+    let mut h = blake3::Hasher::new();
+    h.update_mmap_rayon(path).map_err(io(path))?;
+    let bytes = std::fs::metadata(path).map_err(io(path))?.len();
+    let rel = path.strip_prefix(root).unwrap_or(path).to_string_lossy().replace('\\', "/");
+    Ok(FileDigest { path: rel, bytes, blake3: h.finalize().to_hex().to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{StagedDir, save_hf_model, save_peft_adapter};
+    use crate::recipe::Lora;
+
+    fn tiny() -> Qwen3Config {
+        Qwen3Config {
+            vocab_size: 32,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 8,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            tie_word_embeddings: false,
+            max_position_embeddings: 64,
+        }
+    }
+
+    #[test]
+    fn an_adapter_loads_with_its_own_config_and_a_full_checkpoint_on_the_device_asked() {
+        let root = tempfile::tempdir().unwrap();
+        let config = tiny();
+        let model = Qwen3::init_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
+        let hf = root.path().join("full");
+        let mut dir = StagedDir::create(&hf).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&config.to_hf_json("float32")).unwrap();
+        save_hf_model(&mut dir, &json, model.params(), DType::F32, crate::checkpoint::DEFAULT_MAX_SHARD_BYTES).unwrap();
+        dir.commit().unwrap();
+        let (loaded, files) = load_hf_model(&hf, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(files[0].path, CONFIG_FILE);
+        assert_eq!(loaded.config(), model.config());
+
+        let lora = Lora { r: 2, alpha: 8, target_modules: vec![TargetModule::VProj], ..Lora::default() };
+        let adapters = Adapters::init(&config, &LoraConfig::from(&lora), 5, DType::F32, &Device::Cpu).unwrap();
+        let ad = root.path().join("adapter");
+        let mut dir = StagedDir::create(&ad).unwrap();
+        save_peft_adapter(&mut dir, &AdapterConfig::from_recipe(&lora, None), &adapters.tensors).unwrap();
+        dir.commit().unwrap();
+        assert!(is_adapter(&ad) && !is_adapter(&hf));
+        let back = load_adapter(&ad, &config, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(back.config, LoraConfig::from(&lora));
+        assert_eq!(back.tensors.keys().collect::<Vec<_>>(), adapters.tensors.keys().collect::<Vec<_>>());
+        // An adapter for another shape is refused, naming the tensor.
+        let other = Qwen3Config { hidden_size: 8, num_attention_heads: 1, ..tiny() };
+        assert!(load_adapter(&ad, &other, DType::F32, &Device::Cpu).unwrap_err().to_string().contains("lora_A"));
+    }
+}

@@ -1,0 +1,403 @@
+//! The engine's core, synchronous and single-threaded: requests in, one step at a time, events
+//! out. [`super::EngineHandle`] runs it on a thread of its own; tests drive it directly.
+
+use std::collections::HashMap;
+
+use super::adapters::{AdapterError, AdapterSlots};
+use super::kv::{self, KvBlocks, KvManager};
+use super::output::{Detokenizer, StopText};
+use super::request::{Request, RequestId, SamplingParams};
+use super::runner::{Runner, StepSeq};
+use super::sampler;
+use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
+use crate::data::Tokenizer;
+use crate::model::{Adapters, ModelError, Qwen3};
+
+/// How the engine is sized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Prompt plus completion tokens one request may reach.
+    pub max_model_len: usize,
+    /// Sequences in one step at most.
+    pub max_num_seqs: usize,
+    /// Tokens in one step at most (decodes plus prefill chunks).
+    pub max_batched_tokens: usize,
+    pub kv_blocks: KvBlocks,
+    /// Reuse the cached blocks of a shared prompt prefix.
+    pub prefix_caching: bool,
+    /// Adapters served at once over the base.
+    pub max_adapters: usize,
+    /// CPU threads the engine computes with (the CPU backend; a GPU step uses one).
+    pub threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            max_model_len: 4096,
+            max_num_seqs: 64,
+            max_batched_tokens: 2048,
+            kv_blocks: KvBlocks::FreeMemory(0.5),
+            prefix_caching: true,
+            max_adapters: 8,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::Config(m));
+        if self.block_size == 0 || self.max_model_len == 0 || self.max_num_seqs == 0 {
+            return bad("block_size, max_model_len and max_num_seqs must be at least 1".into());
+        }
+        if self.max_batched_tokens < self.max_num_seqs {
+            return bad(format!(
+                "max_batched_tokens {} is below max_num_seqs {}: a step could not decode every running sequence",
+                self.max_batched_tokens, self.max_num_seqs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why the engine refused or failed something. The first three are the client's doing.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no adapter {0:?} is served here")]
+    UnknownAdapter(String),
+    #[error("the prompt has {prompt} tokens; this model's context is {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("engine config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Adapter(AdapterError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl From<AdapterError> for EngineError {
+    fn from(e: AdapterError) -> Self {
+        match e {
+            AdapterError::Unknown(name) => EngineError::UnknownAdapter(name),
+            other => EngineError::Adapter(other),
+        }
+    }
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+}
+
+/// Token counts of a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens found in the prefix cache (not computed again).
+    pub cached_tokens: usize,
+}
+
+/// What a request hears from the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token and the text that became final with it (often empty mid-character
+    /// or while it could still start a stop string).
+    Token { id: u32, logprob: f32, text: String },
+    /// The end: the text still held back, and the counts.
+    Finished { reason: FinishReason, text: String, usage: Usage },
+    /// Generation failed (nothing more follows).
+    Failed(String),
+}
+
+/// The engine's load, for admission and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub waiting: usize,
+    pub running: usize,
+    pub kv_used_blocks: usize,
+    pub kv_total_blocks: usize,
+    pub block_size: usize,
+}
+
+struct Live {
+    sampling: SamplingParams,
+    max_tokens: usize,
+    generated: usize,
+    /// The adapter's load id (0: the base).
+    adapter: u64,
+    detok: Detokenizer,
+    stop: StopText,
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    scheduler: Scheduler,
+    runner: Runner,
+    adapters: AdapterSlots,
+    live: HashMap<RequestId, Live>,
+    tokenizer: Option<Tokenizer>,
+    stop_ids: Vec<u32>,
+    pool: rayon::ThreadPool,
+    next_id: RequestId,
+}
+
+impl Engine {
+    /// Serves `model` (on its own device, with its own kernel settings). With a tokenizer the
+    /// events carry text and requests may have stop strings; its end-of-turn and end-of-text
+    /// tokens end a completion. The cache is sized now, after the model took its memory.
+    pub fn new(model: Qwen3, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+        config.validate()?;
+        let shape = Runner::cache_shape(&model, config.block_size);
+        let blocks = kv::sizing::blocks(&shape, config.kv_blocks, config.max_model_len, model.device())
+            .map_err(EngineError::Config)?;
+        let vocab =
+            tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));
+        let stop_ids = tokenizer.as_ref().map_or(Vec::new(), |t| vec![t.im_end_id(), t.eos_id()]);
+        let adapters =
+            AdapterSlots::new(model.config().clone(), model.dtype(), model.device().clone(), config.max_adapters);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads.max(1))
+            .thread_name(|i| format!("mindxtrain-infer-{i}"))
+            .build()
+            .map_err(|e| EngineError::Config(format!("thread pool: {e}")))?;
+        let scheduler = Scheduler::new(
+            SchedulerConfig { max_num_seqs: config.max_num_seqs, max_batched_tokens: config.max_batched_tokens },
+            KvManager::new(blocks, config.block_size, config.prefix_caching),
+        );
+        let runner = Runner::new(model, config.block_size, blocks, vocab)?;
+        Ok(Engine { config, scheduler, runner, adapters, live: HashMap::new(), tokenizer, stop_ids, pool, next_id: 1 })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn model(&self) -> &Qwen3 {
+        self.runner.model()
+    }
+
+    /// Serves `adapters` under `name`, beside the base and the other adapters.
+    pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
+        Ok(self.adapters.load(name, adapters)?)
+    }
+
+    /// Stops serving `name`; refused while a request uses it.
+    pub fn evict_adapter(&mut self, name: &str) -> Result<(), EngineError> {
+        let (_, uid) = self.adapters.find(name)?;
+        if self.live.values().any(|l| l.adapter == uid) {
+            return Err(EngineError::BadRequest(format!("adapter {name:?} is answering requests; evict it later")));
+        }
+        Ok(self.adapters.evict(name)?)
+    }
+
+    /// The served adapters' names.
+    pub fn adapters(&self) -> Vec<String> {
+        self.adapters.names()
+    }
+
+    /// Checks `req` and queues it.
+    pub fn add(&mut self, req: Request) -> Result<RequestId, EngineError> {
+        let context = self.config.max_model_len;
+        let bad = |m: String| Err(EngineError::BadRequest(m));
+        let adapter = match &req.adapter {
+            Some(name) => self.adapters.find(name)?.1,
+            None => 0,
+        };
+        if req.prompt.is_empty() {
+            return bad("the prompt is empty".into());
+        }
+        if req.prompt.len() >= context {
+            return Err(EngineError::PromptTooLong { prompt: req.prompt.len(), context });
+        }
+        let vocab = self.runner.model().config().vocab_size;
+        if let Some(id) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!("prompt token {id} is outside the vocabulary of {vocab}"));
+        }
+        if req.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        req.sampling.validate().map_err(EngineError::BadRequest)?;
+        if !req.stop.is_empty() && self.tokenizer.is_none() {
+            return bad("stop strings need the engine's tokenizer".into());
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let max_tokens = req.max_tokens.min(context - req.prompt.len());
+        self.live.insert(
+            id,
+            Live {
+                sampling: req.sampling,
+                max_tokens,
+                generated: 0,
+                adapter,
+                detok: Detokenizer::default(),
+                stop: StopText::new(req.stop),
+            },
+        );
+        self.scheduler.add(id, req.prompt, adapter);
+        Ok(id)
+    }
+
+    /// Drops a request (its client left): its blocks are free for the next step.
+    pub fn abort(&mut self, id: RequestId) {
+        self.live.remove(&id);
+        self.scheduler.remove(id);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// The scheduler's and cache's invariants (for tests).
+    #[cfg(test)]
+    pub(super) fn check(&self) -> Result<(), String> {
+        self.scheduler.check()
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            waiting: self.scheduler.waiting(),
+            running: self.scheduler.running(),
+            kv_used_blocks: self.scheduler.kv().used_blocks(),
+            kv_total_blocks: self.scheduler.kv().total_blocks(),
+            block_size: self.config.block_size,
+        }
+    }
+
+    /// Runs one step: schedules, runs the model, samples, and returns what each request hears.
+    pub fn step(&mut self) -> Vec<(RequestId, Event)> {
+        let plan = self.scheduler.schedule();
+        if plan.seqs.is_empty() {
+            return self.fail_stalled();
+        }
+        match self.run(&plan) {
+            Ok(sampled) => self.finish_step(&plan, sampled),
+            Err(e) => {
+                let msg = e.to_string();
+                let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.seq).collect();
+                ids.into_iter()
+                    .map(|id| {
+                        self.abort(id);
+                        (id, Event::Failed(msg.clone()))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Nothing could be scheduled while requests wait: none fits the cache. Cannot happen with
+    /// a cache that holds `max_model_len` (checked at start), but a stalled queue must not spin.
+    fn fail_stalled(&mut self) -> Vec<(RequestId, Event)> {
+        let ids: Vec<RequestId> = self.live.keys().copied().collect();
+        ids.into_iter()
+            .map(|id| {
+                self.abort(id);
+                (id, Event::Failed("the request does not fit the key/value cache".into()))
+            })
+            .collect()
+    }
+
+    fn run(&self, plan: &Schedule) -> Result<Vec<(u32, f32)>, EngineError> {
+        let mut seqs = Vec::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            let state = self.scheduler.seq(s.seq).ok_or(EngineError::Stopped)?;
+            let live = self.live.get(&s.seq).ok_or(EngineError::Stopped)?;
+            let adapter = match live.adapter {
+                0 => None,
+                uid => Some(
+                    self.adapters
+                        .slot_of(uid)
+                        .ok_or_else(|| EngineError::BadRequest("the request's adapter is no longer served".into()))?,
+                ),
+            };
+            seqs.push(StepSeq {
+                tokens: &state.tokens[s.start..s.start + s.len],
+                start: s.start,
+                blocks: self.scheduler.table(s.seq),
+                adapter,
+                sample: s.sample.then(|| sampler::row(&live.sampling, live.generated)),
+            });
+        }
+        Ok(self.pool.install(|| self.runner.step(&seqs, self.adapters.stack()))?)
+    }
+
+    fn finish_step(&mut self, plan: &Schedule, sampled: Vec<(u32, f32)>) -> Vec<(RequestId, Event)> {
+        let samplers: Vec<RequestId> = plan.seqs.iter().filter(|s| s.sample).map(|s| s.seq).collect();
+        let pairs: Vec<(RequestId, u32)> = samplers.iter().zip(&sampled).map(|(&id, &(t, _))| (id, t)).collect();
+        self.scheduler.complete(plan, &pairs);
+        let mut events = Vec::new();
+        for (id, (token, logprob)) in samplers.into_iter().zip(sampled) {
+            if let Some(ev) = self.on_token(id, token, logprob, &mut events) {
+                events.push((id, ev));
+            }
+        }
+        events
+    }
+
+    /// Handles a request's new token; returns its finishing event when it ends.
+    fn on_token(
+        &mut self,
+        id: RequestId,
+        token: u32,
+        logprob: f32,
+        events: &mut Vec<(RequestId, Event)>,
+    ) -> Option<Event> {
+        let context_full = self.scheduler.seq(id).is_some_and(|s| s.tokens.len() >= self.config.max_model_len);
+        let live = self.live.get_mut(&id)?;
+        live.generated += 1;
+        let mut reason = None;
+        if self.stop_ids.contains(&token) {
+            reason = Some(FinishReason::Stop);
+        } else {
+            let mut text = String::new();
+            if let Some(tok) = &self.tokenizer {
+                match live.detok.push(tok, token) {
+                    Ok(delta) => {
+                        let released = live.stop.push(&delta);
+                        text = released.text;
+                        if released.stopped {
+                            reason = Some(FinishReason::Stop);
+                        }
+                    }
+                    Err(e) => {
+                        self.abort(id);
+                        return Some(Event::Failed(format!("decoding the answer: {e}")));
+                    }
+                }
+            }
+            events.push((id, Event::Token { id: token, logprob, text }));
+            if reason.is_none() && (live.generated >= live.max_tokens || context_full) {
+                reason = Some(FinishReason::Length);
+            }
+        }
+        let reason = reason?;
+        let live = self.live.get_mut(&id)?;
+        let mut tail = String::new();
+        if let Some(tok) = &self.tokenizer {
+            // A stop string already cut the text; otherwise release what was held back.
+            let rest = live.detok.finish(tok).unwrap_or_default();
+            tail = live.stop.push(&rest).text + &live.stop.finish();
+        }
+        let state = self.scheduler.seq(id);
+        let usage = Usage {
+            prompt_tokens: state.map_or(0, |s| s.prompt_len),
+            completion_tokens: live.generated - usize::from(self.stop_ids.contains(&token)),
+            cached_tokens: state.map_or(0, |s| s.cached),
+        };
+        self.abort(id);
+        Some(Event::Finished { reason, text: tail, usage })
+    }
+}

@@ -1,0 +1,346 @@
+//! The engine on the CPU backend against one-at-a-time generation and the training model's
+//! own decode path.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::*;
+use crate::data::Tokenizer;
+use crate::generate::{Limits, Sampling, generate};
+use crate::model::rng::SplitMix64;
+use crate::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, adapter_name};
+use crate::recipe::TargetModule;
+
+fn config(vocab: usize) -> Qwen3Config {
+    Qwen3Config {
+        vocab_size: vocab,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        tie_word_embeddings: false,
+        max_position_embeddings: 256,
+    }
+}
+
+/// Weights large enough that the logits are far from uniform (no near-ties for greedy).
+pub(super) fn model(vocab: usize, dtype: DType) -> Qwen3 {
+    let mut m = Qwen3::init_random(&config(vocab), 3, dtype, &Device::Cpu).unwrap();
+    for (name, t) in m.params_mut().iter_mut() {
+        if !name.ends_with("norm.weight") {
+            *t = (&*t * 20.0).unwrap();
+        }
+    }
+    m
+}
+
+fn engine_config(blocks: usize, budget: usize) -> EngineConfig {
+    EngineConfig {
+        block_size: 4,
+        max_model_len: 96,
+        max_num_seqs: 8,
+        max_batched_tokens: budget,
+        kv_blocks: KvBlocks::Exact(blocks),
+        prefix_caching: true,
+        max_adapters: 4,
+        threads: 2,
+    }
+}
+
+/// Adapters over q, v and down with random non-zero B (PEFT's init would make them no-ops).
+pub(super) fn adapters(seed: u64, r: usize) -> Adapters {
+    let c = config(64);
+    let lora = LoraConfig {
+        r,
+        alpha: 2.0 * r as f64,
+        dropout: 0.0,
+        target_modules: vec![TargetModule::QProj, TargetModule::VProj, TargetModule::DownProj],
+        rslora: false,
+    };
+    let mut rng = SplitMix64::derive(seed, &[]);
+    let init = Adapters::init(&c, &lora, seed, DType::F64, &Device::Cpu).unwrap();
+    let tensors: BTreeMap<String, Tensor> = init
+        .tensors
+        .iter()
+        .map(|(k, t)| {
+            let v: Vec<f64> = (0..t.elem_count()).map(|_| rng.unit() - 0.5).collect();
+            (k.clone(), Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap())
+        })
+        .collect();
+    assert!(tensors.contains_key(&adapter_name(1, crate::model::Proj::Down, 'B')));
+    Adapters::new(&c, lora, tensors).unwrap()
+}
+
+/// Drives an engine until every request ended; returns each request's tokens and its ending.
+pub(super) fn run(engine: &mut Engine, reqs: Vec<Request>) -> Vec<(Vec<u32>, Event)> {
+    let ids: Vec<RequestId> = reqs.into_iter().map(|r| engine.add(r).unwrap()).collect();
+    let mut out: BTreeMap<RequestId, (Vec<u32>, Option<Event>)> = ids.iter().map(|&id| (id, (vec![], None))).collect();
+    for _ in 0..10_000 {
+        if engine.is_idle() {
+            break;
+        }
+        for (id, e) in engine.step() {
+            let slot = out.get_mut(&id).unwrap();
+            match e {
+                Event::Token { id, .. } => slot.0.push(id),
+                end => slot.1 = Some(end),
+            }
+        }
+        engine.check().unwrap();
+    }
+    assert_eq!(engine.stats().kv_used_blocks, 0, "every block is free once all requests ended");
+    ids.iter().map(|id| out.remove(id).map(|(t, e)| (t, e.expect("ended"))).unwrap()).collect()
+}
+
+pub(super) fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        (0..23).map(|i| (i * 7 + 3) % 64).collect(),
+        vec![5, 9],
+        (0..11).map(|i| (i * 13 + 1) % 64).collect(),
+        (0..37).map(|i| (i * 5 + 2) % 64).collect(),
+        vec![42],
+        (0..8).map(|i| (i * 3) % 64).collect(),
+    ]
+}
+
+fn requests() -> Vec<Request> {
+    prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| Request {
+            prompt: p,
+            max_tokens: 6 + i * 3,
+            sampling: if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams { temperature: 0.9, top_p: 0.9, top_k: 20, seed: i as u64 }
+            },
+            adapter: None,
+            stop: vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn interleaved_requests_give_the_tokens_of_one_at_a_time_generation() {
+    let alone: Vec<Vec<u32>> = requests()
+        .into_iter()
+        .map(|r| {
+            run(&mut Engine::new(model(64, DType::F64), None, engine_config(64, 64)).unwrap(), vec![r])[0].0.clone()
+        })
+        .collect();
+    // All at once, with a budget of 8 tokens a step: prompts are chunked and mixed with decodes.
+    let mut engine = Engine::new(model(64, DType::F64), None, engine_config(64, 8)).unwrap();
+    let together = run(&mut engine, requests());
+    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(&got.0, want, "request {i}");
+        assert!(matches!(got.1, Event::Finished { reason: FinishReason::Length, .. }));
+    }
+    // And again on a cache so small that sequences are preempted and recomputed.
+    let mut tight = Engine::new(model(64, DType::F64), None, engine_config(24, 16)).unwrap();
+    let preempted = run(&mut tight, requests());
+    assert_eq!(preempted.iter().map(|r| r.0.clone()).collect::<Vec<_>>(), alone);
+}
+
+#[test]
+fn greedy_output_equals_the_trainer_s_generate() {
+    let m = model(64, DType::F64);
+    let mut engine = Engine::new(m.clone(), None, engine_config(64, 16)).unwrap();
+    let reqs: Vec<Request> = prompts().into_iter().map(|p| Request::greedy(p, 12)).collect();
+    for (req, (got, _)) in reqs.clone().into_iter().zip(run(&mut engine, reqs)) {
+        let mut want = Vec::new();
+        let limits = Limits { max_tokens: 12, vocab: 64, stop_ids: &[] };
+        generate(&m, None, &req.prompt, limits, &Sampling::greedy(), |t| {
+            want.push(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(got, want, "prompt {:?}", req.prompt);
+    }
+}
+
+#[test]
+fn prefix_cache_hits_give_the_tokens_of_misses() {
+    let system: Vec<u32> = (0..14).map(|i| (i * 11 + 5) % 64).collect();
+    let asks = |tail: &[u32]| Request::greedy([system.clone(), tail.to_vec()].concat(), 8);
+    let mut cached = Engine::new(model(64, DType::F64), None, engine_config(64, 64)).unwrap();
+    let mut uncached =
+        Engine::new(model(64, DType::F64), None, EngineConfig { prefix_caching: false, ..engine_config(64, 64) })
+            .unwrap();
+    run(&mut cached, vec![asks(&[1, 2, 3])]);
+    // The hits: three whole blocks of the 14 shared tokens, or four when the tail repeats the
+    // first request's.
+    for (tail, hits) in [(&[9u32, 8][..], 12), (&[1, 2, 3], 16), (&[60], 12)] {
+        let hit = run(&mut cached, vec![asks(tail)]).remove(0);
+        let miss = run(&mut uncached, vec![asks(tail)]).remove(0);
+        assert_eq!(hit.0, miss.0, "tail {tail:?}");
+        let Event::Finished { usage, .. } = hit.1 else { panic!("{:?}", hit.1) };
+        assert_eq!(usage.cached_tokens, hits, "tail {tail:?}");
+    }
+}
+
+#[test]
+fn several_adapters_in_one_batch_answer_as_each_does_alone() {
+    let base = model(64, DType::F64);
+    let named = [("a", adapters(1, 2)), ("b", adapters(2, 4)), ("c", adapters(3, 3))];
+    let mut engine = Engine::new(base.clone(), None, engine_config(64, 32)).unwrap();
+    for (name, ad) in &named {
+        engine.load_adapter(name, ad.clone()).unwrap();
+    }
+    assert_eq!(engine.adapters(), ["a", "b", "c"]);
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 17 + 4) % 64).collect();
+    let ask =
+        |adapter: Option<&str>| Request { adapter: adapter.map(str::to_string), ..Request::greedy(prompt.clone(), 10) };
+    let which = [Some("b"), None, Some("a"), Some("c"), Some("a")];
+    let together = run(&mut engine, which.iter().map(|&w| ask(w)).collect());
+    for (w, (got, _)) in which.iter().zip(&together) {
+        // The training model's decode path with that one adapter is the referee.
+        let ad = w.map(|n| &named.iter().find(|(m, _)| *m == n).unwrap().1);
+        let mut want = Vec::new();
+        let limits = Limits { max_tokens: 10, vocab: 64, stop_ids: &[] };
+        generate(&base, ad, &prompt, limits, &Sampling::greedy(), |t| {
+            want.push(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(got, &want, "adapter {w:?}");
+    }
+    assert_ne!(together[0].0, together[1].0, "the adapters change the answer");
+    // Asked again under the same adapter, the prompt's whole blocks come from the cache.
+    let again = run(&mut engine, vec![ask(Some("c"))]).remove(0);
+    let Event::Finished { usage, .. } = again.1 else { panic!() };
+    assert_eq!((again.0, usage.cached_tokens), (together[3].0.clone(), 8));
+}
+
+#[test]
+fn unknown_adapters_and_prompts_over_the_context_are_refused_clearly() {
+    let mut engine = Engine::new(model(64, DType::F32), None, engine_config(64, 32)).unwrap();
+    let err = engine.add(Request { adapter: Some("nope".into()), ..Request::greedy(vec![1], 4) }).unwrap_err();
+    assert!(matches!(&err, EngineError::UnknownAdapter(n) if n == "nope"), "{err}");
+    let err = engine.add(Request::greedy(vec![1; 96], 4)).unwrap_err();
+    assert!(matches!(err, EngineError::PromptTooLong { prompt: 96, context: 96 }), "{err}");
+    assert!(err.to_string().contains("96 tokens"));
+    for (bad, what) in [
+        (Request::greedy(vec![], 4), "empty"),
+        (Request::greedy(vec![64], 4), "vocabulary"),
+        (Request::greedy(vec![1], 0), "max_tokens"),
+        (Request { stop: vec!["x".into()], ..Request::greedy(vec![1], 4) }, "tokenizer"),
+        (
+            Request {
+                sampling: SamplingParams { temperature: 3.0, ..SamplingParams::greedy() },
+                ..Request::greedy(vec![1], 4)
+            },
+            "temperature",
+        ),
+    ] {
+        let e = engine.add(bad).unwrap_err().to_string();
+        assert!(e.contains(what), "{e}");
+    }
+    // A prompt that nearly fills the context gets only what is left.
+    let (tokens, end) = run(&mut engine, vec![Request::greedy(vec![1; 93], 50)]).remove(0);
+    assert_eq!(tokens.len(), 3);
+    assert!(matches!(
+        end,
+        Event::Finished { reason: FinishReason::Length, usage: Usage { completion_tokens: 3, .. }, .. }
+    ));
+    assert!(
+        Engine::new(model(64, DType::F32), None, engine_config(10, 32)).is_err(),
+        "10 blocks cannot hold 96 tokens"
+    );
+}
+
+#[test]
+fn stop_strings_and_stop_tokens_end_the_text() {
+    let tok = Tokenizer::byte();
+    let vocab = tok.vocab_size().next_power_of_two();
+    let prompt = tok.encode("hello").unwrap();
+    let mut engine = Engine::new(model(vocab, DType::F64), Some(tok.clone()), engine_config(64, 32)).unwrap();
+    let text = |events: &[Event]| -> String {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Token { text, .. } | Event::Finished { text, .. } => text.as_str(),
+                Event::Failed(m) => panic!("{m}"),
+            })
+            .collect()
+    };
+    let collect = |engine: &mut Engine, req: Request| {
+        let id = engine.add(req).unwrap();
+        let mut events = Vec::new();
+        while !engine.is_idle() {
+            events.extend(engine.step().into_iter().filter(|(i, _)| *i == id).map(|(_, e)| e));
+        }
+        events
+    };
+    let free = collect(&mut engine, Request::greedy(prompt.clone(), 30));
+    let whole = text(&free);
+    let ids: Vec<u32> =
+        free.iter().filter_map(|e| if let Event::Token { id, .. } = e { Some(*id) } else { None }).collect();
+    // Streamed text equals the decode of all the tokens (except a stop token, never shown).
+    let shown: Vec<u32> = ids.iter().copied().filter(|&t| t != tok.im_end_id() && t != tok.eos_id()).collect();
+    assert_eq!(whole, tok.decode(&shown, true).unwrap());
+    // Cut at a stop string taken from the middle of that answer.
+    let chars: Vec<char> = whole.chars().collect();
+    if chars.len() >= 4 {
+        let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+        let cut = collect(&mut engine, Request { stop: vec![stop.clone()], ..Request::greedy(prompt.clone(), 30) });
+        assert_eq!(text(&cut), whole[..whole.find(&stop).unwrap()]);
+        assert!(matches!(cut.last(), Some(Event::Finished { reason: FinishReason::Stop, .. })));
+    }
+}
+
+#[test]
+fn a_client_that_leaves_frees_its_slot_and_blocks() {
+    let engine = Engine::new(model(64, DType::F32), None, engine_config(64, 32)).unwrap();
+    let handle = EngineHandle::spawn(engine);
+    let mut stream = handle.stream(Request::greedy(vec![1, 2, 3, 4, 5, 6], 80)).unwrap();
+    assert!(matches!(stream.next(), Some(Event::Token { .. })));
+    assert!(handle.stats().kv_used_blocks > 0 || handle.stats().running <= 1);
+    drop(stream);
+    // The engine drops it at its next step; then it is idle with every block free.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while handle.stats() != (Stats { kv_used_blocks: 0, running: 0, waiting: 0, ..handle.stats() }) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", handle.stats());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // It still serves the next request; once its stream has ended, the published load shows it
+    // gone; refusals come back at submit time.
+    let events: Vec<Event> = handle.stream(Request::greedy(vec![7, 8], 3)).unwrap().collect();
+    assert_eq!(events.len(), 4);
+    assert_eq!((handle.stats().running, handle.stats().kv_used_blocks), (0, 0));
+    assert!(matches!(handle.stream(Request::greedy(vec![1; 200], 3)), Err(EngineError::PromptTooLong { .. })));
+}
+
+/// The engine depends on the model, never on training: `run` (and GRPO in it) may import
+/// `infer`, not the other way round, and a recipe reaches the engine as an [`EngineConfig`].
+#[test]
+fn the_engine_imports_nothing_of_training() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/infer");
+    let mut files = vec![root.with_extension("rs")];
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 10, "{files:?}");
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for banned in ["crate::run", "crate::optim", "crate::recipe::train", "crate::plan"] {
+            let used = text.lines().any(|l| !l.trim_start().starts_with("//") && l.contains(banned));
+            // The test itself names them in its list; it imports none of them.
+            assert!(!used || f.ends_with("infer/tests.rs"), "{} uses {banned}", f.display());
+        }
+    }
+}
