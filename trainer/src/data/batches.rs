@@ -379,8 +379,10 @@ mod tests {
     #[test]
     fn preference_rows_pair_up_and_resume() {
         let d = encoded(9);
-        let pairs: Vec<Doc> =
-            d.chunks(3).flat_map(|c| [Doc::Pair(c[0].clone(), c[1].clone()), Doc::Pair(c[1].clone(), c[2].clone())]).collect();
+        let pairs: Vec<Doc> = d
+            .chunks(3)
+            .flat_map(|c| [Doc::Pair(c[0].clone(), c[1].clone()), Doc::Pair(c[1].clone(), c[2].clone())])
+            .collect();
         let store = DocStore::in_memory(pairs, 4);
         let mut it = PreferenceIter::new(&store, layout(true), 2, DataCursor::default()).unwrap();
         let first = it.next_batch().unwrap();

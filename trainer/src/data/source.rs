@@ -114,8 +114,10 @@ impl Source {
             Reader::Memory(text) => Ok(self.lines(input, &block, &mut std::io::Cursor::new(text.as_bytes()))?),
             Reader::Lines => {
                 let path = &input.file.path;
-                let mut file = std::fs::File::open(path).map_err(|source| DataError::Io { path: path.clone(), source })?;
-                file.seek(SeekFrom::Start(block.offset)).map_err(|source| DataError::Io { path: path.clone(), source })?;
+                let mut file =
+                    std::fs::File::open(path).map_err(|source| DataError::Io { path: path.clone(), source })?;
+                file.seek(SeekFrom::Start(block.offset))
+                    .map_err(|source| DataError::Io { path: path.clone(), source })?;
                 self.lines(input, &block, &mut BufReader::new(file))
             }
             Reader::Table(table) => {

@@ -192,7 +192,9 @@ impl DocStore {
         match rows.into_iter().nth(r.row as usize) {
             Some(Ok(Some(example))) => Ok(example),
             Some(Err(e)) => Err(e),
-            _ => Err(DataError::Changed { path: format!("block {}", r.block).into(), reason: "a row is missing".into() }),
+            _ => {
+                Err(DataError::Changed { path: format!("block {}", r.block).into(), reason: "a row is missing".into() })
+            }
         }
     }
 
@@ -213,7 +215,12 @@ impl DocStore {
                 let example = match rows.get(row as usize) {
                     Some(Ok(Some(e))) => e,
                     Some(Err(e)) => return Err(DataError::Changed { path: "input".into(), reason: e.to_string() }),
-                    _ => return Err(DataError::Changed { path: "input".into(), reason: format!("row {row} is missing") }),
+                    _ => {
+                        return Err(DataError::Changed {
+                            path: "input".into(),
+                            reason: format!("row {row} is missing"),
+                        });
+                    }
                 };
                 Ok((row, Arc::new(self.encoder.encode(example)?.0)))
             })

@@ -148,7 +148,8 @@ fn jsonl_files_are_hashed_deduped_and_bad_lines_named() {
     let err = Dataset::from_recipe(&r, dir.path(), &t, DataOptions::default()).unwrap_err();
     assert_eq!(err.to_string(), "b.jsonl:2: instruction: expected a string, found a number");
 
-    let ds = Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
+    let ds =
+        Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
     let m = &ds.manifest;
     assert_eq!((m.read_examples, m.duplicates_removed, m.skipped_lines, m.train_examples), (4, 2, 1, 2));
     assert_eq!(m.skipped[0].path, "b.jsonl");
@@ -158,7 +159,8 @@ fn jsonl_files_are_hashed_deduped_and_bad_lines_named() {
 
     let digest = m.digest();
     std::fs::write(dir.path().join("a.jsonl"), format!("{good}\n{other}\n")).unwrap();
-    let changed = Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
+    let changed =
+        Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
     assert_ne!(changed.manifest.digest(), digest, "any input change changes the digest");
 }
 

@@ -86,7 +86,10 @@ fn saved_dataset(dir: &Path, name: &str) -> Result<Vec<InputFile>, DataError> {
     let state_path = dir.join("state.json");
     let state = read_json(&state_path)?;
     let files = state.get("_data_files").and_then(Value::as_array).ok_or_else(|| {
-        DataError::Config(format!("{}: no `_data_files` list (not a datasets.save_to_disk layout?)", state_path.display()))
+        DataError::Config(format!(
+            "{}: no `_data_files` list (not a datasets.save_to_disk layout?)",
+            state_path.display()
+        ))
     })?;
     files
         .iter()
@@ -147,7 +150,8 @@ fn kind_of(path: &Path) -> Result<FileKind, DataError> {
         "arrow" | "ipc" | "feather" => {
             use std::io::Read;
             let mut magic = [0u8; 6];
-            let mut file = std::fs::File::open(path).map_err(|source| DataError::Io { path: path.to_owned(), source })?;
+            let mut file =
+                std::fs::File::open(path).map_err(|source| DataError::Io { path: path.to_owned(), source })?;
             let n = file.read(&mut magic).map_err(|source| DataError::Io { path: path.to_owned(), source })?;
             Ok(if n == 6 && &magic == b"ARROW1" { FileKind::ArrowFile } else { FileKind::ArrowStream })
         }

@@ -47,7 +47,11 @@ enum Reader {
     IpcFile,
     /// Byte ranges of the schema message, of each dictionary message (with the batch it
     /// precedes), and of each record batch message.
-    IpcStream { schema: (u64, u64), dictionaries: Vec<(usize, u64, u64)>, batches: Vec<(u64, u64)> },
+    IpcStream {
+        schema: (u64, u64),
+        dictionaries: Vec<(usize, u64, u64)>,
+        batches: Vec<(u64, u64)>,
+    },
 }
 
 /// An opened Parquet or Arrow file and the columns it is read by.
@@ -65,7 +69,8 @@ impl Table {
     /// else as the field), of a kind they can be.
     pub fn open(file: &InputFile, fields: &[FieldSpec], mapping: &[(String, String)]) -> Result<Table, DataError> {
         let path = file.path.clone();
-        let bad = |message: String| DataError::BadTable { path: path.clone(), group: None, column: None, row: None, message };
+        let bad =
+            |message: String| DataError::BadTable { path: path.clone(), group: None, column: None, row: None, message };
         let (reader, schema, group_rows) = match file.kind {
             FileKind::Parquet => {
                 let f = open(&path)?;
@@ -76,8 +81,8 @@ impl Table {
                 (Reader::Parquet(meta), schema, rows)
             }
             FileKind::ArrowFile => {
-                let mut reader =
-                    FileReader::try_new(open(&path)?, None).map_err(|e| bad(format!("not a readable Arrow file: {e}")))?;
+                let mut reader = FileReader::try_new(open(&path)?, None)
+                    .map_err(|e| bad(format!("not a readable Arrow file: {e}")))?;
                 let schema = reader.schema();
                 let mut rows = Vec::with_capacity(reader.num_batches());
                 // The footer has no row counts: count them once, batch by batch.
@@ -101,7 +106,11 @@ impl Table {
             let name = mapped.unwrap_or(spec.field);
             let Some(index) = available.iter().position(|c| *c == name) else {
                 if spec.required || mapped.is_some() {
-                    let hint = if mapped.is_some() { String::new() } else { format!(" (map another with data.columns.{})", spec.field) };
+                    let hint = if mapped.is_some() {
+                        String::new()
+                    } else {
+                        format!(" (map another with data.columns.{})", spec.field)
+                    };
                     return Err(DataError::BadTable {
                         path: path.clone(),
                         group: None,
@@ -321,7 +330,11 @@ fn is_text(ty: &DataType) -> bool {
 fn is_list(ty: &DataType) -> bool {
     matches!(
         ty,
-        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) | DataType::ListView(_) | DataType::Null
+        DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::FixedSizeList(..)
+            | DataType::ListView(_)
+            | DataType::Null
     )
 }
 

@@ -195,10 +195,16 @@ mod tests {
             TemplateContext::default(),
         )
         .unwrap();
-        let messages = super::super::labels::json_value(crate::data::Json::parse(&serde_json::to_string(&serde_json::json!([
-            {"role": "user", "content": "hé"}, {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}
-        ])).unwrap()).unwrap());
+        let messages = super::super::labels::json_value(
+            crate::data::Json::parse(
+                &serde_json::to_string(&serde_json::json!([
+                    {"role": "user", "content": "hé"}, {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}
+                ]))
+                .unwrap(),
+            )
+            .unwrap(),
+        );
         let r = t.render(&messages, &Value::from(()), false).unwrap();
         // trim_blocks eats the newline after `{% endgeneration %}`, as Jinja2 does.
         assert_eq!(r.text, "[U]hé\n[A]ok![U]q\n[A]yes!");
@@ -208,10 +214,17 @@ mod tests {
 
     #[test]
     fn raise_exception_and_syntax_errors_name_the_template() {
-        let t = JinjaTemplate::new("{{ raise_exception('roles must alternate') }}", "m/tokenizer_config.json", TemplateContext::default())
-            .unwrap();
+        let t = JinjaTemplate::new(
+            "{{ raise_exception('roles must alternate') }}",
+            "m/tokenizer_config.json",
+            TemplateContext::default(),
+        )
+        .unwrap();
         let err = t.render(&Value::from(Vec::<Value>::new()), &Value::from(()), false).unwrap_err();
-        assert!(err.to_string().contains("m/tokenizer_config.json") && err.to_string().contains("roles must alternate"), "{err}");
+        assert!(
+            err.to_string().contains("m/tokenizer_config.json") && err.to_string().contains("roles must alternate"),
+            "{err}"
+        );
         let err = JinjaTemplate::new("{% for %}", "bad.jinja", TemplateContext::default()).unwrap_err();
         assert!(err.to_string().contains("bad.jinja") && err.to_string().contains("line 1"), "{err}");
     }

@@ -98,9 +98,8 @@ pub fn render(t: &JinjaTemplate, conv: &Conversation, targets: Targets) -> Resul
 fn turn_span(t: &JinjaTemplate, conv: &Conversation, i: usize, whole: &str) -> Option<Range<usize>> {
     let prompt = render_messages(t, &conv.messages[..i], &conv.tools, true).ok()?;
     let turn = render_messages(t, &conv.messages[..=i], &conv.tools, false).ok()?;
-    let located = turn.text.len() > prompt.text.len()
-        && turn.text.starts_with(&prompt.text)
-        && whole.starts_with(&turn.text);
+    let located =
+        turn.text.len() > prompt.text.len() && turn.text.starts_with(&prompt.text) && whole.starts_with(&turn.text);
     located.then(|| prompt.text.len()..turn.text.len())
 }
 
