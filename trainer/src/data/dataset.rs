@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::batches::{BatchIter, DataCursor, Layout, PreferenceIter, plan_epoch, single_pass};
 use super::error::DataError;
 use super::example::{Example, Message, Role};
-use super::generator::{GENERATOR_VERSION, TaskParams, generate_jsonl};
+use super::generator::{GENERATOR_VERSION, TaskFamily, TaskParams, generate_jsonl};
 use super::jsonl::{FileDigest, MAX_REPORTED_SKIPS, SkippedLine};
 use super::manifest::{DatasetManifest, GeneratorInfo, MANIFEST_VERSION};
 use super::pack::learned_tokens;
@@ -50,6 +50,8 @@ impl Default for DataOptions {
 pub struct PromptItem {
     pub prompt_ids: Vec<u32>,
     pub reference: String,
+    /// The task family, for data from the task generator (exact match is reported per family).
+    pub family: Option<TaskFamily>,
 }
 
 pub struct Dataset {
@@ -127,8 +129,7 @@ impl Dataset {
         let mut generator = None;
         // Generated pre-training text is the rendered task conversations, every token learned.
         let learn_all = data.format == DataFormat::Text && data.source == DataSource::Generated;
-        let record_format =
-            if learn_all { DataFormat::Chat } else { data.format };
+        let record_format = if learn_all { DataFormat::Chat } else { data.format };
         let mut source = match data.source {
             DataSource::Jsonl | DataSource::Hf => {
                 if data.paths.is_empty() {
@@ -172,52 +173,53 @@ impl Dataset {
         let max = data.max_samples.unwrap_or(u64::MAX);
         let mut cache = DocCache::new(options.cache_tokens);
         let digests = {
-            let mut visit = |block: usize, rows: Vec<super::source::Row>, locate: Locate<'_>| -> Result<(), DataError> {
-                let mut kept = Vec::new();
-                for (r, row) in rows.into_iter().enumerate() {
-                    match row {
-                        Ok(Some(example)) => {
-                            pass.read += 1;
-                            let digest = example.digest();
-                            let short: [u8; 16] = digest[..16].try_into().unwrap_or_default();
-                            if data.dedupe.exact && !pass.seen.insert(short) {
-                                pass.duplicates += 1;
-                            } else if (pass.candidates.len() + kept.len()) as u64 >= max {
-                                pass.over_max += 1;
-                            } else {
-                                kept.push((r, example, digest));
+            let mut visit =
+                |block: usize, rows: Vec<super::source::Row>, locate: Locate<'_>| -> Result<(), DataError> {
+                    let mut kept = Vec::new();
+                    for (r, row) in rows.into_iter().enumerate() {
+                        match row {
+                            Ok(Some(example)) => {
+                                pass.read += 1;
+                                let digest = example.digest();
+                                let short: [u8; 16] = digest[..16].try_into().unwrap_or_default();
+                                if data.dedupe.exact && !pass.seen.insert(short) {
+                                    pass.duplicates += 1;
+                                } else if (pass.candidates.len() + kept.len()) as u64 >= max {
+                                    pass.over_max += 1;
+                                } else {
+                                    kept.push((r, example, digest));
+                                }
                             }
+                            Ok(None) => {}
+                            Err(e) => pass.skip(e, options.skip_bad)?,
                         }
-                        Ok(None) => {}
-                        Err(e) => pass.skip(e, options.skip_bad)?,
                     }
-                }
-                let encoded: Vec<_> = kept.par_iter().map(|(_, example, _)| encoder.encode(example)).collect();
-                let mut docs = Vec::with_capacity(kept.len());
-                for ((r, _, digest), doc) in kept.into_iter().zip(encoded) {
-                    let (doc, unlocated) = match doc {
-                        Ok(d) => d,
-                        Err(e) => {
-                            pass.skip(locate(r, e.to_string()), options.skip_bad)?;
-                            continue;
-                        }
-                    };
-                    pass.unlocated_turns += u64::from(unlocated);
-                    let (len, tokens, learned, truncated) = measure(&doc, seq_len);
-                    pass.candidates.push(Candidate {
-                        block: block as u32,
-                        row: r as u32,
-                        len,
-                        tokens,
-                        learned,
-                        truncated,
-                        rank: holdout_rank(recipe.meta.seed, &digest),
-                    });
-                    docs.push((r as u32, Arc::new(doc)));
-                }
-                cache.offer(block as u32, docs);
-                Ok(())
-            };
+                    let encoded: Vec<_> = kept.par_iter().map(|(_, example, _)| encoder.encode(example)).collect();
+                    let mut docs = Vec::with_capacity(kept.len());
+                    for ((r, _, digest), doc) in kept.into_iter().zip(encoded) {
+                        let (doc, unlocated) = match doc {
+                            Ok(d) => d,
+                            Err(e) => {
+                                pass.skip(locate(r, e.to_string()), options.skip_bad)?;
+                                continue;
+                            }
+                        };
+                        pass.unlocated_turns += u64::from(unlocated);
+                        let (len, tokens, learned, truncated) = measure(&doc, seq_len);
+                        pass.candidates.push(Candidate {
+                            block: block as u32,
+                            row: r as u32,
+                            len,
+                            tokens,
+                            learned,
+                            truncated,
+                            rank: holdout_rank(recipe.meta.seed, &digest),
+                        });
+                        docs.push((r as u32, Arc::new(doc)));
+                    }
+                    cache.offer(block as u32, docs);
+                    Ok(())
+                };
             source.index(&mut visit)?
         };
         let store = DocStore::new(source, encoder, cache);
@@ -308,7 +310,11 @@ impl Dataset {
             };
             let Some(reference) = self.template.reference_answer(&conv, tokenizer)? else { continue };
             let prompt_ids = self.prompt_ids(tokenizer, &prompt, &conv.tools)?;
-            items.push(PromptItem { prompt_ids, reference });
+            let family = match (&self.manifest.generator, prompt.iter().rfind(|m| m.role == Role::User)) {
+                (Some(_), Some(user)) => TaskFamily::of_prompt(&user.content),
+                _ => None,
+            };
+            items.push(PromptItem { prompt_ids, reference, family });
         }
         Ok(items)
     }
@@ -338,7 +344,9 @@ impl Pass {
         if self.skipped_lines.len() < MAX_REPORTED_SKIPS {
             let (path, line, reason) = match &e {
                 DataError::BadLine { path, line, reason } => (path.display().to_string(), *line, reason.clone()),
-                DataError::BadTable { path, row, .. } => (path.display().to_string(), row.map_or(0, |r| r + 1), e.to_string()),
+                DataError::BadTable { path, row, .. } => {
+                    (path.display().to_string(), row.map_or(0, |r| r + 1), e.to_string())
+                }
                 other => (String::new(), 0, other.to_string()),
             };
             self.skipped_lines.push(SkippedLine { path, line, reason });
@@ -385,7 +393,8 @@ fn split_and_describe(
     let n = pass.candidates.len();
     let holdout_cfg = &recipe.eval.holdout;
     let fraction = if recipe.eval.enabled { holdout_cfg.fraction } else { 0.0 };
-    let wanted = if fraction.is_finite() && fraction > 0.0 { (fraction.min(1.0) * n as f64).floor() as usize } else { 0 };
+    let wanted =
+        if fraction.is_finite() && fraction > 0.0 { (fraction.min(1.0) * n as f64).floor() as usize } else { 0 };
     let k = wanted.min(holdout_cfg.max_samples.map_or(usize::MAX, |m| m as usize)).min(n.saturating_sub(1));
     let mut held = vec![false; n];
     if k > 0 {

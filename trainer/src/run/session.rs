@@ -249,6 +249,15 @@ impl<'a> Session<'a> {
         let mut last_loss = None;
         let log_every = u64::from(train.log_every_steps.max(1));
         observer.started(self.step, self.total_steps);
+        let eval = &self.spec.recipe.recipe.eval;
+        if self.step == 0 && eval.enabled && eval.every_steps.is_some() && self.total_steps > 0 {
+            // The curve starts where the run starts: the base (a fresh adapter adds nothing),
+            // so the evaluations that follow read as what training changed.
+            let report = self.evaluate()?;
+            observer.note(&eval_line(&report));
+            observer.evaluated(&report);
+            emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+        }
         while self.step < self.total_steps {
             let t0 = Instant::now();
             let (loss, n_tokens, grad_norm, lr) = self.one_step()?;

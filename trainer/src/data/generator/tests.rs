@@ -91,7 +91,11 @@ fn records_read_back_as_the_same_conversation() {
         for format in [DataFormat::Chat, DataFormat::Instruction] {
             let line = task.record(format).to_string();
             let Some(Example::Chat(conv)) = parse_line(line.as_bytes(), format).unwrap() else { panic!("{line}") };
-            assert_eq!(pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0)).unwrap().pieces), want, "{line}");
+            assert_eq!(
+                pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0)).unwrap().pieces),
+                want,
+                "{line}"
+            );
         }
         let line = task.record(DataFormat::Preference).to_string();
         let parsed = parse_line(line.as_bytes(), DataFormat::Preference).unwrap().unwrap();
@@ -107,5 +111,15 @@ fn arithmetic_stays_small_and_tools_stay_diverse() {
     for t in tasks.iter().filter(|t| t.family == TaskFamily::Add) {
         let answer: i64 = t.answer.text().parse().unwrap();
         assert!((0..=40).contains(&answer));
+    }
+}
+
+#[test]
+fn every_generated_prompt_names_its_family() {
+    for task in generate(&TaskParams { seed: 9, count: 600, multi_arg_tools: true }) {
+        assert_eq!(TaskFamily::of_prompt(&task.prompt), Some(task.family), "{}", task.prompt);
+    }
+    for other in ["What is love?", "What is 2 ^ 3?", "Hello", "Reverse:x", ""] {
+        assert_eq!(TaskFamily::of_prompt(other), None, "{other}");
     }
 }
