@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::{FileReader, StreamDecoder};
@@ -345,7 +346,6 @@ fn scan_stream(path: &std::path::Path) -> Result<(Reader, SchemaRef, Vec<u64>), 
     let size = file.metadata().map_err(|e| e.to_string())?.len();
     let mut at = 0u64;
     let (mut schema_range, mut dictionaries, mut batches, mut rows) = (None, Vec::new(), Vec::new(), Vec::new());
-    let mut decoder = StreamDecoder::new();
     let mut schema = None;
     while at + 4 <= size {
         let start = at;
@@ -375,10 +375,13 @@ fn scan_stream(path: &std::path::Path) -> Result<(Reader, SchemaRef, Vec<u64>), 
         let range = (start, at - start);
         match message.header_type() {
             arrow_ipc::MessageHeader::Schema => {
+                // From the metadata itself: a StreamDecoder given the schema message alone stops
+                // before its (empty) body and reports no schema.
+                let fb = message.header_as_schema().ok_or_else(|| format!("bad schema message at byte {start}"))?;
                 schema_range = Some(range);
-                let mut buffer = arrow_buffer::Buffer::from(read_range(&mut file, range)?);
-                decoder.decode(&mut buffer).map_err(|e| e.to_string())?;
-                schema = decoder.schema();
+                let decoded =
+                    arrow_ipc::convert::try_fb_to_schema(fb).map_err(|e| format!("bad schema at byte {start}: {e}"))?;
+                schema = Some(Arc::new(decoded));
             }
             arrow_ipc::MessageHeader::DictionaryBatch => dictionaries.push((batches.len(), range.0, range.1)),
             arrow_ipc::MessageHeader::RecordBatch => {
@@ -393,9 +396,29 @@ fn scan_stream(path: &std::path::Path) -> Result<(Reader, SchemaRef, Vec<u64>), 
     Ok((Reader::IpcStream { schema: schema_range, dictionaries, batches }, schema, rows))
 }
 
-fn read_range(file: &mut File, (offset, len): (u64, u64)) -> Result<Vec<u8>, String> {
-    let mut bytes = vec![0u8; len as usize];
-    file.seek(SeekFrom::Start(offset)).map_err(|e| e.to_string())?;
-    file.read_exact(&mut bytes).map_err(|e| e.to_string())?;
-    Ok(bytes)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, StringArray};
+    use arrow_ipc::writer::StreamWriter;
+    use arrow_schema::{Field, Schema};
+
+    /// A stream as `datasets` writes one (schema message, then record batches) scans to its
+    /// schema and every batch's rows.
+    #[test]
+    fn a_stream_scans_to_its_schema_and_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data-00000-of-00001.arrow");
+        let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, false)]));
+        let mut w = StreamWriter::try_new(File::create(&path).unwrap(), &schema).unwrap();
+        for rows in [vec!["a", "b"], vec!["c", "d", "e"]] {
+            let column: ArrayRef = Arc::new(StringArray::from(rows));
+            w.write(&RecordBatch::try_new(schema.clone(), vec![column]).unwrap()).unwrap();
+        }
+        w.finish().unwrap();
+        let (_, scanned, rows) = scan_stream(&path).unwrap();
+        assert_eq!(scanned.fields().len(), 1);
+        assert_eq!(scanned.field(0).name(), "text");
+        assert_eq!(rows, [2, 3]);
+    }
 }
