@@ -26,7 +26,7 @@ pub mod tokenizer;
 
 pub use batches::{BatchIter, DataCursor, Layout, PreferenceIter, WINDOW_TOKENS, epoch_order, window_order};
 pub use dataset::{DataOptions, Dataset, PromptItem};
-pub use error::DataError;
+pub use error::{DataError, TableError};
 pub use example::{Conversation, Example, Message, PreferencePair, Role, ToolArguments, ToolCall};
 pub use generator::{Answer, GENERATOR_VERSION, Task, TaskFamily, TaskParams, generate, generate_jsonl};
 pub use json::Json;

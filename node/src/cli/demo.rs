@@ -282,16 +282,16 @@ fn train_step(
 fn family_table(before: &EvalReport, after: &EvalReport) -> Vec<String> {
     let score = |s: Option<&FamilyScore>| {
         let s = s.copied().unwrap_or_default();
-        format!("{:>3}/{:<3}", s.correct, s.total)
+        format!("{}/{}", s.correct, s.total)
     };
     let mut lines = vec!["      held-out exact match by task family, before -> after tuning:".to_owned()];
     for (family, a) in &after.by_family {
-        lines.push(format!("        {family:<14} {} -> {}", score(before.by_family.get(family)), score(Some(a))));
+        lines.push(format!("        {family:<14} {:>7} -> {}", score(before.by_family.get(family)), score(Some(a))));
     }
     let pct = |r: &EvalReport| r.exact_match.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into());
     let all = |r: &EvalReport| FamilyScore { total: r.exact_match_total, correct: r.exact_match_correct };
     lines.push(format!(
-        "        {:<14} {} -> {}   ({} -> {})",
+        "        {:<14} {:>7} -> {:<7} ({} -> {})",
         "all",
         score(Some(&all(before))),
         score(Some(&all(after))),

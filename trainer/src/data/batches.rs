@@ -172,6 +172,14 @@ fn fetch(store: &DocStore, part: Part, row: &[usize]) -> Result<Vec<Arc<Doc>>, D
     row.iter().map(|&d| store.get(part, d)).collect()
 }
 
+/// The training rows from `cursor` on, for batches of `per_device` (at least one).
+fn row_stream(store: &DocStore, layout: Layout, per_device: usize, cursor: DataCursor) -> Result<RowStream, DataError> {
+    if per_device == 0 {
+        return Err(DataError::Config("per_device batch size must be at least 1".into()));
+    }
+    RowStream::new(store.train.clone(), layout, cursor)
+}
+
 /// Endless [`PackedBatch`]es of `per_device` rows.
 pub struct BatchIter<'a> {
     store: &'a DocStore,
@@ -186,10 +194,7 @@ impl<'a> BatchIter<'a> {
         per_device: usize,
         cursor: DataCursor,
     ) -> Result<Self, DataError> {
-        if per_device == 0 {
-            return Err(DataError::Config("per_device batch size must be at least 1".into()));
-        }
-        Ok(BatchIter { store, rows: RowStream::new(store.train.clone(), layout, cursor)?, per_device })
+        Ok(BatchIter { store, rows: row_stream(store, layout, per_device, cursor)?, per_device })
     }
 
     /// Where the next batch starts; save it with a checkpoint.
@@ -224,11 +229,8 @@ impl<'a> PreferenceIter<'a> {
         per_device: usize,
         cursor: DataCursor,
     ) -> Result<Self, DataError> {
-        if per_device == 0 {
-            return Err(DataError::Config("per_device batch size must be at least 1".into()));
-        }
         let layout = Layout { packing: false, ..layout };
-        Ok(PreferenceIter { store, rows: RowStream::new(store.train.clone(), layout, cursor)?, per_device })
+        Ok(PreferenceIter { store, rows: row_stream(store, layout, per_device, cursor)?, per_device })
     }
 
     pub fn cursor(&self) -> DataCursor {

@@ -344,9 +344,7 @@ impl Pass {
         if self.skipped_lines.len() < MAX_REPORTED_SKIPS {
             let (path, line, reason) = match &e {
                 DataError::BadLine { path, line, reason } => (path.display().to_string(), *line, reason.clone()),
-                DataError::BadTable { path, row, .. } => {
-                    (path.display().to_string(), row.map_or(0, |r| r + 1), e.to_string())
-                }
+                DataError::BadTable(t) => (t.path.display().to_string(), t.row.map_or(0, |r| r + 1), e.to_string()),
                 other => (String::new(), 0, other.to_string()),
             };
             self.skipped_lines.push(SkippedLine { path, line, reason });

@@ -19,7 +19,7 @@ pub use files::{FileKind, InputFile};
 pub use table::BLOCK_ROWS;
 use table::{ColumnKind, FieldSpec, Table};
 
-use super::error::DataError;
+use super::error::{DataError, TableError};
 use super::example::Example;
 use super::jsonl::{FileDigest, parse_line};
 use super::record::example_from_json;
@@ -189,12 +189,14 @@ impl Source {
                 let rows = self.table_rows(table, input, &block, &batch);
                 blocks.push(block);
                 total += u64::from(block.rows);
-                let locate = |r: usize, message: String| DataError::BadTable {
-                    path: input.file.name.clone().into(),
-                    group: Some(table.group_label(group)),
-                    column: None,
-                    row: Some(first + r as u64),
-                    message,
+                let locate = |r: usize, message: String| {
+                    DataError::BadTable(Box::new(TableError {
+                        path: input.file.name.clone().into(),
+                        group: Some(table.group_label(group)),
+                        column: None,
+                        row: Some(first + r as u64),
+                        message,
+                    }))
                 };
                 visit(first_index + blocks.len() - 1, rows, &locate)
             })?;
@@ -238,13 +240,13 @@ impl Source {
                 example_from_json(&record, self.format).map(Some).map_err(|reason| {
                     // The record check names the field first (`messages[2].role: ...`).
                     let field = reason.split(['[', '.', ':', ' ']).next().unwrap_or_default().trim_matches('`');
-                    DataError::BadTable {
+                    DataError::BadTable(Box::new(TableError {
                         path: input.file.name.clone().into(),
                         group: Some(table.group_label(block.group as usize)),
                         column: table.column_of(field).map(str::to_owned),
                         row: Some(block.first + r as u64),
                         message: reason,
-                    }
+                    }))
                 })
             })
             .collect()

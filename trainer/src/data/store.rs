@@ -93,11 +93,15 @@ impl Encoder {
     }
 }
 
+/// A block's documents by row, as the cache keeps them.
+type BlockDocs = Vec<(u32, Arc<Doc>)>;
+
 /// Tokenized blocks, least recently used evicted first.
 #[derive(Default)]
 pub struct DocCache {
     capacity: usize,
-    blocks: HashMap<u32, (Vec<(u32, Arc<Doc>)>, usize)>,
+    /// Each block's documents and their tokens.
+    blocks: HashMap<u32, (BlockDocs, usize)>,
     /// Least recently used first.
     order: VecDeque<u32>,
     tokens: usize,

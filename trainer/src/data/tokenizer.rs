@@ -71,6 +71,9 @@ impl Special {
     }
 }
 
+/// Each token's byte range `(start, end)` in the text it was encoded from.
+pub type Offsets = Vec<(usize, usize)>;
+
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     inner: Inner,
@@ -223,7 +226,7 @@ impl Tokenizer {
     }
 
     /// [`Tokenizer::encode_with_specials`] with each token's byte range in `text`.
-    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>), DataError> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Offsets), DataError> {
         match &self.inner {
             Inner::Byte => Ok(byte::encode_with_offsets(text)),
             Inner::Hf(hf) => {

@@ -21,7 +21,7 @@ use parquet::arrow::arrow_reader::{
 
 use super::arrow_json::{cell, describe, supported};
 use super::files::{FileKind, InputFile};
-use crate::data::error::DataError;
+use crate::data::error::{DataError, TableError};
 use crate::data::json::Json;
 
 /// Rows per block: what is decoded, tokenized and cached at once.
@@ -70,8 +70,15 @@ impl Table {
     /// else as the field), of a kind they can be.
     pub fn open(file: &InputFile, fields: &[FieldSpec], mapping: &[(String, String)]) -> Result<Table, DataError> {
         let path = file.path.clone();
-        let bad =
-            |message: String| DataError::BadTable { path: path.clone(), group: None, column: None, row: None, message };
+        let bad = |message: String| {
+            DataError::BadTable(Box::new(TableError {
+                path: path.clone(),
+                group: None,
+                column: None,
+                row: None,
+                message,
+            }))
+        };
         let (reader, schema, group_rows) = match file.kind {
             FileKind::Parquet => {
                 let f = open(&path)?;
@@ -112,13 +119,13 @@ impl Table {
                     } else {
                         format!(" (map another with data.columns.{})", spec.field)
                     };
-                    return Err(DataError::BadTable {
+                    return Err(DataError::BadTable(Box::new(TableError {
                         path: path.clone(),
                         group: None,
                         column: Some(name.to_owned()),
                         row: None,
                         message: format!("no such column{hint}; the file has: {}", available.join(", ")),
-                    });
+                    })));
                 }
                 continue;
             };
@@ -134,13 +141,13 @@ impl Table {
                     ColumnKind::List => "lists",
                     ColumnKind::TextOrList => "strings or lists",
                 };
-                return Err(DataError::BadTable {
+                return Err(DataError::BadTable(Box::new(TableError {
                     path: path.clone(),
                     group: None,
                     column: Some(name.to_owned()),
                     row: None,
                     message: format!("expected {want} for `{}`, found {}", spec.field, describe(ty)),
-                });
+                })));
             }
             columns.push((spec.field, name.to_owned(), index));
         }
@@ -270,13 +277,13 @@ impl Table {
             .iter()
             .find(|c| self.read_columns(group, first, rows, Some(c.2)).is_err())
             .map(|c| c.1.clone());
-        DataError::BadTable {
+        DataError::BadTable(Box::new(TableError {
             path: self.path.clone(),
             group: Some(self.group_label(group)),
             column,
             row: None,
             message: format!("corrupt or unreadable: {message}"),
-        }
+        }))
     }
 
     /// Row `i` of a block as a record: `{field: value}` for the columns read.

@@ -100,7 +100,7 @@ fn turn_span(t: &JinjaTemplate, conv: &Conversation, i: usize, whole: &str) -> O
     let turn = render_messages(t, &conv.messages[..=i], &conv.tools, false).ok()?;
     let located =
         turn.text.len() > prompt.text.len() && turn.text.starts_with(&prompt.text) && whole.starts_with(&turn.text);
-    located.then(|| prompt.text.len()..turn.text.len())
+    located.then_some(prompt.text.len()..turn.text.len())
 }
 
 /// The text as rendered pieces, learned inside `learned` (ascending, disjoint).

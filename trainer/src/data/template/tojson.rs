@@ -106,7 +106,7 @@ fn write_value(value: &Value, style: &Style, level: usize, out: &mut String) -> 
                 return Ok(());
             }
             if style.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(|a| a.to_string());
             }
             out.push('{');
             for (i, key) in keys.iter().enumerate() {
