@@ -296,7 +296,7 @@ fn data(c: &mut Checks, r: &Recipe) {
             c.fail(&format!("data.columns.{field}"), "must name a column");
         }
     }
-    if !d.columns.is_empty() && source == DataSource::Generated {
+    if !d.columns.is_empty() && source != DataSource::Hf {
         only_for(c, "columns", DataSource::Hf);
     }
     if let Some(n) = d.max_samples {
