@@ -29,7 +29,7 @@ mod threads;
 pub use autotune::measure_plan;
 pub use base::{BaseRecord, adapter_base, check_base_choice};
 pub use device::{device_name, run_device};
-pub use eval::{EvalReport, check_regression, evaluate};
+pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
 pub use method::MethodPlan;

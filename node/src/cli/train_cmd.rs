@@ -116,7 +116,7 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         let msg = format!("{}: already exists; a plan is never overwritten, choose another --out", args.out.display());
         return Ok(invalid(out, &msg));
     }
-    let data = DataOptions { skip_bad: args.skip_bad };
+    let data = DataOptions { skip_bad: args.skip_bad, ..DataOptions::default() };
     let spinner = spinner(out, &format!("measuring within {} s", recipe.loaded.recipe.autotune.budget_seconds));
     let plan = run::measure_plan(&recipe.loaded, &recipe.dir, data)
         .with_context(|| format!("autotune of {}", args.recipe.display()))?;
@@ -191,7 +191,7 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         force: args.force,
         init_from: args.init_from.clone(),
         force_base: args.force_base,
-        data: DataOptions { skip_bad: args.skip_bad },
+        data: DataOptions { skip_bad: args.skip_bad, ..DataOptions::default() },
         eval_prompts: args.eval_prompts,
         origin: Origin::Cli,
     };

@@ -120,7 +120,7 @@ fn demo(n: usize) -> (Qwen3Config, LoraConfig, Vec<PackedBatch>) {
     let dataset =
         Dataset::from_recipe(&recipe, path.parent().unwrap(), &Tokenizer::byte(), DataOptions::default()).unwrap();
     let mut it = dataset.batches(recipe.train.batch.per_device as usize, DataCursor::default()).unwrap();
-    let batches = (0..n).map(|_| it.next_batch()).collect();
+    let batches = (0..n).map(|_| it.next_batch().unwrap()).collect();
     let mut cfg = Qwen3Config::from(recipe.model.config.as_ref().expect("the demo recipe sets its model config"));
     cfg.head_dim = 64;
     let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };

@@ -260,7 +260,10 @@ fn data(c: &mut Checks, r: &Recipe) {
         only_for(c, "paths", DataSource::Jsonl);
     }
     match (&d.hf_id, source) {
-        (None, DataSource::Hf) => c.fail("data.hf_id", "required with `source: hf`"),
+        (None, DataSource::Hf) if d.paths.is_empty() => c.fail(
+            "data.paths",
+            "required with `source: hf` (Parquet, Arrow or JSONL files or directories; nothing is downloaded)",
+        ),
         (Some(id), DataSource::Hf) if !id.contains('/') || id.trim() != id => {
             c.fail("data.hf_id", format!("expected `owner/name`, found {id:?}"));
         }
@@ -282,6 +285,20 @@ fn data(c: &mut Checks, r: &Recipe) {
         }
     }
     c.text("data.split", &d.split);
+    let fields = crate::data::source::format_fields(d.format);
+    for (field, column) in &d.columns {
+        if !fields.contains(&field.as_str()) {
+            c.fail(
+                &format!("data.columns.{field}"),
+                format!("`{}` records have no field `{field}`; they read {}", name_of(&d.format), fields.join(", ")),
+            );
+        } else if column.trim().is_empty() {
+            c.fail(&format!("data.columns.{field}"), "must name a column");
+        }
+    }
+    if !d.columns.is_empty() && source != DataSource::Hf {
+        only_for(c, "columns", DataSource::Hf);
+    }
     if let Some(n) = d.max_samples {
         c.int("data.max_samples", n, 1, u64::MAX);
     }

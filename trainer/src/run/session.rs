@@ -249,6 +249,15 @@ impl<'a> Session<'a> {
         let mut last_loss = None;
         let log_every = u64::from(train.log_every_steps.max(1));
         observer.started(self.step, self.total_steps);
+        let eval = &self.spec.recipe.recipe.eval;
+        if self.step == 0 && eval.enabled && eval.every_steps.is_some() && self.total_steps > 0 {
+            // The curve starts where the run starts: the base (a fresh adapter adds nothing),
+            // so the evaluations that follow read as what training changed.
+            let report = self.evaluate()?;
+            observer.note(&eval_line(&report));
+            observer.evaluated(&report);
+            emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+        }
         while self.step < self.total_steps {
             let t0 = Instant::now();
             let (loss, n_tokens, grad_norm, lr) = self.one_step()?;
@@ -360,7 +369,7 @@ impl<'a> Session<'a> {
         let mut denominator = 0.0;
         if let Some(loss) = self.method.preference {
             let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let pairs: usize = batches.iter().map(|b| b.chosen.batch).sum();
             for b in &batches {
@@ -386,7 +395,7 @@ impl<'a> Session<'a> {
             denominator = pairs as f64;
         } else {
             let mut it = self.dataset.batches(per_device, self.cursor)?;
-            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect();
+            let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
             let scale = 1.0 / targets.max(1) as f64;
