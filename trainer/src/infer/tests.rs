@@ -26,6 +26,7 @@ fn config(vocab: usize) -> Qwen3Config {
         rope_theta: 10_000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 256,
+        moe: None,
     }
 }
 

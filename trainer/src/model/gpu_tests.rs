@@ -25,6 +25,7 @@ fn config() -> Qwen3Config {
         rope_theta: 1e6,
         tie_word_embeddings: false,
         max_position_embeddings: 512,
+        moe: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn tiny(tied: bool) -> Qwen3Config {
         rope_theta: 10_000.0,
         tie_word_embeddings: tied,
         max_position_embeddings: 64,
+        moe: None,
     }
 }
 
@@ -570,6 +571,7 @@ fn step_timing() {
         rope_theta: 1e6,
         tie_word_embeddings: true,
         max_position_embeddings: 1024,
+        moe: None,
     };
     let m = Qwen3::init_random(&config, 1, DType::F32, &Device::Cpu).unwrap();
     let ad =
