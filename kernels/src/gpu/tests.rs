@@ -417,4 +417,5 @@ fn nf4_dequant_matmul_matches_the_host_dequantisation() -> Result<()> {
     Ok(())
 }
 
+mod moe;
 mod serving;
