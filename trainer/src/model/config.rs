@@ -33,6 +33,8 @@ pub struct Qwen3Config {
 /// Qwen3-MoE's expert layout, HF `Qwen3MoeConfig` field names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeShape {
+    /// transformers 5 writes it as `num_local_experts`.
+    #[serde(alias = "num_local_experts")]
     pub num_experts: usize,
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
