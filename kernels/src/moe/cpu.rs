@@ -240,39 +240,48 @@ pub(crate) fn grouped_forward<T: Real>(
     let m = groups.len();
     let h = groups.host()?;
     let (by_row, order) = tasks(cfg, groups)?;
-    let xs: Vec<Tensor> = terms.iter().map(|t| t.x.contiguous()).collect::<Result<_>>()?;
-    let ws: Vec<Tensor> = terms.iter().map(|t| t.w.contiguous()).collect::<Result<_>>()?;
-    let views: Vec<(crate::cpu::View, crate::cpu::View)> = xs
-        .iter()
-        .zip(&ws)
-        .map(|(x, w)| Ok((crate::cpu::View::of(x)?, crate::cpu::View::of(w)?)))
-        .collect::<Result<_>>()?;
+    let pairs: Vec<(&Tensor, &Tensor)> = terms.iter().map(|t| (t.x, t.w)).collect();
+    with_pair_slices::<T, _>(&pairs, |slices| {
+        let shapes: Vec<(usize, usize, usize, bool)> =
+            terms.iter().map(|t| Ok((t.w.dim(1)?, t.w.dim(2)?, t.col, t.gathered))).collect::<Result<_>>()?;
+        let mut y = vec![T::ZERO; m * width];
+        for_each_block(&mut y, width, &by_row, &order, |task, out| {
+            let mut buf = Vec::new();
+            for ((x, w), &(o, d_in, col, gathered)) in slices.iter().zip(&shapes) {
+                let rows = task.p1 - task.p0;
+                let a = rows_of(x, d_in, gathered.then_some(h.rows.as_slice()), task.p0, task.p1, &mut buf);
+                let we = &w[task.e * o * d_in..(task.e + 1) * o * d_in];
+                // Every term adds into its columns; the first write to a column starts from zero.
+                matmul_ld(
+                    &mut out[col..],
+                    width,
+                    rows,
+                    o,
+                    d_in,
+                    MatRef::rows(a, d_in),
+                    MatRef::transposed(we, d_in),
+                    T::ONE,
+                    true,
+                );
+            }
+        });
+        tensor(y, (m, width))
+    })
+}
+
+/// Runs `f` on the slices of each `(a, b)` pair of tensors (made contiguous first).
+fn with_pair_slices<T: Real, R>(
+    pairs: &[(&Tensor, &Tensor)],
+    f: impl FnOnce(&[(&[T], &[T])]) -> Result<R>,
+) -> Result<R> {
+    use crate::cpu::View;
+    let owned: Vec<(Tensor, Tensor)> =
+        pairs.iter().map(|(a, b)| Ok((a.contiguous()?, b.contiguous()?))).collect::<Result<_>>()?;
+    let views: Vec<(View, View)> =
+        owned.iter().map(|(a, b)| Ok((View::of(a)?, View::of(b)?))).collect::<Result<_>>()?;
     let slices: Vec<(&[T], &[T])> =
-        views.iter().map(|(x, w)| Ok((x.slice::<T>()?, w.slice::<T>()?))).collect::<Result<_>>()?;
-    let shapes: Vec<(usize, usize, usize, bool)> =
-        terms.iter().map(|t| Ok((t.w.dim(1)?, t.w.dim(2)?, t.col, t.gathered))).collect::<Result<_>>()?;
-    let mut y = vec![T::ZERO; m * width];
-    for_each_block(&mut y, width, &by_row, &order, |task, out| {
-        let mut buf = Vec::new();
-        for ((x, w), &(o, d_in, col, gathered)) in slices.iter().zip(&shapes) {
-            let rows = task.p1 - task.p0;
-            let a = rows_of(x, d_in, gathered.then_some(h.rows.as_slice()), task.p0, task.p1, &mut buf);
-            let we = &w[task.e * o * d_in..(task.e + 1) * o * d_in];
-            // Every term adds into its columns; the first write to a column starts from zero.
-            matmul_ld(
-                &mut out[col..],
-                width,
-                rows,
-                o,
-                d_in,
-                MatRef::rows(a, d_in),
-                MatRef::transposed(we, d_in),
-                T::ONE,
-                true,
-            );
-        }
-    });
-    tensor(y, (m, width))
+        views.iter().map(|(a, b)| Ok((a.slice::<T>()?, b.slice::<T>()?))).collect::<Result<_>>()?;
+    f(&slices)
 }
 
 pub(crate) fn grouped_input_grad<T: Real>(
@@ -283,27 +292,21 @@ pub(crate) fn grouped_input_grad<T: Real>(
     let m = groups.len();
     let d_in = terms[0].w.dim(2)?;
     let (by_row, order) = tasks(cfg, groups)?;
-    let dys: Vec<Tensor> = terms.iter().map(|t| t.dy.contiguous()).collect::<Result<_>>()?;
-    let ws: Vec<Tensor> = terms.iter().map(|t| t.w.contiguous()).collect::<Result<_>>()?;
-    let views: Vec<(crate::cpu::View, crate::cpu::View)> = dys
-        .iter()
-        .zip(&ws)
-        .map(|(d, w)| Ok((crate::cpu::View::of(d)?, crate::cpu::View::of(w)?)))
-        .collect::<Result<_>>()?;
-    let slices: Vec<(&[T], &[T])> =
-        views.iter().map(|(d, w)| Ok((d.slice::<T>()?, w.slice::<T>()?))).collect::<Result<_>>()?;
-    let shapes: Vec<(usize, usize, usize)> =
-        terms.iter().map(|t| Ok((t.dy.dim(1)?, t.w.dim(1)?, t.col))).collect::<Result<_>>()?;
-    let mut dx = vec![T::ZERO; m * d_in];
-    for_each_block(&mut dx, d_in, &by_row, &order, |task, out| {
-        for (i, ((dy, w), &(dy_w, o, col))) in slices.iter().zip(&shapes).enumerate() {
-            let rows = task.p1 - task.p0;
-            let a = MatRef { data: &dy[task.p0 * dy_w + col..], rs: dy_w, cs: 1 };
-            let we = &w[task.e * o * d_in..(task.e + 1) * o * d_in];
-            matmul_ld(out, d_in, rows, d_in, o, a, MatRef::rows(we, d_in), T::ONE, i > 0);
-        }
-    });
-    tensor(dx, (m, d_in))
+    let pairs: Vec<(&Tensor, &Tensor)> = terms.iter().map(|t| (t.dy, t.w)).collect();
+    with_pair_slices::<T, _>(&pairs, |slices| {
+        let shapes: Vec<(usize, usize, usize)> =
+            terms.iter().map(|t| Ok((t.dy.dim(1)?, t.w.dim(1)?, t.col))).collect::<Result<_>>()?;
+        let mut dx = vec![T::ZERO; m * d_in];
+        for_each_block(&mut dx, d_in, &by_row, &order, |task, out| {
+            for (i, ((dy, w), &(dy_w, o, col))) in slices.iter().zip(&shapes).enumerate() {
+                let rows = task.p1 - task.p0;
+                let a = MatRef { data: &dy[task.p0 * dy_w + col..], rs: dy_w, cs: 1 };
+                let we = &w[task.e * o * d_in..(task.e + 1) * o * d_in];
+                matmul_ld(out, d_in, rows, d_in, o, a, MatRef::rows(we, d_in), T::ONE, i > 0);
+            }
+        });
+        tensor(dx, (m, d_in))
+    })
 }
 
 pub(crate) fn grouped_weight_grad<T: Real>(

@@ -14,17 +14,6 @@ use crate::recipe::TargetModule;
 /// Two layers: layer 0 dense (`mlp_only_layers`), layer 1 sparse with 4 experts, 2 per token.
 pub(super) fn tiny_moe() -> Qwen3Config {
     Qwen3Config {
-        vocab_size: 11,
-        hidden_size: 8,
-        intermediate_size: 12,
-        num_hidden_layers: 2,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
-        head_dim: 4,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        tie_word_embeddings: false,
-        max_position_embeddings: 64,
         moe: Some(MoeShape {
             num_experts: 4,
             num_experts_per_tok: 2,
@@ -34,6 +23,7 @@ pub(super) fn tiny_moe() -> Qwen3Config {
             mlp_only_layers: vec![0],
             router_aux_loss_coef: 0.1,
         }),
+        ..super::tests::tiny(false)
     }
 }
 

@@ -12,7 +12,7 @@ use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
 use crate::generate::{Limits, Sampling, generate};
 use crate::recipe::TargetModule;
 
-fn tiny(tied: bool) -> Qwen3Config {
+pub(super) fn tiny(tied: bool) -> Qwen3Config {
     Qwen3Config {
         vocab_size: 11,
         hidden_size: 8,
