@@ -77,7 +77,7 @@ pub struct Qwen3 {
 
 /// A block's saved state: the full tape, or only its input when checkpointing.
 enum Saved {
-    Tape(BlockTape),
+    Tape(Box<BlockTape>),
     Input(Tensor),
 }
 
@@ -347,7 +347,7 @@ impl Qwen3 {
             let (y, tape, stats) = ctx.block_forward(layer, &x, !checkpointing)?;
             router_stats.extend(stats);
             blocks.push(match tape {
-                Some(t) => Saved::Tape(t),
+                Some(t) => Saved::Tape(Box::new(t)),
                 None => Saved::Input(x),
             });
             x = y;
@@ -391,7 +391,7 @@ impl Qwen3 {
         for layer in (0..self.config.num_hidden_layers).rev() {
             let recomputed;
             let block_tape = match &tape.blocks[layer] {
-                Saved::Tape(t) => t,
+                Saved::Tape(t) => &**t,
                 Saved::Input(x) => {
                     recomputed = ctx.block_forward(layer, x, true)?.1;
                     recomputed.as_ref().ok_or_else(|| ModelError::Batch("block tape missing".into()))?
