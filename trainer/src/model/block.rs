@@ -266,7 +266,14 @@ impl StepCtx<'_> {
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
             let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2)?;
             let out = (&x2 + y)?;
-            return Ok(BlockTail { out, x2, rstd2, h2, mlp: MlpTape::Sparse(Box::new(tape)), router_stats: Some(stats) });
+            return Ok(BlockTail {
+                out,
+                x2,
+                rstd2,
+                h2,
+                mlp: MlpTape::Sparse(Box::new(tape)),
+                router_stats: Some(stats),
+            });
         }
         let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(lora))?;
         let up = self.proj_forward(layer, Proj::Up, &h2, Some(lora))?;

@@ -298,7 +298,19 @@ mod tests {
         };
         let c = Qwen3Config::from(&m);
         assert_eq!((c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads), (2, 4, 2));
-        assert!(c.tie_word_embeddings && c.validate().is_ok());
+        assert!(c.tie_word_embeddings && c.validate().is_ok() && c.moe.is_none());
+        let moe = crate::recipe::MoeConfig {
+            num_experts: 16,
+            experts_per_token: 4,
+            expert_intermediate_size: 32,
+            norm_topk_prob: true,
+            router_aux_loss_coef: 0.01,
+        };
+        let c = Qwen3Config::from(&ModelConfig { moe: Some(moe), ..m });
+        let s = c.moe.as_ref().unwrap();
+        assert_eq!((s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size), (16, 4, 32));
+        assert!(s.norm_topk_prob && s.router_aux_loss_coef == 0.01 && (0..2).all(|l| s.is_sparse(l)));
+        assert!(c.validate().is_ok());
     }
 
     pub(crate) fn tiny() -> Qwen3Config {
