@@ -245,7 +245,7 @@ fn a_tied_head_equals_an_untied_copy_and_sums_both_gradients() {
     assert!(diff < 1e-14, "{diff}");
 }
 
-fn bits(grads: &BTreeMap<String, Tensor>) -> BTreeMap<String, Vec<u32>> {
+pub(super) fn bits(grads: &BTreeMap<String, Tensor>) -> BTreeMap<String, Vec<u32>> {
     grads
         .iter()
         .map(|(k, v)| {
