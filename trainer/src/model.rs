@@ -3,7 +3,8 @@
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
 //! in f64); this module wires them into the Qwen3 architecture with HF/PEFT tensor names.
 //!
-//! * [`Qwen3Config`]: the shape, from and to HF `config.json`.
+//! * [`Qwen3Config`]: the shape, from and to HF `config.json`; with [`MoeShape`] Qwen3-MoE,
+//!   whose sparse layers' MLP is [`moe`] (router, top-k experts, load-balancing loss).
 //! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
 //!   token loss and gradients), [`Qwen3::logits`];
 //!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]);
@@ -20,6 +21,9 @@ mod decode;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod lora;
+pub mod moe;
+#[cfg(test)]
+mod moe_tests;
 mod nf4;
 mod paged;
 mod params;
@@ -30,7 +34,7 @@ pub(crate) mod rng;
 mod tests;
 
 pub use adapter_stack::AdapterStack;
-pub use config::Qwen3Config;
+pub use config::{MoeShape, Qwen3Config};
 pub use decode::KvCache;
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;

@@ -460,4 +460,5 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
     Ok(())
 }
 
+mod moe;
 mod serving;

@@ -31,6 +31,7 @@ pub(super) fn config_with_head_dim(vocab: usize, head_dim: usize) -> Qwen3Config
         rope_theta: 10_000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 256,
+        moe: None,
     }
 }
 

@@ -80,7 +80,7 @@ impl Adapters {
         lora.validate()?;
         let mut tensors = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
-            for proj in Proj::ALL {
+            for &proj in Proj::of_layer(model, layer) {
                 if !lora.targets(proj) {
                     continue;
                 }
@@ -106,7 +106,7 @@ impl Adapters {
         lora.validate()?;
         let mut expected = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
-            for proj in Proj::ALL.into_iter().filter(|&p| lora.targets(p)) {
+            for proj in Proj::of_layer(model, layer).iter().copied().filter(|&p| lora.targets(p)) {
                 let (out_dim, in_dim) = proj.shape(model);
                 expected.insert(adapter_name(layer, proj, 'A'), vec![lora.r, in_dim]);
                 expected.insert(adapter_name(layer, proj, 'B'), vec![out_dim, lora.r]);

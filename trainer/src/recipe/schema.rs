@@ -291,6 +291,19 @@ pub struct MoeConfig {
     pub num_experts: u32,
     pub experts_per_token: u32,
     pub expert_intermediate_size: u32,
+    /// Renormalise the chosen experts' probabilities to sum to one (HF `norm_topk_prob`).
+    #[serde(default = "MoeConfig::default_norm_topk_prob")]
+    pub norm_topk_prob: bool,
+    /// Weight of the load-balancing loss added to the training loss; 0 leaves it out (HF adds
+    /// it only with `output_router_logits`).
+    #[serde(default)]
+    pub router_aux_loss_coef: f64,
+}
+
+impl MoeConfig {
+    fn default_norm_topk_prob() -> bool {
+        true
+    }
 }
 
 // ---- data ----

@@ -231,6 +231,7 @@ fn model(c: &mut Checks, r: &Recipe) {
             c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
             c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
             c.int("model.config.moe.expert_intermediate_size", moe.expert_intermediate_size.into(), 1, 1 << 20);
+            c.num("model.config.moe.router_aux_loss_coef", moe.router_aux_loss_coef, 0.0, 1.0, "[]");
         }
         (None, ModelFamily::Qwen3Moe) => c.fail("model.config.moe", "required for family qwen3_moe"),
         (None, _) => {}

@@ -68,12 +68,14 @@ fn load_base_model(
     Ok((model, record))
 }
 
-/// A model's full weights with its `config.json`, in the HF layout.
+/// A model's full weights with its `config.json`, in the HF layout (a Qwen3-MoE model's
+/// experts one tensor each, as transformers itself writes them).
 pub(super) fn save_model(dir: &mut StagedDir, model: &Qwen3) -> Result<(), RunError> {
     let dtype = model.dtype();
     let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
         .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
-    checkpoint::save_hf_model(dir, &config, model.params(), dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+    let weights = crate::model::moe::split_experts(model.config(), model.params())?;
+    checkpoint::save_hf_model(dir, &config, &weights, dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
     Ok(())
 }
 
