@@ -73,6 +73,8 @@ pub struct Sale {
 impl AppState {
     pub fn new(model: ServedModel, log: Arc<EventLog>, rentals: Arc<RentalBook>, sale: Option<&Sale>) -> Arc<AppState> {
         let slots = model.recipe.serve.max_batch.max(1) as usize;
+        let stats = model.stats();
+        let kv = queue::KvBudget { total_blocks: stats.kv_total_blocks, block_size: stats.block_size };
         let rental_prices = sale.map(|s| RentalPrices {
             per_call: per_call_ceiling(&s.prices),
             per_hour: s
@@ -82,7 +84,7 @@ impl AppState {
         });
         Arc::new(AppState {
             model: Arc::new(model),
-            admission: Arc::new(Admission::new(slots, slots * QUEUE_PER_SLOT)),
+            admission: Arc::new(Admission::new(slots, slots * QUEUE_PER_SLOT, Some(kv))),
             rentals,
             log,
             rental_prices,

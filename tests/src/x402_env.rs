@@ -298,11 +298,17 @@ fn stream_config(offer: Offer) -> PaidRouteConfig {
     PaidRouteConfig::new(vec![offer], Pricing::Prepared(prepare))
 }
 
-/// `chunk 0\n`, `chunk 1\n`, … one every [`STREAM_GAP`].
-async fn stream_handler() -> axum::body::Body {
+/// `chunk 0\n`, `chunk 1\n`, … one every [`STREAM_GAP`]; a request whose body is `fail` gets
+/// one chunk and then a failed stream (as a generation that fails mid-answer).
+async fn stream_handler(body: Bytes) -> axum::body::Body {
+    let fail = body.as_ref() == b"fail";
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     tokio::spawn(async move {
         for i in 0..STREAM_CHUNKS {
+            if fail && i == 1 {
+                let _ = tx.send(Err(std::io::Error::other("generation failed"))).await;
+                return;
+            }
             if tx.send(Ok(Bytes::from(format!("chunk {i}\n")))).await.is_err() {
                 return;
             }

@@ -169,6 +169,56 @@ async fn a_paid_stream_starts_at_once_and_a_dropped_one_is_redeemed() {
     assert_accounts(1, &chain.transfers_to(server.pay_to).await.unwrap(), &settled);
 }
 
+/// A paid stream whose generation fails after its first chunk was settled (before its first
+/// byte) but not delivered: the client sees a broken stream, and the same header is then
+/// answered in full without a second transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paid_stream_that_fails_mid_answer_stays_redeemable() {
+    let chain = Chain::start().await.unwrap();
+    let f: Arc<dyn Facilitator> = chain.facilitator().await.unwrap();
+    let server = PaidServer::start(&chain, f.clone(), f).await.unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("{}/stream", server.url);
+    let accepted = payment_required(&http, &url).await.unwrap().accepts.remove(0);
+    let payer = PrivateKeySigner::random();
+    chain.mint(payer.address(), 1_000_000).await.unwrap();
+    let paid = header::encode(&signed_payment(&payer, &accepted, &chain.asset, |_| {}));
+
+    let mut broken = http.post(&url).header("payment-signature", paid.clone()).body("fail").send().await.unwrap();
+    assert_eq!(broken.status(), 200);
+    let settled = header::decode_payment_response(broken.headers()[header::PAYMENT_RESPONSE].as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let outcome = loop {
+        match broken.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    assert!(outcome.is_err(), "the stream must end broken, got {:?}", String::from_utf8_lossy(&got));
+    assert_eq!(got, b"chunk 0\n");
+
+    let mut whole = Vec::new();
+    for _ in 0..100 {
+        let mut r = http.post(&url).header("payment-signature", paid.clone()).body("{}").send().await.unwrap();
+        if refusal(&r).as_deref() == Some("invalid_exact_evm_nonce_in_flight") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(r.status(), 200, "{:?}", refusal(&r));
+        let again = header::decode_payment_response(r.headers()[header::PAYMENT_RESPONSE].as_bytes()).unwrap();
+        assert_eq!(again.transaction, settled.transaction, "redeemed, not paid again");
+        while let Some(c) = r.chunk().await.unwrap() {
+            whole.extend_from_slice(&c);
+        }
+        break;
+    }
+    assert_eq!(String::from_utf8(whole).unwrap().lines().count(), STREAM_CHUNKS);
+    let settled: Vec<String> =
+        server.events.all().iter().filter_map(|e| e.strip_prefix("settled:")).map(str::to_owned).collect();
+    assert_accounts(1, &chain.transfers_to(server.pay_to).await.unwrap(), &settled);
+}
+
 /// The paid test server's price (tests/src/x402_env.rs).
 const PRICE_LAYER: u64 = mindxtrain_tests::x402_env::PRICE;
 

@@ -224,8 +224,16 @@ async fn two_hundred_clients_read_tail_and_pay_while_a_run_trains() {
     assert!(paid_ok > 0 && reads.ok.load(Ordering::Relaxed) > 0);
 
     // Every paid answer has its settlement in the log.
-    let payments = get_json(&http, &format!("{url}/api/payments?limit=1000"), Some(&token)).await;
-    let settled = payments["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "payment.settled").count();
+    // Each payment leaves several events (settling, settled, served): read every page.
+    let (mut settled, mut before) = (0, u64::MAX);
+    loop {
+        let page = get_json(&http, &format!("{url}/api/payments?limit=1000&before={before}"), Some(&token)).await;
+        settled += page["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "payment.settled").count();
+        match page["next_before"].as_u64() {
+            Some(next) => before = next,
+            None => break,
+        }
+    }
     assert_eq!(settled as u64, paid_ok, "one payment.settled per paid answer");
 
     // Flat: after a 10 s warm-up, the last third of the soak holds no more than the first

@@ -91,12 +91,12 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
         Some(token) => Some(s.rentals.reserve(token, &req.model, unix_now()).map_err(rental_refusal)?),
         None => None,
     };
-    let slot = s.admission.enter().await.map_err(|r| match r {
+    let slot = s.admission.enter(job.prompt_ids.len() + job.max_tokens).await.map_err(|r| match r {
         Refused::Busy { retry_after } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             "queue_full",
-            "all generation slots are busy and the queue is full",
+            "the model is busy: its generation slots and queue, or its KV-cache budget, are full",
         )
         .retry_after(retry_after),
         Refused::Closed => ApiError::new(
