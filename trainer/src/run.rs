@@ -23,6 +23,9 @@ mod gpu_tests;
 mod layout;
 mod method;
 mod microbatch;
+#[cfg(test)]
+mod rl_tests;
+mod sequences;
 mod session;
 mod threads;
 
@@ -32,7 +35,7 @@ pub use device::{device_name, run_device};
 pub use eval::{EvalReport, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
-pub use method::MethodPlan;
+pub use method::{GroupPolicy, MethodPlan, RlPlan};
 pub use session::{Session, evaluate_checkpoint};
 pub use threads::{plan_kernels, thread_pool};
 
@@ -143,6 +146,8 @@ pub enum RunError {
     Eval(#[from] eval::EvalError),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
+    #[error(transparent)]
+    Rollout(#[from] crate::rl::rollout::RolloutError),
     #[error("recipe: {0}")]
     Recipe(String),
     /// The plan's `env` overrides would drop, empty or misname a key of the recipe's

@@ -232,8 +232,18 @@ impl Dataset {
     /// Generation prompts with reference answers for the holdout's conversations (plain
     /// text examples have no answer and are left out).
     pub fn holdout_prompts(&self, tokenizer: &Tokenizer) -> Result<Vec<PromptItem>, DataError> {
+        self.prompts_of(&self.holdout, tokenizer)
+    }
+
+    /// The training examples as prompts with reference answers, in example order (what RL
+    /// samples completions for and scores them against).
+    pub fn train_prompts(&self, tokenizer: &Tokenizer) -> Result<Vec<PromptItem>, DataError> {
+        self.prompts_of(&self.train, tokenizer)
+    }
+
+    fn prompts_of(&self, examples: &[Example], tokenizer: &Tokenizer) -> Result<Vec<PromptItem>, DataError> {
         let mut items = Vec::new();
-        for example in &self.holdout {
+        for example in examples {
             let (prompt, tools) = match example {
                 Example::Chat(c) => match c.messages.split_last() {
                     Some((last, before)) if last.role == Role::Assistant => (before.to_vec(), &c.tools),

@@ -202,13 +202,18 @@ impl Engine {
     /// run: their cached keys and values would mix two models.
     pub fn set_weights(&mut self, params: Params) -> Result<(), EngineError> {
         if !self.is_idle() {
-            return Err(EngineError::BadRequest("new weights while requests run: wait until the engine is idle".into()));
+            return Err(EngineError::BadRequest(
+                "new weights while requests run: wait until the engine is idle".into(),
+            ));
         }
         self.runner.set_weights(params)?;
         let kv = self.scheduler.kv();
         let (blocks, block_size) = (kv.total_blocks(), kv.block_size());
         self.scheduler = Scheduler::new(
-            SchedulerConfig { max_num_seqs: self.config.max_num_seqs, max_batched_tokens: self.config.max_batched_tokens },
+            SchedulerConfig {
+                max_num_seqs: self.config.max_num_seqs,
+                max_batched_tokens: self.config.max_batched_tokens,
+            },
             KvManager::new(blocks, block_size, self.config.prefix_caching),
         );
         Ok(())

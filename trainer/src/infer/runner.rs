@@ -71,7 +71,11 @@ impl Runner {
         for (name, t) in old {
             let new = params.get(name).ok_or_else(|| ModelError::MissingParam(name.clone()))?;
             if new.dims() != t.dims() {
-                return Err(ModelError::Shape { name: name.clone(), expected: t.dims().to_vec(), got: new.dims().to_vec() });
+                return Err(ModelError::Shape {
+                    name: name.clone(),
+                    expected: t.dims().to_vec(),
+                    got: new.dims().to_vec(),
+                });
             }
             if new.dtype() != t.dtype() {
                 return Err(ModelError::DType { name: name.clone(), expected: t.dtype(), got: new.dtype() });

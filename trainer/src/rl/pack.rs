@@ -21,7 +21,9 @@ impl Seq {
     pub fn completion(prompt: &[u32], completion: &[u32]) -> Seq {
         Seq {
             tokens: [prompt, completion].concat(),
-            learned: std::iter::repeat_n(false, prompt.len()).chain(std::iter::repeat_n(true, completion.len())).collect(),
+            learned: std::iter::repeat_n(false, prompt.len())
+                .chain(std::iter::repeat_n(true, completion.len()))
+                .collect(),
         }
     }
 

@@ -121,7 +121,11 @@ mod tests {
                 loss.completion(&Completion { logp: &lp, ..*c }).loss
             };
             let fd = (at(h) - at(-h)) / (2.0 * h);
-            assert!((fd - terms.d_logp[t]).abs() < 1e-6 * (1.0 + fd.abs()), "{loss:?} token {t}: fd {fd} vs {}", terms.d_logp[t]);
+            assert!(
+                (fd - terms.d_logp[t]).abs() < 1e-6 * (1.0 + fd.abs()),
+                "{loss:?} token {t}: fd {fd} vs {}",
+                terms.d_logp[t]
+            );
         }
     }
 
@@ -138,7 +142,10 @@ mod tests {
                     let reference: Vec<f64> = logp.iter().map(|l| l + (rng.unit() - 0.5)).collect();
                     let c = Completion { logp: &logp, old: &old, reference: Some(&reference), advantage };
                     check_fd(PolicyLoss { ratio, clip_epsilon: 0.1, kl_coef: 0.3 }, &c);
-                    check_fd(PolicyLoss { ratio, clip_epsilon: 0.1, kl_coef: 0.0 }, &Completion { reference: None, ..c });
+                    check_fd(
+                        PolicyLoss { ratio, clip_epsilon: 0.1, kl_coef: 0.0 },
+                        &Completion { reference: None, ..c },
+                    );
                 }
             }
         }

@@ -50,6 +50,9 @@ mod tests {
         // From a saved cursor, the same continuation.
         let (a, _) = next_prompts(7, 4, DataCursor { epoch: 1, position: 2 }, 9, true);
         assert_eq!(a, all[9..13]);
-        assert_eq!(next_prompts(3, 3, DataCursor::default(), 9, false), (vec![0, 1, 2], DataCursor { epoch: 1, position: 0 }));
+        assert_eq!(
+            next_prompts(3, 3, DataCursor::default(), 9, false),
+            (vec![0, 1, 2], DataCursor { epoch: 1, position: 0 })
+        );
     }
 }

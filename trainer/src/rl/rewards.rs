@@ -149,7 +149,11 @@ impl RewardStats {
 
     /// `{name: mean}` for events.
     pub fn to_json(&self) -> serde_json::Value {
-        self.per_function.iter().map(|(n, m)| (n.clone(), serde_json::json!(m))).collect::<serde_json::Map<_, _>>().into()
+        self.per_function
+            .iter()
+            .map(|(n, m)| (n.clone(), serde_json::json!(m)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 }
 

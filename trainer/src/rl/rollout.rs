@@ -94,14 +94,23 @@ pub fn rollout(
                 }
             };
             slots.insert(id, out.len());
-            out.push(Generation { prompt: i, tokens: Vec::new(), text: String::new(), completion_tokens: 0, truncated: false });
+            out.push(Generation {
+                prompt: i,
+                tokens: Vec::new(),
+                text: String::new(),
+                completion_tokens: 0,
+                truncated: false,
+            });
         }
     }
     let mut stats = RolloutStats::default();
     let mut left = out.len();
     while left > 0 {
         if engine.is_idle() {
-            return Err(RolloutError::Failed { prompt: 0, message: "the engine went idle before every completion ended".into() });
+            return Err(RolloutError::Failed {
+                prompt: 0,
+                message: "the engine went idle before every completion ended".into(),
+            });
         }
         stats.engine_steps += 1;
         for (id, event) in engine.step() {

@@ -31,6 +31,10 @@ pub struct EvalReport {
     pub exact_match: Option<f64>,
     /// A few generated answers beside their references, for humans.
     pub samples: Vec<EvalSample>,
+    /// GRPO and GSPO: the recipe's rewards of completions sampled for held-out prompts
+    /// (`prompts`, `completions`, `mean`, `std`, `per_function`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewards: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +110,7 @@ pub fn evaluate(
         exact_match_correct: correct,
         exact_match: (!prompts.is_empty()).then(|| correct as f64 / prompts.len() as f64),
         samples,
+        rewards: None,
     })
 }
 
@@ -143,6 +148,7 @@ mod tests {
             exact_match_correct: 2,
             exact_match: em,
             samples: vec![],
+            rewards: None,
         }
     }
 

@@ -29,11 +29,9 @@ pub fn layout(text: &str) -> Layout<'_> {
             },
             None => Layout { thinks: true, think_ok: false, answer: "" },
         },
-        None => Layout {
-            thinks: false,
-            think_ok: !t.contains(THINK_OPEN) && !t.contains(THINK_CLOSE),
-            answer: t.trim(),
-        },
+        None => {
+            Layout { thinks: false, think_ok: !t.contains(THINK_OPEN) && !t.contains(THINK_CLOSE), answer: t.trim() }
+        }
     }
 }
 

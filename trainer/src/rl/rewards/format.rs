@@ -12,7 +12,8 @@ pub fn score(s: &Sample<'_>) -> Option<f64> {
     let l = layout(s.text);
     let calls = tool_calls(l.answer);
     let wants_calls = s.reference.contains(TOOL_OPEN);
-    let calls_ok = if wants_calls { !calls.bodies.is_empty() && !calls.unbalanced && !calls.text_outside } else { !calls.any() };
+    let calls_ok =
+        if wants_calls { !calls.bodies.is_empty() && !calls.unbalanced && !calls.text_outside } else { !calls.any() };
     Some(if !s.truncated && l.think_ok && !l.answer.is_empty() && calls_ok { 1.0 } else { 0.0 })
 }
 

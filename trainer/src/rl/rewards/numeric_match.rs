@@ -103,6 +103,9 @@ mod tests {
         assert_eq!(score(&sample("72", "<think>it is 72</think> 71")), Some(0.0), "the think block does not count");
         assert_eq!(score(&sample("72", "")), Some(0.0));
         assert_eq!(score(&sample("abc", "abc")), None, "no number in the reference");
-        assert_eq!(score(&sample("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>", "1")), None);
+        assert_eq!(
+            score(&sample("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>", "1")),
+            None
+        );
     }
 }

@@ -47,7 +47,10 @@ mod tests {
     fn valid_json_calls_score_where_a_call_is_wanted() {
         assert_eq!(score_of(CALL, CALL), Some(1.0));
         // Validity, not correctness: another city is still a valid call.
-        assert_eq!(score_of(CALL, "<tool_call>{\"arguments\": {\"city\": \"Rome\"}, \"name\": \"f\"}</tool_call>"), Some(1.0));
+        assert_eq!(
+            score_of(CALL, "<tool_call>{\"arguments\": {\"city\": \"Rome\"}, \"name\": \"f\"}</tool_call>"),
+            Some(1.0)
+        );
         assert_eq!(score_of(CALL, &format!("<think>call it</think>{CALL}\n{CALL}")), Some(1.0));
         for bad in [
             "<tool_call>{\"name\": \"f\", \"arguments\": {\"city\": }</tool_call>",
