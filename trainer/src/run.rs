@@ -201,7 +201,8 @@ mod tests {
     use crate::recipe::Recipe;
     use std::path::Path;
 
-    struct Collect(Vec<TrainerEvent>);
+    /// Keeps every event (the RL tests read them too).
+    pub(super) struct Collect(pub Vec<TrainerEvent>);
 
     impl EventSink for Collect {
         type Error = std::convert::Infallible;

@@ -38,6 +38,24 @@ pub struct GroupPolicy {
     pub rewards: Vec<Reward>,
 }
 
+impl GroupPolicy {
+    fn new(ratio: Ratio, generations: u32, new_tokens: u32, temperature: f64, rewards: &[Reward]) -> GroupPolicy {
+        GroupPolicy {
+            loss: PolicyLoss { ratio, clip_epsilon: 0.0, kl_coef: 0.0 },
+            num_generations: generations as usize,
+            max_new_tokens: new_tokens as usize,
+            temperature,
+            rewards: rewards.to_vec(),
+        }
+    }
+
+    fn clipped(mut self, clip_epsilon: f64, kl_coef: f64) -> GroupPolicy {
+        self.loss.clip_epsilon = clip_epsilon;
+        self.loss.kl_coef = kl_coef;
+        self
+    }
+}
+
 impl RlPlan {
     /// Whether the step needs the reference policy's log-probs.
     pub fn needs_reference(&self) -> bool {
@@ -106,23 +124,15 @@ impl MethodPlan {
                 MethodPlan { rl: Some(RlPlan::Kto(loss)), ..either("kto", k.lora.as_ref()) }
             }
             Method::Grpo(g) => {
-                let policy = GroupPolicy {
-                    loss: PolicyLoss { ratio: Ratio::Token, clip_epsilon: g.clip_epsilon, kl_coef: g.kl_coef },
-                    num_generations: g.num_generations as usize,
-                    max_new_tokens: g.max_new_tokens as usize,
-                    temperature: g.temperature,
-                    rewards: g.rewards.clone(),
-                };
+                let policy =
+                    GroupPolicy::new(Ratio::Token, g.num_generations, g.max_new_tokens, g.temperature, &g.rewards)
+                        .clipped(g.clip_epsilon, g.kl_coef);
                 MethodPlan { rl: Some(RlPlan::Policy(policy)), ..either("grpo", g.lora.as_ref()) }
             }
             Method::Gspo(g) => {
-                let policy = GroupPolicy {
-                    loss: PolicyLoss { ratio: Ratio::Sequence, clip_epsilon: g.clip_epsilon, kl_coef: g.kl_coef },
-                    num_generations: g.num_generations as usize,
-                    max_new_tokens: g.max_new_tokens as usize,
-                    temperature: g.temperature,
-                    rewards: g.rewards.clone(),
-                };
+                let policy =
+                    GroupPolicy::new(Ratio::Sequence, g.num_generations, g.max_new_tokens, g.temperature, &g.rewards)
+                        .clipped(g.clip_epsilon, g.kl_coef);
                 MethodPlan { rl: Some(RlPlan::Policy(policy)), ..either("gspo", g.lora.as_ref()) }
             }
         })

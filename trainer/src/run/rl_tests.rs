@@ -8,15 +8,7 @@ use crate::recipe::Recipe;
 use serde_json::Value;
 use std::path::Path;
 
-struct Collect(Vec<TrainerEvent>);
-
-impl EventSink for Collect {
-    type Error = std::convert::Infallible;
-    fn emit(&mut self, event: TrainerEvent) -> Result<(), Self::Error> {
-        self.0.push(event);
-        Ok(())
-    }
-}
+use super::tests::Collect;
 
 /// The micro shape on generated tasks; `method` is `train.method`'s YAML (indented four).
 fn recipe(method: &str, format: &str, steps: u64, lr: f64, per_device: u32, eval_every: u64) -> LoadedRecipe {
@@ -236,4 +228,38 @@ fn kto_moves_desirable_answers_up_and_undesirable_ones_down() {
     assert!(mean > 0.3, "desirable minus undesirable log-ratio {mean} over steps 21..60");
     let loss = |r: &[&Value]| r.iter().map(|p| p["loss"].as_f64().unwrap()).sum::<f64>() / r.len() as f64;
     assert!(loss(&steps[40..]) < loss(&steps[..10]), "KTO's loss did not fall");
+}
+
+#[test]
+fn the_shipped_tiny_grpo_recipe_is_valid_and_trains_grpo() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_grpo.yaml");
+    let r = Recipe::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
+    match MethodPlan::from_recipe(&r.recipe.train.method).unwrap().rl {
+        Some(RlPlan::Policy(p)) => assert_eq!((p.num_generations, p.max_new_tokens), (4, 24)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn rl_sections_are_strict_and_their_errors_name_the_field() {
+    let bad = |method: &str| {
+        let text = recipe_text(method, "instruction", 1, 1e-3, 1, 1);
+        Recipe::from_str(&text, "rl.yaml").map(|_| ()).unwrap_err().to_string()
+    };
+    let e = bad("    kind: grpo\n    reward: [format]");
+    assert!(e.contains("rl.yaml:") && e.contains("reward"), "{e}");
+    let e = bad("    kind: grpo\n    rewards: [numeric]");
+    assert!(e.contains("numeric") && e.contains("numeric_match") && e.contains("tool_call"), "{e}");
+    let e = bad("    kind: gspo\n    num_generations: 1");
+    assert!(e.contains("train.method.num_generations"), "{e}");
+    let e = bad("    kind: grpo\n    max_new_tokens: 160");
+    assert!(e.contains("train.method.max_new_tokens") && e.contains("below data.seq_len"), "{e}");
+    let e = bad("    kind: kto\n    beta: 0");
+    assert!(e.contains("train.method.beta"), "{e}");
+    // GRPO needs prompts with reference answers.
+    let e = Recipe::from_str(&recipe_text("    kind: grpo", "text", 1, 1e-3, 1, 1), "rl.yaml")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("data.format") && e.contains("RL methods"), "{e}");
 }
