@@ -146,8 +146,9 @@ pub enum RunError {
     Eval(#[from] eval::EvalError),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
+    /// Boxed for the same reason as `Load`.
     #[error(transparent)]
-    Rollout(#[from] crate::rl::rollout::RolloutError),
+    Rollout(Box<crate::rl::rollout::RolloutError>),
     #[error("recipe: {0}")]
     Recipe(String),
     /// The plan's `env` overrides would drop, empty or misname a key of the recipe's
@@ -165,6 +166,12 @@ pub enum RunError {
     Base(String),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
+}
+
+impl From<crate::rl::rollout::RolloutError> for RunError {
+    fn from(e: crate::rl::rollout::RolloutError) -> Self {
+        RunError::Rollout(Box::new(e))
+    }
 }
 
 impl From<crate::checkpoint::LoadError> for RunError {

@@ -68,14 +68,14 @@ impl PolicyLoss {
         let mut clipped = 0;
         let ratios = match self.ratio {
             Ratio::Token => {
-                for t in 0..n {
-                    let r = (c.logp[t] - c.old[t]).exp();
+                for ((d, lp), old) in d_logp.iter_mut().zip(c.logp).zip(c.old) {
+                    let r = (lp - old).exp();
                     if clipped_at(r) {
                         clipped += 1;
                         loss -= r.clamp(lo, hi) * a * inv_n;
                     } else {
                         loss -= r * a * inv_n;
-                        d_logp[t] = -a * r * inv_n;
+                        *d = -a * r * inv_n;
                     }
                 }
                 n
@@ -95,10 +95,10 @@ impl PolicyLoss {
         };
         let mut kl_sum = 0.0;
         if let Some(reference) = c.reference {
-            for t in 0..n {
-                let diff = reference[t] - c.logp[t];
+            for ((d, lp), rf) in d_logp.iter_mut().zip(c.logp).zip(reference) {
+                let diff = rf - lp;
                 kl_sum += diff.exp() - diff - 1.0;
-                d_logp[t] += self.kl_coef * inv_n * (1.0 - diff.exp());
+                *d += self.kl_coef * inv_n * (1.0 - diff.exp());
             }
             loss += self.kl_coef * inv_n * kl_sum;
         }

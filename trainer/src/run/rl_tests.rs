@@ -246,18 +246,18 @@ fn rl_sections_are_strict_and_their_errors_name_the_field() {
         let text = recipe_text(method, "instruction", 1, 1e-3, 1, 1);
         Recipe::from_str(&text, "rl.yaml").map(|_| ()).unwrap_err().to_string()
     };
-    let e = bad("    kind: grpo\n    reward: [format]");
+    let e = bad("    kind: grpo\n    max_new_tokens: 16\n    reward: [format]");
     assert!(e.contains("rl.yaml:") && e.contains("reward"), "{e}");
-    let e = bad("    kind: grpo\n    rewards: [numeric]");
+    let e = bad("    kind: grpo\n    max_new_tokens: 16\n    rewards: [numeric]");
     assert!(e.contains("numeric") && e.contains("numeric_match") && e.contains("tool_call"), "{e}");
-    let e = bad("    kind: gspo\n    num_generations: 1");
+    let e = bad("    kind: gspo\n    max_new_tokens: 16\n    num_generations: 1");
     assert!(e.contains("train.method.num_generations"), "{e}");
     let e = bad("    kind: grpo\n    max_new_tokens: 160");
     assert!(e.contains("train.method.max_new_tokens") && e.contains("below data.seq_len"), "{e}");
     let e = bad("    kind: kto\n    beta: 0");
     assert!(e.contains("train.method.beta"), "{e}");
     // GRPO needs prompts with reference answers.
-    let e = Recipe::from_str(&recipe_text("    kind: grpo", "text", 1, 1e-3, 1, 1), "rl.yaml")
+    let e = Recipe::from_str(&recipe_text("    kind: grpo\n    max_new_tokens: 16", "text", 1, 1e-3, 1, 1), "rl.yaml")
         .map(|_| ())
         .unwrap_err()
         .to_string();

@@ -236,7 +236,7 @@ impl Session<'_> {
 pub(super) type StepOpts<'a> = &'a dyn Fn(f64) -> crate::model::StepOptions;
 
 fn rollout_err(e: crate::infer::EngineError) -> RunError {
-    RunError::Rollout(e.into())
+    crate::rl::rollout::RolloutError::from(e).into()
 }
 
 fn score(
