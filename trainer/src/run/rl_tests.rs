@@ -254,7 +254,10 @@ fn rl_sections_are_strict_and_their_errors_name_the_field() {
     assert!(e.contains("train.method.num_generations"), "{e}");
     let e = bad("    kind: grpo\n    max_new_tokens: 160");
     assert!(e.contains("train.method.max_new_tokens") && e.contains("below data.seq_len"), "{e}");
-    let e = bad("    kind: kto\n    beta: 0");
+    let e = Recipe::from_str(&recipe_text("    kind: kto\n    beta: 0", "preference", 1, 1e-3, 1, 1), "rl.yaml")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("train.method.beta"), "{e}");
     // GRPO needs prompts with reference answers.
     let e = Recipe::from_str(&recipe_text("    kind: grpo\n    max_new_tokens: 16", "text", 1, 1e-3, 1, 1), "rl.yaml")
