@@ -98,6 +98,8 @@ train:
   log_every_steps: 1
 eval:
   enabled: false
+serve:
+  max_model_len: {seq_len}
 "#,
         alpha = 2 * r
     );
