@@ -11,7 +11,9 @@
 //!   [`Qwen3::forward_paged`] runs a serving step (many sequences, a paged cache, an
 //!   [`AdapterStack`] mixing adapters row by row: [`crate::infer`]).
 //! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
-//! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`].
+//! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`];
+//!   [`Qwen3::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
+//!   losses in [`crate::rl`] are written that way).
 //! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
 
 mod adapter_stack;
@@ -25,6 +27,7 @@ pub mod moe;
 #[cfg(test)]
 mod moe_tests;
 mod nf4;
+mod objective;
 mod paged;
 mod params;
 pub mod preference;
@@ -38,9 +41,10 @@ pub use config::{MoeShape, Qwen3Config};
 pub use decode::KvCache;
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
+pub use objective::{ObjectiveOutput, ObjectiveValue};
 pub use paged::{LayerCache, PagedInputs};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
-pub use preference::{PreferenceLoss, PreferenceOutput};
+pub use preference::{PreferenceLoss, PreferenceOutput, row_sums};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
 
 use candle_core::DType;

@@ -23,6 +23,9 @@ mod gpu_tests;
 mod layout;
 mod method;
 mod microbatch;
+#[cfg(test)]
+mod rl_tests;
+mod sequences;
 mod session;
 mod threads;
 
@@ -32,7 +35,7 @@ pub use device::{device_name, run_device};
 pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
-pub use method::MethodPlan;
+pub use method::{GroupPolicy, MethodPlan, RlPlan};
 pub use session::{Session, evaluate_checkpoint};
 pub use threads::{plan_kernels, thread_pool};
 
@@ -143,6 +146,9 @@ pub enum RunError {
     Eval(#[from] eval::EvalError),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
+    /// Boxed for the same reason as `Load`.
+    #[error(transparent)]
+    Rollout(Box<crate::rl::rollout::RolloutError>),
     #[error("recipe: {0}")]
     Recipe(String),
     /// The plan's `env` overrides would drop, empty or misname a key of the recipe's
@@ -160,6 +166,12 @@ pub enum RunError {
     Base(String),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
+}
+
+impl From<crate::rl::rollout::RolloutError> for RunError {
+    fn from(e: crate::rl::rollout::RolloutError) -> Self {
+        RunError::Rollout(Box::new(e))
+    }
 }
 
 impl From<crate::checkpoint::LoadError> for RunError {
@@ -196,7 +208,8 @@ mod tests {
     use crate::recipe::Recipe;
     use std::path::Path;
 
-    struct Collect(Vec<TrainerEvent>);
+    /// Keeps every event (the RL tests read them too).
+    pub(super) struct Collect(pub Vec<TrainerEvent>);
 
     impl EventSink for Collect {
         type Error = std::convert::Infallible;

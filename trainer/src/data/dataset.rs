@@ -291,12 +291,26 @@ impl Dataset {
 
     /// [`Dataset::holdout_prompts`], the first `max`.
     pub fn holdout_prompts_max(&self, tokenizer: &Tokenizer, max: usize) -> Result<Vec<PromptItem>, DataError> {
+        self.prompts_of(Part::Holdout, tokenizer, max)
+    }
+
+    /// The training examples as prompts with reference answers, in example order (what RL
+    /// samples completions for and scores them against).
+    pub fn train_prompts(&self, tokenizer: &Tokenizer) -> Result<Vec<PromptItem>, DataError> {
+        self.prompts_of(Part::Train, tokenizer, usize::MAX)
+    }
+
+    fn prompts_of(&self, part: Part, tokenizer: &Tokenizer, max: usize) -> Result<Vec<PromptItem>, DataError> {
         let mut items = Vec::new();
-        for i in 0..self.holdout_len() {
+        let len = match part {
+            Part::Train => self.train_len(),
+            Part::Holdout => self.holdout_len(),
+        };
+        for i in 0..len {
             if items.len() >= max {
                 break;
             }
-            let example = self.holdout_example(i)?;
+            let example = self.store.example(part, i)?;
             let (prompt, conv) = match &example {
                 Example::Chat(c) => match c.messages.split_last() {
                     Some((last, before)) if last.role == Role::Assistant => (before.to_vec(), c.clone()),

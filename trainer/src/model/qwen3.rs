@@ -260,9 +260,14 @@ impl Qwen3 {
     pub fn token_losses(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
         let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None)?;
         let xf = self.final_hidden(&ctx, batch)?;
-        let logits = linear::forward(&self.kernels, &xf, &*self.weight(self.head_name())?)?;
+        let w = self.weight(self.head_name())?;
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
-        let (losses, _) = cross_entropy::forward(&logits, &labels)?;
+        // As in the training forward: on a GPU the `[tokens × vocab]` logits are never whole.
+        let losses = if self.device.is_cuda() {
+            lm_head_ce::forward(&self.kernels, &xf, &w, &labels, HEAD_CHUNK)?.0
+        } else {
+            cross_entropy::forward(&linear::forward(&self.kernels, &xf, &w)?, &labels)?.0
+        };
         Ok(losses.reshape((batch.batch, batch.seq_len))?)
     }
 

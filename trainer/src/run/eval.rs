@@ -35,6 +35,10 @@ pub struct EvalReport {
     pub by_family: BTreeMap<String, FamilyScore>,
     /// A few generated answers beside their references, for humans.
     pub samples: Vec<EvalSample>,
+    /// GRPO and GSPO: the recipe's rewards of completions sampled for held-out prompts
+    /// (`prompts`, `completions`, `mean`, `std`, `per_function`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewards: Option<serde_json::Value>,
 }
 
 /// Exact match on one task family's held-out prompts.
@@ -125,6 +129,7 @@ pub fn evaluate(
         exact_match: (!prompts.is_empty()).then(|| correct as f64 / prompts.len() as f64),
         by_family,
         samples,
+        rewards: None,
     })
 }
 
@@ -163,6 +168,7 @@ mod tests {
             exact_match: em,
             by_family: BTreeMap::new(),
             samples: vec![],
+            rewards: None,
         }
     }
 

@@ -1,9 +1,12 @@
 //! One run from preparation to the last checkpoint.
 
+mod kto_step;
+mod reinforce;
+
 use super::base::{self, BASE_FILE, BaseRecord};
 use super::eval::{EvalReport, check_regression, evaluate};
 use super::layout::{OutDir, RunRecord};
-use super::method::MethodPlan;
+use super::method::{MethodPlan, RlPlan};
 use super::microbatch::{accumulate, split, split_pairs};
 use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
 use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
@@ -17,6 +20,18 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
+
+use reinforce::RolloutState;
+
+/// One optimizer step's gradients and what it reports.
+struct StepGrads {
+    grads: BTreeMap<String, candle_core::Tensor>,
+    /// The step's mean loss.
+    loss: f64,
+    tokens: u64,
+    /// What an RL step adds to `train.progress` (rewards, KL, clipping, timings).
+    rl: Option<Value>,
+}
 
 /// A prepared run: everything loaded, positioned at `step`.
 pub struct Session<'a> {
@@ -35,9 +50,12 @@ pub struct Session<'a> {
     cursor: DataCursor,
     base: BaseRecord,
     start_step: u64,
-    /// DPO's reference policy when all weights train: a frozen copy of the starting
-    /// weights (with adapters, the reference is the base with adapters off).
+    /// The reference policy of DPO, KTO and GRPO's KL term when all weights train: a frozen
+    /// copy of the starting weights (with adapters, the reference is the base with adapters
+    /// off: no second model in memory).
     reference: Option<Qwen3>,
+    /// GRPO and GSPO: the prompts, rewards and rollout engine.
+    rollouts: Option<RolloutState>,
     /// The recipe's `train.env` with the plan's overrides applied, as `run.started` records it.
     env: BTreeMap<String, String>,
 }
@@ -129,11 +147,16 @@ impl<'a> Session<'a> {
         if method.nf4_base {
             model.quantize_nf4()?;
         }
-        let reference = match (method.preference, &adapters) {
-            (Some(crate::model::PreferenceLoss::Dpo { .. }), None) => Some(model.clone()),
+        let needs_reference = matches!(method.preference, Some(crate::model::PreferenceLoss::Dpo { .. }))
+            || method.rl.as_ref().is_some_and(RlPlan::needs_reference);
+        let reference = (needs_reference && adapters.is_none()).then(|| model.clone());
+        let rollouts = match &method.rl {
+            Some(RlPlan::Policy(p)) => {
+                Some(RolloutState::new(dataset.train_prompts(&tokenizer)?, recipe.data.seq_len as usize, p)?)
+            }
             _ => None,
         };
-        let total_steps = total_steps(spec, &dataset)?;
+        let total_steps = total_steps(spec, &dataset, rollouts.as_ref().map(|r| r.prompts.len()))?;
         let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
         let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
         let mut optimizer = AdamW::new(adam);
@@ -176,6 +199,10 @@ impl<'a> Session<'a> {
             });
         }
         out.write_json(&out.run_json(), &record)?;
+        let rl = rl_record(&method, rollouts.as_ref(), recipe.meta.seed);
+        if let Some(rl) = &rl {
+            out.write_json(&out.root().join(RL_JSON), rl)?;
+        }
         let session = Session {
             spec,
             out,
@@ -193,6 +220,7 @@ impl<'a> Session<'a> {
             base,
             start_step: step,
             reference,
+            rollouts,
             env,
         };
         emit(
@@ -226,6 +254,7 @@ impl<'a> Session<'a> {
             "total_steps": self.total_steps,
             "out_dir": self.out.root().display().to_string(),
             "context": self.spec.context,
+            "rl": rl_record(&self.method, self.rollouts.as_ref(), recipe.meta.seed),
         })
     }
 
@@ -252,9 +281,11 @@ impl<'a> Session<'a> {
         let log_every = u64::from(train.log_every_steps.max(1));
         observer.started(self.step, self.total_steps);
         let eval = &self.spec.recipe.recipe.eval;
-        if self.step == 0 && eval.enabled && eval.every_steps.is_some() && self.total_steps > 0 {
+        let curve = eval.every_steps.is_some() || self.rollouts.is_some();
+        if self.step == 0 && eval.enabled && curve && self.total_steps > 0 {
             // The curve starts where the run starts: the base (a fresh adapter adds nothing),
-            // so the evaluations that follow read as what training changed.
+            // so the evaluations that follow (an RL run's held-out rewards too) read as what
+            // training changed.
             let report = self.evaluate()?;
             observer.note(&eval_line(&report));
             observer.evaluated(&report);
@@ -262,7 +293,7 @@ impl<'a> Session<'a> {
         }
         while self.step < self.total_steps {
             let t0 = Instant::now();
-            let (loss, n_tokens, grad_norm, lr) = self.one_step()?;
+            let (loss, n_tokens, grad_norm, lr, rl) = self.one_step()?;
             if !loss.is_finite() {
                 return Err(RunError::Diverged { step: self.step, value: loss });
             }
@@ -279,11 +310,14 @@ impl<'a> Session<'a> {
             };
             observer.step(&report);
             if self.step.is_multiple_of(log_every) || self.step == self.total_steps {
-                let data = json!({
+                let mut data = json!({
                     "run_id": self.record.run_id, "step": self.step, "total_steps": self.total_steps,
                     "loss": loss, "lr": lr, "grad_norm": grad_norm,
                     "tokens_per_s": tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
                 });
+                if let Some(rl) = rl {
+                    data["rl"] = rl;
+                }
                 emit(sink, "train.progress", &self.record.run_id, data)?;
             }
             if let Some(every) = train.checkpoint.every_steps
@@ -354,21 +388,58 @@ impl<'a> Session<'a> {
         Ok(summary)
     }
 
-    /// One optimizer step over `grad_accum` batches of `per_device` rows, split into the
-    /// plan's micro-batches. Returns (mean token loss, tokens, pre-clip grad norm, lr).
-    fn one_step(&mut self) -> Result<(f64, u64, f64, f64), RunError> {
+    /// One optimizer step over `grad_accum` batches of `per_device` rows (prompts for GRPO
+    /// and GSPO), split into the plan's micro-batches. Returns (mean loss, tokens, pre-clip
+    /// grad norm, lr, what an RL step reports).
+    fn one_step(&mut self) -> Result<(f64, u64, f64, f64, Option<Value>), RunError> {
+        let step = self.step;
+        let checkpointing = self.spec.plan.choices.activation_checkpointing;
+        let seed = self.spec.recipe.recipe.meta.seed;
+        let opts = move |loss_scale| StepOptions {
+            activation_checkpointing: checkpointing,
+            dropout_seed: seed ^ (step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            loss_scale,
+        };
+        let mut out = match self.method.rl.clone() {
+            Some(RlPlan::Policy(policy)) => self.policy_step(&policy, &opts)?,
+            Some(RlPlan::Kto(loss)) => self.kto_step(loss, &opts)?,
+            None => self.supervised_step(&opts)?,
+        };
+        if out.grads.is_empty() {
+            // An RL step whose groups all scored alike has nothing to learn: zero gradients,
+            // and the optimizer steps as it would on any other (as TRL's does).
+            let params = match (self.method.trainable, &self.adapters) {
+                (Trainable::Adapters, Some(a)) => &a.tensors,
+                _ => self.model.params(),
+            };
+            for (name, p) in params {
+                out.grads.insert(name.clone(), p.zeros_like()?);
+            }
+        }
+        let train = &self.spec.recipe.recipe.train;
+        let grad_norm = if train.optimizer.grad_clip > 0.0 {
+            clip_grad_norm(&mut out.grads, train.optimizer.grad_clip)?
+        } else {
+            crate::optim::global_grad_norm(&out.grads)?
+        };
+        let lr = self.schedule.lr(self.step);
+        match (self.method.trainable, self.adapters.as_mut()) {
+            (Trainable::Adapters, Some(a)) => self.optimizer.step(&mut a.tensors, &out.grads, lr)?,
+            _ => self.optimizer.step(self.model.params_mut(), &out.grads, lr)?,
+        }
+        self.step += 1;
+        Ok((out.loss, out.tokens, grad_norm, lr, out.rl))
+    }
+
+    /// SFT, CPT, DPO and ORPO: the step's rows of the packed (or paired) data.
+    fn supervised_step(&mut self, opts: &dyn Fn(f64) -> StepOptions) -> Result<StepGrads, RunError> {
         let train = &self.spec.recipe.recipe.train;
         let per_device = train.batch.per_device as usize;
         let micro = self.spec.plan.choices.micro_batch.min(per_device).max(1);
-        let opts = |loss_scale| StepOptions {
-            activation_checkpointing: self.spec.plan.choices.activation_checkpointing,
-            dropout_seed: self.spec.recipe.recipe.meta.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            loss_scale,
-        };
         let trainable = self.method.trainable;
         let mut grads = BTreeMap::new();
         let (mut loss_sum, mut tokens) = (0.0, 0u64);
-        let mut denominator = 0.0;
+        let denominator;
         if let Some(loss) = self.method.preference {
             let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
             let batches: Vec<_> = (0..train.batch.grad_accum).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
@@ -409,20 +480,15 @@ impl<'a> Session<'a> {
                     accumulate(&mut grads, out.grads)?;
                 }
             }
-            denominator += targets.max(1) as f64;
+            denominator = targets.max(1) as f64;
         }
-        let grad_norm = if train.optimizer.grad_clip > 0.0 {
-            clip_grad_norm(&mut grads, train.optimizer.grad_clip)?
-        } else {
-            crate::optim::global_grad_norm(&grads)?
-        };
-        let lr = self.schedule.lr(self.step);
-        match (trainable, self.adapters.as_mut()) {
-            (Trainable::Adapters, Some(a)) => self.optimizer.step(&mut a.tensors, &grads, lr)?,
-            _ => self.optimizer.step(self.model.params_mut(), &grads, lr)?,
-        }
-        self.step += 1;
-        Ok((loss_sum / denominator, tokens, grad_norm, lr))
+        Ok(StepGrads { grads, loss: loss_sum / denominator, tokens, rl: None })
+    }
+
+    /// The reference policy: the frozen starting weights when all weights train, else the
+    /// base with the adapters off.
+    fn reference_policy(&self) -> (&Qwen3, Option<&Adapters>) {
+        (self.reference.as_ref().unwrap_or(&self.model), None)
     }
 
     fn weights_to(&self, dir: &mut StagedDir) -> Result<(), RunError> {
@@ -486,9 +552,9 @@ impl<'a> Session<'a> {
         Ok(staged.commit()?)
     }
 
-    fn evaluate(&self) -> Result<EvalReport, RunError> {
+    fn evaluate(&mut self) -> Result<EvalReport, RunError> {
         let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
-        Ok(evaluate(
+        let mut report = evaluate(
             &self.model,
             self.adapters.as_ref(),
             &self.dataset,
@@ -496,7 +562,11 @@ impl<'a> Session<'a> {
             per_device,
             self.spec.eval_prompts,
             self.step,
-        )?)
+        )?;
+        if let Some(RlPlan::Policy(policy)) = self.method.rl.clone() {
+            report.rewards = Some(self.held_out_rewards(&policy, self.spec.eval_prompts)?);
+        }
+        Ok(report)
     }
 
     fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
@@ -520,19 +590,20 @@ fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
     json!({
         "run_id": run_id, "step": r.step, "loss": r.loss, "perplexity": r.perplexity,
         "exact_match": r.exact_match, "exact_match_correct": r.exact_match_correct,
-        "exact_match_total": r.exact_match_total, "file": file,
+        "exact_match_total": r.exact_match_total, "rewards": r.rewards, "file": file,
     })
 }
 
-/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows.
-fn total_steps(spec: &RunSpec, dataset: &Dataset) -> Result<u64, RunError> {
+/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows (over
+/// `prompts`, GRPO's and GSPO's training prompts, when given).
+fn total_steps(spec: &RunSpec, dataset: &Dataset, prompts: Option<usize>) -> Result<u64, RunError> {
     let train = &spec.recipe.recipe.train;
     if let Some(n) = train.budget.max_steps {
         return Ok(n);
     }
     let epochs = u64::from(train.budget.epochs.unwrap_or(1));
     let rows_per_step = u64::from(train.batch.per_device) * u64::from(train.batch.grad_accum);
-    let rows = dataset.train_rows_per_epoch() as u64;
+    let rows = prompts.unwrap_or_else(|| dataset.train_rows_per_epoch()) as u64;
     if rows == 0 {
         return Err(RunError::Recipe("data: no training examples".into()));
     }
@@ -574,4 +645,32 @@ fn reference_logps(frozen: &Qwen3, batch: &crate::batch::PreferenceBatch) -> Res
     let chosen = frozen.sequence_logps(&batch.chosen, None)?;
     let rejected = frozen.sequence_logps(&batch.rejected, None)?;
     Ok(chosen.into_iter().zip(rejected).collect())
+}
+
+/// `OUT/rl.json`: what an RL run learns from (the reward functions with the digests of their
+/// definitions, the sampling settings); a file of the run, so the sealed manifest covers it.
+pub const RL_JSON: &str = "rl.json";
+
+fn rl_record(method: &MethodPlan, rollouts: Option<&RolloutState>, seed: u64) -> Option<Value> {
+    match (&method.rl, rollouts) {
+        (Some(RlPlan::Policy(p)), Some(r)) => Some(json!({
+            "method": method.name,
+            "rewards": r.rewards.records(),
+            "sampling": {
+                "num_generations": p.num_generations, "max_new_tokens": p.max_new_tokens,
+                "temperature": p.temperature, "top_p": 1.0, "top_k": 0, "seed": seed,
+            },
+            "loss": {
+                "ratio": match p.loss.ratio { crate::rl::policy_loss::Ratio::Token => "token", crate::rl::policy_loss::Ratio::Sequence => "sequence" },
+                "clip_epsilon": p.loss.clip_epsilon, "kl_coef": p.loss.kl_coef,
+            },
+            "prompts": r.prompts.len(),
+            "prompts_too_long": r.too_long,
+        })),
+        (Some(RlPlan::Kto(k)), _) => Some(json!({
+            "method": method.name,
+            "loss": {"beta": k.beta, "desirable_weight": k.desirable_weight, "undesirable_weight": k.undesirable_weight},
+        })),
+        _ => None,
+    }
 }
