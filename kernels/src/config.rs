@@ -26,6 +26,7 @@
 
 use crate::attention::AttentionKernels;
 use crate::gemm_algos::{GemmAlgo, GemmShape};
+use crate::moe::MoeKernels;
 use candle_core::Result;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,7 @@ pub struct KernelConfig {
     attention: AttentionKernels,
     gemm_algos: Arc<BTreeMap<GemmShape, GemmAlgo>>,
     shapes: Option<GemmShapeLog>,
+    moe: MoeKernels,
 }
 
 impl Default for KernelConfig {
@@ -46,6 +48,7 @@ impl Default for KernelConfig {
             attention: AttentionKernels::DEFAULT,
             gemm_algos: Arc::default(),
             shapes: None,
+            moe: MoeKernels::default(),
         }
     }
 }
@@ -83,6 +86,17 @@ impl KernelConfig {
     pub fn recording_into(mut self, log: &GemmShapeLog) -> KernelConfig {
         self.shapes = Some(log.clone());
         self
+    }
+
+    /// The same with these grouped-GEMM settings (mixture-of-experts layers).
+    pub fn with_moe(mut self, moe: MoeKernels) -> KernelConfig {
+        self.moe = moe;
+        self
+    }
+
+    /// The grouped GEMMs' tile and expert order.
+    pub fn moe(&self) -> MoeKernels {
+        self.moe
     }
 
     pub fn gemm_rows(&self) -> usize {

@@ -30,6 +30,7 @@ pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod memory;
+pub mod moe;
 pub mod multi_lora;
 pub mod nf4;
 pub mod paged_attention;

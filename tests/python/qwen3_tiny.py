@@ -1,4 +1,5 @@
-"""Reference side of the interop tests and the CPU bench: transformers + PEFT on tiny Qwen3 shapes.
+"""Reference side of the interop tests and the CPU bench: transformers + PEFT on tiny Qwen3 shapes
+(Qwen3-MoE when the config names `num_experts`).
 
 Run with the venv of scripts/setup-torch. Every command writes JSON (to --out or stdout) so the
 Rust tests read it with serde_json. Commands:
@@ -41,7 +42,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,17 +62,26 @@ def write_json(path: str | None, value) -> None:
             f.write(text)
 
 
-def load_model(path: str, attn: str = "eager") -> Qwen3ForCausalLM:
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+def load_model(path: str, attn: str = "eager"):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
     model.eval()
     return model
 
 
 def cmd_make_model(a) -> None:
     with open(a.config) as f:
-        config = Qwen3Config(**json.load(f))
+        fields = json.load(f)
+    moe = "num_experts" in fields
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(**fields)
     torch.manual_seed(a.seed)
-    model = Qwen3ForCausalLM(config).to(DTYPES[a.dtype])
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config).to(DTYPES[a.dtype])
+    if moe:
+        # HF's init draws experts at std 0.02 like every weight; larger ones make the routing,
+        # and so a wrong top-k or weighting, visible in the logits.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".mlp." in name:
+                    p.mul_(20.0)
     # Norm gains start at exactly 1; perturb them so a loader that ignored them would be caught.
     with torch.no_grad():
         for name, p in model.named_parameters():

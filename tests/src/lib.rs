@@ -20,6 +20,7 @@ pub fn mindxtrain(dir: &Path, args: &[&str]) -> Command {
 
 /// Benchmark programs' bodies (the binaries in src/bin parse arguments and call these).
 pub mod bench {
+    pub mod data;
     pub mod train;
 }
 

@@ -197,6 +197,17 @@ fn demo_runs_and_verifies_its_own_log() {
     assert!(loss(0) < 0.5 && loss(1) < 0.5, "{phases:?}");
     assert!(em(0) >= 0.05, "pretrained exact match {}", em(0));
     assert!(em(1) >= 0.05, "LoRA exact match {} after pretraining's {}", em(1), em(0));
+    // Before and after tuning, family by family, on the same held-out prompts: the LoRA run
+    // evaluates its base at step 0 (the adapter starts at zero), and tuning does not lose.
+    let before = phases[1]["exact_match_before"].as_f64().expect("the LoRA phase reports its base");
+    assert!(em(1) >= before, "LoRA exact match {} below its base's {before}", em(1));
+    let families = phases[1]["exact_match_by_family"].as_object().expect("exact match by family");
+    assert!(families.len() >= 8, "{families:?}");
+    let total = |when: &str| families.values().map(|f| f[when]["total"].as_u64().unwrap()).sum::<u64>();
+    let correct = |when: &str| families.values().map(|f| f[when]["correct"].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((total("before"), total("after")), (64, 64), "every held-out prompt has a family: {families:?}");
+    assert_eq!(correct("after") as f64 / 64.0, em(1), "{families:?}");
+    assert_eq!(correct("before") as f64 / 64.0, before, "{families:?}");
     // Every run is sealed; the manifests are anchored with the checkpoint, and the LoRA
     // run's receipt verifies offline (files, recipe, plan, signatures, proofs).
     for p in phases {

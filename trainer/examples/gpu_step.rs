@@ -40,6 +40,7 @@ fn config(shape: &str) -> Qwen3Config {
         rope_theta: 1e6,
         tie_word_embeddings: shape != "8B",
         max_position_embeddings: 40_960,
+        moe: None,
     }
 }
 

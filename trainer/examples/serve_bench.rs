@@ -44,6 +44,7 @@ fn shape(name: &str) -> Qwen3Config {
         rope_theta: 1e6,
         tie_word_embeddings: name != "8B",
         max_position_embeddings: 40_960,
+        moe: None,
     }
 }
 

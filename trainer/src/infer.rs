@@ -17,7 +17,7 @@
 //! let config = Qwen3Config {
 //!     vocab_size: 64, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 2,
 //!     num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8, rms_norm_eps: 1e-6,
-//!     rope_theta: 10_000.0, tie_word_embeddings: false, max_position_embeddings: 128,
+//!     rope_theta: 10_000.0, tie_word_embeddings: false, max_position_embeddings: 128, moe: None,
 //! };
 //! let model = Qwen3::init_random(&config, 7, DType::F32, &Device::Cpu)?;
 //! let engine = Engine::new(model, None, EngineConfig {

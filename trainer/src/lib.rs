@@ -4,6 +4,8 @@
 //!   errors that name file, line, column and field path).
 //! * [`events`]: the [`events::EventSink`] trait through which the trainer reports to
 //!   whoever embeds it (the node writes those reports into its signed log).
+//! * [`data`], [`model`], [`optim`], [`checkpoint`], [`plan`]: what a run is made of;
+//!   [`run`] drives it; [`infer`] serves a model; [`rl`] learns from rewards through it.
 
 pub mod batch;
 pub mod checkpoint;
@@ -17,4 +19,5 @@ pub mod optim;
 pub mod parallel;
 pub mod plan;
 pub mod recipe;
+pub mod rl;
 pub mod run;

@@ -3,14 +3,17 @@
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
 //! in f64); this module wires them into the Qwen3 architecture with HF/PEFT tensor names.
 //!
-//! * [`Qwen3Config`]: the shape, from and to HF `config.json`.
+//! * [`Qwen3Config`]: the shape, from and to HF `config.json`; with [`MoeShape`] Qwen3-MoE,
+//!   whose sparse layers' MLP is [`moe`] (router, top-k experts, load-balancing loss).
 //! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
 //!   token loss and gradients), [`Qwen3::logits`];
 //!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]);
 //!   [`Qwen3::forward_paged`] runs a serving step (many sequences, a paged cache, an
 //!   [`AdapterStack`] mixing adapters row by row: [`crate::infer`]).
 //! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
-//! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`].
+//! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`];
+//!   [`Qwen3::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
+//!   losses in [`crate::rl`] are written that way).
 //! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
 
 mod adapter_stack;
@@ -21,7 +24,11 @@ mod decode;
 mod gpu_tests;
 mod hooks;
 mod lora;
+pub mod moe;
+#[cfg(test)]
+mod moe_tests;
 mod nf4;
+mod objective;
 mod paged;
 mod params;
 pub mod preference;
@@ -31,14 +38,15 @@ pub(crate) mod rng;
 mod tests;
 
 pub use adapter_stack::AdapterStack;
-pub use config::Qwen3Config;
+pub use config::{MoeShape, Qwen3Config};
 pub use decode::KvCache;
 pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
+pub use objective::{ObjectiveOutput, ObjectiveValue};
 pub use paged::{LayerCache, PagedInputs};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
-pub use preference::{PreferenceLoss, PreferenceOutput};
+pub use preference::{PreferenceLoss, PreferenceOutput, row_sums};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
 /// Gradients (or parameters) by HF or PEFT name.
 pub type Grads = std::collections::BTreeMap<String, candle_core::Tensor>;

@@ -24,6 +24,9 @@ mod layout;
 mod method;
 mod microbatch;
 mod ranks;
+#[cfg(test)]
+mod rl_tests;
+mod sequences;
 mod session;
 mod step;
 mod threads;
@@ -31,10 +34,10 @@ mod threads;
 pub use autotune::{gradient_buckets, measure_plan};
 pub use base::{BaseRecord, adapter_base, check_base_choice};
 pub use device::{device_name, named_device, run_device};
-pub use eval::{EvalReport, check_regression, evaluate};
+pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, RunRecord};
-pub use method::MethodPlan;
+pub use method::{GroupPolicy, MethodPlan, RlPlan};
 pub use session::{Session, evaluate_checkpoint};
 pub use threads::{plan_kernels, thread_pool};
 
@@ -148,6 +151,9 @@ pub enum RunError {
     Eval(#[from] eval::EvalError),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
+    /// Boxed for the same reason as `Load`.
+    #[error(transparent)]
+    Rollout(Box<crate::rl::rollout::RolloutError>),
     #[error("recipe: {0}")]
     Recipe(String),
     /// The plan's `env` overrides would drop, empty or misname a key of the recipe's
@@ -168,6 +174,12 @@ pub enum RunError {
     /// Another rank failed, hung or went away, or the ranks disagree.
     #[error("{0}")]
     Collective(crate::collective::CollectiveError),
+}
+
+impl From<crate::rl::rollout::RolloutError> for RunError {
+    fn from(e: crate::rl::rollout::RolloutError) -> Self {
+        RunError::Rollout(Box::new(e))
+    }
 }
 
 impl From<crate::checkpoint::LoadError> for RunError {
@@ -227,7 +239,8 @@ mod tests {
     use crate::recipe::Recipe;
     use std::path::Path;
 
-    struct Collect(Vec<TrainerEvent>);
+    /// Keeps every event (the RL tests read them too).
+    pub(super) struct Collect(pub Vec<TrainerEvent>);
 
     impl EventSink for Collect {
         type Error = std::convert::Infallible;

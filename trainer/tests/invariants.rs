@@ -259,6 +259,14 @@ fn data_source_rules() {
     let all = errors(&edit("source: hf", "source: jsonl"));
     let paths: Vec<_> = all.iter().map(|e| e.path()).collect();
     assert_eq!(paths, ["data.paths", "data.hf_id"], "{all}");
+    // Column mapping is for Parquet/Arrow tables; JSONL keys are read as named, so a mapping
+    // there would silently do nothing.
+    let hf = "  hf_id: HuggingFaceH4/ultrachat_200k\n";
+    let mapped = edit(hf, &format!("{hf}  columns: {{messages: conversations}}\n"));
+    Recipe::from_str(&mapped, "x").unwrap_or_else(|e| panic!("{e}"));
+    let all = errors(&mapped.replace("source: hf", "source: jsonl"));
+    let paths: Vec<_> = all.iter().map(|e| e.path()).collect();
+    assert!(paths.contains(&"data.columns"), "{all}");
     let e = only_error(&edit("kind: lora", "kind: dpo").replace("    r: 16\n", ""));
     assert_eq!(e.path(), "data.format");
     assert!(e.message().contains("preference"), "{e}");

@@ -21,7 +21,8 @@ pub fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor>
     }
     let g = heads / kv;
     let qg = (q.contiguous()? * scale)?.reshape((b, kv, g * t, hd))?;
-    let scores = qg.matmul(&k.t()?)?;
+    // A gathered (strided) K: the CUDA matmul wants contiguous batches, the CPU accepts both.
+    let scores = qg.matmul(&k.contiguous()?.t()?)?;
     let bias = causal_bias(g, t, s, q)?;
     let scores = scores.broadcast_add(&bias)?;
     let max = scores.max_keepdim(D::Minus1)?;

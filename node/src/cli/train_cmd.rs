@@ -180,7 +180,7 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         let msg = format!("{}: already exists; a plan is never overwritten, choose another --out", args.out.display());
         return Ok(invalid(out, &msg));
     }
-    let data = DataOptions { skip_bad: args.skip_bad };
+    let data = DataOptions { skip_bad: args.skip_bad, ..DataOptions::default() };
     let launch = match Launch::resolve(&args.launch.options(), &recipe.loaded.recipe) {
         Ok(l) => l,
         Err(e) => return Ok(invalid(out, &e)),
@@ -309,7 +309,7 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         force: args.force,
         init_from: args.init_from.clone(),
         force_base: args.force_base,
-        data: DataOptions { skip_bad: args.skip_bad },
+        data: DataOptions { skip_bad: args.skip_bad, ..DataOptions::default() },
         eval_prompts: args.eval_prompts,
         origin: Origin::Cli,
         launch,

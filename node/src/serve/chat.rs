@@ -237,8 +237,12 @@ fn rental_refusal(e: RentalError) -> ApiError {
     ApiError::new(status, "invalid_request_error", code, e.to_string())
 }
 
+/// A failed generation: the whole error (a device error may carry a backtrace) goes to the
+/// operator's log, its first line to the client.
 fn internal(message: String) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", message)
+    tracing::error!(error = %message, "generation failed");
+    let first = message.lines().next().unwrap_or("generation failed").to_string();
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", first)
 }
 
 fn completion_id() -> String {
@@ -251,4 +255,16 @@ fn random_seed() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_generation_tells_the_client_its_first_line_only() {
+        let e = internal("tensor op: matmul is only supported for contiguous tensors\n   0: <unknown>\n   1: x".into());
+        assert_eq!(e.body()["error"]["message"], "tensor op: matmul is only supported for contiguous tensors");
+        assert_eq!(e.body()["error"]["code"], "generation_failed");
+    }
 }

@@ -218,7 +218,7 @@ impl ServedModel {
                         return Ok(Outcome { text: answer, completion_tokens: tokens, finish_reason: "stop" });
                     }
                 }
-                Event::Finished { reason, text, usage } => {
+                Event::Finished { reason, text, usage, .. } => {
                     if !text.is_empty() {
                         // The client may already be gone; the answer is complete either way.
                         let _ = on_text(&text);

@@ -84,6 +84,9 @@ impl Launch {
         if ranks_per_node * nnodes == 1 && opts.collective.is_none() {
             return Ok(None);
         }
+        if let Some(why) = mindxtrain_trainer::run::MethodPlan::single_process_only(&recipe.train.method) {
+            return Err(why);
+        }
         if gpus > 0 && !on_gpu {
             return Err(format!(
                 "hardware.name {:?} with gpus {gpus}: no launch path for these GPUs in this build; set hardware.gpus: 0",

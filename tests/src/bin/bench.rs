@@ -4,18 +4,21 @@
 //! ```text
 //! mindxtrain-bench log [--seconds 3] [--appenders 1,16,256] [--dir DIR] [--stages] [--signers N]
 //! mindxtrain-bench train [--threads 1,2] [--steps 30] [--full] [--python target/pyenv/bin/python]
+//! mindxtrain-bench data [--rows 20000] [--threads 2] [--seq-len 512] [--python target/pyenv/bin/python]
 //! ```
 //! `log`: durable appends per second (acknowledged only after fdatasync) at several
 //! numbers of concurrent appenders, against SQLite (WAL, synchronous=FULL, one row
 //! per event, one transaction per event, the same canonical payload bytes).
 //! `train`: CPU training steps/s of our engine vs PyTorch + transformers + PEFT, same tiny
 //! Qwen3 shape and thread count (see `mindxtrain_tests::bench::train`).
+//! `data`: chat examples/s tokenised and packed from one Parquet file vs `datasets` + a
+//! tokenizer `map` (see `mindxtrain_tests::bench::data`).
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use mindxtrain_node::identity::Identity;
 use mindxtrain_node::log::{AppendRequest, EventLog, LogOptions, WriterTimes};
-use mindxtrain_tests::bench::train;
+use mindxtrain_tests::bench::{data, train};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,6 +80,31 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Chat examples/s tokenised and packed from Parquet vs `datasets` + a tokenizer `map`.
+    Data {
+        /// Conversations in the Parquet file.
+        #[arg(long, default_value_t = 20_000)]
+        rows: u32,
+        /// Our rayon threads and the peer's `num_proc`.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        #[arg(long, default_value_t = 512)]
+        seq_len: u32,
+        /// Runs per side; the fastest counts.
+        #[arg(long, default_value_t = 2)]
+        repeats: usize,
+        /// The Python of the torch venv (scripts/setup-torch builds it).
+        #[arg(long, default_value = "target/pyenv/bin/python")]
+        python: PathBuf,
+        /// The peer's script (run from the repository root, the defaults work).
+        #[arg(long, default_value = "bench/data_peer.py")]
+        script: PathBuf,
+        #[arg(long, default_value = "tests/fixtures/chat_templates/qwen3.jinja")]
+        template: PathBuf,
+        /// Also print the result as one JSON line (for bench/results/data.jsonl).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -98,6 +126,18 @@ fn main() -> Result<()> {
                 script: &script,
             };
             train::run(&cfg, json)
+        }
+        Cmd::Data { rows, threads, seq_len, repeats, python, script, template, json } => {
+            let cfg = data::DataBench {
+                rows,
+                threads,
+                seq_len,
+                repeats,
+                python: &python,
+                script: &script,
+                template: &template,
+            };
+            data::run(&cfg, json)
         }
     }
 }

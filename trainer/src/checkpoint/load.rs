@@ -167,6 +167,7 @@ mod tests {
             rope_theta: 10_000.0,
             tie_word_embeddings: false,
             max_position_embeddings: 64,
+            moe: None,
         }
     }
 

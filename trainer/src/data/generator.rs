@@ -57,6 +57,56 @@ pub enum TaskFamily {
     Convert,
 }
 
+impl TaskFamily {
+    /// The family whose prompt this is, read back from the generator's own prompt shapes
+    /// (`What is 3 + 4?`, `Reverse: abc`, ...): held-out examples are records, not tasks, and
+    /// the demo reports exact match per family. `None` for any other text.
+    pub fn of_prompt(prompt: &str) -> Option<TaskFamily> {
+        use TaskFamily::*;
+        const PREFIXES: [(&str, TaskFamily); 9] = [
+            ("Uppercase: ", Uppercase),
+            ("Reverse: ", Reverse),
+            ("Sort the letters: ", SortLetters),
+            ("How many letters in ", CountLetters),
+            ("First letter of ", FirstLetter),
+            ("Last letter of ", LastLetter),
+            ("Weather in ", Weather),
+            ("Time in ", Time),
+            ("Convert ", Convert),
+        ];
+        if let Some(expr) = prompt.strip_prefix("What is ").and_then(|p| p.strip_suffix('?')) {
+            let mut parts = expr.split(' ');
+            let (a, op, b) = (parts.next()?, parts.next()?, parts.next()?);
+            let numbers = a.parse::<i64>().is_ok() && b.parse::<i64>().is_ok() && parts.next().is_none();
+            return match op {
+                "+" if numbers => Some(Add),
+                "-" if numbers => Some(Subtract),
+                "*" if numbers => Some(Multiply),
+                _ => None,
+            };
+        }
+        PREFIXES.iter().find(|(p, _)| prompt.starts_with(p)).map(|(_, f)| *f)
+    }
+
+    pub fn name(self) -> &'static str {
+        use TaskFamily::*;
+        match self {
+            Add => "add",
+            Subtract => "subtract",
+            Multiply => "multiply",
+            Uppercase => "uppercase",
+            Reverse => "reverse",
+            SortLetters => "sort_letters",
+            CountLetters => "count_letters",
+            FirstLetter => "first_letter",
+            LastLetter => "last_letter",
+            Weather => "weather",
+            Time => "time",
+            Convert => "convert",
+        }
+    }
+}
+
 /// A generated task: the question, the reference answer and a plausible wrong answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Task {

@@ -74,6 +74,12 @@ impl Json {
 }
 
 fn write_python_string(s: &str, out: &mut String) {
+    write_python_str(s, false, out);
+}
+
+/// A string as Python's `json.dumps` writes it; `ensure_ascii` escapes every non-ASCII
+/// character as `\uXXXX` (astral ones as a surrogate pair), as Python's default does.
+pub(crate) fn write_python_str(s: &str, ensure_ascii: bool, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -87,6 +93,12 @@ fn write_python_string(s: &str, out: &mut String) {
             c if (c as u32) < 0x20 => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
+            c if ensure_ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
             c => out.push(c),
         }
     }
@@ -95,7 +107,7 @@ fn write_python_string(s: &str, out: &mut String) {
 
 /// Python's `repr(float)`: the shortest digits that round-trip, in positional notation for
 /// decimal exponents -4..16 and scientific (`1e+16`, `1.5e-07`) outside that.
-fn python_float_repr(f: f64) -> String {
+pub(crate) fn python_float_repr(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();
     }

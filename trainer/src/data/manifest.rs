@@ -1,12 +1,15 @@
 //! The dataset manifest: what went into a run's data, precisely enough to check it later.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::jsonl::{FileDigest, SkippedLine};
+use super::template::TemplateInfo;
 use crate::recipe::{DataFormat, DataSource, GeneratorKind};
 
 /// Bumped when a field's meaning changes.
-pub const MANIFEST_VERSION: u32 = 1;
+pub const MANIFEST_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DatasetManifest {
@@ -18,8 +21,16 @@ pub struct DatasetManifest {
     pub files: Vec<FileDigest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator: Option<GeneratorInfo>,
+    /// The split that picked the files of directories (`hf` source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+    /// `data.columns`: record field → table column, where a column has another name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub columns: BTreeMap<String, String>,
     /// `byte-v1` or the BLAKE3 of the `tokenizer.json`.
     pub tokenizer: String,
+    /// The chat template the conversations were rendered with (its source and BLAKE3).
+    pub template: TemplateInfo,
     pub seq_len: u32,
     pub packing: bool,
     /// Records parsed from the inputs, before anything was removed.
@@ -35,6 +46,9 @@ pub struct DatasetManifest {
     pub holdout_examples: u64,
     /// Examples that left nothing to learn within `seq_len` (e.g. a prompt longer than the row).
     pub dropped_no_target: u64,
+    /// Assistant turns a template without `{% generation %}` renders differently once later
+    /// messages follow, so they could not be located and were not learned.
+    pub unlocated_turns: u64,
     /// Examples longer than `seq_len`, cut at the end.
     pub truncated: u64,
     /// Tokens of the training documents after cutting, and how many of them carry a label.

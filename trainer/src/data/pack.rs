@@ -59,13 +59,12 @@ pub fn empty_batch(seq_len: usize, rows: usize) -> PackedBatch {
     }
 }
 
-/// Appends one row made of `row` (indices into `docs`), cut and padded to `seq_len`.
-pub fn push_row(batch: &mut PackedBatch, docs: &[Encoded], row: &[usize], pad_id: u32) {
+/// Appends one row made of `docs` back to back, cut and padded to `seq_len`.
+pub fn push_row<'a>(batch: &mut PackedBatch, docs: impl IntoIterator<Item = &'a Encoded>, pad_id: u32) {
     let seq_len = batch.seq_len;
     let start = batch.input_ids.len();
-    for (segment, &d) in row.iter().enumerate() {
+    for (segment, doc) in docs.into_iter().enumerate() {
         let used = batch.input_ids.len() - start;
-        let doc = &docs[d];
         let n = doc.ids.len().min(seq_len - used);
         for i in 0..n {
             batch.input_ids.push(doc.ids[i]);
@@ -103,7 +102,7 @@ mod tests {
     fn labels_are_shifted_and_stop_at_the_document_end() {
         let docs = vec![doc(vec![1, 2, 3], vec![false, true, true]), doc(vec![4, 5], vec![true, true])];
         let mut b = empty_batch(8, 1);
-        push_row(&mut b, &docs, &[0, 1], 0);
+        push_row(&mut b, &docs, 0);
         assert_eq!(b.input_ids, vec![1, 2, 3, 4, 5, 0, 0, 0]);
         assert_eq!(b.position_ids, vec![0, 1, 2, 0, 1, 0, 0, 0]);
         assert_eq!(b.segment_ids, vec![1, 1, 1, 2, 2, 0, 0, 0]);
@@ -115,7 +114,7 @@ mod tests {
     fn long_documents_are_cut_to_the_row() {
         let docs = vec![doc((10..20).collect(), vec![true; 10])];
         let mut b = empty_batch(4, 1);
-        push_row(&mut b, &docs, &[0], 0);
+        push_row(&mut b, &docs, 0);
         assert_eq!(b.input_ids, vec![10, 11, 12, 13]);
         assert_eq!(b.labels, vec![11, 12, 13, IGNORE]);
         assert_eq!(learned_tokens(&docs[0], 4), 3);
@@ -156,7 +155,7 @@ mod tests {
             let mut b = empty_batch(seq_len, rows.len());
             for row in &rows {
                 prop_assert!(row.iter().map(|&d| lens[d].min(seq_len)).sum::<usize>() <= seq_len);
-                push_row(&mut b, &docs, row, 7);
+                push_row(&mut b, row.iter().map(|&d| &docs[d]), 7);
             }
             prop_assert_eq!(b.batch, rows.len());
             prop_assert_eq!(b.labels.len(), rows.len() * seq_len);

@@ -1,34 +1,47 @@
-//! Qwen3's chat template (ChatML), rendered as pieces that know whether they are learned.
+//! Chat templates: the model's own Jinja template, rendered as transformers renders it, or
+//! (only when the model ships none) the built-in ChatML. Either renders a conversation as
+//! [`Piece`]s that know whether they are learned.
 //!
-//! This follows the Jinja template shipped in Qwen3's `tokenizer_config.json`: tools go into
-//! the system turn inside `<tools>`, assistant tool calls are `<tool_call>\n{"name": ..,
-//! "arguments": ..}\n</tool_call>`, tool results are user turns wrapped in
-//! `<tool_response>`, and assistant turns after the last user query carry a `<think>` block,
-//! which is empty when the data has no reasoning.
+//! Which tokens are learned, for a Jinja template: the output of its `{% generation %}`
+//! blocks when it has them (transformers' `return_assistant_tokens_mask`); otherwise each
+//! assistant turn found by rendering prefixes, as TRL does for prompt/completion data: the
+//! turn is what `render(messages[..=i])` adds after `render(messages[..i],
+//! add_generation_prompt=True)`, provided both are prefixes of the whole rendering. A turn a
+//! template renders differently once later messages follow (Qwen3 drops the think block of
+//! earlier turns) cannot be located that way; it is not learned and is counted
+//! ([`Rendering::unlocated_turns`], the manifest's `template.unlocated_turns`).
 //!
-//! Labels: assistant turns (their content, tool calls and the closing `<|im_end|>`) are the
-//! targets of chat SFT. An *empty* think block is part of the prompt, exactly as the template
-//! writes it into the generation prompt with `enable_thinking=False`, so the model is never
-//! trained to produce it and eval prompts end with it.
+//! A Jinja rendering is tokenized as one string with special tokens recognised (what
+//! `apply_chat_template(tokenize=True)` does), and a token is learned when its bytes overlap a
+//! learned span. So that message text cannot forge a turn boundary, a message holding one of
+//! the tokenizer's control tokens is refused.
+
+mod chatml;
+mod jinja;
+mod labels;
+mod tojson;
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use chatml::{ChatMl, assistant_answer_text};
+pub use jinja::{JinjaTemplate, Rendered, TemplateContext};
+pub use labels::message_json;
+use serde::{Deserialize, Serialize};
 
 use super::error::DataError;
-use super::example::{Conversation, Message, Role};
+use super::example::{Conversation, Message};
 use super::json::Json;
-use super::tokenizer::{Special, Tokenizer};
+use super::tokenizer::{Special, TemplateSource, Tokenizer};
 
-const TOOLS_PREAMBLE: &str = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
-     You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
-const TOOLS_POSTAMBLE: &str = "\n</tools>\n\nFor each function call, return a json object with function name and \
-     arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": \
-     <args-json-object>}\n</tool_call>";
-const EMPTY_THINK: &str = "<think>\n\n</think>\n\n";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChatTemplate {
-    /// Qwen3 (hybrid thinking) writes `<think>\n\n</think>\n\n` before an answer without
-    /// reasoning. Our own byte-level models have no such convention to stay compatible
-    /// with and only 128 positions, so they leave it out.
-    pub empty_think_block: bool,
+/// How a conversation becomes text.
+#[derive(Debug, Clone)]
+pub enum ChatTemplate {
+    /// Qwen3's ChatML written by hand (no template shipped with the model).
+    Builtin(ChatMl),
+    /// The model's own template.
+    Jinja(Arc<JinjaTemplate>),
 }
 
 /// Which tokens carry a label.
@@ -43,8 +56,15 @@ pub enum Targets {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PieceText {
+    /// A control or markup token placed by the built-in template.
     Special(Special),
+    /// Message text placed by the built-in template: control strings in it stay text.
     Text(String),
+    /// Text a Jinja template wrote: tokenized together with the pieces of this kind around it,
+    /// special tokens recognised.
+    Rendered(String),
+    /// A template error, reported by [`encode_pieces`] (see [`ChatTemplate::generation_prompt`]).
+    Failed(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,187 +80,134 @@ pub struct Encoded {
     pub targets: Vec<bool>,
 }
 
-impl ChatTemplate {
-    pub const QWEN3: ChatTemplate = ChatTemplate { empty_think_block: true };
-    pub const COMPACT: ChatTemplate = ChatTemplate { empty_think_block: false };
+/// A rendered conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendering {
+    pub pieces: Vec<Piece>,
+    /// Assistant turns meant to be learned that could not be located (see the module doc).
+    pub unlocated_turns: u32,
+}
 
-    /// Qwen3's template for Hugging Face tokenizers, the compact one for the byte tokenizer.
-    pub fn for_tokenizer(tokenizer: &Tokenizer) -> ChatTemplate {
-        if tokenizer.identity() == Tokenizer::byte().identity() { Self::COMPACT } else { Self::QWEN3 }
+/// What the dataset manifest records about the template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    /// `builtin:qwen3-chatml`, `builtin:compact-chatml`, or the file the template came from.
+    pub source: String,
+    /// BLAKE3 of the template's text (of the built-in renderer's name for the built-ins).
+    pub blake3: String,
+    /// How learned tokens are found: `builtin`, `generation` (`{% generation %}` blocks) or
+    /// `prefix` (rendering prefixes).
+    pub labels: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+}
+
+impl ChatTemplate {
+    pub const QWEN3: ChatTemplate = ChatTemplate::Builtin(ChatMl::QWEN3);
+    pub const COMPACT: ChatTemplate = ChatTemplate::Builtin(ChatMl::COMPACT);
+
+    /// The tokenizer's own template (from `chat_template.jinja`, `tokenizer_config.json` or
+    /// the recipe's `model.chat_template`); the built-in ChatML when it has none: Qwen3's for
+    /// Hugging Face tokenizers, the compact one for the byte tokenizer.
+    pub fn load(tokenizer: &Tokenizer) -> Result<ChatTemplate, DataError> {
+        match tokenizer.chat_template() {
+            Some(source) => Ok(ChatTemplate::Jinja(Arc::new(compile(tokenizer, source)?))),
+            None if tokenizer.identity() == Tokenizer::byte().identity() => Ok(Self::COMPACT),
+            None => Ok(Self::QWEN3),
+        }
     }
 
-    /// The whole conversation.
-    pub fn render(&self, conv: &Conversation, targets: Targets) -> Vec<Piece> {
-        let mut out = Out { pieces: Vec::new(), all: targets == Targets::All };
-        self.system_turn(&mut out, &conv.messages, &conv.tools);
-        let last_query = last_query_index(&conv.messages);
-        for (i, msg) in conv.messages.iter().enumerate() {
-            let learn = matches!(targets, Targets::AssistantFrom(from) if i >= from);
-            match msg.role {
-                Role::System if i == 0 => {}
-                Role::System | Role::User => {
-                    out.special(Special::ImStart, false);
-                    out.text(format!("{}\n{}", msg.role.as_str(), msg.content), false);
-                    out.special(Special::ImEnd, false);
-                    out.text("\n", false);
-                }
-                Role::Assistant => {
-                    let is_last = i + 1 == conv.messages.len();
-                    self.assistant_turn(&mut out, msg, i > last_query, is_last, learn);
-                }
-                Role::Tool => {
-                    let prev_is_tool = i > 0 && conv.messages[i - 1].role == Role::Tool;
-                    let next_is_tool = conv.messages.get(i + 1).is_some_and(|m| m.role == Role::Tool);
-                    if !prev_is_tool {
-                        out.special(Special::ImStart, false);
-                        out.text("user", false);
-                    }
-                    out.text(format!("\n<tool_response>\n{}\n</tool_response>", msg.content), false);
-                    if !next_is_tool {
-                        out.special(Special::ImEnd, false);
-                        out.text("\n", false);
-                    }
+    /// [`ChatTemplate::load`] for callers that cannot report an error: a template that does
+    /// not compile falls back to the built-in one. Training loads with `load`, so a model
+    /// whose template does not compile is refused before it is trained or served.
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> ChatTemplate {
+        Self::load(tokenizer).unwrap_or_else(|_| {
+            if tokenizer.identity() == Tokenizer::byte().identity() { Self::COMPACT } else { Self::QWEN3 }
+        })
+    }
+
+    /// Reads a template from a `.jinja` file (or a `tokenizer_config.json`'s `chat_template`).
+    pub fn from_file(path: &Path, tokenizer: &Tokenizer) -> Result<ChatTemplate, DataError> {
+        let source = TemplateSource::read(path)?;
+        Ok(ChatTemplate::Jinja(Arc::new(compile(tokenizer, &source)?)))
+    }
+
+    pub fn info(&self) -> TemplateInfo {
+        match self {
+            ChatTemplate::Builtin(c) => {
+                let name = if c.empty_think_block { "builtin:qwen3-chatml" } else { "builtin:compact-chatml" };
+                TemplateInfo {
+                    source: name.into(),
+                    blake3: blake3::hash(name.as_bytes()).to_hex().to_string(),
+                    labels: "builtin".into(),
+                    enable_thinking: None,
                 }
             }
+            ChatTemplate::Jinja(j) => TemplateInfo {
+                source: j.origin.clone(),
+                blake3: j.blake3.clone(),
+                labels: if j.has_generation { "generation" } else { "prefix" }.into(),
+                enable_thinking: Some(j.enable_thinking),
+            },
         }
-        out.pieces
+    }
+
+    /// The whole conversation, with the learned pieces marked.
+    pub fn render(&self, conv: &Conversation, targets: Targets) -> Result<Rendering, DataError> {
+        match self {
+            ChatTemplate::Builtin(c) => Ok(Rendering { pieces: c.render(conv, targets), unlocated_turns: 0 }),
+            ChatTemplate::Jinja(j) => labels::render(j, conv, targets),
+        }
     }
 
     /// The conversation so far followed by the opening of an assistant turn: what a model is
-    /// given to generate the next answer (`add_generation_prompt=True, enable_thinking=False`).
+    /// given to generate the next answer.
+    pub fn try_generation_prompt(&self, messages: &[Message], tools: &[Json]) -> Result<Vec<Piece>, DataError> {
+        match self {
+            ChatTemplate::Builtin(c) => Ok(c.generation_prompt(messages, tools)),
+            ChatTemplate::Jinja(j) => {
+                let r = labels::render_messages(j, messages, tools, true)?;
+                Ok(vec![Piece { text: PieceText::Rendered(r.text), target: false }])
+            }
+        }
+    }
+
+    /// [`ChatTemplate::try_generation_prompt`] for callers that encode the prompt right away:
+    /// an error (a template's `raise_exception`) is carried in the pieces and returned by
+    /// [`encode_pieces`].
     pub fn generation_prompt(&self, messages: &[Message], tools: &[Json]) -> Vec<Piece> {
-        let conv = Conversation { messages: messages.to_vec(), tools: tools.to_vec() };
-        let mut pieces = self.render(&conv, Targets::AssistantFrom(usize::MAX));
-        pieces.push(Piece { text: PieceText::Special(Special::ImStart), target: false });
-        let mut header = String::from("assistant\n");
-        if self.empty_think_block {
-            header.push_str(EMPTY_THINK);
-        }
-        pieces.push(Piece { text: PieceText::Text(header), target: false });
-        pieces
+        self.try_generation_prompt(messages, tools)
+            .unwrap_or_else(|e| vec![Piece { text: PieceText::Failed(e.to_string()), target: false }])
     }
 
-    fn system_turn(&self, out: &mut Out, messages: &[Message], tools: &[Json]) {
-        let system = messages.first().filter(|m| m.role == Role::System);
-        if tools.is_empty() {
-            if let Some(system) = system {
-                out.special(Special::ImStart, false);
-                out.text(format!("system\n{}", system.content), false);
-                out.special(Special::ImEnd, false);
-                out.text("\n", false);
-            }
-            return;
-        }
-        let mut text = String::from("system\n");
-        if let Some(system) = system {
-            text.push_str(&system.content);
-            text.push_str("\n\n");
-        }
-        text.push_str(TOOLS_PREAMBLE);
-        for tool in tools {
-            text.push('\n');
-            text.push_str(&tool.to_python_json());
-        }
-        text.push_str(TOOLS_POSTAMBLE);
-        out.special(Special::ImStart, false);
-        out.text(text, false);
-        out.special(Special::ImEnd, false);
-        out.text("\n", false);
-    }
-
-    fn assistant_turn(&self, out: &mut Out, msg: &Message, after_last_query: bool, is_last: bool, learn: bool) {
-        let (reasoning, content) = split_reasoning(msg);
-        out.special(Special::ImStart, false);
-        out.text("assistant\n", false);
-        let mut body = String::new();
-        if after_last_query && (is_last || !reasoning.is_empty()) {
-            let reasoning = reasoning.trim_matches('\n');
-            if reasoning.is_empty() {
-                if self.empty_think_block {
-                    out.text(EMPTY_THINK, false);
+    /// The final assistant turn as the model is trained to write it after the generation
+    /// prompt, with special tokens left out: what exact match compares a generated answer with.
+    pub fn reference_answer(&self, conv: &Conversation, tokenizer: &Tokenizer) -> Result<Option<String>, DataError> {
+        let Some(last) = conv.messages.last().filter(|m| m.role == super::example::Role::Assistant) else {
+            return Ok(None);
+        };
+        match self {
+            ChatTemplate::Builtin(_) => Ok(Some(assistant_answer_text(last))),
+            ChatTemplate::Jinja(_) => {
+                let rendering = self.render(conv, Targets::AssistantFrom(conv.messages.len() - 1))?;
+                if rendering.unlocated_turns > 0 {
+                    return Ok(None);
                 }
-            } else {
-                body.push_str(&format!("<think>\n{reasoning}\n</think>\n\n"));
+                let enc = encode_pieces(tokenizer, &rendering.pieces)?;
+                let ids: Vec<u32> = enc.ids.iter().zip(&enc.targets).filter(|(_, t)| **t).map(|(id, _)| *id).collect();
+                Ok(Some(tokenizer.decode(&ids, true)?))
             }
-            body.push_str(content.trim_start_matches('\n'));
-        } else {
-            body.push_str(content);
-        }
-        let content_empty = body.is_empty();
-        push_tool_calls(&mut body, msg, !content_empty);
-        out.text(body, learn);
-        out.special(Special::ImEnd, learn);
-        out.text("\n", false);
-    }
-}
-
-/// The final text of an assistant turn as a model is trained to write it after the
-/// generation prompt: content (reasoning removed) and tool calls, without `<|im_end|>`.
-pub fn assistant_answer_text(msg: &Message) -> String {
-    let (_, content) = split_reasoning(msg);
-    let mut text = content.trim_start_matches('\n').to_owned();
-    let content_empty = text.is_empty();
-    push_tool_calls(&mut text, msg, !content_empty);
-    text
-}
-
-fn push_tool_calls(body: &mut String, msg: &Message, content_present: bool) {
-    for (j, call) in msg.tool_calls.iter().enumerate() {
-        if j > 0 || content_present {
-            body.push('\n');
-        }
-        body.push_str("<tool_call>\n{\"name\": \"");
-        body.push_str(&call.name);
-        body.push_str("\", \"arguments\": ");
-        body.push_str(&call.arguments.render());
-        body.push_str("}\n</tool_call>");
-    }
-}
-
-/// Qwen3 takes reasoning from `reasoning_content`, or else from a `<think>` block written
-/// into the content itself.
-fn split_reasoning(msg: &Message) -> (&str, &str) {
-    if let Some(reasoning) = &msg.reasoning {
-        return (reasoning, &msg.content);
-    }
-    match msg.content.rsplit_once("</think>") {
-        Some((before, after)) => {
-            let before = before.split("</think>").next().unwrap_or(before);
-            let reasoning = before.trim_end_matches('\n');
-            let reasoning = reasoning.rsplit_once("<think>").map_or(reasoning, |(_, r)| r);
-            (reasoning.trim_start_matches('\n'), after.trim_start_matches('\n'))
-        }
-        None => ("", &msg.content),
-    }
-}
-
-/// The index of the last real user query (tool results travel as user turns in Qwen3 but
-/// do not count); the whole conversation when there is none.
-fn last_query_index(messages: &[Message]) -> usize {
-    messages
-        .iter()
-        .rposition(|m| {
-            m.role == Role::User
-                && !(m.content.starts_with("<tool_response>") && m.content.ends_with("</tool_response>"))
-        })
-        .unwrap_or(messages.len().saturating_sub(1))
-}
-
-struct Out {
-    pieces: Vec<Piece>,
-    all: bool,
-}
-
-impl Out {
-    fn special(&mut self, s: Special, target: bool) {
-        self.pieces.push(Piece { text: PieceText::Special(s), target: target || self.all });
-    }
-    fn text(&mut self, text: impl Into<String>, target: bool) {
-        let text = text.into();
-        if !text.is_empty() {
-            self.pieces.push(Piece { text: PieceText::Text(text), target: target || self.all });
         }
     }
+}
+
+fn compile(tokenizer: &Tokenizer, source: &TemplateSource) -> Result<JinjaTemplate, DataError> {
+    let context = TemplateContext {
+        vars: tokenizer.template_vars(),
+        enable_thinking: tokenizer.enable_thinking(),
+        control_tokens: tokenizer.control_tokens(),
+    };
+    JinjaTemplate::new(&source.text, &source.origin, context)
 }
 
 /// The rendered text with specials written out (what `apply_chat_template(tokenize=False)`
@@ -250,17 +217,21 @@ pub fn pieces_to_string(pieces: &[Piece]) -> String {
         .iter()
         .map(|p| match &p.text {
             PieceText::Special(s) => s.text(),
-            PieceText::Text(t) => t.as_str(),
+            PieceText::Text(t) | PieceText::Rendered(t) => t.as_str(),
+            PieceText::Failed(_) => "",
         })
         .collect()
 }
 
 /// Tokenizes pieces. Adjacent text pieces with the same label flag are encoded together, so
-/// tokens only break where the label changes or a control token sits.
+/// tokens only break where the label changes or a control token sits; adjacent rendered
+/// pieces are encoded as one string, learned where a token overlaps a learned piece.
 pub fn encode_pieces(tokenizer: &Tokenizer, pieces: &[Piece]) -> Result<Encoded, DataError> {
     let mut out = Encoded::default();
     let mut run = String::new();
     let mut run_target = false;
+    let mut rendered = String::new();
+    let mut learned: Vec<Range<usize>> = Vec::new();
     let flush = |run: &mut String, target: bool, out: &mut Encoded| -> Result<(), DataError> {
         if !run.is_empty() {
             let ids = tokenizer.encode(run)?;
@@ -270,7 +241,22 @@ pub fn encode_pieces(tokenizer: &Tokenizer, pieces: &[Piece]) -> Result<Encoded,
         }
         Ok(())
     };
+    let flush_rendered = |text: &mut String, learned: &mut Vec<Range<usize>>, out: &mut Encoded| {
+        if !text.is_empty() {
+            let (ids, offsets) = tokenizer.encode_with_offsets(text)?;
+            for (id, (start, end)) in ids.into_iter().zip(offsets) {
+                out.ids.push(id);
+                out.targets.push(learned.iter().any(|r| start < r.end && r.start < end.max(start + 1)));
+            }
+            text.clear();
+            learned.clear();
+        }
+        Ok::<(), DataError>(())
+    };
     for piece in pieces {
+        if !matches!(piece.text, PieceText::Rendered(_)) {
+            flush_rendered(&mut rendered, &mut learned, &mut out)?;
+        }
         match &piece.text {
             PieceText::Text(t) => {
                 if piece.target != run_target {
@@ -288,9 +274,20 @@ pub fn encode_pieces(tokenizer: &Tokenizer, pieces: &[Piece]) -> Result<Encoded,
                 out.ids.push(id);
                 out.targets.push(piece.target);
             }
+            PieceText::Rendered(t) => {
+                flush(&mut run, run_target, &mut out)?;
+                if piece.target && !t.is_empty() {
+                    learned.push(rendered.len()..rendered.len() + t.len());
+                }
+                rendered.push_str(t);
+            }
+            PieceText::Failed(message) => {
+                return Err(DataError::Template { origin: "chat template".into(), message: message.clone() });
+            }
         }
     }
     flush(&mut run, run_target, &mut out)?;
+    flush_rendered(&mut rendered, &mut learned, &mut out)?;
     Ok(out)
 }
 

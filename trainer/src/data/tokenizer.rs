@@ -9,6 +9,7 @@
 //! early; [`Tokenizer::encode_with_specials`] recognises both.
 
 mod byte;
+mod chat;
 mod hf_files;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use super::error::DataError;
 use crate::recipe::Model;
 
 pub use byte::BYTE_VOCAB_SIZE;
+pub use chat::{CHAT_TEMPLATE_FILE, TemplateSource};
 pub use hf_files::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, byte_level_alphabet};
 
 /// Qwen3's special tokens, by role.
@@ -69,10 +71,17 @@ impl Special {
     }
 }
 
+/// Each token's byte range `(start, end)` in the text it was encoded from.
+pub type Offsets = Vec<(usize, usize)>;
+
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     inner: Inner,
     identity: String,
+    /// The model's own chat template, when it ships one (or the recipe names one).
+    chat_template: Option<TemplateSource>,
+    /// `enable_thinking` for the chat template (the recipe's `model.enable_thinking`).
+    enable_thinking: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -97,7 +106,7 @@ struct HfTokenizer {
 impl Tokenizer {
     /// The built-in byte tokenizer: ids 0..=255 are bytes, then Qwen3's specials.
     pub fn byte() -> Tokenizer {
-        Tokenizer { inner: Inner::Byte, identity: "byte-v1".into() }
+        Tokenizer { inner: Inner::Byte, identity: "byte-v1".into(), chat_template: None, enable_thinking: false }
     }
 
     /// Reads a Hugging Face `tokenizer.json` (and the `tokenizer_config.json` beside it,
@@ -109,6 +118,7 @@ impl Tokenizer {
         if let (Inner::Hf(hf), Ok(bytes)) = (&mut tokenizer.inner, std::fs::read(&config)) {
             hf.config = Some(bytes.into());
         }
+        tokenizer.chat_template = TemplateSource::beside(path)?;
         Ok(tokenizer)
     }
 
@@ -136,7 +146,7 @@ impl Tokenizer {
             json: bytes.into(),
             config: None,
         };
-        Ok(Tokenizer { inner: Inner::Hf(Box::new(hf)), identity })
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(hf)), identity, chat_template: None, enable_thinking: false })
     }
 
     /// The tokenizer a recipe names: `byte`, a `tokenizer.json` path (or a directory holding
@@ -144,7 +154,11 @@ impl Tokenizer {
     /// taken from `base_dir`.
     pub fn from_recipe(model: &Model, base_dir: &Path) -> Result<Tokenizer, DataError> {
         let spec = match (&model.tokenizer, &model.path) {
-            (Some(t), _) if t == "byte" => return Ok(Tokenizer::byte()),
+            (Some(t), _) if t == "byte" => {
+                let mut tokenizer = Tokenizer::byte();
+                tokenizer.apply_model_settings(model, base_dir)?;
+                return Ok(tokenizer);
+            }
             (Some(t), _) => t.clone(),
             (None, Some(weights)) => weights.clone(),
             (None, None) => {
@@ -157,7 +171,9 @@ impl Tokenizer {
         if path.is_dir() {
             path = path.join("tokenizer.json");
         }
-        Tokenizer::from_file(&path)
+        let mut tokenizer = Tokenizer::from_file(&path)?;
+        tokenizer.apply_model_settings(model, base_dir)?;
+        Ok(tokenizer)
     }
 
     /// A stable name for the vocabulary: `byte-v1`, or the BLAKE3 of the `tokenizer.json`.
@@ -206,6 +222,20 @@ impl Tokenizer {
         match &self.inner {
             Inner::Byte => Ok(byte::encode(text, false)),
             Inner::Hf(hf) => hf.encode(&hf.literal, text),
+        }
+    }
+
+    /// [`Tokenizer::encode_with_specials`] with each token's byte range in `text`.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Offsets), DataError> {
+        match &self.inner {
+            Inner::Byte => Ok(byte::encode_with_offsets(text)),
+            Inner::Hf(hf) => {
+                let encoding = hf
+                    .with_specials
+                    .encode(text, false)
+                    .map_err(|e| DataError::Tokenizer { origin: hf.origin.clone(), message: e.to_string() })?;
+                Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use super::runner::{Runner, StepSeq};
 use super::sampler;
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
 use crate::data::Tokenizer;
-use crate::model::{Adapters, ModelError, Qwen3};
+use crate::model::{Adapters, ModelError, Params, Qwen3};
 
 /// How the engine is sized.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,8 +116,10 @@ pub enum Event {
     /// A generated token and the text that became final with it (often empty mid-character
     /// or while it could still start a stop string).
     Token { id: u32, logprob: f32, text: String },
-    /// The end: the text still held back, and the counts.
-    Finished { reason: FinishReason, text: String, usage: Usage },
+    /// The end: the text still held back, the counts, and the stop token that ended it (the
+    /// tokenizer's end of turn or end of text; `None` after a stop string or the length limit).
+    /// A trainer learning from the completion needs that token: it is how an answer ends.
+    Finished { reason: FinishReason, text: String, usage: Usage, stop_token: Option<u32> },
     /// Generation failed (nothing more follows).
     Failed(String),
 }
@@ -192,6 +194,29 @@ impl Engine {
     /// Serves `adapters` under `name`, beside the base and the other adapters.
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
         Ok(self.adapters.load(name, adapters)?)
+    }
+
+    /// Serves `params` as the base weights from the next step on: a trainer's updated policy
+    /// (same names, shapes and dtype as the weights served now). Every cached prefix was
+    /// computed with the old weights, so the prefix cache is emptied. Refused while requests
+    /// run: their cached keys and values would mix two models.
+    pub fn set_weights(&mut self, params: Params) -> Result<(), EngineError> {
+        if !self.is_idle() {
+            return Err(EngineError::BadRequest(
+                "new weights while requests run: wait until the engine is idle".into(),
+            ));
+        }
+        self.runner.set_weights(params)?;
+        let kv = self.scheduler.kv();
+        let (blocks, block_size) = (kv.total_blocks(), kv.block_size());
+        self.scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: self.config.max_num_seqs,
+                max_batched_tokens: self.config.max_batched_tokens,
+            },
+            KvManager::new(blocks, block_size, self.config.prefix_caching),
+        );
+        Ok(())
     }
 
     /// Stops serving `name`; refused while a request uses it.
@@ -359,7 +384,8 @@ impl Engine {
         let live = self.live.get_mut(&id)?;
         live.generated += 1;
         let mut reason = None;
-        if self.stop_ids.contains(&token) {
+        let stop_token = self.stop_ids.contains(&token).then_some(token);
+        if stop_token.is_some() {
             reason = Some(FinishReason::Stop);
         } else {
             let mut text = String::new();
@@ -394,10 +420,10 @@ impl Engine {
         let state = self.scheduler.seq(id);
         let usage = Usage {
             prompt_tokens: state.map_or(0, |s| s.prompt_len),
-            completion_tokens: live.generated - usize::from(self.stop_ids.contains(&token)),
+            completion_tokens: live.generated - usize::from(stop_token.is_some()),
             cached_tokens: state.map_or(0, |s| s.cached),
         };
         self.abort(id);
-        Some(Event::Finished { reason, text: tail, usage })
+        Some(Event::Finished { reason, text: tail, usage, stop_token })
     }
 }

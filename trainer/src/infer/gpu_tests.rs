@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Device};
 
-use super::tests::{adapters, model, prompts, run};
+use super::tests::{adapters_for, config_with_head_dim, model_of, prompts, run};
 use super::*;
 
 fn gpu() -> Device {
@@ -24,44 +24,55 @@ fn config() -> EngineConfig {
 }
 
 /// A small fp32 model with every request kind at once (chunked prompts, decodes, three
-/// adapters and the base): the GPU engine's greedy tokens equal the CPU engine's.
+/// adapters and the base): the GPU engine's greedy tokens equal the CPU engine's, with heads of
+/// 64 (the fused paged kernels) and of 4 (a size they do not serve: the composed reference on
+/// the GPU).
 #[test]
 fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
-    let cpu_model = model(64, DType::F32);
-    let gpu_model = crate::model::Qwen3::new(cpu_model.config().clone(), cpu_model.params().clone(), &gpu()).unwrap();
-    let named = [("a", adapters(1, 2)), ("b", adapters(2, 8)), ("c", adapters(3, 4))];
-    let requests = || -> Vec<Request> {
-        prompts()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| Request {
-                adapter: [None, Some("a"), Some("b"), Some("c")][i % 4].map(String::from),
-                ..Request::greedy(p, 24)
-            })
-            .collect()
-    };
-    let mut outs = Vec::new();
-    for m in [cpu_model, gpu_model] {
-        let mut engine = Engine::new(m, None, config()).unwrap();
-        for (name, ad) in &named {
-            engine.load_adapter(name, ad.clone()).unwrap();
+    for head_dim in [64, 4] {
+        let c = config_with_head_dim(64, head_dim);
+        let cpu_model = model_of(&c, DType::F32);
+        let gpu_model = crate::model::Qwen3::new(c.clone(), cpu_model.params().clone(), &gpu()).unwrap();
+        let named = [("a", adapters_for(&c, 1, 2)), ("b", adapters_for(&c, 2, 8)), ("c", adapters_for(&c, 3, 4))];
+        let requests = || -> Vec<Request> {
+            prompts()
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| Request {
+                    adapter: [None, Some("a"), Some("b"), Some("c")][i % 4].map(String::from),
+                    ..Request::greedy(p, 24)
+                })
+                .collect()
+        };
+        let mut outs = Vec::new();
+        for m in [cpu_model, gpu_model] {
+            let mut engine = Engine::new(m, None, config()).unwrap();
+            for (name, ad) in &named {
+                engine.load_adapter(name, ad.clone()).unwrap();
+            }
+            outs.push(run(&mut engine, requests()));
         }
-        outs.push(run(&mut engine, requests()));
+        for (i, (cpu, gpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            let diverge = cpu.0.iter().zip(&gpu.0).position(|(a, b)| a != b);
+            assert_eq!(
+                cpu.0, gpu.0,
+                "head_dim {head_dim}, request {i}: first divergence at token {diverge:?} (ended: CPU {:?}, GPU {:?})",
+                cpu.1, gpu.1
+            );
+        }
+        println!("GPU engine, head_dim {head_dim}: {} requests token-identical to the CPU engine", outs[0].len());
     }
-    for (i, (cpu, gpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
-        let diverge = cpu.0.iter().zip(&gpu.0).position(|(a, b)| a != b);
-        assert_eq!(cpu.0, gpu.0, "request {i}: first divergence at token {diverge:?}");
-    }
-    println!("GPU engine: {} requests token-identical to the CPU engine", outs[0].len());
 }
 
 /// bf16 on the GPU runs the same schedule to the end with every block freed.
 #[test]
 fn gpu_engine_runs_bf16() {
-    let m = model(64, DType::F32);
+    let m = model_of(&config_with_head_dim(64, 64), DType::F32);
     let params = m.params().iter().map(|(k, v)| (k.clone(), v.to_dtype(DType::BF16).unwrap())).collect();
     let bf16 = crate::model::Qwen3::new(m.config().clone(), params, &gpu()).unwrap();
     let mut engine = Engine::new(bf16, None, config()).unwrap();
     let outs = run(&mut engine, prompts().into_iter().map(|p| Request::greedy(p, 16)).collect());
-    assert!(outs.iter().all(|(t, e)| t.len() == 16 && matches!(e, Event::Finished { .. })));
+    for (i, (t, e)) in outs.iter().enumerate() {
+        assert!(t.len() == 16 && matches!(e, Event::Finished { .. }), "request {i}: {} tokens, then {e:?}", t.len());
+    }
 }

@@ -9,7 +9,7 @@ use mindxtrain_kernels::sampling::RowSampling;
 
 use super::kv::CacheShape;
 use super::sampler;
-use crate::model::{AdapterStack, LayerCache, ModelError, PagedInputs, Qwen3};
+use crate::model::{AdapterStack, LayerCache, ModelError, PagedInputs, Params, Qwen3};
 
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +60,29 @@ impl Runner {
 
     pub fn model(&self) -> &Qwen3 {
         &self.model
+    }
+
+    /// Replaces the model's dense weights with `params` of the same names, shapes and dtype.
+    pub fn set_weights(&mut self, params: Params) -> Result<(), ModelError> {
+        let old = self.model.params();
+        if let Some(name) = params.keys().find(|n| !old.contains_key(*n)) {
+            return Err(ModelError::UnexpectedParam(name.clone()));
+        }
+        for (name, t) in old {
+            let new = params.get(name).ok_or_else(|| ModelError::MissingParam(name.clone()))?;
+            if new.dims() != t.dims() {
+                return Err(ModelError::Shape {
+                    name: name.clone(),
+                    expected: t.dims().to_vec(),
+                    got: new.dims().to_vec(),
+                });
+            }
+            if new.dtype() != t.dtype() {
+                return Err(ModelError::DType { name: name.clone(), expected: t.dtype(), got: new.dtype() });
+            }
+        }
+        *self.model.params_mut() = params;
+        Ok(())
     }
 
     pub fn device(&self) -> &Device {

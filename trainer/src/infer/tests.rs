@@ -14,6 +14,11 @@ use crate::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, adapter_name};
 use crate::recipe::TargetModule;
 
 fn config(vocab: usize) -> Qwen3Config {
+    config_with_head_dim(vocab, 4)
+}
+
+/// The tiny test model with heads of `head_dim` (64 reaches the GPU's fused paged kernels).
+pub(super) fn config_with_head_dim(vocab: usize, head_dim: usize) -> Qwen3Config {
     Qwen3Config {
         vocab_size: vocab,
         hidden_size: 16,
@@ -21,17 +26,22 @@ fn config(vocab: usize) -> Qwen3Config {
         num_hidden_layers: 2,
         num_attention_heads: 4,
         num_key_value_heads: 2,
-        head_dim: 4,
+        head_dim,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
         tie_word_embeddings: false,
         max_position_embeddings: 256,
+        moe: None,
     }
 }
 
 /// Weights large enough that the logits are far from uniform (no near-ties for greedy).
 pub(super) fn model(vocab: usize, dtype: DType) -> Qwen3 {
-    let mut m = Qwen3::init_random(&config(vocab), 3, dtype, &Device::Cpu).unwrap();
+    model_of(&config(vocab), dtype)
+}
+
+pub(super) fn model_of(config: &Qwen3Config, dtype: DType) -> Qwen3 {
+    let mut m = Qwen3::init_random(config, 3, dtype, &Device::Cpu).unwrap();
     for (name, t) in m.params_mut().iter_mut() {
         if !name.ends_with("norm.weight") {
             *t = (&*t * 20.0).unwrap();
@@ -55,7 +65,10 @@ fn engine_config(blocks: usize, budget: usize) -> EngineConfig {
 
 /// Adapters over q, v and down with random non-zero B (PEFT's init would make them no-ops).
 pub(super) fn adapters(seed: u64, r: usize) -> Adapters {
-    let c = config(64);
+    adapters_for(&config(64), seed, r)
+}
+
+pub(super) fn adapters_for(c: &Qwen3Config, seed: u64, r: usize) -> Adapters {
     let lora = LoraConfig {
         r,
         alpha: 2.0 * r as f64,
@@ -64,7 +77,7 @@ pub(super) fn adapters(seed: u64, r: usize) -> Adapters {
         rslora: false,
     };
     let mut rng = SplitMix64::derive(seed, &[]);
-    let init = Adapters::init(&c, &lora, seed, DType::F64, &Device::Cpu).unwrap();
+    let init = Adapters::init(c, &lora, seed, DType::F64, &Device::Cpu).unwrap();
     let tensors: BTreeMap<String, Tensor> = init
         .tensors
         .iter()
@@ -74,7 +87,7 @@ pub(super) fn adapters(seed: u64, r: usize) -> Adapters {
         })
         .collect();
     assert!(tensors.contains_key(&adapter_name(1, crate::model::Proj::Down, 'B')));
-    Adapters::new(&c, lora, tensors).unwrap()
+    Adapters::new(c, lora, tensors).unwrap()
 }
 
 /// Drives an engine until every request ended; returns each request's tokens and its ending.

@@ -1,8 +1,9 @@
 //! One Qwen3 decoder block: explicit forward (saving a [`BlockTape`]) and backward.
 //!
 //! `x → +attn(norm₁ x) → +mlp(norm₂ ·)`. Attention: q/k/v projections, per-head RMSNorm of q
-//! and k, RoPE, GQA attention with the packing mask, o projection. MLP: SwiGLU. Every
-//! projection may carry a LoRA adapter (`y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ`).
+//! and k, RoPE, GQA attention with the packing mask, o projection. MLP: SwiGLU, or on a
+//! Qwen3-MoE sparse layer the routed experts ([`super::moe`]). Every projection may carry a LoRA
+//! adapter (`y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope
 
 use super::hooks::StepHooks;
 use super::lora::{Adapters, adapter_name};
+use super::moe::{self, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::qwen3::Qwen3;
 use super::rng::{SplitMix64, name_id};
@@ -35,6 +37,9 @@ pub(super) struct StepCtx<'a> {
     pub mask: attention::Mask,
     /// A distributed run's part in the step (weights it gathers); [`super::NoHooks`] otherwise.
     pub hooks: &'a dyn StepHooks,
+    /// The load-balancing loss's per-expert gradient term (Qwen3-MoE with the loss on), set
+    /// by the backward once the forward has counted every layer's routing.
+    pub balance: Option<Tensor>,
 }
 
 /// Gradients by parameter name, summed where a name is reached twice (tied embeddings).
@@ -105,9 +110,15 @@ pub(super) struct BlockTail {
     x2: Tensor,
     rstd2: Tensor,
     h2: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    m: Tensor,
+    mlp: MlpTape,
+    /// A sparse layer's routing statistics (the load-balancing loss).
+    pub router_stats: Option<RouterStats>,
+}
+
+/// The MLP's activations: SwiGLU's, or the experts'.
+enum MlpTape {
+    Dense { gate: Tensor, up: Tensor, m: Tensor },
+    Sparse(Box<MoeTape>),
 }
 
 impl StepCtx<'_> {
@@ -205,7 +216,12 @@ impl StepCtx<'_> {
     }
 
     /// Runs block `layer` on `x` (`[N, hidden]`); with `save`, also returns its tape.
-    pub fn block_forward(&self, layer: usize, x: &Tensor, save: bool) -> Result<(Tensor, Option<BlockTape>)> {
+    pub fn block_forward(
+        &self,
+        layer: usize,
+        x: &Tensor,
+        save: bool,
+    ) -> Result<(Tensor, Option<BlockTape>, Option<RouterStats>)> {
         let _profile = profile::scope("block fwd (glue)", x.device());
         let mut lora = BTreeMap::new();
         let qkv = self.attention_inputs(layer, x, &mut lora)?;
@@ -213,10 +229,11 @@ impl StepCtx<'_> {
         let scale = 1.0 / (hd as f64).sqrt();
         let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
         let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
-        let tail = self.block_tail(layer, x, &attn, &mut lora)?;
+        let mut tail = self.block_tail(layer, x, &attn, &mut lora)?;
         let out = tail.out.clone();
+        let stats = tail.router_stats.take();
         let tape = save.then(|| BlockTape { x: x.clone(), inputs: qkv, lse, attn, tail, lora });
-        Ok((out, tape))
+        Ok((out, tape, stats))
     }
 
     /// Everything before attention itself: norm, q/k/v projections, q/k norms and RoPE.
@@ -255,11 +272,64 @@ impl StepCtx<'_> {
         // The residual add runs inside the norm's kernel on a GPU (same bits as add then norm).
         let o = self.proj_forward(layer, Proj::O, attn, Some(lora))?;
         let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
+        if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
+            let (router, gate_up, down) = self.moe_weights(layer)?;
+            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+            let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2)?;
+            let out = (&x2 + y)?;
+            return Ok(BlockTail {
+                out,
+                x2,
+                rstd2,
+                h2,
+                mlp: MlpTape::Sparse(Box::new(tape)),
+                router_stats: Some(stats),
+            });
+        }
         let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(lora))?;
         let up = self.proj_forward(layer, Proj::Up, &h2, Some(lora))?;
         let m = swiglu::forward(&gate, &up)?;
         let out = (&x2 + self.proj_forward(layer, Proj::Down, &m, Some(lora))?)?;
-        Ok(BlockTail { out, x2, rstd2, h2, gate, up, m })
+        Ok(BlockTail { out, x2, rstd2, h2, mlp: MlpTape::Dense { gate, up, m }, router_stats: None })
+    }
+
+    /// A sparse layer's router, stacked gate/up and down weights.
+    fn moe_weights(&self, layer: usize) -> Result<(Cow<'_, Tensor>, Cow<'_, Tensor>, Cow<'_, Tensor>)> {
+        Ok((
+            self.weight(&moe::router_name(layer))?,
+            self.weight(&moe::gate_up_name(layer))?,
+            self.weight(&moe::down_name(layer))?,
+        ))
+    }
+
+    /// The MLP's backward: `dh2` from the residual stream's gradient `dout`.
+    fn mlp_backward(&self, layer: usize, dout: &Tensor, tape: &BlockTape, grads: &mut Grads) -> Result<Tensor> {
+        match &tape.tail.mlp {
+            MlpTape::Dense { gate, up, m } => {
+                let dm = self.grad_of(layer, &[(Proj::Down, dout)], m, tape, grads)?;
+                let (dgate, dup) = swiglu::backward(&dm, gate, up)?;
+                self.grad_of(layer, &[(Proj::Gate, &dgate), (Proj::Up, &dup)], &tape.tail.h2, tape, grads)
+            }
+            MlpTape::Sparse(moe_tape) => {
+                let (router, gate_up, down) = self.moe_weights(layer)?;
+                let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+                let (dh2, g) = moe::backward(
+                    self.kernels(),
+                    &w,
+                    &tape.tail.h2,
+                    dout,
+                    moe_tape,
+                    self.balance.as_ref(),
+                    self.base_grads,
+                )?;
+                if let Some(g) = g {
+                    accumulate(grads, moe::router_name(layer), g.router)?;
+                    accumulate(grads, moe::gate_up_name(layer), g.gate_up)?;
+                    accumulate(grads, moe::down_name(layer), g.down)?;
+                }
+                Ok(dh2)
+            }
+        }
     }
 
     /// Backward of block `layer`: accumulates parameter gradients and returns `dx` when
@@ -277,10 +347,7 @@ impl StepCtx<'_> {
         let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let n = b * t;
         let base = self.base_grads;
-        // MLP
-        let dm = self.grad_of(layer, &[(Proj::Down, dout)], &tape.tail.m, tape, grads)?;
-        let (dgate, dup) = swiglu::backward(&dm, &tape.tail.gate, &tape.tail.up)?;
-        let dh2 = self.grad_of(layer, &[(Proj::Gate, &dgate), (Proj::Up, &dup)], &tape.tail.h2, tape, grads)?;
+        let dh2 = self.mlp_backward(layer, dout, tape, grads)?;
         let ln2 = norm_name(layer, Norm::PostAttention);
         let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.weight(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;

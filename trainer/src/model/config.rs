@@ -1,12 +1,13 @@
-//! The Qwen3 shape, read from and written to HF `config.json` field names.
+//! The Qwen3 shape, dense or mixture-of-experts (`qwen3_moe`), read from and written to HF
+//! `config.json` field names.
 
 use serde::{Deserialize, Serialize};
 
 use super::ModelError;
 use crate::recipe::ModelConfig;
 
-/// The dense Qwen3 architecture's hyper-parameters. Unknown `config.json` fields (HF writes
-/// many: `bos_token_id`, `use_cache`, …) are ignored on read.
+/// The Qwen3 architecture's hyper-parameters; `moe` makes it Qwen3-MoE. Unknown `config.json`
+/// fields (HF writes many: `bos_token_id`, `use_cache`, …) are ignored on read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Qwen3Config {
     pub vocab_size: usize,
@@ -24,6 +25,42 @@ pub struct Qwen3Config {
     pub tie_word_embeddings: bool,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
+    /// The sparse MLPs of Qwen3-MoE (`model_type: qwen3_moe`); `None`: dense Qwen3.
+    #[serde(skip)]
+    pub moe: Option<MoeShape>,
+}
+
+/// Qwen3-MoE's expert layout, HF `Qwen3MoeConfig` field names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeShape {
+    /// transformers 5 writes it as `num_local_experts`.
+    #[serde(alias = "num_local_experts")]
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    /// Every `decoder_sparse_step`-th layer is sparse (HF: layer `i` when `(i + 1) % step == 0`).
+    #[serde(default = "default_sparse_step")]
+    pub decoder_sparse_step: usize,
+    /// Layers that keep a dense MLP of `intermediate_size`.
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    /// Weight of the load-balancing loss in training; 0 when HF's `output_router_logits` is off
+    /// (transformers then leaves the loss out too).
+    #[serde(default)]
+    pub router_aux_loss_coef: f64,
+}
+
+fn default_sparse_step() -> usize {
+    1
+}
+
+impl MoeShape {
+    /// Whether layer `layer` has the sparse MLP (HF's `Qwen3MoeDecoderLayer` rule).
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer) && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
 }
 
 fn default_eps() -> f64 {
@@ -40,13 +77,23 @@ impl Qwen3Config {
     /// Parses an HF `config.json` and checks the shape is one this engine runs.
     pub fn from_hf_json(json: &str) -> Result<Qwen3Config, ModelError> {
         let raw: serde_json::Value = serde_json::from_str(json).map_err(|e| ModelError::Config(e.to_string()))?;
-        if let Some(t) = raw.get("model_type").and_then(|v| v.as_str())
+        let model_type = raw.get("model_type").and_then(|v| v.as_str());
+        if let Some(t) = model_type
             && t != "qwen3"
+            && t != "qwen3_moe"
         {
-            return Err(ModelError::Config(format!("model_type {t:?} is not qwen3")));
+            return Err(ModelError::Config(format!("model_type {t:?} is neither qwen3 nor qwen3_moe")));
         }
         let mut config: Qwen3Config =
             serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        if model_type == Some("qwen3_moe") {
+            let mut moe: MoeShape =
+                serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(format!("qwen3_moe: {e}")))?;
+            if !raw.get("output_router_logits").and_then(|v| v.as_bool()).unwrap_or(false) {
+                moe.router_aux_loss_coef = 0.0;
+            }
+            config.moe = Some(moe);
+        }
         // Newer transformers write rope_theta under `rope_parameters`.
         if let Some(theta) = raw.pointer("/rope_parameters/rope_theta").and_then(|v| v.as_f64()) {
             config.rope_theta = theta;
@@ -58,7 +105,7 @@ impl Qwen3Config {
     /// `config.json` as transformers writes it for `Qwen3ForCausalLM`. `torch_dtype` names the
     /// dtype the weights are saved in (`float32`, `bfloat16`, `float16`).
     pub fn to_hf_json(&self, torch_dtype: &str) -> String {
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
             "torch_dtype": torch_dtype,
@@ -80,6 +127,14 @@ impl Qwen3Config {
             "use_sliding_window": false,
             "rope_scaling": null,
         });
+        if let (Some(moe), Some(obj)) = (&self.moe, value.as_object_mut()) {
+            obj.insert("architectures".into(), serde_json::json!(["Qwen3MoeForCausalLM"]));
+            obj.insert("model_type".into(), "qwen3_moe".into());
+            if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(moe) {
+                obj.extend(fields);
+            }
+            obj.insert("output_router_logits".into(), (moe.router_aux_loss_coef > 0.0).into());
+        }
         serde_json::to_string_pretty(&value).unwrap_or_default()
     }
 
@@ -109,6 +164,23 @@ impl Qwen3Config {
         if !(self.rms_norm_eps >= 0.0 && self.rope_theta > 0.0) {
             return Err(ModelError::Config("rms_norm_eps must be ≥ 0 and rope_theta > 0".into()));
         }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+                return Err(ModelError::Config(format!(
+                    "num_experts_per_tok {} of num_experts {}",
+                    m.num_experts_per_tok, m.num_experts
+                )));
+            }
+            if m.moe_intermediate_size == 0 || m.decoder_sparse_step == 0 {
+                return Err(ModelError::Config("moe_intermediate_size and decoder_sparse_step must be ≥ 1".into()));
+            }
+            if !(0.0..=1.0).contains(&m.router_aux_loss_coef) {
+                return Err(ModelError::Config(format!(
+                    "router_aux_loss_coef {} is outside [0, 1]",
+                    m.router_aux_loss_coef
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -131,6 +203,15 @@ impl From<&ModelConfig> for Qwen3Config {
             rope_theta: c.rope_theta,
             tie_word_embeddings: c.tie_word_embeddings,
             max_position_embeddings: c.max_position_embeddings as usize,
+            moe: c.moe.as_ref().map(|m| MoeShape {
+                num_experts: m.num_experts as usize,
+                num_experts_per_tok: m.experts_per_token as usize,
+                moe_intermediate_size: m.expert_intermediate_size as usize,
+                norm_topk_prob: m.norm_topk_prob,
+                decoder_sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+                router_aux_loss_coef: m.router_aux_loss_coef,
+            }),
         }
     }
 }
@@ -154,6 +235,38 @@ mod tests {
         assert_eq!(v["architectures"][0], "Qwen3ForCausalLM");
         assert_eq!(v["torch_dtype"], "bfloat16");
         assert_eq!(Qwen3Config::from_hf_json(&out).unwrap(), c);
+    }
+
+    #[test]
+    fn reads_and_writes_a_qwen3_moe_config() {
+        // Qwen3-30B-A3B's config.json, trimmed.
+        let hf = r#"{"architectures":["Qwen3MoeForCausalLM"],"model_type":"qwen3_moe","vocab_size":151936,
+            "hidden_size":2048,"intermediate_size":6144,"num_hidden_layers":48,"num_attention_heads":32,
+            "num_key_value_heads":4,"head_dim":128,"rms_norm_eps":1e-6,"rope_theta":1000000,
+            "tie_word_embeddings":false,"max_position_embeddings":40960,"num_experts":128,
+            "num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true,"decoder_sparse_step":1,
+            "mlp_only_layers":[],"output_router_logits":false,"router_aux_loss_coef":0.001}"#;
+        let c = Qwen3Config::from_hf_json(hf).unwrap();
+        let moe = c.moe.clone().unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (128, 8, 768));
+        assert!(moe.norm_topk_prob && moe.is_sparse(0) && moe.is_sparse(47));
+        assert_eq!(moe.router_aux_loss_coef, 0.0, "transformers adds the loss only with output_router_logits");
+        let with_aux = hf.replace(r#""output_router_logits":false"#, r#""output_router_logits":true"#);
+        assert_eq!(Qwen3Config::from_hf_json(&with_aux).unwrap().moe.unwrap().router_aux_loss_coef, 0.001);
+        let out = c.to_hf_json("bfloat16");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            (v["model_type"].as_str(), v["architectures"][0].as_str()),
+            (Some("qwen3_moe"), Some("Qwen3MoeForCausalLM"))
+        );
+        assert_eq!(Qwen3Config::from_hf_json(&out).unwrap(), c);
+        let every_other = MoeShape { decoder_sparse_step: 2, mlp_only_layers: vec![3], ..moe.clone() };
+        assert_eq!(
+            (0..6).map(|l| every_other.is_sparse(l)).collect::<Vec<_>>(),
+            [false, true, false, false, false, true]
+        );
+        let too_many = Qwen3Config { moe: Some(MoeShape { num_experts_per_tok: 129, ..moe }), ..c };
+        assert!(too_many.validate().is_err());
     }
 
     #[test]
@@ -185,7 +298,19 @@ mod tests {
         };
         let c = Qwen3Config::from(&m);
         assert_eq!((c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads), (2, 4, 2));
-        assert!(c.tie_word_embeddings && c.validate().is_ok());
+        assert!(c.tie_word_embeddings && c.validate().is_ok() && c.moe.is_none());
+        let moe = crate::recipe::MoeConfig {
+            num_experts: 16,
+            experts_per_token: 4,
+            expert_intermediate_size: 32,
+            norm_topk_prob: true,
+            router_aux_loss_coef: 0.01,
+        };
+        let c = Qwen3Config::from(&ModelConfig { moe: Some(moe), ..m });
+        let s = c.moe.as_ref().unwrap();
+        assert_eq!((s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size), (16, 4, 32));
+        assert!(s.norm_topk_prob && s.router_aux_loss_coef == 0.01 && (0..2).all(|l| s.is_sparse(l)));
+        assert!(c.validate().is_ok());
     }
 
     pub(crate) fn tiny() -> Qwen3Config {
@@ -201,6 +326,7 @@ mod tests {
             rope_theta: 10_000.0,
             tie_word_embeddings: false,
             max_position_embeddings: 64,
+            moe: None,
         }
     }
 }

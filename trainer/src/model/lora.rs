@@ -29,7 +29,7 @@ impl LoraConfig {
     pub fn shapes(&self, model: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
         let mut out = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
-            for proj in Proj::ALL.into_iter().filter(|&p| self.targets(p)) {
+            for proj in Proj::of_layer(model, layer).iter().copied().filter(|&p| self.targets(p)) {
                 let (out_dim, in_dim) = proj.shape(model);
                 out.insert(adapter_name(layer, proj, 'A'), vec![self.r, in_dim]);
                 out.insert(adapter_name(layer, proj, 'B'), vec![out_dim, self.r]);
@@ -93,7 +93,7 @@ impl Adapters {
         lora.validate()?;
         let mut tensors = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
-            for proj in Proj::ALL {
+            for &proj in Proj::of_layer(model, layer) {
                 if !lora.targets(proj) {
                     continue;
                 }

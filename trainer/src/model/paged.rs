@@ -5,7 +5,8 @@
 //! row for a sequence that decodes, hundreds for a prompt chunk) and reads keys that earlier
 //! steps left in the cache. So the attention metadata here comes from the kernels' own
 //! [`PagedMeta`], not from a training batch, and the block is the inference one: projections
-//! (with every row's adapter), the fused norm/RoPE/cache write, paged attention, the MLP.
+//! (with every row's adapter), the fused norm/RoPE/cache write, paged attention, the MLP (or a
+//! Qwen3-MoE layer's routed experts).
 
 use candle_core::Tensor;
 use mindxtrain_kernels::multi_lora::{self, RowAdapters};
@@ -13,6 +14,7 @@ use mindxtrain_kernels::paged_attention::{self, PagedMeta};
 use mindxtrain_kernels::{embedding, linear, rmsnorm, rope, swiglu};
 
 use super::adapter_stack::AdapterStack;
+use super::moe::{self, MoeWeights};
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
 use super::{ModelError, Qwen3};
 
@@ -95,6 +97,15 @@ impl Qwen3 {
         let attn = self.paged_proj(layer, Proj::O, &o, inputs)?;
         let post = self.weight(&norm_name(layer, Norm::PostAttention))?;
         let (x2, h2, _) = rmsnorm::add_forward(x, &attn, &post, eps)?;
+        if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
+            let (router, gate_up, down) = (
+                self.weight(&moe::router_name(layer))?,
+                self.weight(&moe::gate_up_name(layer))?,
+                self.weight(&moe::down_name(layer))?,
+            );
+            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+            return Ok((x2 + moe::forward(self.kernels(), shape, &w, &h2)?.0)?);
+        }
         let gate = self.paged_proj(layer, Proj::Gate, &h2, inputs)?;
         let up = self.paged_proj(layer, Proj::Up, &h2, inputs)?;
         let down = self.paged_proj(layer, Proj::Down, &swiglu::forward(&gate, &up)?, inputs)?;

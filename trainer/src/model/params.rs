@@ -30,6 +30,13 @@ pub enum Proj {
 
 impl Proj {
     pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
+    /// The projections of a Qwen3-MoE sparse layer (its MLP is the experts: [`super::moe`]).
+    pub const ATTENTION: [Proj; 4] = [Proj::Q, Proj::K, Proj::V, Proj::O];
+
+    /// The projections layer `layer` of `c` has.
+    pub fn of_layer(c: &Qwen3Config, layer: usize) -> &'static [Proj] {
+        if c.moe.as_ref().is_some_and(|m| m.is_sparse(layer)) { &Proj::ATTENTION } else { &Proj::ALL }
+    }
 
     /// The module path inside a layer, as HF and PEFT name it.
     pub fn path(self) -> &'static str {
@@ -106,9 +113,12 @@ pub fn expected_shapes(c: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
         m.insert(LM_HEAD.to_string(), vec![c.vocab_size, c.hidden_size]);
     }
     for layer in 0..c.num_hidden_layers {
-        for proj in Proj::ALL {
+        for &proj in Proj::of_layer(c, layer) {
             let (o, i) = proj.shape(c);
             m.insert(base_weight_name(layer, proj), vec![o, i]);
+        }
+        if let Some(moe) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
+            super::moe::expected_shapes(c, moe, layer, &mut m);
         }
         m.insert(norm_name(layer, Norm::Input), vec![c.hidden_size]);
         m.insert(norm_name(layer, Norm::PostAttention), vec![c.hidden_size]);

@@ -6,10 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::ModelError;
 use super::lora::Adapters;
+use super::objective::ObjectiveValue;
 use super::qwen3::{Qwen3, StepOptions, Trainable};
 use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
 
@@ -42,8 +43,7 @@ pub struct PreferenceOutput {
 impl Qwen3 {
     /// The log-probability of each row's labelled tokens (a sum), without gradients.
     pub fn sequence_logps(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Vec<f64>, ModelError> {
-        let losses = self.token_losses(batch, adapters)?.to_dtype(DType::F64)?.sum(1)?.to_vec1::<f64>()?;
-        Ok(losses.into_iter().map(|l| -l).collect())
+        Ok(row_sums(&self.token_logps(batch, adapters)?, batch.seq_len))
     }
 
     /// One preference micro-batch. DPO's reference log-probs are `reference` (per pair:
@@ -79,77 +79,82 @@ impl Qwen3 {
             return Err(ModelError::Batch(format!("{pairs} chosen rows but {} rejected", batch.rejected.batch)));
         }
         let both = stack_rows(&batch.chosen, &batch.rejected)?;
-        let ctx = self.step_ctx(&both, trainable, adapters, Some(opts.dropout_seed), hooks)?;
-        let (tape, losses) = self.forward_tape(&ctx, &both, opts.activation_checkpointing)?;
         let t = both.seq_len;
-        let row_loss = losses.to_dtype(DType::F64)?.reshape((2 * pairs, t))?.sum(1)?.to_vec1::<f64>()?;
-        let logps: Vec<f64> = row_loss.iter().map(|l| -l).collect();
-        let (chosen, rejected) = logps.split_at(pairs);
-        // d loss / d row log-prob, per row, then spread over the row's tokens (d logp/d token loss = −1).
-        let mut d_logp = vec![0.0; 2 * pairs];
-        let mut loss_sum = 0.0;
-        match loss {
-            PreferenceLoss::Dpo { beta, label_smoothing: eps } => {
-                let refs = match reference {
-                    Some(r) => r.to_vec(),
-                    None => {
-                        if trainable != Trainable::Adapters {
-                            return Err(ModelError::Lora(
-                                "DPO without reference log-probs needs adapters to train".into(),
-                            ));
-                        }
-                        let base = self.sequence_logps(&both, None)?;
-                        (0..pairs).map(|i| (base[i], base[pairs + i])).collect()
-                    }
-                };
-                if refs.len() != pairs {
-                    return Err(ModelError::Batch(format!("{} reference pairs for {pairs} rows", refs.len())));
+        let refs = match (loss, reference) {
+            (PreferenceLoss::Orpo { .. }, _) => Vec::new(),
+            (PreferenceLoss::Dpo { .. }, Some(r)) => r.to_vec(),
+            (PreferenceLoss::Dpo { .. }, None) => {
+                if trainable != Trainable::Adapters {
+                    return Err(ModelError::Lora("DPO without reference log-probs needs adapters to train".into()));
                 }
-                for i in 0..pairs {
-                    let z = beta * ((chosen[i] - refs[i].0) - (rejected[i] - refs[i].1));
-                    loss_sum += -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z);
-                    let dz = -(1.0 - eps) * sigmoid(-z) + eps * sigmoid(z);
-                    d_logp[i] = dz * beta;
-                    d_logp[pairs + i] = -dz * beta;
-                }
+                let base = self.sequence_logps(&both, None)?;
+                (0..pairs).map(|i| (base[i], base[pairs + i])).collect()
             }
-            PreferenceLoss::Orpo { lambda } => {
-                let counts = row_counts(&both.labels, t);
-                for i in 0..pairs {
-                    let (nc, nr) = (counts[i], counts[pairs + i]);
-                    if nc == 0 || nr == 0 {
-                        return Err(ModelError::Batch(format!("pair {i} has a response without target tokens")));
-                    }
-                    let (ac, ar) = (chosen[i] / nc as f64, rejected[i] / nr as f64);
-                    // log odds(a) = a − log(1 − e^a); 1 − e^a = −expm1(a) keeps precision near a = 0.
-                    let log_odds = (ac - ar) - ((-ac.exp_m1()).ln() - (-ar.exp_m1()).ln());
-                    loss_sum += -ac - lambda * log_sigmoid(log_odds);
-                    let s = sigmoid(-log_odds);
-                    let d_ac = -1.0 - lambda * s / (-ac.exp_m1());
-                    let d_ar = lambda * s / (-ar.exp_m1());
-                    d_logp[i] = d_ac / nc as f64;
-                    d_logp[pairs + i] = d_ar / nr as f64;
-                }
-            }
+        };
+        if matches!(loss, PreferenceLoss::Dpo { .. }) && refs.len() != pairs {
+            return Err(ModelError::Batch(format!("{} reference pairs for {pairs} rows", refs.len())));
         }
-        let d_tokens: Vec<f64> = d_logp.iter().flat_map(|&d| std::iter::repeat_n(-d * opts.loss_scale, t)).collect();
-        let d_tokens = Tensor::from_vec(d_tokens, 2 * pairs * t, self.device())?.to_dtype(self.dtype())?;
-        let grads = self.backward_tape(&ctx, &tape, &d_tokens)?;
+        let counts = row_counts(&both.labels, t);
+        let objective = |logps: &[f64]| {
+            let logps = row_sums(logps, t);
+            let (chosen, rejected) = logps.split_at(pairs);
+            // d loss / d row log-prob, per row, then spread over the row's tokens.
+            let mut d_logp = vec![0.0; 2 * pairs];
+            let mut loss_sum = 0.0;
+            match loss {
+                PreferenceLoss::Dpo { beta, label_smoothing: eps } => {
+                    for i in 0..pairs {
+                        let z = beta * ((chosen[i] - refs[i].0) - (rejected[i] - refs[i].1));
+                        loss_sum += -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z);
+                        let dz = -(1.0 - eps) * sigmoid(-z) + eps * sigmoid(z);
+                        d_logp[i] = dz * beta;
+                        d_logp[pairs + i] = -dz * beta;
+                    }
+                }
+                PreferenceLoss::Orpo { lambda } => {
+                    for i in 0..pairs {
+                        let (nc, nr) = (counts[i], counts[pairs + i]);
+                        if nc == 0 || nr == 0 {
+                            return Err(ModelError::Batch(format!("pair {i} has a response without target tokens")));
+                        }
+                        let (ac, ar) = (chosen[i] / nc as f64, rejected[i] / nr as f64);
+                        // log odds(a) = a − log(1 − e^a); 1 − e^a = −expm1(a) keeps precision near a = 0.
+                        let log_odds = (ac - ar) - ((-ac.exp_m1()).ln() - (-ar.exp_m1()).ln());
+                        loss_sum += -ac - lambda * log_sigmoid(log_odds);
+                        let s = sigmoid(-log_odds);
+                        let d_ac = -1.0 - lambda * s / (-ac.exp_m1());
+                        let d_ar = lambda * s / (-ar.exp_m1());
+                        d_logp[i] = d_ac / nc as f64;
+                        d_logp[pairs + i] = d_ar / nr as f64;
+                    }
+                }
+            }
+            let d_logp = d_logp.iter().flat_map(|&d| std::iter::repeat_n(d, t)).collect();
+            Ok(ObjectiveValue { loss: loss_sum, d_logp })
+        };
+        let out = self.forward_backward_logps_with(&both, trainable, adapters, opts, objective, hooks)?;
+        let logps = row_sums(&out.logps, t);
+        let (chosen, rejected) = logps.split_at(pairs);
         Ok(PreferenceOutput {
-            loss_sum,
+            loss_sum: out.loss,
             pairs,
             chosen_logps: chosen.to_vec(),
             rejected_logps: rejected.to_vec(),
-            grads,
+            grads: out.grads,
         })
     }
 }
 
-fn sigmoid(x: f64) -> f64 {
+/// Per-row sums of a row-major `[rows × t]` list.
+pub fn row_sums(values: &[f64], t: usize) -> Vec<f64> {
+    values.chunks(t.max(1)).map(|row| row.iter().sum()).collect()
+}
+
+pub(crate) fn sigmoid(x: f64) -> f64 {
     if x >= 0.0 { 1.0 / (1.0 + (-x).exp()) } else { x.exp() / (1.0 + x.exp()) }
 }
 
-fn log_sigmoid(x: f64) -> f64 {
+pub(crate) fn log_sigmoid(x: f64) -> f64 {
     if x >= 0.0 { -(-x).exp().ln_1p() } else { x - x.exp().ln_1p() }
 }
 

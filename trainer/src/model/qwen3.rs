@@ -11,6 +11,7 @@ use mindxtrain_kernels::{KernelConfig, attention, embedding, linear, lm_head_ce,
 use super::block::{BlockTape, Grads, StepCtx, accumulate};
 use super::hooks::{NoHooks, Stage, StepHooks};
 use super::lora::Adapters;
+use super::moe::{self, RouterStats};
 use super::nf4::Nf4Tensor;
 use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
 use super::{ModelError, Qwen3Config};
@@ -53,8 +54,13 @@ pub struct StepOutput {
     pub loss_sum: f64,
     /// Tokens that carried a loss.
     pub target_tokens: usize,
-    /// Gradients of `loss_scale · loss_sum` by parameter (HF or PEFT name).
+    /// Gradients of `loss_scale · loss_sum` by parameter (HF or PEFT name), plus, for a
+    /// Qwen3-MoE model with `router_aux_loss_coef > 0`, of `loss_scale · target_tokens ·
+    /// coef · aux_loss` (with `loss_scale = 1 / target_tokens`: HF's `loss + coef · aux_loss`).
     pub grads: BTreeMap<String, Tensor>,
+    /// Qwen3-MoE's load-balancing loss over this micro-batch's sparse layers (HF's
+    /// `aux_loss`, unweighted; 1 is perfect balance); 0 for a dense model.
+    pub aux_loss: f64,
 }
 
 /// Qwen3 dense decoder with HF-named parameters.
@@ -72,7 +78,7 @@ pub struct Qwen3 {
 
 /// A block's saved state: the full tape, or only its input when checkpointing.
 enum Saved {
-    Tape(BlockTape),
+    Tape(Box<BlockTape>),
     Input(Tensor),
 }
 
@@ -86,6 +92,8 @@ pub(super) struct Tape {
     head: HeadTape,
     pub(super) labels: Labels,
     checkpointing: bool,
+    /// Each sparse layer's routing statistics (Qwen3-MoE).
+    router_stats: Vec<RouterStats>,
 }
 
 /// What the loss head keeps for its backward. On the CPU, the logits (small at CPU shapes, and
@@ -105,8 +113,10 @@ const HEAD_CHUNK: usize = 32_768;
 impl Qwen3 {
     /// A model from named parameters; every HF name must be present with its shape, one
     /// floating dtype throughout, nothing extra.
-    pub fn new(config: Qwen3Config, params: Params, device: &Device) -> Result<Qwen3, ModelError> {
+    /// Qwen3-MoE experts may come one tensor per expert (the Hub's files): they are stacked.
+    pub fn new(config: Qwen3Config, mut params: Params, device: &Device) -> Result<Qwen3, ModelError> {
         config.validate()?;
+        moe::fuse_experts(&config, &mut params)?;
         params::check_names_and_shapes(&params::expected_shapes(&config), &params)?;
         let dtype = params.get(EMBED).map(|t| t.dtype()).ok_or_else(|| ModelError::MissingParam(EMBED.into()))?;
         if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
@@ -236,12 +246,20 @@ impl Qwen3 {
         hooks: &dyn StepHooks,
     ) -> Result<StepOutput, ModelError> {
         let _profile = mindxtrain_kernels::profile::scope("step (glue)", &self.device);
-        let ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed), hooks)?;
+        let mut ctx = self.step_ctx(batch, trainable, adapters, Some(opts.dropout_seed), hooks)?;
         let (tape, losses) = self.forward_tape(&ctx, batch, opts.activation_checkpointing)?;
         let loss_sum = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        let coef = self.config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
+        let aux_weight = coef * opts.loss_scale * tape.labels.count as f64;
+        let tokens = batch.batch * batch.seq_len;
+        let aux = moe::balance_terms(&tape.router_stats, tokens, aux_weight)?;
+        let aux_loss = aux.as_ref().map_or(0.0, |(loss, _)| *loss);
+        if coef > 0.0 {
+            ctx.balance = aux.map(|(_, grad)| grad);
+        }
         let d_losses = Tensor::full(opts.loss_scale, losses.shape(), &self.device)?.to_dtype(self.dtype)?;
         let grads = self.backward_tape(&ctx, &tape, &d_losses)?;
-        Ok(StepOutput { loss_sum, target_tokens: tape.labels.count, grads })
+        Ok(StepOutput { loss_sum, target_tokens: tape.labels.count, grads, aux_loss })
     }
 
     /// Logits `[B, T, vocab]` (no dropout, nothing saved).
@@ -256,9 +274,14 @@ impl Qwen3 {
     pub fn token_losses(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Tensor, ModelError> {
         let ctx = self.step_ctx(batch, Trainable::Adapters, adapters, None, &NoHooks)?;
         let xf = self.final_hidden(&ctx, batch)?;
-        let logits = linear::forward(&self.kernels, &xf, &*self.weight(self.head_name())?)?;
+        let w = self.weight(self.head_name())?;
         let labels = Labels::new(&batch.labels, self.config.vocab_size, self.dtype, &self.device)?;
-        let (losses, _) = cross_entropy::forward(&logits, &labels)?;
+        // As in the training forward: on a GPU the `[tokens × vocab]` logits are never whole.
+        let losses = if self.device.is_cuda() {
+            lm_head_ce::forward(&self.kernels, &xf, &w, &labels, HEAD_CHUNK)?.0
+        } else {
+            cross_entropy::forward(&linear::forward(&self.kernels, &xf, &w)?, &labels)?.0
+        };
         Ok(losses.reshape((batch.batch, batch.seq_len))?)
     }
 
@@ -292,6 +315,7 @@ impl Qwen3 {
             sin: sin.reshape((b, t, 1, c.head_dim))?,
             mask: attention::Mask::new(&batch.segment_ids, b, t)?,
             hooks,
+            balance: None,
         })
     }
 
@@ -342,12 +366,14 @@ impl Qwen3 {
         let mut x = embedding::forward(&ids, &*ctx.weight(EMBED)?)?;
         hooks.leave(Stage::Embedding, false)?;
         let mut blocks = Vec::with_capacity(self.config.num_hidden_layers);
+        let mut router_stats = Vec::new();
         for layer in 0..self.config.num_hidden_layers {
             hooks.enter(Stage::Block(layer), false)?;
-            let (y, tape) = ctx.block_forward(layer, &x, !checkpointing)?;
+            let (y, tape, stats) = ctx.block_forward(layer, &x, !checkpointing)?;
             hooks.leave(Stage::Block(layer), false)?;
+            router_stats.extend(stats);
             blocks.push(match tape {
-                Some(t) => Saved::Tape(t),
+                Some(t) => Saved::Tape(Box::new(t)),
                 None => Saved::Input(x),
             });
             x = y;
@@ -365,7 +391,7 @@ impl Qwen3 {
         };
         drop(w);
         hooks.leave(Stage::Head, false)?;
-        let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, head, labels, checkpointing };
+        let tape = Tape { ids, blocks, x_last: x, rstd_f, xf, head, labels, checkpointing, router_stats };
         Ok((tape, losses))
     }
 
@@ -401,7 +427,7 @@ impl Qwen3 {
             hooks.enter(Stage::Block(layer), true)?;
             let recomputed;
             let block_tape = match &tape.blocks[layer] {
-                Saved::Tape(t) => t,
+                Saved::Tape(t) => &**t,
                 Saved::Input(x) => {
                     recomputed = ctx.block_forward(layer, x, true)?.1;
                     recomputed.as_ref().ok_or_else(|| ModelError::Batch("block tape missing".into()))?

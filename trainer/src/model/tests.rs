@@ -12,7 +12,7 @@ use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
 use crate::generate::{Limits, Sampling, generate};
 use crate::recipe::TargetModule;
 
-fn tiny(tied: bool) -> Qwen3Config {
+pub(super) fn tiny(tied: bool) -> Qwen3Config {
     Qwen3Config {
         vocab_size: 11,
         hidden_size: 8,
@@ -25,6 +25,7 @@ fn tiny(tied: bool) -> Qwen3Config {
         rope_theta: 10_000.0,
         tie_word_embeddings: tied,
         max_position_embeddings: 64,
+        moe: None,
     }
 }
 
@@ -244,7 +245,7 @@ fn a_tied_head_equals_an_untied_copy_and_sums_both_gradients() {
     assert!(diff < 1e-14, "{diff}");
 }
 
-fn bits(grads: &BTreeMap<String, Tensor>) -> BTreeMap<String, Vec<u32>> {
+pub(super) fn bits(grads: &BTreeMap<String, Tensor>) -> BTreeMap<String, Vec<u32>> {
     grads
         .iter()
         .map(|(k, v)| {
@@ -570,6 +571,7 @@ fn step_timing() {
         rope_theta: 1e6,
         tie_word_embeddings: true,
         max_position_embeddings: 1024,
+        moe: None,
     };
     let m = Qwen3::init_random(&config, 1, DType::F32, &Device::Cpu).unwrap();
     let ad =

@@ -4,6 +4,8 @@
 //! and are spelled out in docs/recipes.md. Ranges and cross-field rules live in `validate.rs`, so
 //! that all of them can be reported at once.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::publish::Publish;
@@ -213,6 +215,14 @@ pub struct Model {
     /// given a base (`--init-from`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub random_init: bool,
+    /// A chat template (`.jinja` file, or a `tokenizer_config.json`) replacing the one the
+    /// tokenizer ships; unset: the tokenizer's own, else the built-in ChatML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// The chat template's `enable_thinking` (Qwen3: `false` makes the empty think block part
+    /// of the prompt, so the model is not trained to write it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub enable_thinking: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -281,6 +291,19 @@ pub struct MoeConfig {
     pub num_experts: u32,
     pub experts_per_token: u32,
     pub expert_intermediate_size: u32,
+    /// Renormalise the chosen experts' probabilities to sum to one (HF `norm_topk_prob`).
+    #[serde(default = "MoeConfig::default_norm_topk_prob")]
+    pub norm_topk_prob: bool,
+    /// Weight of the load-balancing loss added to the training loss; 0 leaves it out (HF adds
+    /// it only with `output_router_logits`).
+    #[serde(default)]
+    pub router_aux_loss_coef: f64,
+}
+
+impl MoeConfig {
+    fn default_norm_topk_prob() -> bool {
+        true
+    }
 }
 
 // ---- data ----
@@ -312,6 +335,10 @@ pub struct Data {
     pub shuffle: bool,
     #[serde(default)]
     pub dedupe: Dedupe,
+    /// Record field → the table column holding it, for Parquet/Arrow files whose columns are
+    /// named otherwise (`messages: conversations`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub columns: BTreeMap<String, String>,
 }
 
 impl Data {

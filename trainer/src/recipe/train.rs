@@ -309,6 +309,9 @@ pub enum Reward {
     Format,
     /// Penalises completions near `max_new_tokens`.
     Length,
+    /// Tool calls are well-formed JSON (`{"name": …, "arguments": {…}}`) where the reference
+    /// calls a tool, and absent where it does not.
+    ToolCall,
 }
 
 fn default_generations() -> u32 {

@@ -233,6 +233,7 @@ fn model(c: &mut Checks, r: &Recipe) {
             c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
             c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
             c.int("model.config.moe.expert_intermediate_size", moe.expert_intermediate_size.into(), 1, 1 << 20);
+            c.num("model.config.moe.router_aux_loss_coef", moe.router_aux_loss_coef, 0.0, 1.0, "[]");
         }
         (None, ModelFamily::Qwen3Moe) => c.fail("model.config.moe", "required for family qwen3_moe"),
         (None, _) => {}
@@ -262,7 +263,10 @@ fn data(c: &mut Checks, r: &Recipe) {
         only_for(c, "paths", DataSource::Jsonl);
     }
     match (&d.hf_id, source) {
-        (None, DataSource::Hf) => c.fail("data.hf_id", "required with `source: hf`"),
+        (None, DataSource::Hf) if d.paths.is_empty() => c.fail(
+            "data.paths",
+            "required with `source: hf` (Parquet, Arrow or JSONL files or directories; nothing is downloaded)",
+        ),
         (Some(id), DataSource::Hf) if !id.contains('/') || id.trim() != id => {
             c.fail("data.hf_id", format!("expected `owner/name`, found {id:?}"));
         }
@@ -284,6 +288,20 @@ fn data(c: &mut Checks, r: &Recipe) {
         }
     }
     c.text("data.split", &d.split);
+    let fields = crate::data::source::format_fields(d.format);
+    for (field, column) in &d.columns {
+        if !fields.contains(&field.as_str()) {
+            c.fail(
+                &format!("data.columns.{field}"),
+                format!("`{}` records have no field `{field}`; they read {}", name_of(&d.format), fields.join(", ")),
+            );
+        } else if column.trim().is_empty() {
+            c.fail(&format!("data.columns.{field}"), "must name a column");
+        }
+    }
+    if !d.columns.is_empty() && source != DataSource::Hf {
+        only_for(c, "columns", DataSource::Hf);
+    }
     if let Some(n) = d.max_samples {
         c.int("data.max_samples", n, 1, u64::MAX);
     }

@@ -47,9 +47,9 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let per_device = r.train.batch.per_device as usize;
     // Preference recipes are timed on their chosen rows: the same shapes, half the rows.
     let batch = if dataset.is_preference() {
-        dataset.preference_batches(per_device, DataCursor::default())?.next_batch().chosen
+        dataset.preference_batches(per_device, DataCursor::default())?.next_batch()?.chosen
     } else {
-        dataset.batches(per_device, DataCursor::default())?.next_batch()
+        dataset.batches(per_device, DataCursor::default())?.next_batch()?
     };
     let scale = 1.0 / batch.target_tokens().max(1) as f64;
     let trainable = method.trainable;

@@ -8,6 +8,7 @@ use crate::generate::{Limits, Sampling, generate};
 use crate::model::{Adapters, ModelError, Qwen3};
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::Path;
 use thiserror::Error;
@@ -29,8 +30,23 @@ pub struct EvalReport {
     pub exact_match_total: usize,
     pub exact_match_correct: usize,
     pub exact_match: Option<f64>,
+    /// Exact match per task family, for data from the task generator (empty otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_family: BTreeMap<String, FamilyScore>,
     /// A few generated answers beside their references, for humans.
     pub samples: Vec<EvalSample>,
+    /// GRPO and GSPO: the recipe's rewards of completions sampled for held-out prompts
+    /// (`prompts`, `completions`, `mean`, `std`, `per_function`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewards: Option<serde_json::Value>,
+}
+
+/// Exact match on one task family's held-out prompts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyScore {
+    pub total: usize,
+    pub correct: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,16 +86,17 @@ pub fn evaluate(
 ) -> Result<EvalReport, EvalError> {
     let mut loss_sum = 0.0;
     let mut target_tokens = 0;
-    for batch in dataset.holdout_batches(per_device) {
+    for batch in dataset.holdout_batches(per_device)? {
         let losses = model.token_losses(&batch, adapters)?;
         loss_sum += losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         target_tokens += batch.target_tokens();
     }
     let loss = (target_tokens > 0).then(|| loss_sum / target_tokens as f64);
-    let prompts: Vec<PromptItem> = dataset.holdout_prompts(tokenizer)?.into_iter().take(max_prompts).collect();
+    let prompts: Vec<PromptItem> = dataset.holdout_prompts_max(tokenizer, max_prompts)?;
     let stop = [tokenizer.im_end_id(), tokenizer.eos_id()];
     let mut correct = 0;
     let mut samples = Vec::new();
+    let mut by_family = BTreeMap::new();
     for item in &prompts {
         let mut ids = Vec::new();
         let greedy = Sampling::greedy();
@@ -91,6 +108,11 @@ pub fn evaluate(
         let output = tokenizer.decode(&ids, true)?;
         let ok = answers_match(&item.reference, &output);
         correct += usize::from(ok);
+        if let Some(family) = item.family {
+            let score = by_family.entry(family.name().to_owned()).or_insert_with(FamilyScore::default);
+            score.total += 1;
+            score.correct += usize::from(ok);
+        }
         if samples.len() < 5 {
             samples.push(EvalSample { reference: item.reference.clone(), output, correct: ok });
         }
@@ -98,14 +120,16 @@ pub fn evaluate(
     Ok(EvalReport {
         v: 1,
         step,
-        holdout_examples: dataset.holdout.len(),
+        holdout_examples: dataset.holdout_len(),
         loss,
         perplexity: loss.map(f64::exp),
         target_tokens,
         exact_match_total: prompts.len(),
         exact_match_correct: correct,
         exact_match: (!prompts.is_empty()).then(|| correct as f64 / prompts.len() as f64),
+        by_family,
         samples,
+        rewards: None,
     })
 }
 
@@ -142,7 +166,9 @@ mod tests {
             exact_match_total: 4,
             exact_match_correct: 2,
             exact_match: em,
+            by_family: BTreeMap::new(),
             samples: vec![],
+            rewards: None,
         }
     }
 

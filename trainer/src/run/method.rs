@@ -2,7 +2,9 @@
 
 use super::RunError;
 use crate::model::{LoraConfig, PreferenceLoss, Trainable};
-use crate::recipe::Method;
+use crate::recipe::{Lora, Method, Reward};
+use crate::rl::kto::KtoLoss;
+use crate::rl::policy_loss::{PolicyLoss, Ratio};
 
 /// The engine-level reading of a method.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,18 +15,95 @@ pub struct MethodPlan {
     /// Store the frozen base in NF4 (QLoRA).
     pub nf4_base: bool,
     pub preference: Option<PreferenceLoss>,
+    /// GRPO, GSPO or KTO.
+    pub rl: Option<RlPlan>,
+}
+
+/// The learning-from-rewards methods.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RlPlan {
+    /// GRPO (token ratios) or GSPO (sequence ratios): sampled groups, rewards, the clipped loss.
+    Policy(GroupPolicy),
+    /// KTO on unpaired desirable and undesirable answers.
+    Kto(KtoLoss),
+}
+
+/// What a GRPO or GSPO step samples and how it learns from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupPolicy {
+    pub loss: PolicyLoss,
+    pub num_generations: usize,
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    pub rewards: Vec<Reward>,
+}
+
+impl GroupPolicy {
+    fn new(ratio: Ratio, generations: u32, new_tokens: u32, temperature: f64, rewards: &[Reward]) -> GroupPolicy {
+        GroupPolicy {
+            loss: PolicyLoss { ratio, clip_epsilon: 0.0, kl_coef: 0.0 },
+            num_generations: generations as usize,
+            max_new_tokens: new_tokens as usize,
+            temperature,
+            rewards: rewards.to_vec(),
+        }
+    }
+
+    fn clipped(mut self, clip_epsilon: f64, kl_coef: f64) -> GroupPolicy {
+        self.loss.clip_epsilon = clip_epsilon;
+        self.loss.kl_coef = kl_coef;
+        self
+    }
+}
+
+impl RlPlan {
+    /// Whether the step needs the reference policy's log-probs.
+    pub fn needs_reference(&self) -> bool {
+        match self {
+            RlPlan::Policy(p) => p.loss.kl_coef > 0.0,
+            RlPlan::Kto(_) => true,
+        }
+    }
 }
 
 impl MethodPlan {
+    /// Why `method` cannot train across several processes, if it cannot: GRPO and GSPO sample
+    /// rollouts from the whole policy and KTO needs every step's reference point, which the
+    /// ranks do not share yet; a single process trains them.
+    pub fn single_process_only(method: &Method) -> Option<String> {
+        let name = match method {
+            Method::Grpo(_) => "grpo",
+            Method::Gspo(_) => "gspo",
+            Method::Kto(_) => "kto",
+            _ => return None,
+        };
+        Some(format!(
+            "train.method {name} trains in one process only: a distributed run (train.distributed, \
+             --nproc-per-node/--nnodes above 1 or --collective) of GRPO, GSPO or KTO is not supported; \
+             run it as one process"
+        ))
+    }
+
     pub fn from_recipe(method: &Method) -> Result<MethodPlan, RunError> {
-        let full =
-            |name| MethodPlan { name, trainable: Trainable::Full, lora: None, nf4_base: false, preference: None };
-        let adapters = |name, lora: &crate::recipe::Lora| MethodPlan {
+        let full = |name| MethodPlan {
+            name,
+            trainable: Trainable::Full,
+            lora: None,
+            nf4_base: false,
+            preference: None,
+            rl: None,
+        };
+        let adapters = |name, lora: &Lora| MethodPlan {
             name,
             trainable: Trainable::Adapters,
             lora: Some(LoraConfig::from(lora)),
             nf4_base: false,
             preference: None,
+            rl: None,
+        };
+        let either = |name, lora: Option<&Lora>| match lora {
+            Some(l) => adapters(name, l),
+            None => full(name),
         };
         Ok(match method {
             Method::Full => full("full"),
@@ -47,25 +126,31 @@ impl MethodPlan {
                     )));
                 }
                 let loss = PreferenceLoss::Dpo { beta: d.beta, label_smoothing: d.label_smoothing };
-                let base = match &d.lora {
-                    Some(l) => adapters("dpo", l),
-                    None => full("dpo"),
-                };
-                MethodPlan { preference: Some(loss), ..base }
+                MethodPlan { preference: Some(loss), ..either("dpo", d.lora.as_ref()) }
             }
             Method::Orpo(o) => {
                 let loss = PreferenceLoss::Orpo { lambda: o.beta };
-                let base = match &o.lora {
-                    Some(l) => adapters("orpo", l),
-                    None => full("orpo"),
-                };
-                MethodPlan { preference: Some(loss), ..base }
+                MethodPlan { preference: Some(loss), ..either("orpo", o.lora.as_ref()) }
             }
-            Method::Kto(_) | Method::Grpo(_) | Method::Gspo(_) => {
-                return Err(RunError::Recipe(format!(
-                    "train.method.kind: {} is accepted by the schema but the embedded engine trains full, cpt, lora, qlora, dpo and orpo",
-                    format!("{:?}", method.kind()).to_lowercase()
-                )));
+            Method::Kto(k) => {
+                let loss = KtoLoss {
+                    beta: k.beta,
+                    desirable_weight: k.desirable_weight,
+                    undesirable_weight: k.undesirable_weight,
+                };
+                MethodPlan { rl: Some(RlPlan::Kto(loss)), ..either("kto", k.lora.as_ref()) }
+            }
+            Method::Grpo(g) => {
+                let policy =
+                    GroupPolicy::new(Ratio::Token, g.num_generations, g.max_new_tokens, g.temperature, &g.rewards)
+                        .clipped(g.clip_epsilon, g.kl_coef);
+                MethodPlan { rl: Some(RlPlan::Policy(policy)), ..either("grpo", g.lora.as_ref()) }
+            }
+            Method::Gspo(g) => {
+                let policy =
+                    GroupPolicy::new(Ratio::Sequence, g.num_generations, g.max_new_tokens, g.temperature, &g.rewards)
+                        .clipped(g.clip_epsilon, g.kl_coef);
+                MethodPlan { rl: Some(RlPlan::Policy(policy)), ..either("gspo", g.lora.as_ref()) }
             }
         })
     }

@@ -1,9 +1,12 @@
 //! One run from preparation to the last checkpoint.
 
+mod kto_step;
+mod reinforce;
+
 use super::base::{self, BASE_FILE, BaseRecord};
 use super::eval::{EvalReport, check_regression, evaluate};
 use super::layout::{OutDir, RunRecord};
-use super::method::MethodPlan;
+use super::method::{MethodPlan, RlPlan};
 use super::ranks::RankState;
 use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
 use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
@@ -18,6 +21,18 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
+
+use reinforce::RolloutState;
+
+/// One optimizer step's gradients and what it reports.
+pub(super) struct StepGrads {
+    pub grads: BTreeMap<String, candle_core::Tensor>,
+    /// The step's mean loss.
+    pub loss: f64,
+    pub tokens: u64,
+    /// What an RL step adds to `train.progress` (rewards, KL, clipping, timings).
+    pub rl: Option<Value>,
+}
 
 /// A prepared run: everything loaded, positioned at `step`.
 pub struct Session<'a> {
@@ -36,9 +51,12 @@ pub struct Session<'a> {
     pub(super) cursor: DataCursor,
     base: BaseRecord,
     start_step: u64,
-    /// DPO's reference policy when all weights train: a frozen copy of the starting
-    /// weights (with adapters, the reference is the base with adapters off).
+    /// The reference policy of DPO, KTO and GRPO's KL term when all weights train: a frozen
+    /// copy of the starting weights (with adapters, the reference is the base with adapters
+    /// off: no second model in memory).
     pub(super) reference: Option<Qwen3>,
+    /// GRPO and GSPO: the prompts, rewards and rollout engine.
+    rollouts: Option<RolloutState>,
     /// The recipe's `train.env` with the plan's overrides applied, as `run.started` records it.
     env: BTreeMap<String, String>,
     /// Batches this rank accumulates per optimizer step (the recipe's `grad_accum` unless a
@@ -74,7 +92,8 @@ fn load_base_model(
     Ok((model, record))
 }
 
-/// A model's full weights with its `config.json`, in the HF layout.
+/// A model's full weights with its `config.json`, in the HF layout (a Qwen3-MoE model's
+/// experts one tensor each, as transformers itself writes them).
 pub(super) fn save_model(dir: &mut StagedDir, model: &Qwen3) -> Result<(), RunError> {
     save_params(dir, model, model.params())
 }
@@ -85,7 +104,8 @@ fn save_params(dir: &mut StagedDir, model: &Qwen3, params: &crate::model::Params
     let dtype = model.dtype();
     let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
         .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
-    checkpoint::save_hf_model(dir, &config, params, dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
+    let weights = crate::model::moe::split_experts(model.config(), params)?;
+    checkpoint::save_hf_model(dir, &config, &weights, dtype, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
     Ok(())
 }
 
@@ -119,6 +139,11 @@ impl<'a> Session<'a> {
                 .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
         }
         let method = MethodPlan::from_recipe(&recipe.train.method)?;
+        if dist.is_some()
+            && let Some(why) = MethodPlan::single_process_only(&recipe.train.method)
+        {
+            return Err(RunError::Recipe(why));
+        }
         let (device, mut ranks) = match dist {
             Some((d, device)) => {
                 let r = RankState::new(d, recipe, &method, &device)?;
@@ -167,8 +192,13 @@ impl<'a> Session<'a> {
         if method.nf4_base {
             model.quantize_nf4()?;
         }
-        let reference = match (method.preference, &adapters) {
-            (Some(crate::model::PreferenceLoss::Dpo { .. }), None) => Some(model.clone()),
+        let needs_reference = matches!(method.preference, Some(crate::model::PreferenceLoss::Dpo { .. }))
+            || method.rl.as_ref().is_some_and(RlPlan::needs_reference);
+        let reference = (needs_reference && adapters.is_none()).then(|| model.clone());
+        let rollouts = match &method.rl {
+            Some(RlPlan::Policy(p)) => {
+                Some(RolloutState::new(dataset.train_prompts(&tokenizer)?, recipe.data.seq_len as usize, p)?)
+            }
             _ => None,
         };
         let world = ranks.as_ref().map_or(1, |r| r.world()) as u64;
@@ -209,7 +239,7 @@ impl<'a> Session<'a> {
             Some(r) => r.set_batch(global_batch)?,
             None => crate::parallel::accumulation(global_batch, per_device, 1).map_err(RunError::Recipe)?,
         };
-        let total_steps = total_steps(spec, &dataset, global_batch)?;
+        let total_steps = total_steps(spec, &dataset, global_batch, rollouts.as_ref().map(|r| r.prompts.len()))?;
         let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
         let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
         let mut optimizer = AdamW::new(adam);
@@ -255,6 +285,9 @@ impl<'a> Session<'a> {
         }
         if writer {
             out.write_json(&out.run_json(), &record)?;
+            if let Some(rl) = rl_record(&method, rollouts.as_ref(), recipe.meta.seed) {
+                out.write_json(&out.root().join(RL_JSON), &rl)?;
+            }
         }
         let session = Session {
             spec,
@@ -273,6 +306,7 @@ impl<'a> Session<'a> {
             base,
             start_step: step,
             reference,
+            rollouts,
             env,
             accum,
             ranks,
@@ -310,6 +344,7 @@ impl<'a> Session<'a> {
             "context": self.spec.context,
             "global_batch": self.global_batch(),
             "parallel": self.ranks.as_ref().map(|r| &r.layout),
+            "rl": rl_record(&self.method, self.rollouts.as_ref(), recipe.meta.seed),
         })
     }
 
@@ -335,9 +370,21 @@ impl<'a> Session<'a> {
         let mut last_loss = None;
         let log_every = u64::from(train.log_every_steps.max(1));
         observer.started(self.step, self.total_steps);
+        let eval = &self.spec.recipe.recipe.eval;
+        let curve = eval.every_steps.is_some() || self.rollouts.is_some();
+        if self.step == 0 && eval.enabled && curve && self.total_steps > 0 {
+            // The curve starts where the run starts: the base (a fresh adapter adds nothing),
+            // so the evaluations that follow (an RL run's held-out rewards too) read as what
+            // training changed.
+            if let Some(report) = self.evaluate()? {
+                observer.note(&eval_line(&report));
+                observer.evaluated(&report);
+                emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+            }
+        }
         while self.step < self.total_steps {
             let t0 = Instant::now();
-            let super::step::Stepped { loss, tokens: n_tokens, grad_norm, lr } = self.one_step()?;
+            let super::step::Stepped { loss, tokens: n_tokens, grad_norm, lr, rl } = self.one_step()?;
             if !loss.is_finite() {
                 return Err(RunError::Diverged { step: self.step, value: loss });
             }
@@ -354,11 +401,14 @@ impl<'a> Session<'a> {
             };
             observer.step(&report);
             if self.step.is_multiple_of(log_every) || self.step == self.total_steps {
-                let data = json!({
+                let mut data = json!({
                     "run_id": self.record.run_id, "step": self.step, "total_steps": self.total_steps,
                     "loss": loss, "lr": lr, "grad_norm": grad_norm,
                     "tokens_per_s": tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
                 });
+                if let Some(rl) = rl {
+                    data["rl"] = rl;
+                }
                 emit(sink, "train.progress", &self.record.run_id, data)?;
             }
             if let Some(every) = train.checkpoint.every_steps
@@ -434,6 +484,12 @@ impl<'a> Session<'a> {
     pub(super) fn global_batch(&self) -> u64 {
         let per_device = u64::from(self.spec.recipe.recipe.train.batch.per_device);
         per_device * self.accum * self.ranks.as_ref().map_or(1, |r| r.world()) as u64
+    }
+
+    /// The reference policy: the frozen starting weights when all weights train, else the
+    /// base with the adapters off.
+    fn reference_policy(&self) -> (&Qwen3, Option<&Adapters>) {
+        (self.reference.as_ref().unwrap_or(&self.model), None)
     }
 
     /// Whether this process writes the run directory and records events (rank 0, or the only one).
@@ -551,7 +607,7 @@ impl<'a> Session<'a> {
 
     /// Evaluates on rank 0 (or the only process); `None` on the other ranks, which take part in
     /// gathering ZeRO-3 weights.
-    fn evaluate(&self) -> Result<Option<EvalReport>, RunError> {
+    fn evaluate(&mut self) -> Result<Option<EvalReport>, RunError> {
         let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
         let gathered = match &self.ranks {
             Some(r) => r.gather_weights(&self.model)?,
@@ -568,7 +624,7 @@ impl<'a> Session<'a> {
             }
             None => &self.model,
         };
-        Ok(Some(evaluate(
+        let mut report = evaluate(
             model,
             self.adapters.as_ref(),
             &self.dataset,
@@ -576,7 +632,11 @@ impl<'a> Session<'a> {
             per_device,
             self.spec.eval_prompts,
             self.step,
-        )?))
+        )?;
+        if let Some(RlPlan::Policy(policy)) = self.method.rl.clone() {
+            report.rewards = Some(self.held_out_rewards(&policy, self.spec.eval_prompts)?);
+        }
+        Ok(Some(report))
     }
 
     fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
@@ -600,20 +660,20 @@ fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
     json!({
         "run_id": run_id, "step": r.step, "loss": r.loss, "perplexity": r.perplexity,
         "exact_match": r.exact_match, "exact_match_correct": r.exact_match_correct,
-        "exact_match_total": r.exact_match_total, "file": file,
+        "exact_match_total": r.exact_match_total, "rewards": r.rewards, "file": file,
     })
 }
 
-/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows at
-/// `global_batch` rows per step.
-fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64) -> Result<u64, RunError> {
+/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows (over
+/// `prompts`, GRPO's and GSPO's training prompts, when given) at `global_batch` rows per step.
+fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64, prompts: Option<usize>) -> Result<u64, RunError> {
     let train = &spec.recipe.recipe.train;
     if let Some(n) = train.budget.max_steps {
         return Ok(n);
     }
     let epochs = u64::from(train.budget.epochs.unwrap_or(1));
     let rows_per_step = global_batch;
-    let rows = dataset.train_rows_per_epoch() as u64;
+    let rows = prompts.unwrap_or_else(|| dataset.train_rows_per_epoch()) as u64;
     if rows == 0 {
         return Err(RunError::Recipe("data: no training examples".into()));
     }
@@ -658,4 +718,32 @@ pub(super) fn reference_logps(
     let chosen = frozen.sequence_logps(&batch.chosen, None)?;
     let rejected = frozen.sequence_logps(&batch.rejected, None)?;
     Ok(chosen.into_iter().zip(rejected).collect())
+}
+
+/// `OUT/rl.json`: what an RL run learns from (the reward functions with the digests of their
+/// definitions, the sampling settings); a file of the run, so the sealed manifest covers it.
+pub const RL_JSON: &str = "rl.json";
+
+fn rl_record(method: &MethodPlan, rollouts: Option<&RolloutState>, seed: u64) -> Option<Value> {
+    match (&method.rl, rollouts) {
+        (Some(RlPlan::Policy(p)), Some(r)) => Some(json!({
+            "method": method.name,
+            "rewards": r.rewards.records(),
+            "sampling": {
+                "num_generations": p.num_generations, "max_new_tokens": p.max_new_tokens,
+                "temperature": p.temperature, "top_p": 1.0, "top_k": 0, "seed": seed,
+            },
+            "loss": {
+                "ratio": match p.loss.ratio { crate::rl::policy_loss::Ratio::Token => "token", crate::rl::policy_loss::Ratio::Sequence => "sequence" },
+                "clip_epsilon": p.loss.clip_epsilon, "kl_coef": p.loss.kl_coef,
+            },
+            "prompts": r.prompts.len(),
+            "prompts_too_long": r.too_long,
+        })),
+        (Some(RlPlan::Kto(k)), _) => Some(json!({
+            "method": method.name,
+            "loss": {"beta": k.beta, "desirable_weight": k.desirable_weight, "undesirable_weight": k.undesirable_weight},
+        })),
+        _ => None,
+    }
 }

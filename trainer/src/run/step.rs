@@ -2,6 +2,7 @@
 //! micro-batch by micro-batch, the gradients reduced (across ranks), clipped, and applied.
 
 use super::RunError;
+use super::method::RlPlan;
 use super::microbatch::{accumulate, split, split_pairs};
 use super::session::{Session, reference_logps};
 use crate::batch::{PackedBatch, PreferenceBatch};
@@ -25,12 +26,17 @@ pub(super) struct Stepped {
     pub tokens: u64,
     pub grad_norm: f64,
     pub lr: f64,
+    /// What an RL step adds to `train.progress` (rewards, KL, clipping, timings).
+    pub rl: Option<serde_json::Value>,
 }
 
 impl Session<'_> {
     /// One optimizer step over the global batch: `grad_accum × world` batches of `per_device`
     /// rows, this rank's share split into the plan's micro-batches.
     pub(super) fn one_step(&mut self) -> Result<Stepped, RunError> {
+        if let Some(rl) = self.method.rl.clone() {
+            return self.rl_step(rl);
+        }
         let train = &self.spec.recipe.recipe.train;
         let per_device = train.batch.per_device as usize;
         let micro = self.spec.plan.choices.micro_batch.min(per_device).max(1);
@@ -40,7 +46,7 @@ impl Session<'_> {
         // count and the loss denominator are then the same everywhere without a message.
         let (micros, tokens, denominator) = if self.method.preference.is_some() {
             let mut it = self.dataset.preference_batches(per_device, self.cursor)?;
-            let batches: Vec<PreferenceBatch> = (0..n).map(|_| it.next_batch()).collect();
+            let batches: Vec<PreferenceBatch> = (0..n).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let pairs: usize = batches.iter().map(|b| b.chosen.batch).sum();
             let tokens = batches.iter().map(|b| (b.chosen.input_ids.len() + b.rejected.input_ids.len()) as u64).sum();
@@ -52,7 +58,7 @@ impl Session<'_> {
             (micros, tokens, pairs as f64)
         } else {
             let mut it = self.dataset.batches(per_device, self.cursor)?;
-            let batches: Vec<PackedBatch> = (0..n).map(|_| it.next_batch()).collect();
+            let batches: Vec<PackedBatch> = (0..n).map(|_| it.next_batch()).collect::<Result<_, _>>()?;
             self.cursor = it.cursor();
             let targets: usize = batches.iter().map(|b| b.target_tokens()).sum();
             let tokens = batches.iter().map(|b| b.segment_ids.iter().filter(|&&s| s != 0).count() as u64).sum::<u64>();
@@ -96,7 +102,41 @@ impl Session<'_> {
             _ => self.optimizer.step(target, &grads, lr)?,
         }
         self.step += 1;
-        Ok(Stepped { loss: loss_sum / denominator, tokens, grad_norm, lr })
+        Ok(Stepped { loss: loss_sum / denominator, tokens, grad_norm, lr, rl: None })
+    }
+
+    /// GRPO, GSPO (rollouts scored, then the policy's step) and KTO: one process only, which
+    /// [`Session::open`] ensures (a distributed run of them is refused there).
+    fn rl_step(&mut self, rl: RlPlan) -> Result<Stepped, RunError> {
+        let step = self.step;
+        let checkpointing = self.spec.plan.choices.activation_checkpointing;
+        let seed = self.spec.recipe.recipe.meta.seed;
+        let opts = move |loss_scale| StepOptions {
+            activation_checkpointing: checkpointing,
+            dropout_seed: seed ^ (step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            loss_scale,
+        };
+        let mut out = match rl {
+            RlPlan::Policy(policy) => self.policy_step(&policy, &opts)?,
+            RlPlan::Kto(loss) => self.kto_step(loss, &opts)?,
+        };
+        let target = match (self.method.trainable, self.adapters.as_mut()) {
+            (Trainable::Adapters, Some(a)) => &mut a.tensors,
+            _ => self.model.params_mut(),
+        };
+        if out.grads.is_empty() {
+            // A step whose groups all scored alike has nothing to learn: zero gradients, and
+            // the optimizer steps as it would on any other (as TRL's does).
+            for (name, p) in target.iter() {
+                out.grads.insert(name.clone(), p.zeros_like()?);
+            }
+        }
+        let clip = self.spec.recipe.recipe.train.optimizer.grad_clip;
+        let grad_norm = if clip > 0.0 { clip_grad_norm(&mut out.grads, clip)? } else { global_grad_norm(&out.grads)? };
+        let lr = self.schedule.lr(self.step);
+        self.optimizer.step(target, &out.grads, lr)?;
+        self.step += 1;
+        Ok(Stepped { loss: out.loss, tokens: out.tokens, grad_norm, lr, rl: out.rl })
     }
 
     /// One micro-batch's forward and backward.

@@ -222,7 +222,7 @@ fn run_job(
                 plan_blake3: *blake3::hash(&plan_bytes).as_bytes(),
                 out_dir: t.out_dir,
                 resume: t.resume,
-                data: DataOptions { skip_bad: t.skip_bad },
+                data: DataOptions { skip_bad: t.skip_bad, ..DataOptions::default() },
                 init_from: t.init_from,
                 force_base: t.force_base,
                 eval_prompts: t.eval_prompts,

@@ -42,20 +42,20 @@ fn the_demo_recipe_builds_its_generated_dataset() {
     assert_eq!(m.train_examples + m.holdout_examples + m.duplicates_removed, 4000);
     assert_eq!(m.truncated, 0, "generated tasks fit seq_len 128");
     assert!(m.train_target_tokens > 0 && m.train_target_tokens < m.train_tokens);
-    assert_eq!(ds.train.len() as u64, m.train_examples);
+    assert_eq!(ds.train_len() as u64, m.train_examples);
 
     // The same recipe gives the same manifest, digest included.
     let again = Dataset::from_recipe(&tiny_demo(), Path::new("."), &t, DataOptions::default()).unwrap();
     assert_eq!(again.manifest.digest(), m.digest());
     assert_eq!(m.to_json()["blake3"], m.digest());
 
-    let batch = ds.batches(8, DataCursor::default()).unwrap().next_batch();
+    let batch = ds.batches(8, DataCursor::default()).unwrap().next_batch().unwrap();
     assert_eq!((batch.batch, batch.seq_len), (8, 128));
     assert!(batch.input_ids.iter().all(|&id| (id as usize) < t.vocab_size()));
-    // Packing fills rows: well over one example per row.
+    // Packing fills rows: well over one example per row (8 rows).
     let docs_in_batch =
         batch.position_ids.iter().filter(|&&p| p == 0).count() - batch.segment_ids.iter().filter(|&&s| s == 0).count();
-    assert!(docs_in_batch >= 16, "{docs_in_batch}");
+    assert!(docs_in_batch >= 12, "{docs_in_batch}");
 }
 
 #[test]
@@ -66,17 +66,18 @@ fn resumed_dataset_stream_is_identical() {
     // Into the second epoch and a bit further.
     let mut steps = 0;
     while it.cursor().epoch == 0 && steps < 10_000 {
-        it.next_batch();
+        it.next_batch().unwrap();
         steps += 1;
     }
     for _ in 0..3 {
-        it.next_batch();
+        it.next_batch().unwrap();
     }
     let cursor = it.cursor();
     assert!(cursor.epoch >= 1, "{cursor:?}");
-    let want: Vec<_> = it.take(4).collect();
+    let want: Vec<_> = (0..4).map(|_| it.next_batch().unwrap()).collect();
     let ds2 = Dataset::from_recipe(&tiny_demo(), Path::new("."), &t, DataOptions::default()).unwrap();
-    let got: Vec<_> = ds2.batches(8, cursor).unwrap().take(4).collect();
+    let mut again = ds2.batches(8, cursor).unwrap();
+    let got: Vec<_> = (0..4).map(|_| again.next_batch().unwrap()).collect();
     assert_eq!(got, want);
 }
 
@@ -91,7 +92,7 @@ fn holdout_prompts_end_at_the_answer_and_references_score() {
         assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
         assert!(crate::data::score::answers_match(&item.reference, &item.reference));
     }
-    let held = ds.holdout_batches(8);
+    let held = ds.holdout_batches(8).unwrap();
     assert!(held.iter().map(|b| b.target_tokens()).sum::<usize>() > 0);
 }
 
@@ -103,7 +104,7 @@ fn generated_text_mode_learns_every_token() {
     );
     let t = Tokenizer::byte();
     let ds = Dataset::from_recipe(&r, Path::new("."), &t, DataOptions::default()).unwrap();
-    let b = ds.batches(4, DataCursor::default()).unwrap().next_batch();
+    let b = ds.batches(4, DataCursor::default()).unwrap().next_batch().unwrap();
     for row in 0..4 {
         let at = |i| row * 128 + i;
         let len = (0..128).filter(|&i| b.segment_ids[at(i)] == 1).count();
@@ -124,7 +125,7 @@ fn generated_preference_pairs_mask_the_prompt() {
     let ds = Dataset::from_recipe(&r, Path::new("."), &t, DataOptions::default()).unwrap();
     assert!(ds.is_preference());
     assert!(ds.batches(2, DataCursor::default()).is_err());
-    let b = ds.preference_batches(2, DataCursor::default()).unwrap().next_batch();
+    let b = ds.preference_batches(2, DataCursor::default()).unwrap().next_batch().unwrap();
     for side in [&b.chosen, &b.rejected] {
         let learned: Vec<u32> = side.labels[..128].iter().filter(|&&l| l != IGNORE).map(|&l| l as u32).collect();
         let text = t.decode(&learned, false).unwrap();
@@ -147,7 +148,8 @@ fn jsonl_files_are_hashed_deduped_and_bad_lines_named() {
     let err = Dataset::from_recipe(&r, dir.path(), &t, DataOptions::default()).unwrap_err();
     assert_eq!(err.to_string(), "b.jsonl:2: instruction: expected a string, found a number");
 
-    let ds = Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true }).unwrap();
+    let ds =
+        Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
     let m = &ds.manifest;
     assert_eq!((m.read_examples, m.duplicates_removed, m.skipped_lines, m.train_examples), (4, 2, 1, 2));
     assert_eq!(m.skipped[0].path, "b.jsonl");
@@ -157,7 +159,8 @@ fn jsonl_files_are_hashed_deduped_and_bad_lines_named() {
 
     let digest = m.digest();
     std::fs::write(dir.path().join("a.jsonl"), format!("{good}\n{other}\n")).unwrap();
-    let changed = Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true }).unwrap();
+    let changed =
+        Dataset::from_recipe(&r, dir.path(), &t, DataOptions { skip_bad: true, ..DataOptions::default() }).unwrap();
     assert_ne!(changed.manifest.digest(), digest, "any input change changes the digest");
 }
 

@@ -74,7 +74,7 @@ fn examples_fit_a_tiny_byte_model() {
         let longest = generate(&p)
             .iter()
             .map(|t| {
-                let pieces = ChatTemplate::COMPACT.render(&t.conversation(), Targets::AssistantFrom(0));
+                let pieces = ChatTemplate::COMPACT.render(&t.conversation(), Targets::AssistantFrom(0)).unwrap().pieces;
                 encode_pieces(&tokenizer, &pieces).unwrap().ids.len() + 1 // + eos
             })
             .max()
@@ -87,11 +87,15 @@ fn examples_fit_a_tiny_byte_model() {
 fn records_read_back_as_the_same_conversation() {
     let template = ChatTemplate::QWEN3;
     for task in generate(&TaskParams { seed: 5, count: 300, multi_arg_tools: true }) {
-        let want = pieces_to_string(&template.render(&task.conversation(), Targets::AssistantFrom(0)));
+        let want = pieces_to_string(&template.render(&task.conversation(), Targets::AssistantFrom(0)).unwrap().pieces);
         for format in [DataFormat::Chat, DataFormat::Instruction] {
             let line = task.record(format).to_string();
             let Some(Example::Chat(conv)) = parse_line(line.as_bytes(), format).unwrap() else { panic!("{line}") };
-            assert_eq!(pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0))), want, "{line}");
+            assert_eq!(
+                pieces_to_string(&template.render(&conv, Targets::AssistantFrom(0)).unwrap().pieces),
+                want,
+                "{line}"
+            );
         }
         let line = task.record(DataFormat::Preference).to_string();
         let parsed = parse_line(line.as_bytes(), DataFormat::Preference).unwrap().unwrap();
@@ -107,5 +111,15 @@ fn arithmetic_stays_small_and_tools_stay_diverse() {
     for t in tasks.iter().filter(|t| t.family == TaskFamily::Add) {
         let answer: i64 = t.answer.text().parse().unwrap();
         assert!((0..=40).contains(&answer));
+    }
+}
+
+#[test]
+fn every_generated_prompt_names_its_family() {
+    for task in generate(&TaskParams { seed: 9, count: 600, multi_arg_tools: true }) {
+        assert_eq!(TaskFamily::of_prompt(&task.prompt), Some(task.family), "{}", task.prompt);
+    }
+    for other in ["What is love?", "What is 2 ^ 3?", "Hello", "Reverse:x", ""] {
+        assert_eq!(TaskFamily::of_prompt(other), None, "{other}");
     }
 }

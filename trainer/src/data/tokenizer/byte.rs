@@ -17,6 +17,19 @@ fn special_at(rest: &str, with_control: bool) -> Option<Special> {
     Special::ALL.iter().copied().find(|s| (with_control || !s.is_control()) && rest.starts_with(s.text()))
 }
 
+/// [`encode`] with control tokens recognised, and each id's byte range.
+pub(super) fn encode_with_offsets(text: &str) -> (Vec<u32>, Vec<(usize, usize)>) {
+    let ids = encode(text, true);
+    let mut offsets = Vec::with_capacity(ids.len());
+    let mut at = 0;
+    for &id in &ids {
+        let len = if id < 256 { 1 } else { Special::ALL[id as usize - 256].text().len() };
+        offsets.push((at, at + len));
+        at += len;
+    }
+    (ids, offsets)
+}
+
 pub(super) fn encode(text: &str, with_control: bool) -> Vec<u32> {
     let mut ids = Vec::with_capacity(text.len());
     let mut i = 0;

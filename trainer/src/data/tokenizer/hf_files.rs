@@ -52,7 +52,13 @@ impl Tokenizer {
             Inner::Hf(hf) => (hf.json.to_vec(), hf.config.as_deref().map(<[u8]>::to_vec)),
         };
         let config = config.unwrap_or_else(|| self.tokenizer_config(model_max_length));
-        vec![(TOKENIZER_FILE, tokenizer), (TOKENIZER_CONFIG_FILE, config)]
+        let mut files = vec![(TOKENIZER_FILE, tokenizer), (TOKENIZER_CONFIG_FILE, config)];
+        // transformers reads `chat_template.jinja` before the config's template: the template
+        // the data was rendered with is the one users get.
+        if let Some(template) = self.chat_template() {
+            files.push((super::CHAT_TEMPLATE_FILE, template.text.clone().into_bytes()));
+        }
+        files
     }
 
     /// A `tokenizer_config.json` for `PreTrainedTokenizerFast` over our `tokenizer.json`.
@@ -60,7 +66,7 @@ impl Tokenizer {
         let text = |s: Special| self.special(s).map(|_| s.text());
         let pad = if self.special(Special::Pad).is_some() { Special::Pad } else { Special::EndOfText };
         let mut template = CHATML.to_string();
-        if ChatTemplate::for_tokenizer(self).empty_think_block {
+        if !matches!(ChatTemplate::for_tokenizer(self), ChatTemplate::Builtin(c) if !c.empty_think_block) {
             template.push_str(EMPTY_THINK);
         }
         template.push_str(END);

@@ -1,0 +1,236 @@
+//! Qwen3-MoE model tests: gradients (router, experts, attention, the load-balancing loss)
+//! against finite differences in f64 and f32 against f64, LoRA over a model with sparse layers,
+//! determinism, per-expert checkpoint names, and serving-path decode equal to the full forward.
+
+use candle_core::{DType, Device, Tensor};
+use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
+
+use super::moe::{down_name, expert_name, fuse_experts, gate_up_name, router_name, split_experts};
+use super::rng::SplitMix64;
+use super::tests::bits;
+use super::*;
+use crate::batch::{IGNORE, PackedBatch};
+use crate::recipe::TargetModule;
+
+/// Two layers: layer 0 dense (`mlp_only_layers`), layer 1 sparse with 4 experts, 2 per token.
+pub(super) fn tiny_moe() -> Qwen3Config {
+    Qwen3Config {
+        moe: Some(MoeShape {
+            num_experts: 4,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: 6,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![0],
+            router_aux_loss_coef: 0.1,
+        }),
+        ..super::tests::tiny(false)
+    }
+}
+
+/// Weights well away from HF's 0.02 so routing and curvature are real; norms perturbed.
+fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
+    let mut m = Qwen3::init_random(config, 5, dtype, &Device::Cpu).unwrap();
+    let mut rng = SplitMix64::new(77);
+    for (name, t) in m.params_mut().iter_mut() {
+        let noise: Vec<f64> = (0..t.elem_count()).map(|_| rng.normal()).collect();
+        let noise = Tensor::from_vec(noise, t.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        *t =
+            if name.ends_with("norm.weight") { (&*t + (noise * 0.3).unwrap()).unwrap() } else { (&*t * 20.0).unwrap() };
+    }
+    m
+}
+
+fn batch() -> PackedBatch {
+    PackedBatch {
+        batch: 2,
+        seq_len: 7,
+        input_ids: vec![1, 5, 7, 2, 3, 9, 4, 6, 6, 10, 0, 8, 0, 0],
+        position_ids: vec![0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 0],
+        segment_ids: vec![1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 0, 0],
+        labels: vec![5, 7, 2, IGNORE, 9, 4, IGNORE, IGNORE, 10, 0, 8, IGNORE, IGNORE, IGNORE],
+    }
+}
+
+fn probes(sizes: &[usize], per_tensor: usize) -> Vec<(usize, usize)> {
+    let mut rng = SplitMix64::new(1234);
+    sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| (0..per_tensor.min(n)).map(move |_| (i, n)))
+        .map(|(i, n)| (i, (rng.next_u64() % n as u64) as usize))
+        .collect()
+}
+
+fn err(e: ModelError) -> candle_core::Error {
+    candle_core::Error::Msg(e.to_string())
+}
+
+/// The objective the step differentiates: summed token loss plus the weighted balance loss.
+fn objective(config: &Qwen3Config, out: &StepOutput) -> f64 {
+    let coef = config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
+    out.loss_sum + coef * out.target_tokens as f64 * out.aux_loss
+}
+
+fn gradcheck_full(config: &Qwen3Config) {
+    let m = model(config, DType::F64);
+    let b = batch();
+    let out = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
+    let names: Vec<String> = m.params().keys().cloned().collect();
+    assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>(), "a gradient is missing");
+    for name in [router_name(1), gate_up_name(1), down_name(1)] {
+        assert!(names.contains(&name), "{name}");
+    }
+    assert!(!names.iter().any(|n| n.contains("layers.1.mlp.up_proj")), "a sparse layer has no dense MLP");
+    let inputs: Vec<Tensor> = names.iter().map(|n| m.params()[n].clone()).collect();
+    let analytic: Vec<Tensor> = names.iter().map(|n| out.grads[n].clone()).collect();
+    let loss = |ts: &[Tensor]| -> candle_core::Result<f64> {
+        let params: Params = names.iter().cloned().zip(ts.iter().cloned()).collect();
+        let m = Qwen3::new(config.clone(), params, &Device::Cpu).map_err(err)?;
+        let o = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).map_err(err)?;
+        Ok(objective(config, &o))
+    };
+    let sizes: Vec<usize> = inputs.iter().map(|t| t.elem_count()).collect();
+    let tol = Tolerance { eps: 1e-5, atol: 1e-8, rtol: 1e-5 };
+    check_scalar_at(loss, &inputs, &analytic, &probes(&sizes, 4), tol).unwrap();
+    assert!(out.aux_loss > 0.0);
+}
+
+#[test]
+fn full_moe_gradients_match_finite_differences_with_the_balance_loss() {
+    gradcheck_full(&tiny_moe());
+}
+
+#[test]
+fn full_moe_gradients_match_finite_differences_unnormalised_every_layer_sparse() {
+    let mut c = tiny_moe();
+    let moe = c.moe.as_mut().unwrap();
+    moe.norm_topk_prob = false;
+    moe.mlp_only_layers.clear();
+    moe.router_aux_loss_coef = 0.0;
+    gradcheck_full(&c);
+}
+
+#[test]
+fn f32_gradients_match_the_f64_reference() {
+    let c = tiny_moe();
+    let (m64, m32) = (model(&c, DType::F64), model(&c, DType::F32));
+    let b = batch();
+    let g64 = m64.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
+    let g32 = m32.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
+    assert!((g64.loss_sum - g32.loss_sum).abs() < 1e-4 * g64.loss_sum.abs().max(1.0));
+    assert!((g64.aux_loss - g32.aux_loss).abs() < 1e-5);
+    for (name, want) in &g64.grads {
+        let got = g32.grads[name].to_dtype(DType::F64).unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap().max(1e-3);
+        let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+        assert!(diff < 2e-3 * scale, "{name}: {diff} against {scale}");
+    }
+}
+
+/// LoRA over a MoE model: adapters on attention (both layers) and the dense layer's MLP, none
+/// on the sparse layer's experts or router; gradients reach them through the routed experts.
+#[test]
+fn lora_gradients_flow_through_the_experts() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F64);
+    let cfg = LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    let mut ad = Adapters::init(&c, &cfg, 3, DType::F64, &Device::Cpu).unwrap();
+    assert!(ad.tensors.keys().any(|n| n.contains("layers.1.self_attn.q_proj")));
+    assert!(ad.tensors.keys().any(|n| n.contains("layers.0.mlp.up_proj")));
+    assert!(!ad.tensors.keys().any(|n| n.contains("layers.1.mlp")), "no adapter on the router or experts");
+    let mut rng = SplitMix64::new(11);
+    for (name, t) in ad.tensors.iter_mut() {
+        if name.contains("lora_B") {
+            let v: Vec<f64> = (0..t.elem_count()).map(|_| 0.3 * rng.normal()).collect();
+            *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
+        }
+    }
+    let b = batch();
+    let out = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).unwrap();
+    let names: Vec<String> = ad.tensors.keys().cloned().collect();
+    assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>());
+    let inputs: Vec<Tensor> = names.iter().map(|n| ad.tensors[n].clone()).collect();
+    let analytic: Vec<Tensor> = names.iter().map(|n| out.grads[n].clone()).collect();
+    let loss = |ts: &[Tensor]| -> candle_core::Result<f64> {
+        let ad = Adapters { config: cfg.clone(), tensors: names.iter().cloned().zip(ts.iter().cloned()).collect() };
+        let o = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).map_err(err)?;
+        Ok(objective(&c, &o))
+    };
+    let sizes: Vec<usize> = inputs.iter().map(|t| t.elem_count()).collect();
+    check_scalar_at(loss, &inputs, &analytic, &probes(&sizes, 3), Tolerance { eps: 1e-5, atol: 1e-8, rtol: 1e-5 })
+        .unwrap();
+}
+
+#[test]
+fn steps_are_bitwise_deterministic_across_thread_counts_and_checkpointing() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F32);
+    let b = batch();
+    let run = |threads: usize, ckpt: bool| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let opts = StepOptions { activation_checkpointing: ckpt, ..StepOptions::default() };
+        pool.install(|| m.forward_backward(&b, Trainable::Full, None, &opts).unwrap())
+    };
+    let one = run(1, false);
+    let many = run(3, false);
+    let ckpt = run(2, true);
+    assert_eq!(bits(&one.grads), bits(&many.grads));
+    assert_eq!(bits(&one.grads), bits(&ckpt.grads));
+    assert_eq!(one.loss_sum.to_bits(), many.loss_sum.to_bits());
+}
+
+#[test]
+fn per_expert_checkpoint_names_load_and_split_back() -> Result<(), ModelError> {
+    let c = tiny_moe();
+    let m = model(&c, DType::F32);
+    let hub = split_experts(&c, m.params())?;
+    assert!(hub.contains_key(&expert_name(1, 3, "down_proj")) && !hub.contains_key(&gate_up_name(1)));
+    assert_eq!(hub[&expert_name(1, 2, "gate_proj")].dims(), [6, 8]);
+    // Expert 2's up projection is rows F..2F of its stacked gate/up.
+    let want = m.params()[&gate_up_name(1)].get(2)?.narrow(0, 6, 6)?;
+    assert_eq!(
+        hub[&expert_name(1, 2, "up_proj")].flatten_all()?.to_vec1::<f32>()?,
+        want.flatten_all()?.to_vec1::<f32>()?
+    );
+    let back = Qwen3::new(c.clone(), hub.clone(), &Device::Cpu)?;
+    for (name, t) in m.params() {
+        assert_eq!(back.params()[name].flatten_all()?.to_vec1::<f32>()?, t.flatten_all()?.to_vec1::<f32>()?, "{name}");
+    }
+    let mut partial = hub;
+    partial.remove(&expert_name(1, 3, "up_proj"));
+    match fuse_experts(&c, &mut partial) {
+        Err(ModelError::MissingParam(n)) => assert_eq!(n, expert_name(1, 3, "up_proj")),
+        other => panic!("expected the missing expert to be named, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// Generation's cached decode runs the same sparse MLP as the full forward.
+#[test]
+fn cached_decode_matches_the_full_forward() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F64);
+    let ids = [1u32, 5, 7, 2, 3];
+    let full = m.logits(&single(&ids), None).unwrap();
+    let mut cache = m.new_cache(16);
+    for (i, &id) in ids.iter().enumerate() {
+        let step = m.decode(&[id], &mut cache, None).unwrap().to_vec1::<f64>().unwrap();
+        let want = full.get(0).unwrap().get(i).unwrap().to_vec1::<f64>().unwrap();
+        for (a, b) in step.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-9, "token {i}: {a} vs {b}");
+        }
+    }
+}
+
+fn single(ids: &[u32]) -> PackedBatch {
+    let n = ids.len();
+    PackedBatch {
+        batch: 1,
+        seq_len: n,
+        input_ids: ids.to_vec(),
+        position_ids: (0..n as u32).collect(),
+        segment_ids: vec![1; n],
+        labels: vec![IGNORE; n],
+    }
+}
