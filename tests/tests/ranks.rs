@@ -2,7 +2,7 @@
 //! the CPU collective (TCP on loopback): 2 and 3 ranks end on the bytes of one process at the
 //! same global batch, ZeRO-1/2/3 on the bytes of unsharded data parallel, a killed rank ends the
 //! run with a clear error within the collective timeout, a run resumes at another world size, and
-//! two "nodes" meet through `--rdzv`.
+//! two "nodes" meet through `--rdzv`, and GRPO/GSPO/KTO refuse a distributed launch.
 //!
 //! Bitwise with one process holds when each rank computes one batch per step: the collective sums
 //! in rank order, `((g0 + g1) + g2)`, which is the order one process accumulates them in. A rank
@@ -239,4 +239,21 @@ fn two_nodes_meet_through_rdzv_on_loopback() {
     assert_eq!(files(&leader), files(&reference), "two nodes of one rank differ from one node of two");
     // Node 0 recorded the run; node 1 recorded nothing.
     assert!(other.events("run.").is_empty());
+}
+
+#[test]
+fn rl_methods_refuse_a_distributed_launch_before_any_rank_starts() {
+    let node = Node::new();
+    let grpo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny_cpu_grpo.yaml");
+    let out = node.path("grpo");
+    for extra in [&["--nproc-per-node", "2"][..], &["--collective", "tcp", "--nproc-per-node", "1"][..]] {
+        let mut args = vec!["train", s(&grpo), "--out", s(&out)];
+        args.extend_from_slice(extra);
+        let o = node.run(&args);
+        assert!(!o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stdout));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.contains("train.method grpo trains in one process only"), "{extra:?}: {v}");
+        assert!(!out.exists(), "{extra:?}: the refused run wrote {}", out.display());
+    }
 }

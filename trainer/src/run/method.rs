@@ -78,9 +78,9 @@ impl MethodPlan {
             _ => return None,
         };
         Some(format!(
-            "train.method {name} trains in one process only: a distributed run (train.distributed, \
+            "train.method {name} trains in one process only: a distributed run (hardware.gpus > 1, \
              --nproc-per-node/--nnodes above 1 or --collective) of GRPO, GSPO or KTO is not supported; \
-             run it as one process"
+             pass --nproc-per-node 1 (one GPU) or set hardware.gpus: 1"
         ))
     }
 
