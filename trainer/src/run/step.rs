@@ -69,11 +69,7 @@ impl Session<'_> {
                 .collect::<Vec<_>>();
             (micros, tokens, targets.max(1) as f64)
         };
-        let opts = StepOptions {
-            activation_checkpointing: self.spec.plan.choices.activation_checkpointing,
-            dropout_seed: self.spec.recipe.recipe.meta.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            loss_scale: 1.0 / denominator,
-        };
+        let opts = self.step_options()(1.0 / denominator);
         let (loss_sum, mut grads) = match self.ranks.is_some() {
             false => self.local_grads(&micros, &opts)?,
             true => self.ranked_grads(&micros, &opts)?,
@@ -105,17 +101,18 @@ impl Session<'_> {
         Ok(Stepped { loss: loss_sum / denominator, tokens, grad_norm, lr, rl: None })
     }
 
+    /// This step's options at a given loss scale (the dropout stream is the step's own); the
+    /// closure borrows nothing, so the RL steps can hold it while they change the session.
+    fn step_options(&self) -> impl Fn(f64) -> StepOptions + use<> {
+        let checkpointing = self.spec.plan.choices.activation_checkpointing;
+        let dropout_seed = self.spec.recipe.recipe.meta.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        move |loss_scale| StepOptions { activation_checkpointing: checkpointing, dropout_seed, loss_scale }
+    }
+
     /// GRPO, GSPO (rollouts scored, then the policy's step) and KTO: one process only, which
     /// [`Session::open`] ensures (a distributed run of them is refused there).
     fn rl_step(&mut self, rl: RlPlan) -> Result<Stepped, RunError> {
-        let step = self.step;
-        let checkpointing = self.spec.plan.choices.activation_checkpointing;
-        let seed = self.spec.recipe.recipe.meta.seed;
-        let opts = move |loss_scale| StepOptions {
-            activation_checkpointing: checkpointing,
-            dropout_seed: seed ^ (step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            loss_scale,
-        };
+        let opts = self.step_options();
         let mut out = match rl {
             RlPlan::Policy(policy) => self.policy_step(&policy, &opts)?,
             RlPlan::Kto(loss) => self.kto_step(loss, &opts)?,
