@@ -525,6 +525,14 @@ async fn a_rental_whose_settlement_fails_opens_nothing() {
     let s = header::decode_payment_response(r.headers().get(header::PAYMENT_RESPONSE).unwrap().as_bytes()).unwrap();
     assert!(!s.success, "{s:?}");
     assert!(r.bytes().await.unwrap().is_empty(), "no rental token");
+    // The failure is recorded beside the answer, not before it (a crash in between leaves the
+    // durable intent, which the reconciler settles as failed: tested above): wait for it.
+    for _ in 0..100 {
+        if !logged(&seller.node, "payment.failed").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     seller.kill();
     assert!(logged(&seller.node, "rental.opened").is_empty(), "a rental opened for a payment that never landed");
     let failed = logged(&seller.node, "payment.failed");

@@ -8,6 +8,7 @@
 //! serve_bench device=cuda shape=8B weights=DIR peer_tokens=FILE out=FILE
 //!             streams=1,16,64,256 prompt=512 gen=256 rate=8 adapters=8 budget_s=400
 //! serve_bench device=cpu shape=tiny streams=1,4 prompt=32 gen=16      (a smoke run on the CPU)
+//! serve_bench probe=1,64 probe_only=1      (host launch time against step time, per batch size)
 //! ```
 //! Without `weights` the model is random (device-side init); with it, an HF directory (the
 //! peer saves its random model there, so both sides hold the same weights). Prints one JSON
@@ -18,7 +19,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use mindxtrain_trainer::infer::{Engine, EngineConfig, Event, KvBlocks, Request, RequestId};
+use mindxtrain_kernels::sampling::RowSampling;
+use mindxtrain_trainer::infer::runner::{Runner, StepSeq};
+use mindxtrain_trainer::infer::{Engine, EngineConfig, Event, KvBlocks, Request, RequestId, sampler};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config};
 use mindxtrain_trainer::recipe::TargetModule;
 use serde_json::{Value, json};
@@ -195,6 +198,58 @@ fn lora_adapters(config: &Qwen3Config, n: usize, dtype: DType, d: &Device) -> Re
         .collect()
 }
 
+/// Where a decode step's time goes, at each batch size with every sequence `ctx` tokens deep:
+/// the host's time to launch the step (`Runner::forward` returns before the device is done)
+/// against the whole step (sampled, so waited for). Launch ≈ step means the host is the bound;
+/// a step near `(weight + cache bytes) / bandwidth` means the device's memory is. With
+/// `MINDXTRAIN_PROFILE` set, the ops' table too (each op then waits for the device).
+fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+    let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
+    let per_seq = (ctx + 1).div_ceil(block);
+    let most = batches.iter().copied().max().unwrap_or(1);
+    let runner = Runner::new(model.clone(), block, most * per_seq, c.vocab_size)?;
+    let tables: Vec<Vec<u32>> =
+        (0..most).map(|i| (i * per_seq..(i + 1) * per_seq).map(|b| b as u32).collect()).collect();
+    let ids: Vec<[u32; 1]> = (0..most).map(|i| [(i * 7919 % c.vocab_size) as u32]).collect();
+    // Attention reads the cache's bytes whatever they hold: zeros time like real keys.
+    let kv_bytes_per_token =
+        2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype().size_in_bytes();
+    for &b in batches.iter().filter(|&&b| b > 0) {
+        let seqs: Vec<StepSeq> = (0..b)
+            .map(|i| StepSeq {
+                tokens: &ids[i],
+                start: ctx,
+                blocks: &tables[i],
+                adapter: None,
+                sample: Some(RowSampling::GREEDY),
+            })
+            .collect();
+        for _ in 0..3 {
+            runner.step(&seqs, None)?;
+        }
+        let _ = mindxtrain_kernels::profile::take();
+        let (mut launch, mut whole) = (Vec::new(), Vec::new());
+        for _ in 0..20 {
+            sync(&dev)?;
+            let t = Instant::now();
+            let step = runner.forward(&seqs, None)?;
+            launch.push(t.elapsed().as_secs_f64());
+            sampler::sample(&step.logits, &step.sampling, c.vocab_size)?;
+            whole.push(t.elapsed().as_secs_f64());
+        }
+        emit(json!({
+            "metric": format!("decode_probe_batch_{b}_ctx_{ctx}"),
+            "launch_ms_p50": percentile(&mut launch, 0.5) * 1e3,
+            "step_ms_p50": percentile(&mut whole, 0.5) * 1e3,
+            "cache_bytes_read": b * (ctx + 1) * kv_bytes_per_token,
+        }));
+        for (label, calls, secs) in mindxtrain_kernels::profile::take() {
+            eprintln!("  batch {b}: {label:<28} {:>6} calls {:>9.3} ms/step", calls / 20, secs * 1e3 / 20.0);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args = Args::parse();
     let device = match args.get("device", "cuda").as_str() {
@@ -233,6 +288,13 @@ fn main() -> Res<()> {
     let config = model.config().clone();
     let weight_bytes: usize = model.params().values().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum();
     eprintln!("model loaded in {:.1} s ({:.2} GB)", t.elapsed().as_secs_f64(), weight_bytes as f64 / 1e9);
+    if let Some(batches) = args.0.get("probe") {
+        let batches: Vec<usize> = batches.split(',').filter_map(|s| s.parse().ok()).collect();
+        decode_probe(&model, &batches, prompt_len + new_tokens / 2, &mut emit)?;
+        if args.num("probe_only", 0) > 0 {
+            return Ok(());
+        }
+    }
     // The identity prompts are 64 + 32 tokens.
     let max_model_len = (prompt_len + new_tokens).max(64 + 32) + 16;
     let engine_config = EngineConfig {

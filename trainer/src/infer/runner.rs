@@ -24,6 +24,13 @@ pub struct StepSeq<'a> {
     pub sample: Option<RowSampling>,
 }
 
+/// A step's logits `[R, vocab]`, one row per sequence that samples (or one unused row when
+/// none does), with each row's sampling settings.
+pub struct StepLogits {
+    pub logits: Tensor,
+    pub sampling: Vec<RowSampling>,
+}
+
 pub struct Runner {
     model: Qwen3,
     cache: Vec<LayerCache>,
@@ -91,6 +98,17 @@ impl Runner {
 
     /// Runs one step; returns `(token, log-probability)` for each sequence that samples, in order.
     pub fn step(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<Vec<(u32, f32)>, ModelError> {
+        let step = self.forward(seqs, adapters)?;
+        if step.sampling.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sampler::sample(&step.logits, &step.sampling, self.vocab)?)
+    }
+
+    /// Enqueues one step's forward (the cache writes included) and returns without waiting for
+    /// the device: what [`Runner::step`] samples from. Split out so that a benchmark can tell
+    /// the host's time to launch a step from the device's time to run it.
+    pub fn forward(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<StepLogits, ModelError> {
         let dev = self.model.device();
         let slices: Vec<SeqSlice> = seqs
             .iter()
@@ -130,9 +148,6 @@ impl Runner {
             logit_rows: &logit_rows_t,
         };
         let logits = self.model.forward_paged(&inputs, &self.cache)?;
-        if sampling.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(sampler::sample(&logits, &sampling, self.vocab)?)
+        Ok(StepLogits { logits, sampling })
     }
 }
