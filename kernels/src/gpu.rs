@@ -197,12 +197,8 @@ pub(crate) fn int(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("gpu kernel: size {n} exceeds i32")))
 }
 
-/// Makes the device's default memory pool keep freed blocks instead of handing them back to
-/// the driver at every synchronisation. candle allocates every op's output (stream-ordered
-/// `cuMemAllocAsync`) and frees it when the tensor drops; with the pool's default release
-/// threshold of 0, a training step that synchronises pays for mapping its memory again on
-/// each step. Call once per process, before the first step; CPU devices are left alone.
-pub fn cache_freed_memory(device: &Device) -> Result<()> {
+/// The CUDA side of [`crate::memory::cache_freed_memory`].
+pub(crate) fn cache_freed_memory(device: &Device) -> Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
     let Device::Cuda(dev) = device else { return Ok(()) };
     let stream = dev.cuda_stream();

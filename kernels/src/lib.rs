@@ -22,14 +22,13 @@ pub mod embedding;
 pub mod gemm_algos;
 #[cfg(feature = "cuda")]
 mod gpu;
-#[cfg(feature = "cuda")]
-pub use gpu::cache_freed_memory;
 pub mod gradcheck;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod memory;
+pub use memory::cache_freed_memory;
 pub mod moe;
 pub mod multi_lora;
 pub mod nf4;

@@ -8,7 +8,7 @@
 //! serve_bench device=cuda shape=8B weights=DIR peer_tokens=FILE out=FILE
 //!             streams=1,16,64,256 prompt=512 gen=256 rate=8 adapters=8 budget_s=400
 //! serve_bench device=cpu shape=tiny streams=1,4 prompt=32 gen=16      (a smoke run on the CPU)
-//! serve_bench probe=1,64 probe_only=1      (host launch time against step time, per batch size)
+//! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
 //! ```
 //! Without `weights` the model is random (device-side init); with it, an HF directory (the
 //! peer saves its random model there, so both sides hold the same weights). Prints one JSON
@@ -214,38 +214,68 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
     // Attention reads the cache's bytes whatever they hold: zeros time like real keys.
     let kv_bytes_per_token =
         2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype().size_in_bytes();
-    for &b in batches.iter().filter(|&&b| b > 0) {
-        let seqs: Vec<StepSeq> = (0..b)
-            .map(|i| StepSeq {
-                tokens: &ids[i],
-                start: ctx,
-                blocks: &tables[i],
-                adapter: None,
-                sample: Some(RowSampling::GREEDY),
-            })
-            .collect();
-        for _ in 0..3 {
-            runner.step(&seqs, None)?;
+    // The process-wide settings, in the order they can be turned on: the pool as it was before
+    // the engine kept freed memory, the pool kept (what `Engine::new` does), and allocations
+    // without cudarc's two CUDA events each (only safe on one stream: measured, not used).
+    for variant in ["pool_default", "pool_kept", "pool_kept_no_event_tracking"] {
+        match variant {
+            "pool_kept" => mindxtrain_kernels::cache_freed_memory(&dev)?,
+            #[cfg(feature = "cuda")]
+            "pool_kept_no_event_tracking" => {
+                if let Device::Cuda(d) = &dev {
+                    // SAFETY: this process runs one stream, so no slice is shared across streams.
+                    unsafe { d.disable_event_tracking() }
+                }
+            }
+            _ => {}
         }
-        let _ = mindxtrain_kernels::profile::take();
-        let (mut launch, mut whole) = (Vec::new(), Vec::new());
-        for _ in 0..20 {
-            sync(&dev)?;
-            let t = Instant::now();
-            let step = runner.forward(&seqs, None)?;
-            launch.push(t.elapsed().as_secs_f64());
-            sampler::sample(&step.logits, &step.sampling, c.vocab_size)?;
-            whole.push(t.elapsed().as_secs_f64());
+        for &b in batches.iter().filter(|&&b| b > 0) {
+            probe_batch(&runner, b, (&ids, &tables, ctx), variant, kv_bytes_per_token, emit)?;
         }
-        emit(json!({
-            "metric": format!("decode_probe_batch_{b}_ctx_{ctx}"),
-            "launch_ms_p50": percentile(&mut launch, 0.5) * 1e3,
-            "step_ms_p50": percentile(&mut whole, 0.5) * 1e3,
-            "cache_bytes_read": b * (ctx + 1) * kv_bytes_per_token,
-        }));
-        for (label, calls, secs) in mindxtrain_kernels::profile::take() {
-            eprintln!("  batch {b}: {label:<28} {:>6} calls {:>9.3} ms/step", calls / 20, secs * 1e3 / 20.0);
-        }
+    }
+    Ok(())
+}
+
+/// One batch size of [`decode_probe`]: 3 warm-up steps, then 20 timed.
+fn probe_batch(
+    runner: &Runner,
+    b: usize,
+    (ids, tables, ctx): (&[[u32; 1]], &[Vec<u32>], usize),
+    variant: &str,
+    kv_bytes_per_token: usize,
+    emit: &mut impl FnMut(Value),
+) -> Res<()> {
+    let (dev, vocab) = (runner.device().clone(), runner.model().config().vocab_size);
+    let seqs: Vec<StepSeq> = (0..b)
+        .map(|i| StepSeq {
+            tokens: &ids[i],
+            start: ctx,
+            blocks: &tables[i],
+            adapter: None,
+            sample: Some(RowSampling::GREEDY),
+        })
+        .collect();
+    for _ in 0..3 {
+        runner.step(&seqs, None)?;
+    }
+    let _ = mindxtrain_kernels::profile::take();
+    let (mut launch, mut whole) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        sync(&dev)?;
+        let t = Instant::now();
+        let step = runner.forward(&seqs, None)?;
+        launch.push(t.elapsed().as_secs_f64());
+        sampler::sample(&step.logits, &step.sampling, vocab)?;
+        whole.push(t.elapsed().as_secs_f64());
+    }
+    emit(json!({
+        "metric": format!("decode_probe_batch_{b}_ctx_{ctx}_{variant}"),
+        "launch_ms_p50": percentile(&mut launch, 0.5) * 1e3,
+        "step_ms_p50": percentile(&mut whole, 0.5) * 1e3,
+        "cache_bytes_read": b * (ctx + 1) * kv_bytes_per_token,
+    }));
+    for (label, calls, secs) in mindxtrain_kernels::profile::take() {
+        eprintln!("  batch {b} {variant}: {label:<28} {:>6} calls {:>9.3} ms/step", calls / 20, secs * 1e3 / 20.0);
     }
     Ok(())
 }
@@ -274,6 +304,11 @@ fn main() -> Res<()> {
         }
     };
 
+    // As the engine keeps freed memory in its pool, so do the ceilings (the probe starts from
+    // the driver's default to measure the difference).
+    if !args.0.contains_key("probe") {
+        mindxtrain_kernels::cache_freed_memory(&device)?;
+    }
     let bandwidth = copy_bandwidth(&device)?;
     let gemm = gemm_ceiling(&device)?;
     emit(json!({"metric": "copy_bandwidth_bytes_per_s", "ours": bandwidth}));
@@ -290,10 +325,8 @@ fn main() -> Res<()> {
     eprintln!("model loaded in {:.1} s ({:.2} GB)", t.elapsed().as_secs_f64(), weight_bytes as f64 / 1e9);
     if let Some(batches) = args.0.get("probe") {
         let batches: Vec<usize> = batches.split(',').filter_map(|s| s.parse().ok()).collect();
-        decode_probe(&model, &batches, prompt_len + new_tokens / 2, &mut emit)?;
-        if args.num("probe_only", 0) > 0 {
-            return Ok(());
-        }
+        // The probe leaves process-wide settings behind (no event tracking): it runs alone.
+        return decode_probe(&model, &batches, prompt_len + new_tokens / 2, &mut emit);
     }
     // The identity prompts are 64 + 32 tokens.
     let max_model_len = (prompt_len + new_tokens).max(64 + 32) + 16;

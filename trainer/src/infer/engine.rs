@@ -179,6 +179,10 @@ impl Engine {
             SchedulerConfig { max_num_seqs: config.max_num_seqs, max_batched_tokens: config.max_batched_tokens },
             KvManager::new(blocks, config.block_size, config.prefix_caching),
         );
+        // Every step waits for its sampled tokens; with the pool's default threshold each wait
+        // hands the step's freed buffers back to the driver, and the next step maps them again.
+        // After the sizing, which reads the free memory the pool would otherwise hold.
+        mindxtrain_kernels::cache_freed_memory(model.device()).map_err(ModelError::from)?;
         let runner = Runner::new(model, config.block_size, blocks, vocab)?;
         Ok(Engine { config, scheduler, runner, adapters, live: HashMap::new(), tokenizer, stop_ids, pool, next_id: 1 })
     }
