@@ -6,7 +6,8 @@
 # $OUT/serving.jsonl (the device call's output; append it to bench/results/serving.jsonl) or, run
 # by hand, to bench/results/serving.jsonl. From the device tool:
 #   run(command="COMMIT=<hash> bench/serving.sh", carry=["target-gpu/carry-serving"], timeout_s=600)
-# SHAPE=8B STREAMS=1,16,64,256 PROMPT=512 GEN=256 RATE=8 (Poisson arrivals per second) by default.
+# SHAPE=8B STREAMS=1,16,64,256 PROMPT=512 GEN=256 RATE=8 (Poisson arrivals per second) by default;
+# PEER_S=330 (the peer's time limit) and BUDGET_S=170 (ours) keep the call under its 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SHAPE=${SHAPE:-8B} STREAMS=${STREAMS:-1,16,64,256} PROMPT=${PROMPT:-512} GEN=${GEN:-256} RATE=${RATE:-8}
@@ -17,12 +18,12 @@ gunzip -c target-gpu/carry-serving/serve-bench.gz >"$WORK/serve-bench" && chmod 
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
 { date -u; echo "$GPU, driver $DRIVER"; } | tee "$LOGS/serving.log"
-PYTHONUNBUFFERED=1 timeout 300 python3 bench/serving_peer.py "$SHAPE" "$WORK/model" "$WORK/peer.jsonl" \
+PYTHONUNBUFFERED=1 timeout "${PEER_S:-330}" python3 bench/serving_peer.py "$SHAPE" "$WORK/model" "$WORK/peer.jsonl" \
   "$WORK/peer_tokens.json" "$STREAMS" "$PROMPT" "$GEN" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
 WEIGHTS=()
 [[ -f $WORK/model/config.json ]] && WEIGHTS=("weights=$WORK/model" "peer_tokens=$WORK/peer_tokens.json")
 "$WORK/serve-bench" device=cuda shape="$SHAPE" streams="$STREAMS" prompt="$PROMPT" gen="$GEN" rate="$RATE" \
-  budget_s="${BUDGET_S:-200}" out="$WORK/ours.jsonl" "${WEIGHTS[@]}" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
+  budget_s="${BUDGET_S:-170}" out="$WORK/ours.jsonl" "${WEIGHTS[@]}" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
 cp "$WORK"/*.jsonl "$LOGS/" 2>/dev/null
 python3 - "$WORK/ours.jsonl" "$WORK/peer.jsonl" "$LOGS/serving.jsonl" "$GPU" "$DRIVER" "${COMMIT:-unknown}" <<'PY'
 import datetime, json, os, sys

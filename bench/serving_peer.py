@@ -6,10 +6,15 @@ batched, EOS off) on a random-init Qwen3 shape in bf16, on the same GPU in the s
 * copy bandwidth (bytes read + written per second, a 2 GiB device copy) and the bf16 GEMM ceiling;
 * the model (torch seed 0) saved to SAVE_DIR as HF safetensors, so our engine loads the same
   weights;
-* per batch size: output tok/s of one timed `generate` after an untimed warm-up (static cache
-  compiles the decode step on first use), and TTFT as a `generate` of one new token;
 * greedy tokens of the 16 identity prompts (64 tokens, 32 new) and, per generated position, the
-  gap between the top two logits, which says where bf16 rounding could flip a greedy choice.
+  gap between the top two logits, which says where bf16 rounding could flip a greedy choice
+  (first, so that a peer cut short by its time limit still leaves them);
+* per batch size: output tok/s of one timed `generate` after an untimed warm-up of the same
+  length (the static cache compiles its decode step per cache length: a warm-up of another
+  length left the timed run compiling), and TTFT from the same timed run (when its streamer
+  receives the first new token).
+
+Each result is written to OUT_JSON as it is measured.
 
 Prompt token ids follow the rule of trainer/examples/serve_bench.rs (`tokens`), so both sides
 run the same prompts.
@@ -51,11 +56,12 @@ def main():
     prompt_len = int(sys.argv[6]) if len(sys.argv) > 6 else 512
     gen = int(sys.argv[7]) if len(sys.argv) > 7 else 256
     vocab = SHAPES[shape][0]
-    results = []
+    out_file = open(out_path, "w")
 
     def emit(d):
         print(json.dumps(d), flush=True)
-        results.append(d)
+        out_file.write(json.dumps(d) + "\n")
+        out_file.flush()
 
     x = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
     y = torch.empty_like(x)
@@ -83,16 +89,6 @@ def main():
                                   min_new_tokens=new, do_sample=False, cache_implementation="static",
                                   **kw)
 
-    for n in streams:
-        ids = torch.tensor([tokens(prompt_len, 1000 + i, vocab) for i in range(n)], device="cuda")
-        generate(ids, 8)  # warm-up: compiles the static-cache decode step for this batch
-        _, ttft = timed(lambda: generate(ids, 1))
-        out, t = timed(lambda: generate(ids, gen))
-        assert out.shape[1] == prompt_len + gen
-        emit({"metric": f"streams_{n}_all_at_once_output_tok_s", "peer": n * gen / t})
-        emit({"metric": f"streams_{n}_all_at_once_ttft_p50_s", "peer": ttft})
-        torch.cuda.empty_cache()
-
     ident = torch.tensor([tokens(64, 7000 + i, vocab) for i in range(16)], device="cuda")
     out = generate(ident, 32, output_scores=True, return_dict_in_generate=True)
     toks = out.sequences[:, 64:].tolist()
@@ -102,9 +98,35 @@ def main():
     with open(tokens_path, "w") as f:
         json.dump(toks, f)
     emit({"metric": "greedy_identity_top2_gaps", "peer": gaps})
-    with open(out_path, "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
+
+    class FirstToken:
+        """A `generate` streamer noting when the first new token arrives (its first `put` is
+        the prompt)."""
+
+        def __init__(self):
+            self.puts, self.first = 0, None
+
+        def put(self, _value):
+            self.puts += 1
+            if self.puts == 2:
+                torch.cuda.synchronize()
+                self.first = time.perf_counter()
+
+        def end(self):
+            pass
+
+    for n in streams:
+        ids = torch.tensor([tokens(prompt_len, 1000 + i, vocab) for i in range(n)], device="cuda")
+        generate(ids, gen)  # warm-up at the timed length: compiles the static-cache decode step
+        first = FirstToken()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out, t = timed(lambda: generate(ids, gen, streamer=first))
+        assert out.shape[1] == prompt_len + gen
+        emit({"metric": f"streams_{n}_all_at_once_output_tok_s", "peer": n * gen / t})
+        emit({"metric": f"streams_{n}_all_at_once_ttft_p50_s", "peer": first.first - start})
+        torch.cuda.empty_cache()
+    out_file.close()
 
 
 if __name__ == "__main__":

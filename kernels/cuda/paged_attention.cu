@@ -29,6 +29,63 @@ struct Item {
 template <typename T> struct KPad { static const int value = 1; };
 template <> struct KPad<bf16> { static const int value = 2; };
 
+// Stages keys [tile, tile + WARP) of kv head `kvh` into shared memory (K rows padded, V rows
+// dense); keys at or past k1 read as zeros. Each thread moves whole 16-byte chunks, looks each
+// key's slot up once, and issues all its loads before its first store: one round trip to memory
+// per tile, where an element at a time made it a chain of dependent loads per element (the
+// kernel ran at ~10% of the memory's bandwidth at 64 decoding sequences).
+template <typename T, int HD>
+DEV void stage_tile(const T* kc, const T* vc, const unsigned* table, T* ks, T* vs, int tile, int k1,
+                    int block_size, int kvh_count, int kvh) {
+  constexpr int KS = HD + KPad<T>::value;
+  constexpr int VEC = 16 / sizeof(T);          // elements per chunk
+  constexpr int ROW = HD / VEC;                // chunks per key
+  constexpr int CHUNKS = WARP * ROW;
+  constexpr int PER_THREAD = (CHUNKS + THREADS - 1) / THREADS;
+  if (((size_t)kc | (size_t)vc) & 15) {  // a cache view off 16-byte alignment: element by element
+    for (int i = threadIdx.x; i < WARP * HD; i += THREADS) {
+      const int r = i / HD, e = i % HD, key = tile + r;
+      T kv_k = from_f<T>(0.f), kv_v = from_f<T>(0.f);
+      if (key < k1) {
+        const size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
+        const size_t at = (slot * kvh_count + kvh) * HD + e;
+        kv_k = kc[at];
+        kv_v = vc[at];
+      }
+      ks[r * KS + e] = kv_k;
+      vs[r * HD + e] = kv_v;
+    }
+    return;
+  }
+  uint4 kr[PER_THREAD], vr[PER_THREAD];
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    const int c = threadIdx.x + j * THREADS;
+    const int r = c / ROW, e = (c % ROW) * VEC, key = tile + r;
+    kr[j] = make_uint4(0u, 0u, 0u, 0u);
+    vr[j] = kr[j];
+    if (c < CHUNKS && key < k1) {
+      const size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
+      const size_t at = (slot * kvh_count + kvh) * HD + e;
+      kr[j] = *reinterpret_cast<const uint4*>(kc + at);
+      vr[j] = *reinterpret_cast<const uint4*>(vc + at);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    const int c = threadIdx.x + j * THREADS;
+    if (c >= CHUNKS) continue;
+    const int r = c / ROW, e = (c % ROW) * VEC;
+    // A padded K row starts 4-byte aligned, not 16: four word stores.
+    unsigned* kd = reinterpret_cast<unsigned*>(ks + r * KS + e);
+    kd[0] = kr[j].x;
+    kd[1] = kr[j].y;
+    kd[2] = kr[j].z;
+    kd[3] = kr[j].w;
+    *reinterpret_cast<uint4*>(vs + r * HD + e) = vr[j];
+  }
+}
+
 template <typename T, int HD>
 DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_starts,
                     const unsigned* context_lens, const unsigned* tables, const Item* items, T* out,
@@ -36,7 +93,7 @@ DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_
                     int block_size, int max_blocks, int part, int splits, float scale) {
   constexpr int E = HD / WARP;  // output elements per lane
   constexpr int KS = HD + KPad<T>::value;
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);                       // [WARP][KS]
   T* vs = ks + WARP * KS;                                       // [WARP][HD]
   float* qs = reinterpret_cast<float*>(vs + WARP * HD);         // [MAX_UNITS][HD]
@@ -68,18 +125,7 @@ DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_
   }
   BARRIER();
   for (int tile = k0; tile < k1; tile += WARP) {
-    for (int i = threadIdx.x; i < WARP * HD; i += THREADS) {
-      const int r = i / HD, e = i % HD, key = tile + r;
-      T kv_k = from_f<T>(0.f), kv_v = from_f<T>(0.f);
-      if (key < k1) {
-        const size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
-        const size_t at = (slot * kvh_count + kvh) * HD + e;
-        kv_k = kc[at];
-        kv_v = vc[at];
-      }
-      ks[r * KS + e] = kv_k;
-      vs[r * HD + e] = kv_v;
-    }
+    stage_tile<T, HD>(kc, vc, table, ks, vs, tile, k1, block_size, kvh_count, kvh);
     BARRIER();
     const int key = tile + lane;
 #pragma unroll

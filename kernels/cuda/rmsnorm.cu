@@ -31,6 +31,55 @@ DEV int warp_row() { return blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WAR
   }
 FOR_DTYPES(RMSNORM_FWD)
 
+// Few rows (a decode step's batch): one block of 256 threads per row. One warp per row would
+// launch rows / 8 blocks, leaving most multiprocessors idle, and each lane would walk a 4096-wide
+// row in 128 dependent loads; here 8 warps share the row and the reduction goes through shared
+// memory in a fixed order (deterministic, as the warp version).
+DEV float block_sum(float v, float* part) {
+  const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+  v = warp_sum(v);
+  if (lane == 0) part[w] = v;
+  BARRIER();
+  float t = 0.f;
+  for (int i = 0; i < nw; ++i) t += part[i];
+  return t;
+}
+
+template <typename T>
+DEV void norm_row_block(const T* x, const T* w, T* y, float* rstd, int row, int d, float eps) {
+  __shared__ float part[32];
+  const T* xr = x + (size_t)row * d;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = to_f(xr[i]);
+    ss += v * v;
+  }
+  const float r = rsqrtf(block_sum(ss, part) / d + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  T* yr = y + (size_t)row * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = from_f<T>(to_f(xr[i]) * r * to_f(w[i]));
+}
+
+#define RMSNORM_FWD_ROWS(S, T)                                                                     \
+  KERNEL void rmsnorm_fwd_rows_##S(const T* x, const T* w, T* y, float* rstd, int rows, int d,    \
+                                   float eps) {                                                    \
+    if ((int)blockIdx.x < rows) norm_row_block<T>(x, w, y, rstd, blockIdx.x, d, eps);              \
+  }
+FOR_DTYPES(RMSNORM_FWD_ROWS)
+
+#define ADD_RMSNORM_FWD_ROWS(S, T)                                                                 \
+  KERNEL void add_rmsnorm_fwd_rows_##S(const T* a, const T* b, const T* w, T* s, T* y,            \
+                                       float* rstd, int rows, int d, float eps) {                  \
+    const int row = blockIdx.x;                                                                    \
+    if (row >= rows) return;                                                                       \
+    const size_t off = (size_t)row * d;                                                            \
+    for (int i = threadIdx.x; i < d; i += blockDim.x)                                              \
+      s[off + i] = from_f<T>(to_f(a[off + i]) + to_f(b[off + i]));                                 \
+    /* norm_row_block reads element i from the thread that wrote it: no barrier needed. */         \
+    norm_row_block<T>(s, w, y, rstd, row, d, eps);                                                 \
+  }
+FOR_DTYPES(ADD_RMSNORM_FWD_ROWS)
+
 // The residual add fused in front of the norm: `s = a + b` (rounded to T, as a separate add
 // would store it), then `y = rmsnorm(s)`. One read of a and b instead of three passes.
 #define ADD_RMSNORM_FWD(S, T)                                                                      \

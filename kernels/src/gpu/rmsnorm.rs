@@ -13,6 +13,21 @@ const BLOCK: u32 = 256;
 /// Rows per partial sum of the gain's gradient; must equal DW_ROWS in rmsnorm.cu.
 const DW_ROWS: usize = 256;
 
+/// Below this many rows the forward runs one block per row (`*_rows` kernels): one warp per
+/// row would launch fewer blocks than the GPU has multiprocessors (132 on an H100/H200) and
+/// leave each lane a long chain of dependent loads. Training's row counts stay above it.
+const FEW_ROWS: usize = 1024;
+
+/// The forward kernel for `rows` rows and its launch: `name` or its one-block-per-row twin.
+fn forward_kernel(name: &str, rows: usize) -> (String, LaunchConfig) {
+    if rows < FEW_ROWS {
+        let cfg = LaunchConfig { grid_dim: (rows.max(1) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        (format!("{name}_rows"), cfg)
+    } else {
+        (name.to_owned(), rows_config(rows))
+    }
+}
+
 fn rows_config(rows: usize) -> LaunchConfig {
     let per_block = BLOCK as usize / 32;
     LaunchConfig {
@@ -36,12 +51,13 @@ pub(crate) fn forward<T: Elem>(x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tens
     let rows = x.elem_count() / d.max(1);
     let mut y = alloc::<T>(&dev, rows * d)?;
     let mut rstd = alloc::<f32>(&dev, rows)?;
-    let k = Kernel::new::<T>(&dev, &MODULE, "rmsnorm_fwd")?;
+    let (name, cfg) = forward_kernel("rmsnorm_fwd", rows);
+    let k = Kernel::new::<T>(&dev, &MODULE, &name)?;
     with_views::<T, _, 2>([x, w], |[x, w]| {
         let mut b = k.builder();
         let (rows_i, d_i, eps) = (int(rows)?, int(d)?, eps as f32);
         b.arg(&x).arg(&w).arg(&mut y).arg(&mut rstd).arg(&rows_i).arg(&d_i).arg(&eps);
-        launch(b, rows_config(rows))
+        launch(b, cfg)
     })?;
     Ok((tensor(y, &dev, x.shape().clone()), tensor(rstd, &dev, rstd_shape(x))))
 }
@@ -54,12 +70,13 @@ pub(crate) fn add_forward<T: Elem>(a: &Tensor, b: &Tensor, w: &Tensor, eps: f64)
     let mut s = alloc::<T>(&dev, rows * d)?;
     let mut y = alloc::<T>(&dev, rows * d)?;
     let mut rstd = alloc::<f32>(&dev, rows)?;
-    let k = Kernel::new::<T>(&dev, &MODULE, "add_rmsnorm_fwd")?;
+    let (name, cfg) = forward_kernel("add_rmsnorm_fwd", rows);
+    let k = Kernel::new::<T>(&dev, &MODULE, &name)?;
     with_views::<T, _, 3>([a, b, w], |[a, b, w]| {
         let mut l = k.builder();
         let (rows_i, d_i, eps) = (int(rows)?, int(d)?, eps as f32);
         l.arg(&a).arg(&b).arg(&w).arg(&mut s).arg(&mut y).arg(&mut rstd).arg(&rows_i).arg(&d_i).arg(&eps);
-        launch(l, rows_config(rows))
+        launch(l, cfg)
     })?;
     Ok((tensor(s, &dev, a.shape().clone()), tensor(y, &dev, a.shape().clone()), tensor(rstd, &dev, rstd_shape(a))))
 }

@@ -87,8 +87,9 @@ fn poisoned_outputs_read_back_as_nan() -> Result<()> {
 #[test]
 fn rmsnorm_matches_the_f64_reference() -> Result<()> {
     // d = 100 (not a multiple of the warp), 128 (per-head norms), 4096 (8B hidden); rows past
-    // several dw blocks with a partial last one.
-    for (rows, d) in [(3 * 256 + 17, 100), (2000, 128), (600, 4096)] {
+    // several dw blocks with a partial last one. Below 1024 rows the forward runs one block per
+    // row (1 and 64: decode batches), from 1024 one warp per row.
+    for (rows, d) in [(3 * 256 + 17, 100), (2000, 128), (600, 4096), (1, 4096), (64, 4096), (1024, 4096)] {
         for (dt, tol) in DTYPES {
             let mut inp = Inputs::new(dt);
             let ((x, xr), (w, wr), (dy, dyr)) =
