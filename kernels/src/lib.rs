@@ -28,7 +28,7 @@ pub mod hip;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod memory;
-pub use memory::cache_freed_memory;
+pub use memory::{cache_freed_memory, skip_allocation_events};
 pub mod moe;
 pub mod multi_lora;
 pub mod nf4;

@@ -88,7 +88,16 @@ impl Nccl {
         for (d, b) in internal.iter_mut().zip(&bytes) {
             *d = *b as std::ffi::c_char;
         }
-        let stream = dev.cuda_stream().context().new_stream().map_err(driver_err("a stream for NCCL"))?;
+        let ctx = dev.cuda_stream().context().clone();
+        if !ctx.is_event_tracking() {
+            // NCCL's stream shares buffers with the compute stream; without the allocations'
+            // events nothing would order their uses (kernels::skip_allocation_events).
+            return Err(CollectiveError::Nccl(format!(
+                "rank {rank}: this process runs a serving engine, which turned off CUDA's \
+                 cross-stream events; run NCCL ranks in their own processes (the launcher does)"
+            )));
+        }
+        let stream = ctx.new_stream().map_err(driver_err("a stream for NCCL"))?;
         let comm = nccl::Comm::from_rank(stream.clone(), rank, world, nccl::Id::uninit(internal))
             .map_err(nccl_err("ncclCommInitRank"))?;
         Ok(Nccl { comm, device: dev.clone(), stream, timeout, abort, timeline: None })

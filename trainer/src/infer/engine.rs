@@ -183,6 +183,8 @@ impl Engine {
         // hands the step's freed buffers back to the driver, and the next step maps them again.
         // After the sizing, which reads the free memory the pool would otherwise hold.
         mindxtrain_kernels::cache_freed_memory(model.device()).map_err(ModelError::from)?;
+        // The engine runs on one stream: allocations need no cross-stream events.
+        mindxtrain_kernels::skip_allocation_events(model.device()).map_err(ModelError::from)?;
         let runner = Runner::new(model, config.block_size, blocks, vocab)?;
         Ok(Engine { config, scheduler, runner, adapters, live: HashMap::new(), tokenizer, stop_ids, pool, next_id: 1 })
     }
