@@ -57,6 +57,20 @@ pub fn skip_allocation_events(device: &Device) -> Result<bool> {
     Ok(false)
 }
 
+/// Waits for everything any thread queued on `device`. candle's CUDA device is the per-thread
+/// default stream: what one thread queues is not ordered after another thread's work, so a
+/// thread that takes over tensors another thread made (the serving engine's thread, a
+/// collective's thread) waits here first. CPU devices return at once.
+pub fn settle(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        use candle_core::cuda_backend::WrapErr;
+        dev.cuda_stream().context().synchronize().w()?;
+    }
+    let _ = device;
+    Ok(())
+}
+
 fn cpu_available() -> Result<u64> {
     let info = std::fs::read_to_string("/proc/meminfo")
         .map_err(|e| candle_core::Error::Msg(format!("free memory: /proc/meminfo: {e}")))?;

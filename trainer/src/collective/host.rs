@@ -147,21 +147,13 @@ impl HostBuf {
     }
 }
 
-/// Waits for everything queued on `device` by any thread. The mesh runs on its own thread, and
-/// candle's CUDA device is the per-thread default stream: a copy this thread queues is not
-/// ordered after the kernels the compute thread queued. Without the wait a gradient was read
-/// before its kernels finished (two ranks on a GPU over TCP drifted from one rank: loss 6.08 vs
-/// 5.97 after 10 steps, 2026-11-24), and a sum could be handed back before its copy landed.
+/// [`mindxtrain_kernels::memory::settle`]: the mesh runs on its own thread, so its copies are not
+/// ordered after the compute thread's kernels. Without it a gradient was read before its kernels
+/// finished (two ranks on a GPU over TCP drifted from one rank: loss 6.08 vs 5.97 after 10 steps,
+/// 2026-11-24), and a sum could be handed back before its copy landed.
 fn settle(device: &Device) -> Result<(), CollectiveError> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(d) = device {
-        d.cuda_stream()
-            .context()
-            .synchronize()
-            .map_err(|e| CollectiveError::Tensor(format!("waiting for the device: {e}")))?;
-    }
-    let _ = device;
-    Ok(())
+    mindxtrain_kernels::memory::settle(device)
+        .map_err(|e| CollectiveError::Tensor(format!("waiting for the device: {e}")))
 }
 
 fn add_slices<T: Copy>(a: &mut [T], b: &[T], add: impl Fn(T, T) -> T) {

@@ -199,6 +199,8 @@ impl Engine {
 
     /// Serves `adapters` under `name`, beside the base and the other adapters.
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
+        // The tensors may come from another thread's copies (kernels::memory::settle).
+        mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
         Ok(self.adapters.load(name, adapters)?)
     }
 
@@ -212,6 +214,7 @@ impl Engine {
                 "new weights while requests run: wait until the engine is idle".into(),
             ));
         }
+        mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
         self.runner.set_weights(params)?;
         let kv = self.scheduler.kv();
         let (blocks, block_size) = (kv.total_blocks(), kv.block_size());
