@@ -7,7 +7,7 @@ use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
 
 use super::moe::{down_name, expert_name, fuse_experts, gate_up_name, router_name, split_experts};
 use super::rng::SplitMix64;
-use super::tests::bits;
+use super::tests::{bits, packed_batch};
 use super::*;
 use crate::batch::{IGNORE, PackedBatch};
 use crate::recipe::TargetModule;
@@ -41,17 +41,6 @@ fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
     m
 }
 
-fn batch() -> PackedBatch {
-    PackedBatch {
-        batch: 2,
-        seq_len: 7,
-        input_ids: vec![1, 5, 7, 2, 3, 9, 4, 6, 6, 10, 0, 8, 0, 0],
-        position_ids: vec![0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 0],
-        segment_ids: vec![1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 0, 0],
-        labels: vec![5, 7, 2, IGNORE, 9, 4, IGNORE, IGNORE, 10, 0, 8, IGNORE, IGNORE, IGNORE],
-    }
-}
-
 fn probes(sizes: &[usize], per_tensor: usize) -> Vec<(usize, usize)> {
     let mut rng = SplitMix64::new(1234);
     sizes
@@ -74,7 +63,7 @@ fn objective(config: &Qwen3Config, out: &StepOutput) -> f64 {
 
 fn gradcheck_full(config: &Qwen3Config) {
     let m = model(config, DType::F64);
-    let b = batch();
+    let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
     let names: Vec<String> = m.params().keys().cloned().collect();
     assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>(), "a gradient is missing");
@@ -115,7 +104,7 @@ fn full_moe_gradients_match_finite_differences_unnormalised_every_layer_sparse()
 fn f32_gradients_match_the_f64_reference() {
     let c = tiny_moe();
     let (m64, m32) = (model(&c, DType::F64), model(&c, DType::F32));
-    let b = batch();
+    let b = packed_batch();
     let g64 = m64.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
     let g32 = m32.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
     assert!((g64.loss_sum - g32.loss_sum).abs() < 1e-4 * g64.loss_sum.abs().max(1.0));
@@ -146,7 +135,7 @@ fn lora_gradients_flow_through_the_experts() {
             *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
         }
     }
-    let b = batch();
+    let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).unwrap();
     let names: Vec<String> = ad.tensors.keys().cloned().collect();
     assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>());
@@ -166,7 +155,7 @@ fn lora_gradients_flow_through_the_experts() {
 fn steps_are_bitwise_deterministic_across_thread_counts_and_checkpointing() {
     let c = tiny_moe();
     let m = model(&c, DType::F32);
-    let b = batch();
+    let b = packed_batch();
     let run = |threads: usize, ckpt: bool| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         let opts = StepOptions { activation_checkpointing: ckpt, ..StepOptions::default() };

@@ -49,7 +49,7 @@ fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
 }
 
 /// Two rows of 7: row 0 packs two documents (4 + 3 tokens), row 1 one document and padding.
-fn packed_batch() -> PackedBatch {
+pub(super) fn packed_batch() -> PackedBatch {
     PackedBatch {
         batch: 2,
         seq_len: 7,
