@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::events::{EventSink, TrainerEvent};
 use mindxtrain_trainer::plan::{Choices, Plan};
 use mindxtrain_trainer::recipe::Recipe;
@@ -116,19 +115,7 @@ serve:
         0,
         false,
     );
-    let spec = RunSpec {
-        recipe,
-        recipe_dir: dir.clone(),
-        plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
-        plan,
-        out_dir: dir.join("out"),
-        resume: false,
-        data: DataOptions::default(),
-        init_from: None,
-        force_base: false,
-        eval_prompts: 0,
-        context: Default::default(),
-    };
+    let spec = RunSpec::new(recipe, dir.clone(), plan, dir.join("out"));
     let mut sink = Progress(Vec::new());
     let mut times = StepTimes(Vec::new(), Instant::now());
     train(&spec, &mut sink, &mut times)?;

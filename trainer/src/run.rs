@@ -76,6 +76,32 @@ pub struct RunSpec {
     pub context: serde_json::Map<String, serde_json::Value>,
 }
 
+impl RunSpec {
+    /// A fresh run of `recipe` with `plan` (its digest taken over the plan's bytes) into
+    /// `out_dir`: no resume, default data options, the recipe's own base, no evaluation
+    /// prompts, no driver context. Set what differs with struct update syntax.
+    pub fn new(
+        recipe: LoadedRecipe,
+        recipe_dir: impl Into<PathBuf>,
+        plan: Plan,
+        out_dir: impl Into<PathBuf>,
+    ) -> RunSpec {
+        RunSpec {
+            recipe,
+            recipe_dir: recipe_dir.into(),
+            plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
+            plan,
+            out_dir: out_dir.into(),
+            resume: false,
+            data: DataOptions::default(),
+            init_from: None,
+            force_base: false,
+            eval_prompts: 0,
+            context: Default::default(),
+        }
+    }
+}
+
 /// What a finished run produced.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
@@ -255,17 +281,8 @@ mod tests {
         let mut plan = Plan::new(recipe.bytes_blake3, "cpu", Choices::unmeasured(1), vec![], 0, 0, false);
         plan.env = env.iter().map(|(k, v)| ((*k).to_string(), v.map(str::to_string))).collect();
         RunSpec {
-            recipe,
-            recipe_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes"),
-            plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
-            plan,
-            out_dir: out.to_path_buf(),
-            resume: false,
-            data: DataOptions::default(),
-            init_from: None,
-            force_base: false,
             eval_prompts: 1,
-            context: Default::default(),
+            ..RunSpec::new(recipe, Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes"), plan, out)
         }
     }
 

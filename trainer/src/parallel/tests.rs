@@ -5,7 +5,6 @@
 use super::*;
 use crate::collective::rendezvous::RankInfo;
 use crate::collective::{Abort, Mesh};
-use crate::data::DataOptions;
 use crate::events::Discard;
 use crate::plan::{Choices, Plan};
 use crate::recipe::{LoadedRecipe, Recipe};
@@ -13,7 +12,7 @@ use crate::run::{Quiet, RunSpec, train, train_rank};
 use candle_core::Device;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,19 +83,7 @@ fn spec(recipe: LoadedRecipe, out: &Path, micro: usize) -> RunSpec {
     let mut choices = Choices::unmeasured(1);
     choices.micro_batch = micro;
     let plan = Plan::new(recipe.bytes_blake3, "cpu", choices, vec![], 0, 0, false);
-    RunSpec {
-        recipe,
-        recipe_dir: PathBuf::from("."),
-        plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
-        plan,
-        out_dir: out.to_path_buf(),
-        resume: false,
-        data: DataOptions::default(),
-        init_from: None,
-        force_base: false,
-        eval_prompts: 0,
-        context: Default::default(),
-    }
+    RunSpec::new(recipe, ".", plan, out)
 }
 
 /// Trains `spec` on `world` ranks (threads) over the TCP mesh.

@@ -36,19 +36,7 @@ fn demo_on_gpu() -> (LoadedRecipe, PathBuf) {
 }
 
 fn spec(recipe: &LoadedRecipe, dir: &Path, plan: &Plan, out: &Path) -> RunSpec {
-    RunSpec {
-        recipe: recipe.clone(),
-        recipe_dir: dir.to_path_buf(),
-        plan: plan.clone(),
-        plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
-        out_dir: out.to_path_buf(),
-        resume: false,
-        data: DataOptions::default(),
-        init_from: None,
-        force_base: false,
-        eval_prompts: 4,
-        context: Default::default(),
-    }
+    RunSpec { eval_prompts: 4, ..RunSpec::new(recipe.clone(), dir, plan.clone(), out) }
 }
 
 /// Every timing of a plan, and what it chose.

@@ -84,19 +84,7 @@ serve:
 
 fn spec(recipe: LoadedRecipe, out: &Path, init_from: Option<PathBuf>) -> RunSpec {
     let plan = Plan::new(recipe.bytes_blake3, "cpu", Choices::unmeasured(1), vec![], 0, 0, false);
-    RunSpec {
-        recipe,
-        recipe_dir: out.to_path_buf(),
-        plan_blake3: *blake3::hash(&plan.to_bytes()).as_bytes(),
-        plan,
-        out_dir: out.to_path_buf(),
-        resume: false,
-        data: DataOptions::default(),
-        init_from,
-        force_base: false,
-        eval_prompts: 16,
-        context: Default::default(),
-    }
+    RunSpec { init_from, eval_prompts: 16, ..RunSpec::new(recipe, out, plan, out) }
 }
 
 fn run(s: &RunSpec) -> (RunSummary, Vec<TrainerEvent>) {
