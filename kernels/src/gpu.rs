@@ -196,20 +196,3 @@ pub(crate) fn with_views<T: CudaDType + DeviceRepr, R, const N: usize>(
 pub(crate) fn int(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("gpu kernel: size {n} exceeds i32")))
 }
-
-/// The CUDA side of [`crate::memory::cache_freed_memory`].
-pub(crate) fn cache_freed_memory(device: &Device) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::{result, sys};
-    let Device::Cuda(dev) = device else { return Ok(()) };
-    let stream = dev.cuda_stream();
-    let ctx = stream.context();
-    ctx.bind_to_thread().w()?;
-    let mut threshold = u64::MAX;
-    // SAFETY: the device comes from a live context; the attribute takes a u64 by pointer.
-    unsafe {
-        let pool = result::device::get_default_mem_pool(ctx.cu_device()).w()?;
-        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
-        result::mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast()).w()?;
-    }
-    Ok(())
-}

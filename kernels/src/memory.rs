@@ -28,8 +28,18 @@ pub fn free_bytes(device: &Device) -> Result<u64> {
 /// left alone.
 pub fn cache_freed_memory(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
-    if device.is_cuda() {
-        return crate::gpu::cache_freed_memory(device);
+    if let Device::Cuda(dev) = device {
+        use candle_core::cuda_backend::WrapErr;
+        use candle_core::cuda_backend::cudarc::driver::{result, sys};
+        let ctx = dev.cuda_stream().context().clone();
+        ctx.bind_to_thread().w()?;
+        let mut threshold = u64::MAX;
+        // SAFETY: the device comes from a live context; the attribute takes a u64 by pointer.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device()).w()?;
+            let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+            result::mem_pool::set_attribute(pool, attr, (&mut threshold as *mut u64).cast()).w()?;
+        }
     }
     let _ = device;
     Ok(())
