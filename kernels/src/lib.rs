@@ -23,6 +23,7 @@ pub mod gemm_algos;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod gradcheck;
+pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod linear;

@@ -33,6 +33,9 @@ pub struct PagedMeta {
     /// `[sequences, max_blocks]`, padded with block 0 past each table's end.
     block_tables: Vec<u32>,
     max_blocks: usize,
+    /// The context the GPU kernels plan their split over keys for: the longest in the batch,
+    /// or a fixed bound, so that a recorded graph's plan holds for every later step.
+    plan_context: Option<usize>,
     /// The same on the device (for the GPU kernels): query starts, context lengths, tables.
     device: Option<[Tensor; 3]>,
     /// How the GPU kernels cut this batch into blocks, made once for all layers.
@@ -53,10 +56,37 @@ impl PagedMeta {
     /// Checks every sequence (at least one row, no more rows than context, enough blocks) and
     /// copies the tables to `device` when it is not the CPU.
     pub fn new(block_size: usize, seqs: &[SeqSlice<'_>], device: &Device) -> Result<PagedMeta> {
+        let widest = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1);
+        let mut meta = PagedMeta::host(block_size, seqs, widest)?;
+        if !device.is_cpu() {
+            let [starts, lens, tables] = meta.host_arrays();
+            let d = device;
+            meta.device = Some([
+                Tensor::new(starts, d)?,
+                Tensor::new(lens, d)?,
+                Tensor::from_slice(tables, (seqs.len(), widest), d)?,
+            ]);
+        }
+        Ok(meta)
+    }
+
+    /// The same checks, with every block table padded to `width` blocks and the GPU plan made
+    /// for contexts up to `width · block_size`, but nothing on a device yet: the shape a
+    /// recorded graph replays, whose device arrays are buffers the graph owns (attached with
+    /// [`PagedMeta::with_device_arrays`], refilled from [`PagedMeta::host_arrays`] each step).
+    pub fn fixed(block_size: usize, seqs: &[SeqSlice<'_>], width: usize) -> Result<PagedMeta> {
+        if let Some(s) = seqs.iter().find(|s| s.blocks.len() > width) {
+            candle_core::bail!("paged attention: a table of {} blocks is wider than {width}", s.blocks.len());
+        }
+        let mut meta = PagedMeta::host(block_size, seqs, width.max(1))?;
+        meta.plan_context = Some(width.max(1) * block_size);
+        Ok(meta)
+    }
+
+    fn host(block_size: usize, seqs: &[SeqSlice<'_>], max_blocks: usize) -> Result<PagedMeta> {
         if block_size == 0 || seqs.is_empty() {
             candle_core::bail!("paged attention: block size {block_size}, {} sequences", seqs.len());
         }
-        let max_blocks = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0).max(1);
         let mut query_starts = Vec::with_capacity(seqs.len() + 1);
         let (mut rows, mut tables) = (0usize, Vec::with_capacity(seqs.len() * max_blocks));
         for (i, s) in seqs.iter().enumerate() {
@@ -75,21 +105,14 @@ impl PagedMeta {
         }
         query_starts.push(u32_of(rows)?);
         let context_lens = seqs.iter().map(|s| u32_of(s.context_len)).collect::<Result<Vec<_>>>()?;
-        let device = match device {
-            Device::Cpu => None,
-            d => Some([
-                Tensor::new(query_starts.as_slice(), d)?,
-                Tensor::new(context_lens.as_slice(), d)?,
-                Tensor::from_slice(&tables, (seqs.len(), max_blocks), d)?,
-            ]),
-        };
         Ok(PagedMeta {
             block_size,
             query_starts,
             context_lens,
             block_tables: tables,
             max_blocks,
-            device,
+            plan_context: None,
+            device: None,
             #[cfg(feature = "cuda")]
             gpu: std::sync::OnceLock::new(),
         })
@@ -133,6 +156,23 @@ impl PagedMeta {
         self.context_lens.iter().copied().max().unwrap_or(0) as usize
     }
 
+    /// Query starts (`sequences + 1`), context lengths and the padded block tables
+    /// (`sequences × width`), as the device arrays hold them.
+    pub fn host_arrays(&self) -> [&[u32]; 3] {
+        [&self.query_starts, &self.context_lens, &self.block_tables]
+    }
+
+    /// Uses `arrays` (shaped as [`PagedMeta::host_arrays`], the tables `[sequences, width]`)
+    /// as this batch's device arrays.
+    pub fn with_device_arrays(mut self, arrays: [Tensor; 3]) -> Result<PagedMeta> {
+        let want = [self.query_starts.len(), self.context_lens.len(), self.block_tables.len()];
+        if arrays.iter().zip(want).any(|(t, n)| t.elem_count() != n) {
+            candle_core::bail!("paged attention: device arrays of the wrong size for {} sequences", self.sequences());
+        }
+        self.device = Some(arrays);
+        Ok(self)
+    }
+
     /// Whether every sequence has exactly one new row (a pure decode step).
     pub fn is_decode(&self) -> bool {
         self.rows() == self.sequences()
@@ -141,6 +181,12 @@ impl PagedMeta {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn max_blocks(&self) -> usize {
         self.max_blocks
+    }
+
+    /// The context the GPU plan splits keys for (see `plan_context`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn plan_context(&self) -> usize {
+        self.plan_context.unwrap_or_else(|| self.max_context())
     }
 
     /// The GPU kernels' work plan for `tq` rows per item over `kv` kv heads (the first call

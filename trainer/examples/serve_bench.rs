@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::sampling::RowSampling;
-use mindxtrain_trainer::infer::runner::{Runner, StepSeq};
+use mindxtrain_trainer::infer::runner::{Runner, RunnerConfig, StepSeq};
 use mindxtrain_trainer::infer::{Engine, EngineConfig, Event, KvBlocks, Request, RequestId, sampler};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config};
 use mindxtrain_trainer::recipe::TargetModule;
@@ -207,7 +207,14 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
     let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
     let per_seq = (ctx + 1).div_ceil(block);
     let most = batches.iter().copied().max().unwrap_or(1);
-    let runner = Runner::new(model.clone(), block, most * per_seq, c.vocab_size)?;
+    let sized = |cuda_graphs| RunnerConfig {
+        block_size: block,
+        blocks: most * per_seq,
+        vocab: c.vocab_size,
+        max_model_len: ctx + 1,
+        cuda_graphs,
+    };
+    let runner = Runner::new(model.clone(), sized(false))?;
     let tables: Vec<Vec<u32>> =
         (0..most).map(|i| (i * per_seq..(i + 1) * per_seq).map(|b| b as u32).collect()).collect();
     let ids: Vec<[u32; 1]> = (0..most).map(|i| [(i * 7919 % c.vocab_size) as u32]).collect();
@@ -217,7 +224,8 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
     // The process-wide settings, in the order they can be turned on: the pool as it was before
     // the engine kept freed memory, the pool kept (what `Engine::new` does), and allocations
     // without cudarc's two CUDA events each (only safe on one stream: measured, not used).
-    for variant in ["pool_default", "pool_kept", "pool_kept_no_event_tracking"] {
+    // Last, the step as the engine runs it: a decode step replays its bucket's CUDA graph.
+    for variant in ["pool_default", "pool_kept", "pool_kept_no_event_tracking", "cuda_graph"] {
         match variant {
             "pool_kept" => mindxtrain_kernels::cache_freed_memory(&dev)?,
             #[cfg(feature = "cuda")]
@@ -229,8 +237,10 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
             }
             _ => {}
         }
+        let graphed = if variant == "cuda_graph" { Some(Runner::new(model.clone(), sized(true))?) } else { None };
         for &b in batches.iter().filter(|&&b| b > 0) {
-            probe_batch(&runner, b, (&ids, &tables, ctx), variant, kv_bytes_per_token, emit)?;
+            let runner = graphed.as_ref().unwrap_or(&runner);
+            probe_batch(runner, b, (&ids, &tables, ctx), variant, kv_bytes_per_token, emit)?;
         }
     }
     Ok(())
@@ -263,14 +273,19 @@ fn probe_batch(
     for _ in 0..20 {
         sync(&dev)?;
         let t = Instant::now();
-        let step = runner.forward(&seqs, None)?;
-        launch.push(t.elapsed().as_secs_f64());
-        sampler::sample(&step.logits, &step.sampling, vocab)?;
+        if variant == "cuda_graph" {
+            // A replay is one launch: only the whole step is worth timing.
+            runner.step(&seqs, None)?;
+        } else {
+            let step = runner.forward(&seqs, None)?;
+            launch.push(t.elapsed().as_secs_f64());
+            sampler::sample(&step.logits, &step.sampling, vocab)?;
+        }
         whole.push(t.elapsed().as_secs_f64());
     }
     emit(json!({
         "metric": format!("decode_probe_batch_{b}_ctx_{ctx}_{variant}"),
-        "launch_ms_p50": percentile(&mut launch, 0.5) * 1e3,
+        "launch_ms_p50": (!launch.is_empty()).then(|| percentile(&mut launch, 0.5) * 1e3),
         "step_ms_p50": percentile(&mut whole, 0.5) * 1e3,
         "cache_bytes_read": b * (ctx + 1) * kv_bytes_per_token,
     }));
@@ -339,6 +354,7 @@ fn main() -> Res<()> {
         prefix_caching: false,
         max_adapters: 16,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cuda_graphs: args.get("graphs", "1") != "0",
     };
     let mut engine = Engine::new(model, None, engine_config.clone())?;
     let vocab = config.vocab_size;
@@ -430,6 +446,10 @@ fn main() -> Res<()> {
             json!({"metric": format!("lora_{n_adapters}_adapters_{lora_streams}_streams_output_tok_s"), "ours": tok_s[1], "ratio_to_one_adapter": tok_s[1] / tok_s[0]}),
         );
     }
-
+    eprintln!(
+        "CUDA graphs: decode buckets recorded {:?}; recording refused: {:?}",
+        engine.graph_buckets(),
+        engine.graph_refusal()
+    );
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! * [`scheduler`]: which tokens run next (continuous batching, chunked prefill beside the
 //!   decodes, preemption), plain data over [`kv`], the paged cache's block pool with its
 //!   prefix cache;
-//! * [`runner`]: the device side (model, cache tensors, one flat batch per step); [`sampler`]:
+//! * [`runner`]: the device side (model, cache tensors, one flat batch per step), which
+//!   replays pure decode steps as CUDA graphs per batch-size bucket ([`graph`]); [`sampler`]:
 //!   per-request seeded draws, batched on the device; [`adapters`]: several LoRA adapters
 //!   over one base in one batch; [`output`]: incremental detokenisation and stop strings;
 //! * [`Engine`]: all of it, one step at a time; [`EngineHandle`]: the engine on its own thread,
@@ -38,6 +39,7 @@ pub mod adapters;
 mod engine;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
+pub mod graph;
 pub mod kv;
 pub mod latency;
 pub mod output;

@@ -44,7 +44,7 @@ pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
 pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
 pub use objective::{ObjectiveOutput, ObjectiveValue};
-pub use paged::{LayerCache, PagedInputs};
+pub use paged::{LayerCache, PagedInputs, RopeTables};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{PreferenceLoss, PreferenceOutput, row_sums};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};

@@ -38,7 +38,7 @@ impl GpuPlan {
             }
         }
         let count = flat.len() / 3;
-        let max_ctx = meta.max_context().max(1);
+        let max_ctx = meta.plan_context().max(1);
         let tiles = max_ctx.div_ceil(WARP);
         let wanted = BUSY_BLOCKS.div_ceil((count * kv).max(1)).clamp(1, tiles);
         let part = tiles.div_ceil(wanted) * WARP;

@@ -253,5 +253,6 @@ fn engine_config(recipe: &Recipe, context: usize, device: &Device, adapters: usi
         prefix_caching: true,
         max_adapters: adapters.max(8),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cuda_graphs: true,
     }
 }

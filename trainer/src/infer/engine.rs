@@ -7,7 +7,7 @@ use super::adapters::{AdapterError, AdapterSlots};
 use super::kv::{self, KvBlocks, KvManager};
 use super::output::{Detokenizer, StopText};
 use super::request::{Request, RequestId, SamplingParams};
-use super::runner::{Runner, StepSeq};
+use super::runner::{Runner, RunnerConfig, StepSeq};
 use super::sampler;
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
 use crate::data::Tokenizer;
@@ -31,6 +31,9 @@ pub struct EngineConfig {
     pub max_adapters: usize,
     /// CPU threads the engine computes with (the CPU backend; a GPU step uses one).
     pub threads: usize,
+    /// Replay pure decode steps as CUDA graphs, one per batch-size bucket (CUDA devices and
+    /// dense models only; elsewhere steps always run directly).
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +47,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             max_adapters: 8,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cuda_graphs: true,
         }
     }
 }
@@ -185,8 +189,27 @@ impl Engine {
         mindxtrain_kernels::cache_freed_memory(model.device()).map_err(ModelError::from)?;
         // The engine runs on one stream: allocations need no cross-stream events.
         mindxtrain_kernels::skip_allocation_events(model.device()).map_err(ModelError::from)?;
-        let runner = Runner::new(model, config.block_size, blocks, vocab)?;
+        let runner = Runner::new(
+            model,
+            RunnerConfig {
+                block_size: config.block_size,
+                blocks,
+                vocab,
+                max_model_len: config.max_model_len,
+                cuda_graphs: config.cuda_graphs,
+            },
+        )?;
         Ok(Engine { config, scheduler, runner, adapters, live: HashMap::new(), tokenizer, stop_ids, pool, next_id: 1 })
+    }
+
+    /// The batch sizes whose decode steps replay a recorded CUDA graph (empty off CUDA).
+    pub fn graph_buckets(&self) -> Vec<usize> {
+        self.runner.graph_buckets()
+    }
+
+    /// Why decode steps stopped replaying CUDA graphs (a recording failed), if they did.
+    pub fn graph_refusal(&self) -> Option<String> {
+        self.runner.graph_refusal()
     }
 
     pub fn config(&self) -> &EngineConfig {

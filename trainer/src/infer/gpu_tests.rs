@@ -20,6 +20,7 @@ fn config() -> EngineConfig {
         prefix_caching: true,
         max_adapters: 4,
         threads: 1,
+        cuda_graphs: true,
     }
 }
 
@@ -61,6 +62,35 @@ fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
             );
         }
         println!("GPU engine, head_dim {head_dim}: {} requests token-identical to the CPU engine", outs[0].len());
+    }
+}
+
+/// Base-model requests joining at different steps: decode batches of 1 to 8 rows replay
+/// their buckets' CUDA graphs, and the tokens equal the CPU engine's and the GPU engine's
+/// without graphs.
+#[test]
+fn decode_steps_replayed_as_cuda_graphs_give_the_direct_steps_tokens() {
+    let c = config_with_head_dim(64, 64);
+    let cpu_model = model_of(&c, DType::F32);
+    // Lengths 24, 20, … 4: the decode batch shrinks from 6 rows to 1 as requests end.
+    let requests =
+        || prompts().into_iter().enumerate().map(|(i, p)| Request::greedy(p, 24 - 4 * i)).collect::<Vec<_>>();
+    let mut outs = Vec::new();
+    for (device, graphs) in [(Device::Cpu, false), (gpu(), false), (gpu(), true)] {
+        let m = crate::model::Qwen3::new(c.clone(), cpu_model.params().clone(), &device).unwrap();
+        let mut engine = Engine::new(m, None, EngineConfig { cuda_graphs: graphs, ..config() }).unwrap();
+        outs.push(run(&mut engine, requests()));
+        let buckets = engine.graph_buckets();
+        assert_eq!(engine.graph_refusal(), None, "recording a graph failed");
+        assert_eq!(graphs, !buckets.is_empty(), "{device:?} graphs {graphs}: recorded buckets {buckets:?}");
+        if graphs {
+            assert!(buckets.len() >= 2, "only the buckets {buckets:?} were recorded");
+            println!("CUDA graphs recorded for decode batches of {buckets:?}");
+        }
+    }
+    for (i, ((cpu, direct), graphed)) in outs[0].iter().zip(&outs[1]).zip(&outs[2]).enumerate() {
+        assert_eq!(cpu.0, direct.0, "request {i}: the GPU engine without graphs differs from the CPU's");
+        assert_eq!(direct.0, graphed.0, "request {i}: replayed graphs differ from direct steps");
     }
 }
 

@@ -1,15 +1,19 @@
 //! The device side of a step: owns the model and the cache tensors, turns a schedule into one
 //! flat batch (ids, positions, cache slots, block tables, adapter slots, the rows to sample),
-//! runs the model's paged forward and samples on the device.
+//! runs the model's paged forward and samples on the device. Pure decode steps of the base
+//! model replay a CUDA graph of their batch-size bucket ([`super::graph`]).
+
+use std::sync::Mutex;
 
 use candle_core::{Device, Tensor};
 use mindxtrain_kernels::multi_lora::RowAdapters;
 use mindxtrain_kernels::paged_attention::{PagedMeta, SeqSlice};
 use mindxtrain_kernels::sampling::RowSampling;
 
+use super::graph::{self, DecodeBatch, DecodeGraphs};
 use super::kv::CacheShape;
 use super::sampler;
-use crate::model::{AdapterStack, LayerCache, ModelError, PagedInputs, Params, Qwen3};
+use crate::model::{AdapterStack, LayerCache, ModelError, PagedInputs, Params, Qwen3, RopeTables};
 
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
@@ -31,26 +35,49 @@ pub struct StepLogits {
     pub sampling: Vec<RowSampling>,
 }
 
+/// How a runner is sized.
+#[derive(Debug, Clone, Copy)]
+pub struct RunnerConfig {
+    pub block_size: usize,
+    /// Cache blocks the scheduler hands out.
+    pub blocks: usize,
+    /// Ids at or above this are never drawn.
+    pub vocab: usize,
+    /// The longest a sequence gets (positions and block tables are sized for it).
+    pub max_model_len: usize,
+    /// Replay pure decode steps as CUDA graphs (on a CUDA device, for a dense model).
+    pub cuda_graphs: bool,
+}
+
 pub struct Runner {
     model: Qwen3,
     cache: Vec<LayerCache>,
     shape: CacheShape,
-    /// Ids at or above this are never drawn.
-    vocab: usize,
+    config: RunnerConfig,
+    rope: RopeTables,
+    /// `Some` when decode steps may replay graphs.
+    graphs: Option<Mutex<DecodeGraphs>>,
 }
 
 impl Runner {
-    /// Allocates `blocks` cache blocks per layer on the model's device.
-    pub fn new(model: Qwen3, block_size: usize, blocks: usize, vocab: usize) -> Result<Runner, ModelError> {
-        let shape = Runner::cache_shape(&model, block_size);
-        let dims = (blocks, block_size, shape.kv_heads, shape.head_dim);
+    /// Allocates `config.blocks` cache blocks per layer on the model's device, and one more:
+    /// the block that a graph's padding rows write to.
+    pub fn new(model: Qwen3, config: RunnerConfig) -> Result<Runner, ModelError> {
+        let shape = Runner::cache_shape(&model, config.block_size);
+        let dims = (config.blocks + 1, config.block_size, shape.kv_heads, shape.head_dim);
         let cache = (0..shape.layers)
             .map(|_| {
                 let z = || Tensor::zeros(dims, shape.dtype, model.device());
                 Ok((z()?, z()?))
             })
             .collect::<Result<Vec<_>, candle_core::Error>>()?;
-        Ok(Runner { model, cache, shape, vocab })
+        let rope = RopeTables::new(&model, config.max_model_len)?;
+        let graphable = config.cuda_graphs && model.device().is_cuda() && model.config().moe.is_none();
+        if graphable {
+            mindxtrain_kernels::graph::pin_blas_workspace(model.device())?;
+        }
+        let graphs = graphable.then(|| Mutex::new(DecodeGraphs::default()));
+        Ok(Runner { model, cache, shape, config, rope, graphs })
     }
 
     /// The cache geometry `model` needs for blocks of `block_size` tokens.
@@ -89,6 +116,10 @@ impl Runner {
             }
         }
         *self.model.params_mut() = params;
+        // The recorded graphs read the old weights' addresses.
+        if let Some(g) = &self.graphs {
+            g.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
         Ok(())
     }
 
@@ -98,17 +129,83 @@ impl Runner {
 
     /// Runs one step; returns `(token, log-probability)` for each sequence that samples, in order.
     pub fn step(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<Vec<(u32, f32)>, ModelError> {
-        let step = self.forward(seqs, adapters)?;
+        let step = match self.decode_graphs(seqs) {
+            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs)?,
+            None => self.forward(seqs, adapters)?,
+        };
         if step.sampling.is_empty() {
             return Ok(Vec::new());
         }
-        Ok(sampler::sample(&step.logits, &step.sampling, self.vocab)?)
+        Ok(sampler::sample(&step.logits, &step.sampling, self.config.vocab)?)
+    }
+
+    /// The graphs and the bucket of a step that may replay one: every sequence decodes one
+    /// sampled token with the base model.
+    fn decode_graphs(&self, seqs: &[StepSeq<'_>]) -> Option<(&Mutex<DecodeGraphs>, usize)> {
+        let graphs = self.graphs.as_ref()?;
+        let decode = seqs.iter().all(|s| s.tokens.len() == 1 && s.adapter.is_none() && s.sample.is_some());
+        if !decode || graphs.lock().map_or(true, |g| g.refused().is_some()) {
+            return None;
+        }
+        Some((graphs, graph::bucket_for(seqs.len())?))
+    }
+
+    /// The batch-size buckets whose decode step has been recorded as a CUDA graph.
+    pub fn graph_buckets(&self) -> Vec<usize> {
+        self.graphs.as_ref().map_or(Vec::new(), |g| g.lock().map_or(Vec::new(), |g| g.buckets()))
+    }
+
+    /// Why decode steps stopped replaying graphs (a recording failed), if they did.
+    pub fn graph_refusal(&self) -> Option<String> {
+        self.graphs.as_ref()?.lock().ok()?.refused().map(str::to_owned)
+    }
+
+    /// Table width (blocks) every sequence fits in.
+    fn table_width(&self) -> usize {
+        self.config.max_model_len.div_ceil(self.config.block_size)
+    }
+
+    /// A decode step padded to `bucket` rows over fixed buffers (replayed as a graph on a
+    /// CUDA device; run directly elsewhere, which is how the CPU tests check the padding).
+    pub fn forward_bucketed(
+        &self,
+        seqs: &[StepSeq<'_>],
+        bucket: usize,
+        graphs: &Mutex<DecodeGraphs>,
+    ) -> Result<StepLogits, ModelError> {
+        self.check_ids(seqs)?;
+        let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
+        let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
+        let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
+        let logits = graphs.run(self.device(), &batch, |v, meta| {
+            let inputs = PagedInputs {
+                ids: &v.ids,
+                positions: &v.positions,
+                rope: &self.rope,
+                meta,
+                slots: &v.slots,
+                adapters: None,
+                logit_rows: &v.logit_rows,
+            };
+            self.model.forward_paged(&inputs, &self.cache).map_err(|e| candle_core::Error::Msg(e.to_string()))
+        })?;
+        let sampling = seqs.iter().filter_map(|s| s.sample).collect();
+        Ok(StepLogits { logits: logits.narrow(0, 0, seqs.len())?, sampling })
+    }
+
+    fn check_ids(&self, seqs: &[StepSeq<'_>]) -> Result<(), ModelError> {
+        let vocab = self.model.config().vocab_size;
+        match seqs.iter().flat_map(|s| s.tokens).find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(ModelError::Batch(format!("id {id} is outside the vocabulary of {vocab}"))),
+            None => Ok(()),
+        }
     }
 
     /// Enqueues one step's forward (the cache writes included) and returns without waiting for
     /// the device: what [`Runner::step`] samples from. Split out so that a benchmark can tell
     /// the host's time to launch a step from the device's time to run it.
     pub fn forward(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<StepLogits, ModelError> {
+        self.check_ids(seqs)?;
         let dev = self.model.device();
         let slices: Vec<SeqSlice> = seqs
             .iter()
@@ -139,9 +236,11 @@ impl Runner {
             logit_rows.push(0);
         }
         let logit_rows_t = Tensor::new(logit_rows.as_slice(), dev)?;
+        let (ids, positions) = (Tensor::new(ids.as_slice(), dev)?, Tensor::new(positions.as_slice(), dev)?);
         let inputs = PagedInputs {
             ids: &ids,
             positions: &positions,
+            rope: &self.rope,
             meta: &meta,
             slots: &slots,
             adapters: adapters.zip(lora_rows.as_ref()),
@@ -149,5 +248,77 @@ impl Runner {
         };
         let logits = self.model.forward_paged(&inputs, &self.cache)?;
         Ok(StepLogits { logits, sampling })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::infer::tests::model;
+    use candle_core::DType;
+
+    fn runner() -> Runner {
+        let config = RunnerConfig { block_size: 4, blocks: 12, vocab: 40, max_model_len: 16, cuda_graphs: false };
+        Runner::new(model(40, DType::F64), config).unwrap()
+    }
+
+    /// A decode step padded to a bucket over fixed buffers (what a CUDA graph replays) gives
+    /// the direct step's logits for every real row (to rounding), and its padding rows write only the spare
+    /// block.
+    #[test]
+    fn a_bucketed_decode_step_equals_the_direct_one_and_pads_into_the_spare_block() {
+        let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[6, 7], &[8, 9, 10, 11, 12, 13, 14]];
+        let tables: [&[u32]; 3] = [&[0, 1], &[2], &[3, 4, 5]];
+        let (direct, bucketed) = (runner(), runner());
+        let seqs = |r: usize| -> Vec<StepSeq<'_>> {
+            (0..3)
+                .map(|i| {
+                    let (p, n) = (prompts[i], prompts[i].len() - 1);
+                    let (tokens, start) = if r == 0 { (&p[..n], 0) } else { (&p[n..], n) };
+                    StepSeq { tokens, start, blocks: tables[i], adapter: None, sample: Some(RowSampling::GREEDY) }
+                })
+                .collect()
+        };
+        for r in [&direct, &bucketed] {
+            r.forward(&seqs(0), None).unwrap();
+        }
+        let want = direct.forward(&seqs(1), None).unwrap().logits;
+        for bucket in [4, 8] {
+            let got = bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default())).unwrap();
+            // Equal up to rounding: a GEMM may block 8 rows differently from 3 (the GPU's
+            // libraries too), so a padded row's sums may associate differently.
+            let gap = (&got.logits - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+            assert!(gap < 1e-12, "bucket {bucket}: logits differ by {gap}");
+            assert_eq!(got.sampling.len(), 3);
+        }
+        let spare = direct.config.blocks;
+        for ((dk, dv), (bk, bv)) in direct.cache.iter().zip(&bucketed.cache) {
+            for (d, b) in [(dk, bk), (dv, bv)] {
+                let same = |t: &Tensor| t.narrow(0, 0, spare).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+                assert_eq!(same(d), same(b), "a padding row wrote outside the spare block");
+                let spare_abs =
+                    |t: &Tensor| t.get(spare).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
+                assert_eq!(spare_abs(d), 0.0);
+                assert!(spare_abs(b) > 0.0, "the padding rows wrote nothing");
+            }
+        }
+    }
+
+    #[test]
+    fn steps_too_wide_for_a_bucket_or_the_table_width_are_refused() {
+        let r = runner();
+        let ids = [[1u32]; 3];
+        let wide: Vec<u32> = (0..5).collect();
+        let seq = |i: usize, blocks: &'static [u32]| StepSeq {
+            tokens: &ids[i],
+            start: 2,
+            blocks,
+            adapter: None,
+            sample: Some(RowSampling::GREEDY),
+        };
+        let graphs = Mutex::new(DecodeGraphs::default());
+        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs).is_err());
+        let too_wide = StepSeq { blocks: &wide, ..seq(0, &[0]) };
+        assert!(r.forward_bucketed(&[too_wide], 1, &graphs).is_err());
     }
 }

@@ -60,6 +60,7 @@ fn engine_config(blocks: usize, budget: usize) -> EngineConfig {
         prefix_caching: true,
         max_adapters: 4,
         threads: 2,
+        cuda_graphs: true,
     }
 }
 

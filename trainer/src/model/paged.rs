@@ -18,12 +18,15 @@ use super::moe::{self, MoeWeights};
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
 use super::{ModelError, Qwen3};
 
-/// One step's tokens and where they go.
+/// One step's tokens and where they go, all on the model's device (so that a recorded step
+/// reads them from buffers it can replay over).
 pub struct PagedInputs<'a> {
-    /// `[N]` token ids, sequence after sequence in the order of `meta`.
-    pub ids: &'a [u32],
-    /// `[N]` positions (each row's place in its sequence).
-    pub positions: &'a [u32],
+    /// `[N]` u32 token ids (checked against the vocabulary by the caller), sequence after
+    /// sequence in the order of `meta`.
+    pub ids: &'a Tensor,
+    /// `[N]` u32 positions (each row's place in its sequence), below `rope.positions()`.
+    pub positions: &'a Tensor,
+    pub rope: &'a RopeTables,
     pub meta: &'a PagedMeta,
     /// `[N]` u32 cache slots of the rows (`meta.slots()` on the model's device).
     pub slots: &'a Tensor,
@@ -31,6 +34,28 @@ pub struct PagedInputs<'a> {
     pub adapters: Option<(&'a AdapterStack, &'a RowAdapters)>,
     /// `[R]` u32 rows whose logits are wanted (the last row of each sequence that samples).
     pub logit_rows: &'a Tensor,
+}
+
+/// RoPE's cosines and sines of every position a served sequence may reach, made once: a
+/// step gathers its rows' by position on the device instead of computing them on the host.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RopeTables {
+    /// Tables for positions `0..positions` of `model` (its head size, theta, dtype, device).
+    pub fn new(model: &Qwen3, positions: usize) -> Result<RopeTables, ModelError> {
+        let c = model.config();
+        let all: Vec<u32> = (0..u32::try_from(positions.max(1)).unwrap_or(u32::MAX)).collect();
+        let (cos, sin) = rope::tables(&all, c.head_dim, c.rope_theta, model.dtype(), model.device())?;
+        Ok(RopeTables { cos, sin })
+    }
+
+    pub fn positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
 }
 
 /// One layer's key and value caches, `[blocks, block_size, kv_heads, head_dim]` each.
@@ -41,23 +66,25 @@ impl Qwen3 {
     /// and returns the logits `[R, vocab]` of `inputs.logit_rows`.
     pub fn forward_paged(&self, inputs: &PagedInputs<'_>, cache: &[LayerCache]) -> Result<Tensor, ModelError> {
         let c = self.config();
-        let n = inputs.ids.len();
-        if n == 0 || inputs.positions.len() != n || inputs.meta.rows() != n || cache.len() != c.num_hidden_layers {
+        let n = inputs.ids.elem_count();
+        if n == 0
+            || inputs.positions.elem_count() != n
+            || inputs.meta.rows() != n
+            || cache.len() != c.num_hidden_layers
+            || inputs.rope.cos.dim(1)? != c.head_dim
+        {
             return Err(ModelError::Batch(format!(
-                "paged step: {n} ids, {} positions, {} rows in the metadata, {} cached layers of {}",
-                inputs.positions.len(),
+                "paged step: {n} ids, {} positions, {} rows in the metadata, {} cached layers of {}, rope tables {:?}",
+                inputs.positions.elem_count(),
                 inputs.meta.rows(),
                 cache.len(),
-                c.num_hidden_layers
+                c.num_hidden_layers,
+                inputs.rope.cos.dims(),
             )));
         }
-        if let Some((i, id)) = inputs.ids.iter().enumerate().find(|&(_, &id)| id as usize >= c.vocab_size) {
-            return Err(ModelError::Batch(format!("row {i}: id {id} is outside the vocabulary of {}", c.vocab_size)));
-        }
-        let dev = self.device();
-        let (cos, sin) = rope::tables(inputs.positions, c.head_dim, c.rope_theta, self.dtype(), dev)?;
-        let ids = Tensor::new(inputs.ids, dev)?;
-        let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
+        let cos = inputs.rope.cos.index_select(inputs.positions, 0)?;
+        let sin = inputs.rope.sin.index_select(inputs.positions, 0)?;
+        let mut x = embedding::forward(inputs.ids, &*self.weight(EMBED)?)?;
         for (layer, kv) in cache.iter().enumerate() {
             x = self.paged_block(layer, &x, inputs, (&cos, &sin), kv)?;
         }

@@ -207,6 +207,7 @@ impl Session<'_> {
                     prefix_caching: true,
                     max_adapters: 1,
                     threads,
+                    cuda_graphs: true,
                 };
                 let engine =
                     Engine::new(self.model.clone(), Some(self.tokenizer.clone()), config).map_err(rollout_err)?;
