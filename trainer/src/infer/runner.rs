@@ -143,7 +143,10 @@ impl Runner {
     /// sampled token with the base model.
     fn decode_graphs(&self, seqs: &[StepSeq<'_>]) -> Option<(&Mutex<DecodeGraphs>, usize)> {
         let graphs = self.graphs.as_ref()?;
-        let decode = seqs.iter().all(|s| s.tokens.len() == 1 && s.adapter.is_none() && s.sample.is_some());
+        let width = self.table_width();
+        let decode = seqs
+            .iter()
+            .all(|s| s.tokens.len() == 1 && s.adapter.is_none() && s.sample.is_some() && s.blocks.len() <= width);
         if !decode || graphs.lock().map_or(true, |g| g.refused().is_some()) {
             return None;
         }
