@@ -135,12 +135,54 @@ impl Graph {
 }
 
 /// Overwrites `dst` (contiguous, same dtype and element count) with `src`'s elements in place:
-/// how a graph's input buffers take a new step's values. A copy queued on `dst`'s device.
+/// how a graph's input buffers take a new step's values. A copy queued on `dst`'s device (on a
+/// GPU a plain device-to-device copy: candle has no copy kernel for every dtype, i32 included).
 pub fn overwrite(dst: &Tensor, src: &Tensor) -> Result<()> {
-    if dst.elem_count() != src.elem_count() {
-        candle_core::bail!("overwrite: {} elements into a buffer of {}", src.elem_count(), dst.elem_count());
+    if dst.elem_count() != src.elem_count() || dst.dtype() != src.dtype() {
+        candle_core::bail!(
+            "overwrite: {} elements of {:?} into a buffer of {} of {:?}",
+            src.elem_count(),
+            src.dtype(),
+            dst.elem_count(),
+            dst.dtype()
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = dst.device() {
+        return copy_on_device(dev, dst, src);
     }
     dst.flatten_all()?.slice_set(&src.flatten_all()?, 0, 0)
+}
+
+#[cfg(feature = "cuda")]
+fn copy_on_device(dev: &candle_core::cuda_backend::CudaDevice, dst: &Tensor, src: &Tensor) -> Result<()> {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, result};
+    use candle_core::cuda_backend::{CudaStorage, WrapErr};
+    use candle_core::{DType, Storage};
+    let stream = dev.cuda_stream();
+    let base = |storage: &CudaStorage| -> Result<u64> {
+        Ok(match storage.dtype() {
+            DType::U32 => storage.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+            DType::I32 => storage.as_cuda_slice::<i32>()?.device_ptr(&stream).0,
+            DType::F32 => storage.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+            DType::BF16 => storage.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+            other => candle_core::bail!("overwrite: {other:?} buffers are not supported"),
+        })
+    };
+    let size = dst.dtype().size_in_bytes() as u64;
+    let (ds, dl) = dst.storage_and_layout();
+    let (ss, sl) = src.storage_and_layout();
+    let (Some((d0, _)), Some((s0, _))) = (dl.contiguous_offsets(), sl.contiguous_offsets()) else {
+        candle_core::bail!("overwrite: buffers must be contiguous")
+    };
+    let (Storage::Cuda(dc), Storage::Cuda(sc)) = (&*ds, &*ss) else {
+        candle_core::bail!("overwrite: both buffers must be on the GPU")
+    };
+    let (to, from) = (base(dc)? + d0 as u64 * size, base(sc)? + s0 as u64 * size);
+    // SAFETY: both ranges lie inside live allocations (offsets and counts from their layouts,
+    // equal element counts and dtypes checked above) and the copy is queued on their stream.
+    unsafe { result::memcpy_dtod_async(to, from, dst.elem_count() * size as usize, stream.cu_stream()) }.w()
 }
 
 #[cfg(test)]

@@ -37,12 +37,23 @@ impl RowAdapters {
     pub fn new(rows: Vec<Option<u32>>, device: &Device) -> Result<RowAdapters> {
         let device = match device {
             Device::Cpu => None,
-            d => {
-                let ids: Vec<i32> = rows.iter().map(|r| r.map_or(-1, |s| s as i32)).collect();
-                Some(Tensor::new(ids.as_slice(), d)?)
-            }
+            d => Some(Tensor::new(RowAdapters::slot_ids(&rows).as_slice(), d)?),
         };
         Ok(RowAdapters { rows, device })
+    }
+
+    /// The same over `ids` (`[rows]` i32, −1 for none), already on the device and holding
+    /// `rows`: a buffer a recorded graph reads, refilled before each replay.
+    pub fn on_device(rows: Vec<Option<u32>>, ids: Tensor) -> Result<RowAdapters> {
+        if ids.dtype() != candle_core::DType::I32 || ids.elem_count() != rows.len() {
+            candle_core::bail!("multi-LoRA: {} row ids of {:?} for {} rows", ids.elem_count(), ids.dtype(), rows.len());
+        }
+        Ok(RowAdapters { rows, device: Some(ids) })
+    }
+
+    /// The rows' slots as the kernels read them (−1 for none).
+    pub fn slot_ids(rows: &[Option<u32>]) -> Vec<i32> {
+        rows.iter().map(|r| r.map_or(-1, |s| s as i32)).collect()
     }
 
     pub fn rows(&self) -> &[Option<u32>] {

@@ -206,6 +206,19 @@ impl PagedMeta {
     }
 }
 
+/// Whether the GPU kernels serve attention of this shape on `device`: they read every step's
+/// lengths and block tables from the device. Otherwise the composed reference runs, which builds
+/// its gathers from the host's copy of the metadata, so a recorded graph would replay the
+/// recorded step's gathers forever: the serving engine records graphs only when this holds.
+pub fn reads_device_metadata(device: &Device, dtype: DType, heads: usize, kv_heads: usize, head_dim: usize) -> bool {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() && matches!(dtype, DType::F32 | DType::BF16) && kv_heads > 0 && heads % kv_heads == 0 {
+        return crate::gpu::paged::served(head_dim, heads / kv_heads);
+    }
+    let _ = (device, dtype, heads, kv_heads, head_dim);
+    false
+}
+
 fn u32_of(n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("paged attention: {n} exceeds u32")))
 }

@@ -48,7 +48,7 @@ impl GpuPlan {
     }
 }
 
-fn served(hd: usize, group: usize) -> bool {
+pub(crate) fn served(hd: usize, group: usize) -> bool {
     matches!(hd, 64 | 128 | 256) && group <= MAX_UNITS
 }
 

@@ -224,7 +224,10 @@ impl Engine {
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
         // The tensors may come from another thread's copies (kernels::memory::settle).
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
-        Ok(self.adapters.load(name, adapters)?)
+        self.adapters.load(name, adapters)?;
+        // A new stack is new tensors: graphs recorded over the old one would read freed memory.
+        self.runner.clear_graphs();
+        Ok(())
     }
 
     /// Serves `params` as the base weights from the next step on: a trainer's updated policy
@@ -257,7 +260,9 @@ impl Engine {
         if self.live.values().any(|l| l.adapter == uid) {
             return Err(EngineError::BadRequest(format!("adapter {name:?} is answering requests; evict it later")));
         }
-        Ok(self.adapters.evict(name)?)
+        self.adapters.evict(name)?;
+        self.runner.clear_graphs();
+        Ok(())
     }
 
     /// The served adapters' names.

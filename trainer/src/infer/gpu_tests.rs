@@ -25,7 +25,8 @@ fn config() -> EngineConfig {
 }
 
 /// A small fp32 model with every request kind at once (chunked prompts, decodes, three
-/// adapters and the base): the GPU engine's greedy tokens equal the CPU engine's, with heads of
+/// adapters and the base, decode steps replayed as graphs with adapter rows): the GPU engine's
+/// greedy tokens equal the CPU engine's, with heads of
 /// 64 (the fused paged kernels) and of 4 (a size they do not serve: the composed reference on
 /// the GPU).
 #[test]
@@ -47,11 +48,18 @@ fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
         };
         let mut outs = Vec::new();
         for m in [cpu_model, gpu_model] {
+            let on_gpu = m.device().is_cuda();
             let mut engine = Engine::new(m, None, config()).unwrap();
             for (name, ad) in &named {
                 engine.load_adapter(name, ad.clone()).unwrap();
             }
             outs.push(run(&mut engine, requests()));
+            // Once every prompt is in, the six decode together, three adapters and the base:
+            // those steps replay a graph with adapter rows. Heads of 4 run the composed
+            // attention, which reads host metadata: never recorded.
+            assert_eq!(engine.graph_refusal(), None);
+            let recorded = !engine.graph_buckets().is_empty();
+            assert_eq!(recorded, on_gpu && head_dim == 64, "head_dim {head_dim}: recorded {recorded}");
         }
         for (i, (cpu, gpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
             let diverge = cpu.0.iter().zip(&gpu.0).position(|(a, b)| a != b);

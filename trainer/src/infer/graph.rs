@@ -11,13 +11,16 @@
 //! ([`mindxtrain_kernels::graph`]); later steps overwrite the buffer and replay the graph.
 //! Padding rows decode token 0 at position 0 over one spare cache block that the runner keeps
 //! beside the scheduler's blocks, so they never touch a sequence's keys; their logits are not
-//! sampled. Prefill chunks, adapter rows and MoE layers (whose routing is decided on the host)
-//! run directly.
+//! sampled. Rows of served adapters decode in graphs of their own (the bucket's adapter slots in
+//! a second buffer); a graph reads the adapter stack where it was, so loading or evicting an
+//! adapter drops the recorded graphs. Prefill chunks and MoE layers (whose routing is decided on
+//! the host) run directly.
 
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use mindxtrain_kernels::graph::{self, Graph};
+use mindxtrain_kernels::multi_lora::RowAdapters;
 use mindxtrain_kernels::paged_attention::{PagedMeta, SeqSlice};
 
 use super::runner::StepSeq;
@@ -36,6 +39,8 @@ pub struct DecodeBatch {
     width: usize,
     words: Vec<u32>,
     meta: PagedMeta,
+    /// Each row's adapter slot (padding rows: none).
+    adapters: Vec<Option<u32>>,
 }
 
 /// Where each input sits in a bucket's buffer (views share the buffer's storage).
@@ -77,7 +82,14 @@ impl DecodeBatch {
             words.extend_from_slice(array);
         }
         debug_assert_eq!(words.len(), layout_len(bucket, width));
-        Ok(DecodeBatch { rows: bucket, width, words, meta })
+        let mut adapters: Vec<Option<u32>> = seqs.iter().map(|s| s.adapter).collect();
+        adapters.resize(bucket, None);
+        Ok(DecodeBatch { rows: bucket, width, words, meta, adapters })
+    }
+
+    /// Whether any row runs an adapter (such steps have graphs of their own).
+    pub fn uses_adapters(&self) -> bool {
+        self.adapters.iter().any(Option::is_some)
     }
 
     pub fn rows(&self) -> usize {
@@ -118,6 +130,8 @@ struct Recorded {
     graph: Graph,
     /// The inputs, overwritten before each replay.
     buffer: Tensor,
+    /// `[bucket]` i32 adapter slots, overwritten before each replay (graphs with adapters).
+    adapter_ids: Option<Tensor>,
     /// `[bucket, vocab]`: where the graph leaves the logits.
     logits: Tensor,
     /// Holds the attention plan's device array the graph reads.
@@ -128,7 +142,8 @@ struct Recorded {
 /// a graph holds the addresses of the tensors it read.
 #[derive(Default)]
 pub struct DecodeGraphs {
-    recorded: HashMap<usize, Recorded>,
+    /// By bucket and whether its rows run adapters.
+    recorded: HashMap<(usize, bool), Recorded>,
     /// Why a recording failed, after which every step runs directly.
     refused: Option<String>,
 }
@@ -140,8 +155,9 @@ impl DecodeGraphs {
 
     /// The recorded buckets, smallest first.
     pub fn buckets(&self) -> Vec<usize> {
-        let mut b: Vec<usize> = self.recorded.keys().copied().collect();
+        let mut b: Vec<usize> = self.recorded.keys().map(|k| k.0).collect();
         b.sort_unstable();
+        b.dedup();
         b
     }
 
@@ -152,32 +168,39 @@ impl DecodeGraphs {
 
     /// The logits `[batch rows, vocab]` of `batch`: replayed when its bucket is recorded,
     /// otherwise run by `forward` directly and then recorded. `forward` runs the model over
-    /// the views it is given and returns the logits of every row.
+    /// the views (and row adapters) it is given and returns the logits of every row.
     pub fn run(
         &mut self,
         device: &Device,
         batch: &DecodeBatch,
-        forward: impl Fn(&DecodeViews, &PagedMeta) -> candle_core::Result<Tensor>,
+        forward: impl Fn(&DecodeViews, &PagedMeta, Option<&RowAdapters>) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
         let fresh = Tensor::new(batch.words(), device)?;
-        if let Some(r) = self.recorded.get(&batch.rows()) {
+        let lora = batch.uses_adapters();
+        let fresh_ids =
+            lora.then(|| Tensor::new(RowAdapters::slot_ids(&batch.adapters).as_slice(), device)).transpose()?;
+        if let Some(r) = self.recorded.get(&(batch.rows(), lora)) {
             graph::overwrite(&r.buffer, &fresh)?;
+            if let (Some(dst), Some(src)) = (&r.adapter_ids, &fresh_ids) {
+                graph::overwrite(dst, src)?;
+            }
             r.graph.replay()?;
             return Ok(r.logits.clone());
         }
-        // The first step of the bucket runs directly, over the buffer it will be recorded with.
-        let buffer = fresh;
+        // The first step of the bucket runs directly, over the buffers it will be recorded with.
+        let (buffer, adapter_ids) = (fresh, fresh_ids);
         let views = batch.views(&buffer)?;
         let meta = batch.meta_on(&views)?;
+        let rows = adapter_ids.clone().map(|ids| RowAdapters::on_device(batch.adapters.clone(), ids)).transpose()?;
         let record = self.refused.is_none() && device.is_cuda();
         let (logits, recording) = graph::with_host_copies_cached(device, || {
-            let logits = forward(&views, &meta)?;
+            let logits = forward(&views, &meta, rows.as_ref())?;
             if !record {
                 return Ok((logits, None));
             }
             let kept = logits.zeros_like()?;
             let recording = graph::capture(device, || {
-                let out = forward(&views, &meta)?;
+                let out = forward(&views, &meta, rows.as_ref())?;
                 graph::overwrite(&kept, &out)
             });
             Ok::<_, candle_core::Error>((logits, Some(recording.map(|g| (g, kept)))))
@@ -187,7 +210,8 @@ impl DecodeGraphs {
         };
         match recording {
             Ok((graph, kept)) => {
-                self.recorded.insert(batch.rows(), Recorded { graph, buffer, logits: kept, _meta: meta });
+                let r = Recorded { graph, buffer, adapter_ids, logits: kept, _meta: meta };
+                self.recorded.insert((batch.rows(), lora), r);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "decode steps run without CUDA graphs: recording one failed");

@@ -72,7 +72,15 @@ impl Runner {
             })
             .collect::<Result<Vec<_>, candle_core::Error>>()?;
         let rope = RopeTables::new(&model, config.max_model_len)?;
-        let graphable = config.cuda_graphs && model.device().is_cuda() && model.config().moe.is_none();
+        let c = model.config();
+        let device_metadata = mindxtrain_kernels::paged_attention::reads_device_metadata(
+            model.device(),
+            model.dtype(),
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        );
+        let graphable = config.cuda_graphs && device_metadata && c.moe.is_none();
         if graphable {
             mindxtrain_kernels::graph::pin_blas_workspace(model.device())?;
         }
@@ -117,9 +125,7 @@ impl Runner {
         }
         *self.model.params_mut() = params;
         // The recorded graphs read the old weights' addresses.
-        if let Some(g) = &self.graphs {
-            g.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        }
+        self.clear_graphs();
         Ok(())
     }
 
@@ -129,8 +135,8 @@ impl Runner {
 
     /// Runs one step; returns `(token, log-probability)` for each sequence that samples, in order.
     pub fn step(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<Vec<(u32, f32)>, ModelError> {
-        let step = match self.decode_graphs(seqs) {
-            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs)?,
+        let step = match self.decode_graphs(seqs, adapters) {
+            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs, adapters)?,
             None => self.forward(seqs, adapters)?,
         };
         if step.sampling.is_empty() {
@@ -140,17 +146,31 @@ impl Runner {
     }
 
     /// The graphs and the bucket of a step that may replay one: every sequence decodes one
-    /// sampled token with the base model.
-    fn decode_graphs(&self, seqs: &[StepSeq<'_>]) -> Option<(&Mutex<DecodeGraphs>, usize)> {
+    /// sampled token (with the base model, or an adapter of the stack).
+    fn decode_graphs(
+        &self,
+        seqs: &[StepSeq<'_>],
+        adapters: Option<&AdapterStack>,
+    ) -> Option<(&Mutex<DecodeGraphs>, usize)> {
         let graphs = self.graphs.as_ref()?;
         let width = self.table_width();
-        let decode = seqs
-            .iter()
-            .all(|s| s.tokens.len() == 1 && s.adapter.is_none() && s.sample.is_some() && s.blocks.len() <= width);
+        let decode = seqs.iter().all(|s| {
+            s.tokens.len() == 1
+                && s.sample.is_some()
+                && s.blocks.len() <= width
+                && (s.adapter.is_none() || adapters.is_some())
+        });
         if !decode || graphs.lock().map_or(true, |g| g.refused().is_some()) {
             return None;
         }
         Some((graphs, graph::bucket_for(seqs.len())?))
+    }
+
+    /// Drops the recorded graphs: they read the adapter stack where it was when recorded.
+    pub fn clear_graphs(&self) {
+        if let Some(g) = &self.graphs {
+            g.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 
     /// The batch-size buckets whose decode step has been recorded as a CUDA graph.
@@ -175,19 +195,20 @@ impl Runner {
         seqs: &[StepSeq<'_>],
         bucket: usize,
         graphs: &Mutex<DecodeGraphs>,
+        adapters: Option<&AdapterStack>,
     ) -> Result<StepLogits, ModelError> {
         self.check_ids(seqs)?;
         let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = graphs.run(self.device(), &batch, |v, meta| {
+        let logits = graphs.run(self.device(), &batch, |v, meta, rows| {
             let inputs = PagedInputs {
                 ids: &v.ids,
                 positions: &v.positions,
                 rope: &self.rope,
                 meta,
                 slots: &v.slots,
-                adapters: None,
+                adapters: adapters.zip(rows),
                 logit_rows: &v.logit_rows,
             };
             self.model.forward_paged(&inputs, &self.cache).map_err(|e| candle_core::Error::Msg(e.to_string()))
@@ -287,7 +308,7 @@ mod tests {
         }
         let want = direct.forward(&seqs(1), None).unwrap().logits;
         for bucket in [4, 8] {
-            let got = bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default())).unwrap();
+            let got = bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default()), None).unwrap();
             // Equal up to rounding: a GEMM may block 8 rows differently from 3 (the GPU's
             // libraries too), so a padded row's sums may associate differently.
             let gap = (&got.logits - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
@@ -320,8 +341,8 @@ mod tests {
             sample: Some(RowSampling::GREEDY),
         };
         let graphs = Mutex::new(DecodeGraphs::default());
-        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs).is_err());
+        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None).is_err());
         let too_wide = StepSeq { blocks: &wide, ..seq(0, &[0]) };
-        assert!(r.forward_bucketed(&[too_wide], 1, &graphs).is_err());
+        assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None).is_err());
     }
 }
