@@ -2,7 +2,7 @@
 //!
 //! A decode step of a 36-layer model is ~470 launches; at small batches the host takes longer
 //! to issue them than the GPU takes to run them (`serve_bench probe`). A step whose every
-//! sequence decodes one token with the base model is padded up to a bucket (1, 2, 4, … 256
+//! sequence decodes one token is padded up to a bucket (1, 2, 4, … 256
 //! rows) and run with its inputs in one buffer per bucket: token ids, positions, cache slots,
 //! the rows to sample and the attention metadata, with every block table padded to the width
 //! `max_model_len` needs and the attention's split over keys planned for that length. Such a
@@ -53,7 +53,7 @@ pub struct DecodeViews {
 }
 
 impl DecodeBatch {
-    /// `seqs` (each one decode token of the base model) padded to `bucket` rows, block tables
+    /// `seqs` (each one decode token) padded to `bucket` rows, block tables
     /// `width` blocks wide, padding rows over block `spare`.
     pub fn new(
         seqs: &[StepSeq<'_>],
@@ -108,7 +108,7 @@ impl DecodeBatch {
     /// The inputs' views into `buffer` (this batch's words, on the model's device).
     pub fn views(&self, buffer: &Tensor) -> candle_core::Result<DecodeViews> {
         let (b, w) = (self.rows, self.width);
-        let lens = [b, b, b, b, b + 1, b, b * w];
+        let lens = sections(b, w);
         let mut at = 0;
         let mut next = |n: usize| {
             let v = buffer.narrow(0, at, n);
@@ -121,8 +121,14 @@ impl DecodeBatch {
     }
 }
 
+/// Lengths of a bucket's buffer sections, in order: ids, positions, slots, sampled rows, query
+/// starts, context lengths, block tables.
+fn sections(bucket: usize, width: usize) -> [usize; 7] {
+    [bucket, bucket, bucket, bucket, bucket + 1, bucket, bucket * width]
+}
+
 fn layout_len(bucket: usize, width: usize) -> usize {
-    5 * bucket + 1 + bucket + bucket * width
+    sections(bucket, width).iter().sum()
 }
 
 /// A bucket's recorded step and the buffers it replays over.
@@ -138,8 +144,8 @@ struct Recorded {
     _meta: PagedMeta,
 }
 
-/// The recorded buckets of one runner. Dropped (and so re-recorded) when the weights change:
-/// a graph holds the addresses of the tensors it read.
+/// The recorded buckets of one runner. Dropped (and so re-recorded) when the weights or the
+/// adapter stack change: a graph holds the addresses of the tensors it read.
 #[derive(Default)]
 pub struct DecodeGraphs {
     /// By bucket and whether its rows run adapters.

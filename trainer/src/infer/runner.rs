@@ -1,7 +1,7 @@
 //! The device side of a step: owns the model and the cache tensors, turns a schedule into one
 //! flat batch (ids, positions, cache slots, block tables, adapter slots, the rows to sample),
-//! runs the model's paged forward and samples on the device. Pure decode steps of the base
-//! model replay a CUDA graph of their batch-size bucket ([`super::graph`]).
+//! runs the model's paged forward and samples on the device. Pure decode steps replay a CUDA
+//! graph of their batch-size bucket ([`super::graph`]).
 
 use std::sync::Mutex;
 
@@ -197,7 +197,7 @@ impl Runner {
         graphs: &Mutex<DecodeGraphs>,
         adapters: Option<&AdapterStack>,
     ) -> Result<StepLogits, ModelError> {
-        self.check_ids(seqs)?;
+        self.check_inputs(seqs)?;
         let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,10 +217,19 @@ impl Runner {
         Ok(StepLogits { logits: logits.narrow(0, 0, seqs.len())?, sampling })
     }
 
-    fn check_ids(&self, seqs: &[StepSeq<'_>]) -> Result<(), ModelError> {
+    /// Ids inside the vocabulary and positions inside the RoPE tables, checked on the host: on
+    /// the device either would be a read past a table's end.
+    fn check_inputs(&self, seqs: &[StepSeq<'_>]) -> Result<(), ModelError> {
         let vocab = self.model.config().vocab_size;
-        match seqs.iter().flat_map(|s| s.tokens).find(|&&id| id as usize >= vocab) {
-            Some(id) => Err(ModelError::Batch(format!("id {id} is outside the vocabulary of {vocab}"))),
+        if let Some(id) = seqs.iter().flat_map(|s| s.tokens).find(|&&id| id as usize >= vocab) {
+            return Err(ModelError::Batch(format!("id {id} is outside the vocabulary of {vocab}")));
+        }
+        let positions = self.rope.positions();
+        match seqs.iter().find(|s| s.start + s.tokens.len() > positions) {
+            Some(s) => Err(ModelError::Batch(format!(
+                "positions up to {} are past max_model_len {positions}",
+                s.start + s.tokens.len() - 1
+            ))),
             None => Ok(()),
         }
     }
@@ -229,7 +238,7 @@ impl Runner {
     /// the device: what [`Runner::step`] samples from. Split out so that a benchmark can tell
     /// the host's time to launch a step from the device's time to run it.
     pub fn forward(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<StepLogits, ModelError> {
-        self.check_ids(seqs)?;
+        self.check_inputs(seqs)?;
         let dev = self.model.device();
         let slices: Vec<SeqSlice> = seqs
             .iter()
@@ -329,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn steps_too_wide_for_a_bucket_or_the_table_width_are_refused() {
+    fn steps_too_wide_for_a_bucket_or_the_table_width_or_past_the_context_are_refused() {
         let r = runner();
         let ids = [[1u32]; 3];
         let wide: Vec<u32> = (0..5).collect();
@@ -344,5 +353,10 @@ mod tests {
         assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None).is_err());
         let too_wide = StepSeq { blocks: &wide, ..seq(0, &[0]) };
         assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None).is_err());
+        // Position 16 is past max_model_len 16: no RoPE row for it, on either path.
+        let past_end = StepSeq { start: 16, ..seq(0, &[0, 1, 2, 3, 4]) };
+        let err = r.forward(&[past_end], None).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("past max_model_len 16"), "{err}");
+        assert!(r.forward_bucketed(&[past_end], 1, &graphs, None).is_err());
     }
 }
