@@ -187,27 +187,38 @@ fn demo_runs_and_verifies_its_own_log() {
     let s = json(&o);
     assert_eq!(s["log_verified"], true);
     assert!(s["recipes_registered"].as_u64().unwrap() >= 14);
-    // It learns: the level stated in docs/benchmarks.md (at least 5% of 64 held-out prompts
-    // exactly right after each phase) is reached. A run is bitwise deterministic for its
-    // plan, but the plan is measured on this machine, and another micro-batch split sums
-    // gradients in another order: LoRA has landed between 7.8% and 12.5%.
+    // It learns: the levels stated in docs/benchmarks.md. A run is bitwise deterministic for
+    // its plan, but the plan is measured on this machine, and another micro-batch split sums
+    // gradients in another order: the pretrained base has landed at 94-97% of 64 held-out
+    // prompts, the LoRA run at 87-94%; these bounds leave room for that and nothing more.
     let phases = s["training"].as_array().unwrap();
     let em = |i: usize| phases[i]["exact_match"].as_f64().unwrap();
     let loss = |i: usize| phases[i]["final_loss"].as_f64().unwrap();
-    assert!(loss(0) < 0.5 && loss(1) < 0.5, "{phases:?}");
-    assert!(em(0) >= 0.05, "pretrained exact match {}", em(0));
-    assert!(em(1) >= 0.05, "LoRA exact match {} after pretraining's {}", em(1), em(0));
+    // LoRA's loss is over answer tokens only, most of them in tool calls the base never saw.
+    assert!(loss(0) < 0.5 && loss(1) < 2.0, "{phases:?}");
+    assert!(em(0) >= 0.8, "pretrained exact match {}", em(0));
+    assert!(em(1) >= 0.75, "LoRA exact match {} after pretraining's {}", em(1), em(0));
     // Before and after tuning, family by family, on the same held-out prompts: the LoRA run
-    // evaluates its base at step 0 (the adapter starts at zero), and tuning does not lose.
+    // evaluates its base at step 0 (the adapter starts at zero). The base never saw a tool
+    // call (its corpus leaves those families out); tuning teaches them and keeps the rest.
     let before = phases[1]["exact_match_before"].as_f64().expect("the LoRA phase reports its base");
-    assert!(em(1) >= before, "LoRA exact match {} below its base's {before}", em(1));
+    assert!(em(1) > before + 0.2, "LoRA exact match {} against its base's {before}", em(1));
     let families = phases[1]["exact_match_by_family"].as_object().expect("exact match by family");
-    assert!(families.len() >= 8, "{families:?}");
-    let total = |when: &str| families.values().map(|f| f[when]["total"].as_u64().unwrap()).sum::<u64>();
-    let correct = |when: &str| families.values().map(|f| f[when]["correct"].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(families.len(), 7, "{families:?}");
+    let count = |f: &Value, when: &str, what: &str| f[when][what].as_u64().unwrap();
+    let total = |when: &str| families.values().map(|f| count(f, when, "total")).sum::<u64>();
+    let correct = |when: &str| families.values().map(|f| count(f, when, "correct")).sum::<u64>();
     assert_eq!((total("before"), total("after")), (64, 64), "every held-out prompt has a family: {families:?}");
     assert_eq!(correct("after") as f64 / 64.0, em(1), "{families:?}");
     assert_eq!(correct("before") as f64 / 64.0, before, "{families:?}");
+    for tool in ["weather", "time", "news"] {
+        let f = &families[tool];
+        assert_eq!(count(f, "before", "correct"), 0, "{tool}: {f}");
+        assert!(count(f, "after", "correct") * 2 > count(f, "after", "total"), "{tool}: {f}");
+    }
+    // The paid completion is a held-out question, answered right.
+    assert_eq!(s["market"]["paid_call"]["question"], "Is 2026 even or odd?");
+    assert_eq!(s["market"]["paid_call"]["answer"], "even", "{}", s["market"]["paid_call"]);
     // Every run is sealed; the manifests are anchored with the checkpoint, and the LoRA
     // run's receipt verifies offline (files, recipe, plan, signatures, proofs).
     for p in phases {

@@ -69,7 +69,7 @@ fn parquet_and_arrow_load_to_the_examples_of_the_same_jsonl() {
     let Some(py) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let text = generate_jsonl(&TaskParams { seed: 5, count: 60, multi_arg_tools: true }, DataFormat::Chat);
+    let text = generate_jsonl(&TaskParams { multi_arg_tools: true, ..TaskParams::new(5, 60) }, DataFormat::Chat);
     let lines: Vec<&str> = text.lines().collect();
     std::fs::write(d.join("all.jsonl"), &text).unwrap();
     std::fs::write(d.join("train.jsonl"), lines[..lines.len() - 3].join("\n") + "\n").unwrap();

@@ -28,7 +28,7 @@ pub use batches::{BatchIter, DataCursor, Layout, PreferenceIter, WINDOW_TOKENS, 
 pub use dataset::{DataOptions, Dataset, PromptItem};
 pub use error::{DataError, TableError};
 pub use example::{Conversation, Example, Message, PreferencePair, Role, ToolArguments, ToolCall};
-pub use generator::{Answer, GENERATOR_VERSION, Task, TaskFamily, TaskParams, generate, generate_jsonl};
+pub use generator::{Answer, Families, GENERATOR_VERSION, Task, TaskFamily, TaskParams, generate, generate_jsonl};
 pub use json::Json;
 pub use jsonl::{FileDigest, SkippedLine};
 pub use manifest::{DatasetManifest, GeneratorInfo, MANIFEST_VERSION};

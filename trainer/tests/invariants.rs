@@ -300,3 +300,22 @@ fn random_init_needs_a_shape_and_no_weights_path() {
     let r = Recipe::from_str(&shaped, "x").unwrap_or_else(|e| panic!("{e}")).recipe;
     assert!(r.model.random_init);
 }
+
+#[test]
+fn generator_families_are_known_unrepeated_and_drawable() {
+    // `data.generator` with these families, and `data.seq_len` when given.
+    let generated = |families: &str, seq_len: Option<u32>| {
+        let seq_len = seq_len.map(|n| format!("  seq_len: {n}\n")).unwrap_or_default();
+        let generator = format!("  generator: {{kind: tasks, seed: 1, count: 10, families: {families}}}\n{seq_len}");
+        edit("source: hf", "source: generated").replace("  hf_id: HuggingFaceH4/ultrachat_200k\n", &generator)
+    };
+    Recipe::from_str(&generated("[parity, weather]", None), "x").unwrap_or_else(|e| panic!("{e}"));
+    let e = only_error(&generated("[parity, parity]", None));
+    assert_eq!(e.path(), "data.generator.families[1]", "{e}");
+    Recipe::from_str(&generated("[convert]", Some(192)), "x").unwrap_or_else(|e| panic!("{e}"));
+    let e = only_error(&generated("[convert]", Some(128)));
+    assert_eq!(e.path(), "data.generator.families", "{e}");
+    assert!(e.message().contains("seq_len 192"), "{e}");
+    let e = errors(&generated("[arithmetic]", None));
+    assert!(e.to_string().contains("arithmetic"), "{e}");
+}

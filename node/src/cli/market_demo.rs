@@ -136,7 +136,7 @@ pub fn demo_step(
     anvil.stop();
     let market = result?;
     say(format!(
-        "      paid call: {:?} (tx {}, recorded in X402Receiver)",
+        "      paid call: {PAID_QUESTION:?} answered {:?} (tx {}, recorded in X402Receiver)",
         market["paid_call"]["answer"].as_str().unwrap_or(""),
         market["paid_call"]["tx"].as_str().unwrap_or("-")
     ));
@@ -193,6 +193,10 @@ async fn operator_calls(url: &str, dir: &Path, run_id: &str) -> Result<Value> {
         "payments_settled": settled, "anchored_items": anchored, "ui": format!("{url}/ui/")}))
 }
 
+/// What the paid call asks: a held-out prompt of the tuned task mix (the generator draws
+/// parity questions about numbers from 100 to 9,999,999; this one is in neither corpus).
+const PAID_QUESTION: &str = "Is 2026 even or odd?";
+
 /// One paid completion, then a rental of two calls used up.
 async fn market_calls(
     url: &str,
@@ -203,7 +207,7 @@ async fn market_calls(
 ) -> Result<(Value, Value, B256)> {
     let client = PayingClient::new(buyer, 10 * price)?;
     let request = json!({"model": model, "max_tokens": 24, "temperature": 0,
-        "messages": [{"role": "user", "content": "What is 12 + 7?"}]});
+        "messages": [{"role": "user", "content": PAID_QUESTION}]});
     let paid = client.post_json(&format!("{url}/v1/chat/completions"), &request).await?;
     ensure!(paid.status == 200, "paid call answered {}: {}", paid.status, paid.body);
     let settlement = paid.settlement.context("no PAYMENT-RESPONSE on the paid call")?;
@@ -212,7 +216,7 @@ async fn market_calls(
     ensure!(receipt.status(), "the settlement transaction reverted");
     ensure!(paid.amount == price, "paid {} for a {price} call", paid.amount);
     let nonce = paid.nonce.context("the paid call carries no nonce")?;
-    let call = json!({"answer": paid.body["choices"][0]["message"]["content"], "usage": paid.body["usage"],
+    let call = json!({"question": PAID_QUESTION, "answer": paid.body["choices"][0]["message"]["content"], "usage": paid.body["usage"],
         "tx": settlement.transaction, "block": receipt.block_number});
 
     let rented = client.post_json(&format!("{url}/v1/rentals"), &json!({"model": model, "calls": 2})).await?;

@@ -121,7 +121,7 @@ fn peer(cfg: &DataBench, dir: &Path, num_proc: usize) -> Result<(Measured, Value
 }
 
 fn prepare(cfg: &DataBench, dir: &Path) -> Result<()> {
-    let text = generate_jsonl(&TaskParams { seed: 3, count: cfg.rows, multi_arg_tools: false }, DataFormat::Chat);
+    let text = generate_jsonl(&TaskParams::new(3, cfg.rows), DataFormat::Chat);
     std::fs::write(dir.join("train.jsonl"), text)?;
     let tok = dir.join("tok");
     std::fs::create_dir_all(&tok)?;

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::batches::{BatchIter, DataCursor, Layout, PreferenceIter, plan_epoch, single_pass};
 use super::error::DataError;
 use super::example::{Example, Message, Role};
-use super::generator::{GENERATOR_VERSION, TaskFamily, TaskParams, generate_jsonl};
+use super::generator::{Families, GENERATOR_VERSION, TaskFamily, TaskParams, generate_jsonl};
 use super::jsonl::{FileDigest, MAX_REPORTED_SKIPS, SkippedLine};
 use super::manifest::{DatasetManifest, GeneratorInfo, MANIFEST_VERSION};
 use super::pack::learned_tokens;
@@ -149,7 +149,11 @@ impl Dataset {
                     DataError::Config("data.source is `generated` but data.generator is missing".into())
                 })?;
                 let GeneratorKind::Tasks = g.kind;
-                let params = TaskParams { seed: g.seed, count: g.count, multi_arg_tools: seq_len >= 192 };
+                let params = TaskParams {
+                    multi_arg_tools: seq_len >= 192,
+                    families: Families::of(&g.families),
+                    ..TaskParams::new(g.seed, g.count)
+                };
                 let text = generate_jsonl(&params, record_format);
                 generator = Some(GeneratorInfo {
                     kind: g.kind,
@@ -157,6 +161,7 @@ impl Dataset {
                     count: g.count,
                     version: GENERATOR_VERSION,
                     multi_arg_tools: params.multi_arg_tools,
+                    families: g.families.clone(),
                 });
                 Source::memory("generated:tasks", Arc::from(text), record_format)
             }

@@ -1,11 +1,19 @@
 //! The seeded task generator: small tasks with one verifiable answer, for the demo and tests.
 //!
-//! Families: arithmetic on small integers, string transforms on short random words, and tool
-//! calls in Qwen3's format. Sizes are chosen for a tiny byte-level model (hidden 64, two
-//! layers, 128 positions): every example, rendered with the compact template and the byte
-//! tokenizer, fits in 128 tokens, and answers are short. Most tasks reward copying and simple
-//! per-character rules, which such a model learns in a few hundred steps; arithmetic facts
-//! must be memorised, so they show learning on the training set more than on the holdout.
+//! Families: the parity of a number, the length and the last letter of a random word, the
+//! sentiment of a one-line review, and tool calls in Qwen3's format. Sizes are chosen for a
+//! tiny byte-level model (hidden 64, two layers, 128 positions): every example, rendered with
+//! the compact template and the byte tokenizer, fits in 128 tokens, and answers are short.
+//!
+//! Every family is one such a model learns within the demo's minute on two cores, and every
+//! family's prompts come from a space far larger than any corpus drawn from it, so a held-out
+//! prompt is almost never one a run (or the run it was initialised from) trained on. What
+//! decides the answer sits at the end of the prompt (the last digit, the last word, the
+//! question asked): a two-layer model learns to look a fixed distance back within a few
+//! thousand steps, while copying a word from anywhere in the prompt (an induction circuit)
+//! does not form in that budget. Measured before this mix was chosen (PyTorch, same model and
+//! steps): copy tasks (uppercase, first letter, a made-up city as a tool argument) stayed at 0
+//! after 6,000 steps; arithmetic facts drawn from a few hundred pairs are all seen in training.
 //!
 //! The same seed gives the same examples on every machine: the generator draws from
 //! ChaCha8 keyed by the seed and never from `rand`'s distributions, whose values may change
@@ -13,7 +21,7 @@
 
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::example::{Conversation, Example, Message, PreferencePair, Role, ToolArguments, ToolCall};
 use super::json::Json;
@@ -21,18 +29,34 @@ use super::score::answers_match;
 use crate::recipe::DataFormat;
 
 /// Bumped whenever the same seed would produce different examples; part of the manifest.
-pub const GENERATOR_VERSION: u32 = 1;
+pub const GENERATOR_VERSION: u32 = 2;
 
 /// What the generator makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskParams {
     pub seed: u64,
     pub count: u32,
     /// Adds `convert(amount, from, to)`, whose examples need up to ~170 byte tokens.
     pub multi_arg_tools: bool,
+    /// The families drawn; the others are skipped, so a subset's tasks are those of the
+    /// whole mix with the rest left out (the same seed, the same tasks in the same order).
+    pub families: Families,
 }
 
 impl TaskParams {
+    /// `count` tasks of every family from `seed`, without multi-argument tools.
+    pub fn new(seed: u64, count: u32) -> TaskParams {
+        TaskParams { seed, count, multi_arg_tools: false, families: Families::ALL }
+    }
+
+    /// Whether some family of [`TaskParams::families`] can be drawn (`convert` alone needs
+    /// multi-argument tools); without one the generator makes nothing.
+    pub fn can_draw(&self) -> bool {
+        TaskFamily::EVERY
+            .iter()
+            .any(|&f| self.families.contains(f) && (f != TaskFamily::Convert || self.multi_arg_tools))
+    }
+
     /// The longest a rendered example may be (byte tokens, compact template, with eos) for
     /// these parameters to be learnable without truncation.
     pub fn max_byte_tokens(&self) -> usize {
@@ -40,68 +64,72 @@ impl TaskParams {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskFamily {
-    Add,
-    Subtract,
-    Multiply,
-    Uppercase,
-    Reverse,
-    SortLetters,
+    Parity,
     CountLetters,
-    FirstLetter,
     LastLetter,
+    Review,
     Weather,
     Time,
+    News,
     Convert,
 }
 
+/// A set of task families (a bit each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families(u16);
+
+impl Families {
+    pub const ALL: Families = Families(u16::MAX);
+
+    /// The families listed; every family when the list is empty.
+    pub fn of(list: &[TaskFamily]) -> Families {
+        if list.is_empty() { Families::ALL } else { Families(list.iter().fold(0, |bits, &f| bits | 1 << f as u16)) }
+    }
+
+    pub fn contains(self, family: TaskFamily) -> bool {
+        self.0 & 1 << family as u16 != 0
+    }
+}
+
 impl TaskFamily {
+    pub const EVERY: [TaskFamily; 8] = {
+        use TaskFamily::*;
+        [Parity, CountLetters, LastLetter, Review, Weather, Time, News, Convert]
+    };
+
     /// The family whose prompt this is, read back from the generator's own prompt shapes
-    /// (`What is 3 + 4?`, `Reverse: abc`, ...): held-out examples are records, not tasks, and
-    /// the demo reports exact match per family. `None` for any other text.
+    /// (`Is 4821 even or odd?`, `Last letter of abc?`, ...): held-out examples are records,
+    /// not tasks, and the demo reports exact match per family. `None` for any other text.
     pub fn of_prompt(prompt: &str) -> Option<TaskFamily> {
         use TaskFamily::*;
-        const PREFIXES: [(&str, TaskFamily); 9] = [
-            ("Uppercase: ", Uppercase),
-            ("Reverse: ", Reverse),
-            ("Sort the letters: ", SortLetters),
+        if let Some(n) = prompt.strip_prefix("Is ").and_then(|p| p.strip_suffix(" even or odd?")) {
+            return n.parse::<u64>().is_ok().then_some(Parity);
+        }
+        if prompt.starts_with("I am ") {
+            return TOOLS.iter().find(|t| prompt.ends_with(&format!(". {}", t.question))).map(|t| t.family);
+        }
+        const PREFIXES: [(&str, TaskFamily); 4] = [
             ("How many letters in ", CountLetters),
-            ("First letter of ", FirstLetter),
             ("Last letter of ", LastLetter),
-            ("Weather in ", Weather),
-            ("Time in ", Time),
+            ("Review: ", Review),
             ("Convert ", Convert),
         ];
-        if let Some(expr) = prompt.strip_prefix("What is ").and_then(|p| p.strip_suffix('?')) {
-            let mut parts = expr.split(' ');
-            let (a, op, b) = (parts.next()?, parts.next()?, parts.next()?);
-            let numbers = a.parse::<i64>().is_ok() && b.parse::<i64>().is_ok() && parts.next().is_none();
-            return match op {
-                "+" if numbers => Some(Add),
-                "-" if numbers => Some(Subtract),
-                "*" if numbers => Some(Multiply),
-                _ => None,
-            };
-        }
         PREFIXES.iter().find(|(p, _)| prompt.starts_with(p)).map(|(_, f)| *f)
     }
 
     pub fn name(self) -> &'static str {
         use TaskFamily::*;
         match self {
-            Add => "add",
-            Subtract => "subtract",
-            Multiply => "multiply",
-            Uppercase => "uppercase",
-            Reverse => "reverse",
-            SortLetters => "sort_letters",
+            Parity => "parity",
             CountLetters => "count_letters",
-            FirstLetter => "first_letter",
             LastLetter => "last_letter",
+            Review => "review",
             Weather => "weather",
             Time => "time",
+            News => "news",
             Convert => "convert",
         }
     }
@@ -220,12 +248,21 @@ impl Task {
     }
 }
 
-/// `count` tasks from `seed`.
+/// `count` tasks of `params.families` from `seed` (none when [`TaskParams::can_draw`] is false).
 pub fn generate(params: &TaskParams) -> Vec<Task> {
-    let mut key = blake3::Hasher::new_derive_key("mindxtrain task generator v1");
+    let mut key = blake3::Hasher::new_derive_key("mindxtrain task generator v2");
     key.update(&params.seed.to_le_bytes());
     let mut rng = Rng(ChaCha8Rng::from_seed(*key.finalize().as_bytes()));
-    (0..params.count).map(|_| one_task(&mut rng, params.multi_arg_tools)).collect()
+    if !params.can_draw() {
+        return Vec::new();
+    }
+    let draw = |rng: &mut Rng| loop {
+        let task = one_task(rng, params.multi_arg_tools);
+        if params.families.contains(task.family) {
+            return task;
+        }
+    };
+    (0..params.count).map(|_| draw(&mut rng)).collect()
 }
 
 /// The tasks as JSONL text of `format`, one record a line.
@@ -255,12 +292,13 @@ impl Rng {
         let len = min + self.below(max - min + 1);
         (0..len).map(|_| (b'a' + self.below(26) as u8) as char).collect()
     }
-    /// A made-up place name (`Tavo`, `Meruk`): copying it is the skill, not recalling it.
-    fn place(&mut self) -> String {
+    /// A made-up name (`Tavobe`, `Merukal`), one of some five million: no answer depends on
+    /// it; it keeps prompts from repeating.
+    fn name(&mut self) -> String {
         const CONSONANTS: &[u8] = b"bdfgklmnprstvz";
         const VOWELS: &[u8] = b"aeiou";
         let mut name = String::new();
-        for _ in 0..2 {
+        for _ in 0..2 + self.below(2) {
             name.push(*self.pick(CONSONANTS) as char);
             name.push(*self.pick(VOWELS) as char);
         }
@@ -277,10 +315,12 @@ fn text(s: impl Into<String>) -> Answer {
 }
 
 fn one_task(rng: &mut Rng, multi_arg_tools: bool) -> Task {
-    match rng.below(3) {
-        0 => arithmetic(rng),
-        1 => string_task(rng),
-        _ => tool_task(rng, multi_arg_tools),
+    match rng.below(5) {
+        0 => parity(rng),
+        1 => word_task(rng),
+        2 => review(rng),
+        _ if multi_arg_tools && rng.below(2) == 0 => convert(rng),
+        _ => tool_task(rng),
     }
 }
 
@@ -289,56 +329,78 @@ fn near_miss(rng: &mut Rng, value: i64) -> String {
     (if rng.below(2) == 0 { value + delta } else { value - delta }).to_string()
 }
 
-fn arithmetic(rng: &mut Rng) -> Task {
-    let (family, a, b, op, value) = match rng.below(3) {
-        0 => {
-            let (a, b) = (rng.range(0, 20), rng.range(0, 20));
-            (TaskFamily::Add, a, b, '+', a + b)
-        }
-        1 => {
-            let (x, y) = (rng.range(0, 20), rng.range(0, 20));
-            let (a, b) = (x.max(y), x.min(y));
-            (TaskFamily::Subtract, a, b, '-', a - b)
-        }
-        _ => {
-            let (a, b) = (rng.range(0, 9), rng.range(0, 9));
-            (TaskFamily::Multiply, a, b, '*', a * b)
-        }
+fn parity(rng: &mut Rng) -> Task {
+    let n = rng.range(100, 9_999_999);
+    let (even, odd) = (text("even"), text("odd"));
+    let (answer, wrong) = if n % 2 == 0 { (even, odd) } else { (odd, even) };
+    Task { family: TaskFamily::Parity, system: None, prompt: format!("Is {n} even or odd?"), answer, wrong }
+}
+
+/// Two questions about a random word: its length and its last letter.
+fn word_task(rng: &mut Rng) -> Task {
+    let word = rng.word(4, 7);
+    if rng.below(2) == 0 {
+        let wrong = near_miss(rng, word.len() as i64);
+        let prompt = format!("How many letters in {word}?");
+        return Task {
+            family: TaskFamily::CountLetters,
+            system: None,
+            prompt,
+            answer: text(word.len().to_string()),
+            wrong: text(wrong),
+        };
+    }
+    let last = word.chars().last().unwrap_or('a');
+    // The first letter when it differs (the classic slip), else the next one in the alphabet.
+    let first = word.chars().next().unwrap_or('a');
+    let wrong = if first != last {
+        first
+    } else if last == 'z' {
+        'a'
+    } else {
+        (last as u8 + 1) as char
     };
+    let prompt = format!("Last letter of {word}?");
     Task {
-        family,
+        family: TaskFamily::LastLetter,
         system: None,
-        prompt: format!("What is {a} {op} {b}?"),
-        answer: text(value.to_string()),
-        wrong: text(near_miss(rng, value)),
+        prompt,
+        answer: text(last.to_string()),
+        wrong: text(wrong.to_string()),
     }
 }
 
-fn string_task(rng: &mut Rng) -> Task {
-    let word = rng.word(3, 6);
-    let (family, prompt, answer) = match rng.below(6) {
-        0 => (TaskFamily::Uppercase, format!("Uppercase: {word}"), word.to_uppercase()),
-        1 => (TaskFamily::Reverse, format!("Reverse: {word}"), word.chars().rev().collect()),
-        2 => {
-            let mut letters: Vec<char> = word.chars().collect();
-            letters.sort_unstable();
-            (TaskFamily::SortLetters, format!("Sort the letters: {word}"), letters.into_iter().collect())
-        }
-        3 => (TaskFamily::CountLetters, format!("How many letters in {word}?"), word.len().to_string()),
-        4 => (TaskFamily::FirstLetter, format!("First letter of {word}?"), word[..1].to_owned()),
-        _ => (TaskFamily::LastLetter, format!("Last letter of {word}?"), word[word.len() - 1..].to_owned()),
-    };
-    // The word itself, unless that happens to be right (reversing a palindrome); then a
-    // different letter.
-    let wrong = if word != answer && word.len() > 1 {
-        word.clone()
-    } else {
-        let c = answer.chars().next().map_or('a', |c| if c == 'z' { 'a' } else { (c as u8 + 1) as char });
-        format!("{c}{}", &answer[1.min(answer.len())..])
-    };
-    let wrong = if family == TaskFamily::CountLetters { near_miss(rng, word.len() as i64) } else { wrong };
-    Task { family, system: None, prompt, answer: text(answer), wrong: text(wrong) }
+fn review(rng: &mut Rng) -> Task {
+    const THINGS: [&str; 6] = ["room", "food", "staff", "view", "trip", "show"];
+    const GOOD: [&str; 8] = ["great", "lovely", "superb", "excellent", "wonderful", "perfect", "pleasant", "fine"];
+    const BAD: [&str; 8] = ["awful", "terrible", "horrible", "dreadful", "poor", "bad", "dull", "boring"];
+    let thing = *rng.pick(&THINGS);
+    let place = rng.name();
+    let good = rng.below(2) == 0;
+    let word = *rng.pick(if good { &GOOD } else { &BAD });
+    let (positive, negative) = (text("positive"), text("negative"));
+    let (answer, wrong) = if good { (positive, negative) } else { (negative, positive) };
+    Task {
+        family: TaskFamily::Review,
+        system: None,
+        prompt: format!("Review: the {thing} in {place} was {word}."),
+        answer,
+        wrong,
+    }
 }
+
+/// A tool the model calls without arguments, and the question that asks for it.
+struct Tool {
+    family: TaskFamily,
+    name: &'static str,
+    question: &'static str,
+}
+
+const TOOLS: [Tool; 3] = [
+    Tool { family: TaskFamily::Weather, name: "get_weather", question: "How is the weather?" },
+    Tool { family: TaskFamily::Time, name: "get_time", question: "What is the time?" },
+    Tool { family: TaskFamily::News, name: "get_news", question: "Any news?" },
+];
 
 fn call(name: &str, arguments: Vec<(&str, Json)>) -> Answer {
     Answer::ToolCall {
@@ -347,51 +409,43 @@ fn call(name: &str, arguments: Vec<(&str, Json)>) -> Answer {
     }
 }
 
-fn tool_task(rng: &mut Rng, multi_arg_tools: bool) -> Task {
+/// A user who introduces themself (a made-up name, so prompts rarely repeat) and asks a
+/// question one of the tools answers. No system message lists the tools: with one, the
+/// longest example would not fit the tiny model's 128 positions.
+fn tool_task(rng: &mut Rng) -> Task {
+    let i = rng.below(TOOLS.len());
+    let other = (i + 1 + rng.below(TOOLS.len() - 1)) % TOOLS.len();
+    let (tool, wrong) = (&TOOLS[i], &TOOLS[other]);
+    Task {
+        family: tool.family,
+        system: None,
+        prompt: format!("I am {}. {}", rng.name(), tool.question),
+        answer: call(tool.name, Vec::new()),
+        wrong: call(wrong.name, Vec::new()),
+    }
+}
+
+/// `convert(amount, from, to)`: three arguments, for models with longer contexts.
+fn convert(rng: &mut Rng) -> Task {
     const CURRENCIES: [&str; 6] = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD"];
-    let kinds = if multi_arg_tools { 3 } else { 2 };
-    match rng.below(kinds) {
-        0 | 1 => {
-            let (city, other) = (rng.place(), rng.place());
-            let (family, tool, prompt) = if rng.below(2) == 0 {
-                (TaskFamily::Weather, "get_weather", format!("Weather in {city}?"))
-            } else {
-                (TaskFamily::Time, "get_time", format!("Time in {city}?"))
-            };
-            let wrong_city = if other == city { format!("{city}a") } else { other };
-            Task {
-                family,
-                system: Some(format!("{tool}(city)")),
-                prompt,
-                answer: call(tool, vec![("city", Json::String(city))]),
-                wrong: call(tool, vec![("city", Json::String(wrong_city))]),
-            }
+    let amount = rng.range(1, 999);
+    let from = *rng.pick(&CURRENCIES);
+    let to = loop {
+        let c = *rng.pick(&CURRENCIES);
+        if c != from {
+            break c;
         }
-        _ => {
-            let amount = rng.range(1, 999);
-            let from = *rng.pick(&CURRENCIES);
-            let to = loop {
-                let c = *rng.pick(&CURRENCIES);
-                if c != from {
-                    break c;
-                }
-            };
-            let args = |from: &str, to: &str| {
-                vec![
-                    ("amount", Json::Int(amount.into())),
-                    ("from", Json::String(from.into())),
-                    ("to", Json::String(to.into())),
-                ]
-            };
-            Task {
-                family: TaskFamily::Convert,
-                system: Some("convert(amount, from, to)".into()),
-                prompt: format!("Convert {amount} {from} to {to}."),
-                answer: call("convert", args(from, to)),
-                // Swapped currencies: the classic mistake.
-                wrong: call("convert", args(to, from)),
-            }
-        }
+    };
+    let args = |from: &str, to: &str| {
+        vec![("amount", Json::Int(amount.into())), ("from", Json::String(from.into())), ("to", Json::String(to.into()))]
+    };
+    Task {
+        family: TaskFamily::Convert,
+        system: Some("convert(amount, from, to)".into()),
+        prompt: format!("Convert {amount} {from} to {to}."),
+        answer: call("convert", args(from, to)),
+        // Swapped currencies: the classic mistake.
+        wrong: call("convert", args(to, from)),
     }
 }
 

@@ -64,6 +64,9 @@ pub struct GeneratorInfo {
     pub count: u32,
     pub version: u32,
     pub multi_arg_tools: bool,
+    /// `data.generator.families` (every family when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub families: Vec<crate::data::TaskFamily>,
 }
 
 impl DatasetManifest {

@@ -381,12 +381,15 @@ pub struct Generator {
     pub kind: GeneratorKind,
     pub seed: u64,
     pub count: u32,
+    /// The task families drawn (the others skipped); every family when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub families: Vec<crate::data::TaskFamily>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GeneratorKind {
-    /// Small verifiable tasks (arithmetic, copying, sorting) with reference answers.
+    /// Small verifiable tasks (parity, word questions, reviews, tool calls) with reference answers.
     Tasks,
 }
 

@@ -11,8 +11,9 @@ use serde::Serialize;
 use super::env::{is_env_key, lists_arch, mandatory_rocm_env_keys};
 use super::error::FieldPath;
 use super::publish::{Pricing, Usdc};
-use super::schema::{DataFormat, DataSource, HardwareName, ModelFamily, Recipe, Vendor};
+use super::schema::{DataFormat, DataSource, Generator, HardwareName, ModelFamily, Recipe, Vendor};
 use super::train::Method;
+use crate::data::{Families, TaskParams};
 
 mod train;
 
@@ -278,7 +279,10 @@ fn data(c: &mut Checks, r: &Recipe) {
     }
     match (&d.generator, source) {
         (None, DataSource::Generated) => c.fail("data.generator", "required with `source: generated`"),
-        (Some(g), DataSource::Generated) => c.int("data.generator.count", g.count.into(), 1, 10_000_000),
+        (Some(g), DataSource::Generated) => {
+            c.int("data.generator.count", g.count.into(), 1, 10_000_000);
+            generator_families(c, g, d.seq_len);
+        }
         (Some(_), _) => only_for(c, "generator", DataSource::Generated),
         (None, _) => {}
     }
@@ -438,5 +442,16 @@ fn pricing(c: &mut Checks, p: &Pricing) {
                 c.fail(&format!("{at}.max_charge"), format!("must be at least per_1k_tokens ({rate})"));
             }
         }
+    }
+}
+
+/// `data.generator.families`: no repeats, and something to draw (`convert` alone needs the
+/// multi-argument tools, which come with `seq_len` 192 and more).
+fn generator_families(c: &mut Checks, g: &Generator, seq_len: u32) {
+    c.unique("data.generator.families", &g.families);
+    let params =
+        TaskParams { multi_arg_tools: seq_len >= 192, families: Families::of(&g.families), ..TaskParams::new(0, 1) };
+    if !params.can_draw() {
+        c.fail("data.generator.families", "only `convert`, whose examples need data.seq_len 192 or more");
     }
 }

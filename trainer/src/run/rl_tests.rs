@@ -119,7 +119,7 @@ fn grpo_raises_the_mean_reward_on_held_out_prompts() {
     let grpo = "    kind: grpo\n    num_generations: 4\n    max_new_tokens: 16\n    kl_coef: 0.0\n    \
                 rewards: [format]\n    lora: {r: 8, alpha: 16}";
     let out = dir.path().join("grpo");
-    let (summary, events) = run(&spec(recipe(grpo, "instruction", 40, 2e-3, 4, 20), &out, Some(init)));
+    let (summary, events) = run(&spec(recipe(grpo, "instruction", 40, 3e-3, 4, 20), &out, Some(init)));
     assert_eq!(summary.steps, 40);
     // Held-out rewards before training, in the middle and at the end (the same sampling
     // stream each time, so only the policy differs).

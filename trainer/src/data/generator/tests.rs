@@ -6,7 +6,7 @@ use crate::data::template::{ChatTemplate, Targets, encode_pieces, pieces_to_stri
 use crate::data::tokenizer::Tokenizer;
 
 fn params(seed: u64, count: u32) -> TaskParams {
-    TaskParams { seed, count, multi_arg_tools: false }
+    TaskParams::new(seed, count)
 }
 
 #[test]
@@ -19,58 +19,60 @@ fn same_seed_same_tasks_other_seed_other_tasks() {
 }
 
 #[test]
-fn pinned_first_task_of_seed_7() {
+fn pinned_first_tasks_of_seed_7() {
     // Changing this means GENERATOR_VERSION must change too.
-    let first = &generate(&params(7, 1))[0];
-    assert_eq!(first.family, TaskFamily::Weather);
-    assert_eq!(first.system.as_deref(), Some("get_weather(city)"));
-    assert_eq!(first.prompt, "Weather in Vema?");
+    let tasks = generate(&params(7, 40));
+    let first = &tasks[0];
     assert_eq!(
-        first.answer.text(),
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Vema\"}}\n</tool_call>"
+        (first.family, first.prompt.as_str(), first.answer.text()),
+        (TaskFamily::CountLetters, "How many letters in nddatyb?", "7".into())
     );
+    let tool = tasks.iter().find(|t| t.family == TaskFamily::Weather).unwrap();
+    assert_eq!(tool.prompt, "I am Buno. How is the weather?");
+    assert_eq!(tool.answer.text(), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>");
 }
 
 #[test]
 fn every_family_appears_and_answers_are_right() {
-    let tasks = generate(&TaskParams { seed: 1, count: 3000, multi_arg_tools: true });
+    let tasks = generate(&TaskParams { multi_arg_tools: true, ..params(1, 3000) });
     let families: HashSet<TaskFamily> = tasks.iter().map(|t| t.family).collect();
-    assert_eq!(families.len(), 12, "{families:?}");
+    assert_eq!(families.len(), 8, "{families:?}");
     for t in &tasks {
         assert!(t.is_correct(&t.answer.text()), "{t:?}");
         assert!(!t.is_correct(&t.wrong.text()), "wrong answer scores: {t:?}");
         let answer = t.answer.text();
         let check = |ok: bool| assert!(ok, "{t:?}");
+        let word = |prefix: &str| t.prompt[prefix.len()..].trim_end_matches('?').to_owned();
         match t.family {
-            TaskFamily::Add | TaskFamily::Subtract | TaskFamily::Multiply => {
-                let parts: Vec<&str> =
-                    t.prompt.trim_start_matches("What is ").trim_end_matches('?').split(' ').collect();
-                let (a, b): (i64, i64) = (parts[0].parse().unwrap(), parts[2].parse().unwrap());
-                let want = match parts[1] {
-                    "+" => a + b,
-                    "-" => a - b,
-                    _ => a * b,
-                };
-                check(answer == want.to_string() && want >= 0);
+            TaskFamily::Parity => {
+                let n: u64 = t.prompt["Is ".len()..].split(' ').next().unwrap().parse().unwrap();
+                check(answer == if n.is_multiple_of(2) { "even" } else { "odd" });
             }
-            TaskFamily::Uppercase => check(answer == t.prompt["Uppercase: ".len()..].to_uppercase()),
-            TaskFamily::Reverse => check(answer == t.prompt["Reverse: ".len()..].chars().rev().collect::<String>()),
-            TaskFamily::Weather | TaskFamily::Time => {
-                let city = t.prompt.split(' ').nth(2).unwrap().trim_end_matches('?');
-                check(answer.contains(&format!("{{\"city\": \"{city}\"}}")));
-                check(answer.starts_with("<tool_call>\n{\"name\": \"get_"));
+            TaskFamily::CountLetters => check(answer == word("How many letters in ").len().to_string()),
+            TaskFamily::LastLetter => check(answer == word("Last letter of ")[word("Last letter of ").len() - 1..]),
+            TaskFamily::Review => check(answer == "positive" || answer == "negative"),
+            TaskFamily::Weather | TaskFamily::Time | TaskFamily::News => {
+                let tool = match t.family {
+                    TaskFamily::Weather => "get_weather",
+                    TaskFamily::Time => "get_time",
+                    _ => "get_news",
+                };
+                check(answer == format!("<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {{}}}}\n</tool_call>"));
             }
             TaskFamily::Convert => check(answer.contains("\"arguments\": {\"amount\": ")),
-            _ => {}
         }
     }
+    // Reviews are decided by their last word, and both answers are common.
+    let reviews: Vec<&Task> = tasks.iter().filter(|t| t.family == TaskFamily::Review).collect();
+    let positive = reviews.iter().filter(|t| t.answer.text() == "positive").count();
+    assert!(positive * 3 > reviews.len() && positive * 3 < reviews.len() * 2, "{positive} of {}", reviews.len());
 }
 
 #[test]
 fn examples_fit_a_tiny_byte_model() {
     let tokenizer = Tokenizer::byte();
     for multi_arg_tools in [false, true] {
-        let p = TaskParams { seed: 3, count: 2000, multi_arg_tools };
+        let p = TaskParams { multi_arg_tools, ..params(3, 2000) };
         let longest = generate(&p)
             .iter()
             .map(|t| {
@@ -86,7 +88,7 @@ fn examples_fit_a_tiny_byte_model() {
 #[test]
 fn records_read_back_as_the_same_conversation() {
     let template = ChatTemplate::QWEN3;
-    for task in generate(&TaskParams { seed: 5, count: 300, multi_arg_tools: true }) {
+    for task in generate(&TaskParams { multi_arg_tools: true, ..params(5, 300) }) {
         let want = pieces_to_string(&template.render(&task.conversation(), Targets::AssistantFrom(0)).unwrap().pieces);
         for format in [DataFormat::Chat, DataFormat::Instruction] {
             let line = task.record(format).to_string();
@@ -104,22 +106,43 @@ fn records_read_back_as_the_same_conversation() {
 }
 
 #[test]
-fn arithmetic_stays_small_and_tools_stay_diverse() {
-    let tasks = generate(&params(11, 4000));
-    let unique: HashSet<String> = tasks.iter().map(|t| format!("{:?}{}", t.system, t.prompt)).collect();
-    assert!(unique.len() > 2500, "too many duplicates: {} unique of 4000", unique.len());
-    for t in tasks.iter().filter(|t| t.family == TaskFamily::Add) {
-        let answer: i64 = t.answer.text().parse().unwrap();
-        assert!((0..=40).contains(&answer));
-    }
+fn prompts_rarely_repeat() {
+    // The demo's corpora (recipes/tiny_cpu_pretrain.yaml, tiny_cpu_lora.yaml): a held-out
+    // prompt of the LoRA run is almost never a training prompt of its base, so held-out
+    // exact match measures what was learnt, not what was seen.
+    let key = |t: &Task| format!("{:?}{}", t.system, t.prompt);
+    let no_tools =
+        Families::of(&[TaskFamily::Parity, TaskFamily::CountLetters, TaskFamily::LastLetter, TaskFamily::Review]);
+    let pretrain: HashSet<String> =
+        generate(&TaskParams { families: no_tools, ..params(11, 20_000) }).iter().map(key).collect();
+    let tuning = generate(&params(7, 4000));
+    let unique: HashSet<String> = tuning.iter().map(key).collect();
+    assert!(unique.len() > 3800, "too many duplicates: {} unique of 4000", unique.len());
+    let seen = tuning.iter().filter(|t| pretrain.contains(&key(t))).count();
+    assert!(seen * 100 < tuning.len(), "{seen} of {} tuning prompts are in the pretraining corpus", tuning.len());
 }
 
 #[test]
 fn every_generated_prompt_names_its_family() {
-    for task in generate(&TaskParams { seed: 9, count: 600, multi_arg_tools: true }) {
+    for task in generate(&TaskParams { multi_arg_tools: true, ..params(9, 600) }) {
         assert_eq!(TaskFamily::of_prompt(&task.prompt), Some(task.family), "{}", task.prompt);
     }
-    for other in ["What is love?", "What is 2 ^ 3?", "Hello", "Reverse:x", ""] {
+    for other in ["What is love?", "Is it even or odd?", "I am Tavo. Hi?", "Hello", "Review:x", ""] {
         assert_eq!(TaskFamily::of_prompt(other), None, "{other}");
     }
+}
+
+#[test]
+fn a_family_subset_is_the_whole_mix_with_the_rest_left_out() {
+    let some = [TaskFamily::Parity, TaskFamily::Review];
+    let subset = generate(&TaskParams { families: Families::of(&some), ..params(4, 300) });
+    assert_eq!(subset.len(), 300);
+    assert!(subset.iter().all(|t| some.contains(&t.family)));
+    let whole: Vec<Task> = generate(&params(4, 3000)).into_iter().filter(|t| some.contains(&t.family)).collect();
+    assert_eq!(subset[..], whole[..300]);
+    // `convert` alone needs multi-argument tools; without them there is nothing to draw.
+    let convert = TaskParams { families: Families::of(&[TaskFamily::Convert]), ..params(4, 10) };
+    assert!(!convert.can_draw() && generate(&convert).is_empty());
+    let multi = TaskParams { multi_arg_tools: true, ..convert };
+    assert_eq!(generate(&multi).len(), 10);
 }
