@@ -7,11 +7,11 @@
 //! recorded after `ncclGroupEnd`, when the work is really queued).
 //!
 //! Never a hang: a wait on the host (small values, the timeline, [`Collective::synchronize`])
-//! polls the queued work and the launcher's stop, and gives up at the collective timeout; the
+//! polls the queued work, NCCL's asynchronous error (`ncclCommGetAsyncError`: a peer that died,
+//! a broken connection) and the launcher's stop, and gives up at the collective timeout; the
 //! communicator is aborted (`ncclCommAbort`) when the rank drops it. A rank whose compute stream
-//! waits on a dead peer is ended by its watchdog once the launcher stops the run (see `mindxtrain
-//! rank`): the launcher sees every rank process end, so a lost peer is noticed there, not by
-//! polling `ncclCommGetAsyncError` (cudarc 0.19 keeps the communicator handle private).
+//! waits on a dead peer is also ended by its watchdog once the launcher stops the run (see
+//! `mindxtrain rank`): the launcher sees every rank process end.
 //!
 //! Spans that are not one equal chunk per rank in rank order (ZeRO shards whole tensors) are
 //! reduced with one `ncclReduce` to each span's owner and gathered with one `ncclBroadcast` from
@@ -24,13 +24,16 @@ use candle_core::cuda_backend::cudarc::nccl::{result as nccl_result, safe as ncc
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Storage, Tensor};
+use comm::Comm;
 use half::{bf16, f16};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod comm;
+
 /// One rank's NCCL communicator and the stream its operations run on.
 pub struct Nccl {
-    comm: nccl::Comm,
+    comm: Comm,
     device: CudaDevice,
     stream: Arc<CudaStream>,
     timeout: Duration,
@@ -50,7 +53,7 @@ struct Timeline {
 unsafe impl Send for Nccl {}
 
 fn nccl_err(what: &str) -> impl Fn(nccl_result::NcclError) -> CollectiveError + '_ {
-    move |e| CollectiveError::Nccl(format!("{what}: {e:?}"))
+    move |e| CollectiveError::Nccl(format!("{what}: {:?}", e.0))
 }
 
 fn driver_err(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::DriverError) -> CollectiveError + '_ {
@@ -60,8 +63,8 @@ fn driver_err(what: &str) -> impl Fn(candle_core::cuda_backend::cudarc::driver::
 impl Nccl {
     /// A new NCCL unique id (made on rank 0, sent to every rank through the rendezvous), as hex.
     pub fn unique_id() -> Result<String, CollectiveError> {
-        let id = nccl::Id::new().map_err(nccl_err("ncclGetUniqueId"))?;
-        Ok(id.internal().iter().map(|&c| format!("{:02x}", c as u8)).collect())
+        let id = comm::unique_id().map_err(nccl_err("ncclGetUniqueId"))?;
+        Ok(id.iter().map(|&c| format!("{:02x}", c as u8)).collect())
     }
 
     /// Joins the communicator of `world` ranks named by `id` (from [`Nccl::unique_id`]) as `rank`,
@@ -98,8 +101,7 @@ impl Nccl {
             )));
         }
         let stream = ctx.new_stream().map_err(driver_err("a stream for NCCL"))?;
-        let comm = nccl::Comm::from_rank(stream.clone(), rank, world, nccl::Id::uninit(internal))
-            .map_err(nccl_err("ncclCommInitRank"))?;
+        let comm = Comm::join(stream.clone(), rank, world, internal).map_err(nccl_err("ncclCommInitRank"))?;
         Ok(Nccl { comm, device: dev.clone(), stream, timeout, abort, timeline: None })
     }
 
@@ -112,6 +114,11 @@ impl Nccl {
         loop {
             if done.try_is_complete().map_err(driver_err(op))? {
                 return Ok(());
+            }
+            if let Err(code) = self.comm.async_error() {
+                return Err(CollectiveError::Nccl(format!(
+                    "{op}: NCCL reported {code:?} (a peer failed or a connection broke)"
+                )));
             }
             if let Some(reason) = self.abort.reason() {
                 return Err(CollectiveError::Aborted { reason });
@@ -200,8 +207,9 @@ impl Nccl {
             let (a, b) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
             let src = c.as_cuda_slice::<T>()?.slice(a..b);
             let dst = out.slice_mut(0..n);
-            let mut group = self.comm.group();
-            group.all_reduce(src, dst, &nccl::ReduceOp::Sum).map_err(nccl_err("ncclAllReduce"))?;
+            let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
+            group.all_reduce(src, dst).map_err(nccl_err("ncclAllReduce"))?;
+            group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
         Ok(self.tensor(out))
     }
@@ -231,12 +239,13 @@ impl Nccl {
             let (a, _) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
             let src = c.as_cuda_slice::<T>()?;
             let mut dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>().into_iter();
-            let mut group = self.comm.group();
+            let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
                 let view = src.slice(a + off..a + off + s.len);
                 let dst = if s.owner == rank { dsts.next() } else { None };
-                group.reduce(view, dst, &nccl::ReduceOp::Sum, s.owner as i32).map_err(nccl_err("ncclReduce"))?;
+                group.reduce(view, dst, s.owner).map_err(nccl_err("ncclReduce"))?;
             }
+            group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
         self.joined::<T>(outs, t.dtype())
     }
@@ -286,10 +295,11 @@ impl Nccl {
                 }
             }
             let dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>();
-            let mut group = self.comm.group();
+            let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             for (((_, s), send), dst) in offsets(spans).filter(|(_, s)| s.len > 0).zip(sends).zip(dsts) {
-                group.broadcast(send, dst, s.owner as i32).map_err(nccl_err("ncclBroadcast"))?;
+                group.broadcast(send, dst, s.owner).map_err(nccl_err("ncclBroadcast"))?;
             }
+            group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
         self.joined::<T>(outs, dtype)
     }
@@ -311,7 +321,7 @@ impl Collective for Nccl {
     }
 
     fn world(&self) -> usize {
-        self.comm.world_size()
+        self.comm.world()
     }
 
     fn backend(&self) -> Backend {
@@ -334,13 +344,14 @@ impl Collective for Nccl {
     }
 
     fn all_gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
-        let world = self.comm.world_size();
+        let world = self.comm.world();
         // Lengths first, then every rank's bytes padded to the longest.
         let len = self.stream.clone_htod(&[bytes.len() as u64]).map_err(driver_err("copying to the GPU"))?;
         let mut lens = self.alloc::<u64>(world)?;
         {
-            let mut group = self.comm.group();
+            let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             group.all_gather(len.slice(0..1), lens.slice_mut(0..world)).map_err(nccl_err("ncclAllGather"))?;
+            group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
         self.wait_host("host gather")?;
         let lens = self.stream.clone_dtoh(&lens).map_err(driver_err("copying from the GPU"))?;
@@ -350,10 +361,11 @@ impl Collective for Nccl {
         let send = self.stream.clone_htod(&padded).map_err(driver_err("copying to the GPU"))?;
         let mut all = self.alloc::<u8>(longest * world)?;
         {
-            let mut group = self.comm.group();
+            let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             group
                 .all_gather(send.slice(0..longest), all.slice_mut(0..longest * world))
                 .map_err(nccl_err("ncclAllGather"))?;
+            group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
         self.wait_host("host gather")?;
         let all = self.stream.clone_dtoh(&all).map_err(driver_err("copying from the GPU"))?;
