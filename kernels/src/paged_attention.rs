@@ -212,7 +212,7 @@ impl PagedMeta {
 /// recorded step's gathers forever: the serving engine records graphs only when this holds.
 pub fn reads_device_metadata(device: &Device, dtype: DType, heads: usize, kv_heads: usize, head_dim: usize) -> bool {
     #[cfg(feature = "cuda")]
-    if device.is_cuda() && matches!(dtype, DType::F32 | DType::BF16) && kv_heads > 0 && heads % kv_heads == 0 {
+    if device.is_cuda() && matches!(dtype, DType::F32 | DType::BF16) && kv_heads > 0 && heads.is_multiple_of(kv_heads) {
         return crate::gpu::paged::served(head_dim, heads / kv_heads);
     }
     let _ = (device, dtype, heads, kv_heads, head_dim);

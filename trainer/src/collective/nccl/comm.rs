@@ -11,8 +11,11 @@ use candle_core::cuda_backend::cudarc::driver::{CudaStream, CudaView, CudaViewMu
 use candle_core::cuda_backend::cudarc::nccl::result::{self, NcclError};
 use candle_core::cuda_backend::cudarc::nccl::safe::NcclType;
 use candle_core::cuda_backend::cudarc::nccl::sys;
+use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
+
+const SUM: sys::ncclRedOp_t = sys::ncclRedOp_t::ncclSum;
 
 /// One rank's communicator; aborted when dropped (a rank that leaves does not wait for peers).
 pub(super) struct Comm {
@@ -96,10 +99,20 @@ impl<'a> Group<'a> {
         self.comm.stream.cu_stream() as sys::cudaStream_t
     }
 
-    /// The communicator's stream, borrowed for as long as the group's views.
-    fn on(&self) -> &'a CudaStream {
+    /// `view`'s device pointer for NCCL to read; its event guard is kept until the group ends.
+    fn input<T>(&mut self, view: CudaView<'a, T>) -> *const c_void {
         let comm: &'a Comm = self.comm;
-        &comm.stream
+        let (ptr, guard) = view.view_ptr(&comm.stream);
+        self.guards.push(guard);
+        ptr as *const c_void
+    }
+
+    /// `view`'s device pointer for NCCL to write; its event guard is kept until the group ends.
+    fn output<T>(&mut self, view: CudaViewMut<'a, T>) -> *mut c_void {
+        let comm: &'a Comm = self.comm;
+        let (ptr, guard) = view.view_ptr_mut(&comm.stream);
+        self.guards.push(guard);
+        ptr as *mut c_void
     }
 
     /// `dst` = the sum over ranks of `src`.
@@ -109,12 +122,9 @@ impl<'a> Group<'a> {
         dst: CudaViewMut<'a, T>,
     ) -> Result<(), NcclError> {
         let count = src.len();
-        let (s, gs) = src.view_ptr(self.on());
-        let (d, gd) = dst.view_ptr_mut(self.on());
-        self.guards.extend([gs, gd]);
-        let (sum, stream) = (sys::ncclRedOp_t::ncclSum, self.stream());
+        let (s, d) = (self.input(src), self.output(dst));
         // SAFETY: both pointers come from live views of `count` elements of `T`.
-        unsafe { result::all_reduce(s as _, d as _, count, T::as_nccl_type(), sum, self.comm.raw, stream) }.map(drop)
+        unsafe { result::all_reduce(s, d, count, T::as_nccl_type(), SUM, self.comm.raw, self.stream()) }.map(drop)
     }
 
     /// The sum over ranks of `src` into `dst` on `root` (`dst` is `None` on every other rank).
@@ -125,17 +135,11 @@ impl<'a> Group<'a> {
         root: usize,
     ) -> Result<(), NcclError> {
         let count = src.len();
-        let (s, gs) = src.view_ptr(self.on());
-        self.guards.push(gs);
-        let d = dst.map(|dst| {
-            let (d, gd) = dst.view_ptr_mut(self.on());
-            self.guards.push(gd);
-            d as *mut std::ffi::c_void
-        });
-        let (sum, stream, root) = (sys::ncclRedOp_t::ncclSum, self.stream(), root as i32);
-        let d = d.unwrap_or(std::ptr::null_mut());
+        let s = self.input(src);
+        let d = dst.map_or(std::ptr::null_mut(), |dst| self.output(dst));
         // SAFETY: `s` (and `d` where given) come from live views of `count` elements of `T`.
-        unsafe { result::reduce(s as _, d, count, T::as_nccl_type(), sum, root, self.comm.raw, stream) }.map(drop)
+        unsafe { result::reduce(s, d, count, T::as_nccl_type(), SUM, root as i32, self.comm.raw, self.stream()) }
+            .map(drop)
     }
 
     /// `root`'s `src` into every rank's `dst` (`src` is `None` on every other rank).
@@ -146,16 +150,11 @@ impl<'a> Group<'a> {
         root: usize,
     ) -> Result<(), NcclError> {
         let count = dst.len();
-        let s = src.map(|src| {
-            let (s, gs) = src.view_ptr(self.on());
-            self.guards.push(gs);
-            s as *const std::ffi::c_void
-        });
-        let (d, gd) = dst.view_ptr_mut(self.on());
-        self.guards.push(gd);
-        let (stream, root, s) = (self.stream(), root as i32, s.unwrap_or(std::ptr::null()));
+        let s = src.map_or(std::ptr::null(), |src| self.input(src));
+        let d = self.output(dst);
         // SAFETY: `d` (and `s` where given) come from live views of `count` elements of `T`.
-        unsafe { result::broadcast(s, d as _, count, T::as_nccl_type(), root, self.comm.raw, stream) }.map(drop)
+        unsafe { result::broadcast(s, d, count, T::as_nccl_type(), root as i32, self.comm.raw, self.stream()) }
+            .map(drop)
     }
 
     /// Every rank's `src` side by side in `dst` (world × its length).
@@ -165,12 +164,9 @@ impl<'a> Group<'a> {
         dst: CudaViewMut<'a, T>,
     ) -> Result<(), NcclError> {
         let count = src.len();
-        let (s, gs) = src.view_ptr(self.on());
-        let (d, gd) = dst.view_ptr_mut(self.on());
-        self.guards.extend([gs, gd]);
-        let stream = self.stream();
+        let (s, d) = (self.input(src), self.output(dst));
         // SAFETY: `s` holds `count` elements of `T`, `d` world × `count`.
-        unsafe { result::all_gather(s as _, d as _, count, T::as_nccl_type(), self.comm.raw, stream) }.map(drop)
+        unsafe { result::all_gather(s, d, count, T::as_nccl_type(), self.comm.raw, self.stream()) }.map(drop)
     }
 
     /// Queues the group's work; the buffers' events are recorded after this returns.
