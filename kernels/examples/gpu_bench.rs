@@ -3,12 +3,13 @@
 //! bandwidth through a read+write pass), and prints each kernel's floor: the larger of its
 //! FLOPs over the GEMM ceiling and its bytes over the bandwidth (METHOD: the gap to the floor
 //! says what bounds it). Inputs are random, never zeros. Built by scripts/build-gpu and run on
-//! the GPU machine by scripts/gpu-bench-kernels.
+//! the GPU machine by scripts/gpu-bench-kernels. `gpu_bench decode` times only a decode step's
+//! products (cuBLAS against the GEMV, rows 1 to 8).
 
 use candle_core::{DType, Device, Result, Tensor};
 use mindxtrain_kernels::attention::{self, Mask};
 use mindxtrain_kernels::cross_entropy::Labels;
-use mindxtrain_kernels::{lm_head_ce, rmsnorm, swiglu};
+use mindxtrain_kernels::{KernelConfig, graph, linear, lm_head_ce, rmsnorm, swiglu};
 use std::time::Instant;
 
 /// Median wall time of `f` in ms over `reps` runs after 3 warm-ups, synchronised each run.
@@ -71,6 +72,9 @@ fn main() -> Result<()> {
     mindxtrain_kernels::cache_freed_memory(&dev)?;
     print!("pool keeps freed memory              -> ");
     let c = Ceilings::measure(&dev)?;
+    if std::env::args().nth(1).as_deref() == Some("decode") {
+        return decode_products(&dev, &c);
+    }
     // (name, tokens, hidden, ffn, heads, kv heads, batch)
     for (name, tokens, hidden, ffn, heads, kv, batch) in
         [("0.6B", 16384, 1024, 3072, 16, 8, 8), ("8B", 4096, 4096, 12288, 32, 8, 2)]
@@ -132,6 +136,47 @@ fn main() -> Result<()> {
                 time(&dev, 5, || lm_head_ce::backward(&cfg, &dl, &x, &lm, &lse, &labels, chunk, false))?,
                 2.0 * gemm,
                 0.0,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A decode step's `x·Wᵀ` at the Qwen3-8B shapes for 1 to 8 rows, through `linear::forward`
+/// with the GEMV off (cuBLAS) and on. Each pass runs over ≥ 1 GiB of weight copies, so no
+/// weight is still in the 60 MB L2 when it is read again, and is timed as a CUDA graph's replay:
+/// a product of a few µs would otherwise time the host's launch.
+fn decode_products(dev: &Device, c: &Ceilings) -> Result<()> {
+    graph::pin_blas_workspace(dev)?;
+    let (cublas, gemv) = (KernelConfig::default().with_gemv_rows(0), KernelConfig::default());
+    println!("-- decode products x[rows, in]·Wᵀ, Qwen3-8B shapes: cuBLAS | GEMV (ms per product, GEMV speed-up)");
+    for (name, out, inp) in [
+        ("q, o", 4096, 4096),
+        ("k, v", 1024, 4096),
+        ("gate, up", 12_288, 4096),
+        ("down", 4096, 12_288),
+        ("lm_head", 151_936, 4096),
+    ] {
+        let bytes = out * inp * 2;
+        let copies = (1usize << 30).div_ceil(bytes);
+        let ws: Vec<Tensor> = (0..copies).map(|_| rand(&[out, inp], dev)).collect::<Result<_>>()?;
+        for rows in [1, 2, 4, 8] {
+            let x = rand(&[rows, inp], dev)?;
+            let per_product = |cfg: &KernelConfig| -> Result<f64> {
+                let pass = || ws.iter().try_for_each(|w| linear::forward(cfg, &x, w).map(drop));
+                let g = graph::with_host_copies_cached(dev, || {
+                    pass()?;
+                    graph::capture(dev, pass)
+                })?;
+                Ok(time(dev, 10, || g.replay())? / copies as f64)
+            };
+            let (b, g) = (per_product(&cublas)?, per_product(&gemv)?);
+            // The weight read once at the copy's rate (bytes read plus written per second).
+            let floor = bytes as f64 / c.bytes * 1e3;
+            println!(
+                "{name:<9} {out:>6}x{inp:<5} rows {rows:>2}: {b:>7.4} | {g:>7.4} ms  ({:.2}x)   floor {floor:.4} ms, GEMV at {:.0}% of copy bandwidth",
+                b / g,
+                floor / g * 100.0
             );
         }
     }

@@ -39,6 +39,7 @@ pub struct KernelConfig {
     gemm_algos: Arc<BTreeMap<GemmShape, GemmAlgo>>,
     shapes: Option<GemmShapeLog>,
     moe: MoeKernels,
+    gemv_rows: usize,
 }
 
 impl Default for KernelConfig {
@@ -49,6 +50,7 @@ impl Default for KernelConfig {
             gemm_algos: Arc::default(),
             shapes: None,
             moe: MoeKernels::default(),
+            gemv_rows: crate::linear::DEFAULT_GEMV_ROWS,
         }
     }
 }
@@ -92,6 +94,19 @@ impl KernelConfig {
     pub fn with_moe(mut self, moe: MoeKernels) -> KernelConfig {
         self.moe = moe;
         self
+    }
+
+    /// The same with bf16 `x·Wᵀ` of up to `rows` rows on the GPU going to the bandwidth-bound
+    /// GEMV rather than cuBLAS (0: never; the kernel serves at most 8 rows). The benchmarks
+    /// turn it off to time the cuBLAS path beside it.
+    pub fn with_gemv_rows(mut self, rows: usize) -> KernelConfig {
+        self.gemv_rows = rows;
+        self
+    }
+
+    /// Rows up to which a GPU `x·Wᵀ` runs the GEMV (see [`KernelConfig::with_gemv_rows`]).
+    pub fn gemv_rows(&self) -> usize {
+        self.gemv_rows
     }
 
     /// The grouped GEMMs' tile and expert order.

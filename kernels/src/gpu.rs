@@ -11,6 +11,7 @@ pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
+pub(crate) mod gemv;
 pub(crate) mod lt;
 pub(crate) mod multi_lora;
 pub(crate) mod nf4;

@@ -11,6 +11,10 @@ use candle_core::{Result, Tensor};
 /// Rows of `x` (and of `dy`) per task of the CPU kernels when no plan sets them.
 pub const DEFAULT_BLOCK_ROWS: usize = 128;
 
+/// Rows of `x` up to which a bf16 `x·Wᵀ` on a CUDA device runs the bandwidth-bound GEMV
+/// (`kernels/cuda/gemv.cu`) instead of cuBLAS: decode steps of up to this many sequences.
+pub const DEFAULT_GEMV_ROWS: usize = 8;
+
 /// `x`: `[.., in]`, `w`: `[out, in]` → `[.., out]`. Backward needs `x` and `w`, both owned by
 /// the caller already, so nothing extra is saved.
 pub fn forward(cfg: &KernelConfig, x: &Tensor, w: &Tensor) -> Result<Tensor> {

@@ -225,7 +225,20 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
     // the engine kept freed memory, the pool kept (what `Engine::new` does), and allocations
     // without cudarc's two CUDA events each (only safe on one stream: measured, not used).
     // Last, the step as the engine runs it: a decode step replays its bucket's CUDA graph.
-    for variant in ["pool_default", "pool_kept", "pool_kept_no_event_tracking", "cuda_graph"] {
+    // Each `_cublas` twin is the step before it with every projection on cuBLAS rather than the
+    // few-row GEMV (`KernelConfig::with_gemv_rows(0)`), timed in the same process.
+    let mut cublas = model.clone();
+    cublas.set_kernels(model.kernels().clone().with_gemv_rows(0));
+    let cublas_runner = Runner::new(cublas.clone(), sized(false))?;
+    let variants = [
+        "pool_default",
+        "pool_kept",
+        "pool_kept_no_event_tracking",
+        "no_event_tracking_cublas",
+        "cuda_graph",
+        "cuda_graph_cublas",
+    ];
+    for variant in variants {
         match variant {
             "pool_kept" => mindxtrain_kernels::cache_freed_memory(&dev)?,
             #[cfg(feature = "cuda")]
@@ -237,9 +250,14 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
             }
             _ => {}
         }
-        let graphed = if variant == "cuda_graph" { Some(Runner::new(model.clone(), sized(true))?) } else { None };
+        let graphed = match variant {
+            "cuda_graph" => Some(Runner::new(model.clone(), sized(true))?),
+            "cuda_graph_cublas" => Some(Runner::new(cublas.clone(), sized(true))?),
+            _ => None,
+        };
+        let direct = if variant == "no_event_tracking_cublas" { &cublas_runner } else { &runner };
         for &b in batches.iter().filter(|&&b| b > 0) {
-            let runner = graphed.as_ref().unwrap_or(&runner);
+            let runner = graphed.as_ref().unwrap_or(direct);
             probe_batch(runner, b, (&ids, &tables, ctx), variant, kv_bytes_per_token, emit)?;
         }
     }
@@ -273,7 +291,7 @@ fn probe_batch(
     for _ in 0..20 {
         sync(&dev)?;
         let t = Instant::now();
-        if variant == "cuda_graph" {
+        if variant.starts_with("cuda_graph") {
             // A replay is one launch: only the whole step is worth timing.
             runner.step(&seqs, None)?;
         } else {

@@ -5,6 +5,9 @@
 //! This is the LoRA-aware linear: `x·Wᵀ + (s·x·Aᵀ)·Bᵀ` (or the input gradient of several
 //! projections of one input) is written once, with no pass over the output per term.
 //!
+//! A single `x·Wᵀ` of at most [`KernelConfig::gemv_rows`] rows (a decode step) in bf16 goes to the
+//! bandwidth-bound GEMV of `gemv` instead.
+//!
 //! cuBLAS is column-major: a row-major `[r, c]` matrix is its transpose column-major with
 //! leading dimension `c`, so `Y[n, m] = X[n, k]·op(W)` is computed as `Yᵀ = op(W)ᵀ·Xᵀ`.
 
@@ -59,6 +62,15 @@ where
     let n = x0.dim(0)?;
     let m = if transposed { w0.dim(0)? } else { w0.dim(1)? };
     let dev = device(x0)?;
+    // A decode step's few rows: the GEMV streams W once, faster than cuBLAS on a layer's small
+    // projections. Its shapes are not noted: no cuBLAS algorithm is chosen for them.
+    if terms.len() == 1
+        && transposed
+        && n <= cfg.gemv_rows()
+        && let Some(y) = super::gemv::forward::<T>(&dev, x0, w0)?
+    {
+        return Ok((y, n, m));
+    }
     let mut y = alloc::<T>(&dev, n * m)?;
     for (i, (x, w)) in terms.iter().enumerate() {
         let k = x.dim(1)?;

@@ -461,5 +461,6 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
     Ok(())
 }
 
+mod gemv;
 mod moe;
 mod serving;
