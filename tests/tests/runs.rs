@@ -315,7 +315,7 @@ fn off_a_terminal_train_prints_progress_lines_a_summary_and_tensorboard_curves()
     }
     let summary = String::from_utf8_lossy(&o.stdout);
     for want in
-        ["loss      training", "held-out", "0 malformed lines skipped", "286 training examples", "base      random"]
+        ["loss      training", "held-out", "0 malformed lines skipped", "292 training examples", "base      random"]
     {
         assert!(summary.contains(want), "{want:?} in\n{summary}");
     }
