@@ -193,26 +193,55 @@ DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_
 FOR_DTYPES(PAGED_ATTN_ALL)
 
 // Merges the splits of each (row, head): out = Σ accᵢ·e^{mᵢ−M} / Σ lᵢ·e^{mᵢ−M}. One block of
-// hd threads per (row, head); grid (rows, heads).
+// hd threads per (row, head), thread e for element e; grid (rows, heads). A decode step's merge is
+// latency-bound (a few hundred bytes per block), so all threads load the splits' m and l at once
+// into shared memory, a tile of hd splits at a time, and each thread's accumulator loads are
+// unrolled to keep several in flight. (One loop over splits per thread read m, l and acc in
+// chains of dependent trips: 13.6 µs a merge on the H200, 0.5 ms of an 8B decode step.) The sums
+// run in split order, as that loop's did: the same bits.
+template <typename T>
+DEV void paged_reduce_row(const float* pm, const float* pl, const float* pacc, T* out, int heads, int splits,
+                          int hd) {
+  __shared__ float weight[256];  // e^{mᵢ−M}, or −1 for a split with no keys
+  __shared__ float mass[256];    // lᵢ
+  __shared__ float red[256 / WARP];
+  const int e = threadIdx.x;
+  const size_t rh = (size_t)blockIdx.x * heads + blockIdx.y;
+  const float* m = pm + rh * splits;
+  float mx = -INFINITY;
+  for (int i = e; i < splits; i += hd) mx = fmaxf(mx, m[i]);
+  mx = warp_max(mx);
+  if (e % WARP == 0) red[e / WARP] = mx;
+  BARRIER();
+  mx = -INFINITY;
+  for (int w = 0; w < hd / WARP; ++w) mx = fmaxf(mx, red[w]);
+  float num = 0.f, denom = 0.f;
+  for (int s0 = 0; s0 < splits; s0 += hd) {
+    const int n = min(hd, splits - s0);
+    BARRIER();  // the last tile is read
+    if (e < n) {
+      const float ms = m[s0 + e];
+      weight[e] = ms == -INFINITY ? -1.f : __expf(ms - mx);
+      mass[e] = pl[rh * splits + s0 + e];
+    }
+    BARRIER();
+    const float* acc = pacc + (rh * splits + s0) * hd + e;
+#pragma unroll 8
+    for (int i = 0; i < n; ++i) {
+      const float a = acc[(size_t)i * hd], wi = weight[i];
+      // Adding 0 where a split had no keys leaves the sum as skipping it did.
+      num += wi >= 0.f ? a * wi : 0.f;
+      denom += wi >= 0.f ? mass[i] * wi : 0.f;
+    }
+  }
+  out[rh * hd + e] = from_f<T>(denom > 0.f ? num / denom : 0.f);
+}
+
+// Launched with hd threads (64, 128 or 256: the head sizes the fused attention serves).
 #define PAGED_REDUCE(S, T)                                                                          \
   KERNEL void paged_reduce_##S(const float* pm, const float* pl, const float* pacc, T* out,        \
                                int heads, int splits, int hd) {                                     \
-    const size_t rh = (size_t)blockIdx.x * heads + blockIdx.y;                                      \
-    float mx = -INFINITY;                                                                           \
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, pm[rh * splits + s]);                           \
-    float denom = 0.f;                                                                              \
-    for (int s = 0; s < splits; ++s) {                                                              \
-      const float ms = pm[rh * splits + s];                                                         \
-      if (ms != -INFINITY) denom += pl[rh * splits + s] * __expf(ms - mx);                          \
-    }                                                                                               \
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {                                            \
-      float num = 0.f;                                                                              \
-      for (int s = 0; s < splits; ++s) {                                                            \
-        const float ms = pm[rh * splits + s];                                                       \
-        if (ms != -INFINITY) num += pacc[(rh * splits + s) * hd + e] * __expf(ms - mx);             \
-      }                                                                                             \
-      out[rh * hd + e] = from_f<T>(denom > 0.f ? num / denom : 0.f);                                \
-    }                                                                                               \
+    paged_reduce_row<T>(pm, pl, pacc, out, heads, splits, hd);                                      \
   }
 FOR_DTYPES(PAGED_REDUCE)
 

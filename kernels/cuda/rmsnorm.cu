@@ -45,9 +45,83 @@ DEV float block_sum(float v, float* part) {
   return t;
 }
 
+// A row of a decode step is latency-bound, not bandwidth-bound (8 KiB at d = 4096): what costs is
+// the number of dependent trips to memory. So each thread loads all of its share of the row (and
+// of a and b, for the fused add) and of the gains in 16-byte chunks before it uses any, one trip
+// instead of the 16 + 16 of an element-at-a-time loop (profiled on the H200: ~15 µs a row, 1.1 ms
+// of an 8B decode step). Rows whose width is no multiple of a chunk, wider than VEC_MAX chunks a
+// thread, or not 16-byte aligned take the element loop below.
+#define VEC_MAX 4
+
+template <typename T> DEV bool vec_fits(int d, const void* const* ptrs, int count) {
+  constexpr int V = 16 / sizeof(T);
+  if (d % V != 0 || d / V > (int)blockDim.x * VEC_MAX) return false;
+  for (int i = 0; i < count; ++i)
+    if ((reinterpret_cast<size_t>(ptrs[i]) & 15) != 0) return false;
+  return true;
+}
+
+// s = a + b rounded to T (when b is given; else s = a, not stored), then y = rmsnorm(s)·w, each
+// thread on chunks threadIdx.x + c·blockDim.x. The same arithmetic per element as the element
+// loop, so only the sum of squares' order differs between the two forms.
+template <typename T>
+DEV void norm_row_block_vec(const T* a, const T* b, const T* w, T* s, T* y, float* rstd, int row, int d,
+                            float eps, float* part) {
+  constexpr int V = 16 / sizeof(T);
+  const int chunks = d / V;
+  const size_t off = (size_t)row * d;
+  uint4 xv[VEC_MAX], bv[VEC_MAX], wv[VEC_MAX];
+#pragma unroll
+  for (int c = 0; c < VEC_MAX; ++c) {
+    const int i = threadIdx.x + c * blockDim.x;
+    if (i < chunks) {
+      xv[c] = reinterpret_cast<const uint4*>(a + off)[i];
+      if (b) bv[c] = reinterpret_cast<const uint4*>(b + off)[i];
+      wv[c] = reinterpret_cast<const uint4*>(w)[i];
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < VEC_MAX; ++c) {
+    const int i = threadIdx.x + c * blockDim.x;
+    if (i >= chunks) continue;
+    T* xe = reinterpret_cast<T*>(&xv[c]);
+    if (b) {
+      const T* be = reinterpret_cast<const T*>(&bv[c]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) xe[j] = from_f<T>(to_f(xe[j]) + to_f(be[j]));
+      reinterpret_cast<uint4*>(s + off)[i] = xv[c];
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = to_f(xe[j]);
+      ss += v * v;
+    }
+  }
+  const float r = rsqrtf(block_sum(ss, part) / d + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+  for (int c = 0; c < VEC_MAX; ++c) {
+    const int i = threadIdx.x + c * blockDim.x;
+    if (i >= chunks) continue;
+    const T* xe = reinterpret_cast<const T*>(&xv[c]);
+    const T* we = reinterpret_cast<const T*>(&wv[c]);
+    uint4 out;
+    T* oe = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int j = 0; j < V; ++j) oe[j] = from_f<T>(to_f(xe[j]) * r * to_f(we[j]));
+    reinterpret_cast<uint4*>(y + off)[i] = out;
+  }
+}
+
 template <typename T>
 DEV void norm_row_block(const T* x, const T* w, T* y, float* rstd, int row, int d, float eps) {
   __shared__ float part[32];
+  const void* ptrs[3] = {x, w, y};
+  if (vec_fits<T>(d, ptrs, 3)) {
+    norm_row_block_vec<T>(x, nullptr, w, nullptr, y, rstd, row, d, eps, part);
+    return;
+  }
   const T* xr = x + (size_t)row * d;
   float ss = 0.f;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -67,16 +141,27 @@ DEV void norm_row_block(const T* x, const T* w, T* y, float* rstd, int row, int 
   }
 FOR_DTYPES(RMSNORM_FWD_ROWS)
 
+template <typename T>
+DEV void add_norm_row_block(const T* a, const T* b, const T* w, T* s, T* y, float* rstd, int row, int d,
+                            float eps) {
+  __shared__ float part[32];
+  const void* ptrs[5] = {a, b, w, s, y};
+  if (vec_fits<T>(d, ptrs, 5)) {
+    norm_row_block_vec<T>(a, b, w, s, y, rstd, row, d, eps, part);
+    return;
+  }
+  const size_t off = (size_t)row * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) s[off + i] = from_f<T>(to_f(a[off + i]) + to_f(b[off + i]));
+  // s may be aligned where a or b was not: then norm_row_block reads it in chunks other threads
+  // wrote.
+  BARRIER();
+  norm_row_block<T>(s, w, y, rstd, row, d, eps);
+}
+
 #define ADD_RMSNORM_FWD_ROWS(S, T)                                                                 \
   KERNEL void add_rmsnorm_fwd_rows_##S(const T* a, const T* b, const T* w, T* s, T* y,            \
                                        float* rstd, int rows, int d, float eps) {                  \
-    const int row = blockIdx.x;                                                                    \
-    if (row >= rows) return;                                                                       \
-    const size_t off = (size_t)row * d;                                                            \
-    for (int i = threadIdx.x; i < d; i += blockDim.x)                                              \
-      s[off + i] = from_f<T>(to_f(a[off + i]) + to_f(b[off + i]));                                 \
-    /* norm_row_block reads element i from the thread that wrote it: no barrier needed. */         \
-    norm_row_block<T>(s, w, y, rstd, row, d, eps);                                                 \
+    if ((int)blockIdx.x < rows) add_norm_row_block<T>(a, b, w, s, y, rstd, blockIdx.x, d, eps);    \
   }
 FOR_DTYPES(ADD_RMSNORM_FWD_ROWS)
 

@@ -56,19 +56,38 @@ DEV void sample_row(const T* logits, const float* temperature, const float* top_
   __shared__ float chunk[THREADS];
   const int row = blockIdx.x, tid = threadIdx.x;
   const T* l = logits + (size_t)row * vocab;
-  // Max and its first index.
-  float mx = -INFINITY;
+  // Max, its first index and Σ e^{x − max} in one pass (online: the sum is rescaled when the
+  // thread's max grows), in 16-byte chunks where the row is aligned for them. Two element-at-a-
+  // time passes took 63 µs of a 152k vocabulary (H200): a greedy step's whole sampling.
+  float mx = -INFINITY, se = 0.f;
   int arg = vocab;
-  for (int i = tid; i < vocab; i += THREADS) {
-    const float x = to_f(l[i]);
-    if (x > mx) { mx = x; arg = i; }
+  auto visit = [&](float x, int i) {
+    if (x > mx) {
+      se = se * __expf(mx - x) + 1.f;
+      mx = x;
+      arg = i;
+    } else if (x != -INFINITY) {  // (−∞ − −∞ would add NaN)
+      se += __expf(x - mx);
+    }
+  };
+  constexpr int V = 16 / sizeof(T);
+  if (vocab % V == 0 && (reinterpret_cast<size_t>(l) & 15) == 0) {
+    const uint4* chunks = reinterpret_cast<const uint4*>(l);
+#pragma unroll 4
+    for (int c = tid; c < vocab / V; c += THREADS) {
+      const uint4 v = chunks[c];
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) visit(to_f(e[j]), c * V + j);
+    }
+  } else {
+    for (int i = tid; i < vocab; i += THREADS) visit(to_f(l[i]), i);
   }
   const float row_max = block_max(mx, red);
   const float cand = (mx == row_max) ? (float)arg : (float)vocab;
   const int first_max = (int)(-block_max(-cand, red));
-  float se = 0.f;
-  for (int i = tid; i < vocab; i += THREADS) se += __expf(to_f(l[i]) - row_max);
-  const float lse = row_max + __logf(block_sum(se, red));
+  // A thread that saw only −∞ holds se = 0 (its e^{mx − max} would be NaN).
+  const float lse = row_max + __logf(block_sum(mx == -INFINITY ? 0.f : se * __expf(mx - row_max), red));
   const float temp = temperature[row];
   const unsigned k = top_k[row];
   int pick = first_max;

@@ -9,6 +9,8 @@
 //!             streams=1,16,64,256 prompt=512 gen=256 rate=8 adapters=8 budget_s=400
 //! serve_bench device=cpu shape=tiny streams=1,4 prompt=32 gen=16      (a smoke run on the CPU)
 //! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
+//! serve_bench probe=1 probe_variants=cuda_graph probe_steps=1   (one variant, one timed step:
+//!             short enough for a kernel profiler, which slows each launch ~20 ms)
 //! ```
 //! Without `weights` the model is random (device-side init); with it, an HF directory (the
 //! peer saves its random model there, so both sides hold the same weights). Prints one JSON
@@ -203,7 +205,8 @@ fn lora_adapters(config: &Qwen3Config, n: usize, dtype: DType, d: &Device) -> Re
 /// against the whole step (sampled, so waited for). Launch ≈ step means the host is the bound;
 /// a step near `(weight + cache bytes) / bandwidth` means the device's memory is. With
 /// `MINDXTRAIN_PROFILE` set, the ops' table too (each op then waits for the device).
-fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+    let batches = &probe.batches;
     let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
     let per_seq = (ctx + 1).div_ceil(block);
     let most = batches.iter().copied().max().unwrap_or(1);
@@ -238,6 +241,8 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
         "cuda_graph",
         "cuda_graph_cublas",
     ];
+    // The process-wide settings of an earlier variant stay on for a later one even where the
+    // filter skips the earlier's timing.
     for variant in variants {
         match variant {
             "pool_kept" => mindxtrain_kernels::cache_freed_memory(&dev)?,
@@ -250,6 +255,9 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
             }
             _ => {}
         }
+        if !probe.variants.as_ref().is_none_or(|only| only.iter().any(|v| v == variant)) {
+            continue;
+        }
         let graphed = match variant {
             "cuda_graph" => Some(Runner::new(model.clone(), sized(true))?),
             "cuda_graph_cublas" => Some(Runner::new(cublas.clone(), sized(true))?),
@@ -258,18 +266,25 @@ fn decode_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl Fn
         let direct = if variant == "no_event_tracking_cublas" { &cublas_runner } else { &runner };
         for &b in batches.iter().filter(|&&b| b > 0) {
             let runner = graphed.as_ref().unwrap_or(direct);
-            probe_batch(runner, b, (&ids, &tables, ctx), variant, kv_bytes_per_token, emit)?;
+            probe_batch(runner, b, (&ids, &tables, ctx), (variant, probe.steps), kv_bytes_per_token, emit)?;
         }
     }
     Ok(())
 }
 
-/// One batch size of [`decode_probe`]: 3 warm-up steps, then 20 timed.
+/// What `probe=` asks: batch sizes, optionally only some variants, and how many timed steps.
+struct Probe {
+    batches: Vec<usize>,
+    variants: Option<Vec<String>>,
+    steps: usize,
+}
+
+/// One batch size of [`decode_probe`]: 3 warm-up steps, then `steps` timed.
 fn probe_batch(
     runner: &Runner,
     b: usize,
     (ids, tables, ctx): (&[[u32; 1]], &[Vec<u32>], usize),
-    variant: &str,
+    (variant, steps): (&str, usize),
     kv_bytes_per_token: usize,
     emit: &mut impl FnMut(Value),
 ) -> Res<()> {
@@ -288,7 +303,7 @@ fn probe_batch(
     }
     let _ = mindxtrain_kernels::profile::take();
     let (mut launch, mut whole) = (Vec::new(), Vec::new());
-    for _ in 0..20 {
+    for _ in 0..steps {
         sync(&dev)?;
         let t = Instant::now();
         if variant.starts_with("cuda_graph") {
@@ -308,7 +323,11 @@ fn probe_batch(
         "cache_bytes_read": b * (ctx + 1) * kv_bytes_per_token,
     }));
     for (label, calls, secs) in mindxtrain_kernels::profile::take() {
-        eprintln!("  batch {b} {variant}: {label:<28} {:>6} calls {:>9.3} ms/step", calls / 20, secs * 1e3 / 20.0);
+        eprintln!(
+            "  batch {b} {variant}: {label:<28} {:>6} calls {:>9.3} ms/step",
+            calls / steps as u64,
+            secs * 1e3 / steps as f64
+        );
     }
     Ok(())
 }
@@ -357,9 +376,13 @@ fn main() -> Res<()> {
     let weight_bytes: usize = model.params().values().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum();
     eprintln!("model loaded in {:.1} s ({:.2} GB)", t.elapsed().as_secs_f64(), weight_bytes as f64 / 1e9);
     if let Some(batches) = args.0.get("probe") {
-        let batches: Vec<usize> = batches.split(',').filter_map(|s| s.parse().ok()).collect();
+        let probe = Probe {
+            batches: batches.split(',').filter_map(|s| s.parse().ok()).collect(),
+            variants: args.0.get("probe_variants").map(|v| v.split(',').map(str::to_string).collect()),
+            steps: args.num("probe_steps", 20).max(1),
+        };
         // The probe leaves process-wide settings behind (no event tracking): it runs alone.
-        return decode_probe(&model, &batches, prompt_len + new_tokens / 2, &mut emit);
+        return decode_probe(&model, &probe, prompt_len + new_tokens / 2, &mut emit);
     }
     // The identity prompts are 64 + 32 tokens.
     let max_model_len = (prompt_len + new_tokens).max(64 + 32) + 16;

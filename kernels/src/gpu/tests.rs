@@ -88,8 +88,20 @@ fn poisoned_outputs_read_back_as_nan() -> Result<()> {
 fn rmsnorm_matches_the_f64_reference() -> Result<()> {
     // d = 100 (not a multiple of the warp), 128 (per-head norms), 4096 (8B hidden); rows past
     // several dw blocks with a partial last one. Below 1024 rows the forward runs one block per
-    // row (1 and 64: decode batches), from 1024 one warp per row.
-    for (rows, d) in [(3 * 256 + 17, 100), (2000, 128), (600, 4096), (1, 4096), (64, 4096), (1024, 4096)] {
+    // row (1 and 64: decode batches), from 1024 one warp per row. A block per row loads its row
+    // in 16-byte chunks where they fit: 1000 leaves threads idle, 8192 fills four chunks a thread
+    // in bf16, 8200 is past that (and, in f32, not a whole number of chunks): the element loop.
+    for (rows, d) in [
+        (3 * 256 + 17, 100),
+        (2000, 128),
+        (600, 4096),
+        (1, 4096),
+        (64, 4096),
+        (1024, 4096),
+        (3, 1000),
+        (1, 8192),
+        (2, 8200),
+    ] {
         for (dt, tol) in DTYPES {
             let mut inp = Inputs::new(dt);
             let ((x, xr), (w, wr), (dy, dyr)) =

@@ -84,12 +84,15 @@ impl Qwen3 {
         }
         let cos = inputs.rope.cos.index_select(inputs.positions, 0)?;
         let sin = inputs.rope.sin.index_select(inputs.positions, 0)?;
-        let mut x = embedding::forward(inputs.ids, &*self.weight(EMBED)?)?;
+        let mut stream = Residual { x: embedding::forward(inputs.ids, &*self.weight(EMBED)?)?, pending: None };
         for (layer, kv) in cache.iter().enumerate() {
-            x = self.paged_block(layer, &x, inputs, (&cos, &sin), kv)?;
+            stream = self.paged_block(layer, &stream, inputs, (&cos, &sin), kv)?;
         }
-        let last = x.index_select(inputs.logit_rows, 0)?;
-        let (h, _) = rmsnorm::forward(&last, &*self.weight(FINAL_NORM)?, c.rms_norm_eps)?;
+        let rows = Residual {
+            x: stream.x.index_select(inputs.logit_rows, 0)?,
+            pending: stream.pending.map(|p| p.index_select(inputs.logit_rows, 0)).transpose()?,
+        };
+        let (_, h) = rows.normed(&*self.weight(FINAL_NORM)?, c.rms_norm_eps)?;
         Ok(linear::forward(self.kernels(), &h, &*self.weight(self.head_name())?)?)
     }
 
@@ -105,15 +108,15 @@ impl Qwen3 {
     fn paged_block(
         &self,
         layer: usize,
-        x: &Tensor,
+        stream: &Residual,
         inputs: &PagedInputs<'_>,
         (cos, sin): (&Tensor, &Tensor),
         (k_cache, v_cache): &LayerCache,
-    ) -> Result<Tensor, ModelError> {
+    ) -> Result<Residual, ModelError> {
         let c = self.config();
-        let (n, nh, nkv, hd) = (x.dim(0)?, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-        let (h1, _) = rmsnorm::forward(x, &*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
+        let (x, h1) = stream.normed(&*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
+        let (n, nh, nkv, hd) = (x.dim(0)?, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let q = self.paged_proj(layer, Proj::Q, &h1, inputs)?.reshape((n, nh, hd))?;
         let k = self.paged_proj(layer, Proj::K, &h1, inputs)?.reshape((n, nkv, hd))?;
         let v = self.paged_proj(layer, Proj::V, &h1, inputs)?.reshape((n, nkv, hd))?;
@@ -123,7 +126,7 @@ impl Qwen3 {
         let o = paged_attention::forward(&q, k_cache, v_cache, inputs.meta, scale)?.reshape((n, nh * hd))?;
         let attn = self.paged_proj(layer, Proj::O, &o, inputs)?;
         let post = self.weight(&norm_name(layer, Norm::PostAttention))?;
-        let (x2, h2, _) = rmsnorm::add_forward(x, &attn, &post, eps)?;
+        let (x2, h2, _) = rmsnorm::add_forward(&x, &attn, &post, eps)?;
         if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let (router, gate_up, down) = (
                 self.weight(&moe::router_name(layer))?,
@@ -131,11 +134,32 @@ impl Qwen3 {
                 self.weight(&moe::down_name(layer))?,
             );
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
-            return Ok((x2 + moe::forward(self.kernels(), shape, &w, &h2)?.0)?);
+            return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2)?.0) });
         }
         let gate = self.paged_proj(layer, Proj::Gate, &h2, inputs)?;
         let up = self.paged_proj(layer, Proj::Up, &h2, inputs)?;
         let down = self.paged_proj(layer, Proj::Down, &swiglu::forward(&gate, &up)?, inputs)?;
-        Ok((x2 + down)?)
+        Ok(Residual { x: x2, pending: Some(down) })
+    }
+}
+
+/// The residual stream between blocks: `x`, and the MLP output still to be added to it. The add
+/// is left to the next norm, which does both in one kernel (`rmsnorm::add_forward`, the same bits
+/// as an add then a norm): a decode step's adds are each a launch of their own otherwise.
+struct Residual {
+    x: Tensor,
+    pending: Option<Tensor>,
+}
+
+impl Residual {
+    /// The stream with its pending add done, and that normalised by gain `w`.
+    fn normed(&self, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor), ModelError> {
+        Ok(match &self.pending {
+            Some(add) => {
+                let (x, h, _) = rmsnorm::add_forward(&self.x, add, w, eps)?;
+                (x, h)
+            }
+            None => (self.x.clone(), rmsnorm::forward(&self.x, w, eps)?.0),
+        })
     }
 }
