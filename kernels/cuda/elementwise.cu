@@ -13,6 +13,17 @@ DEV float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
   }
 FOR_DTYPES(SWIGLU_FWD)
 
+// The same over a packed gate/up projection: row r of gu is [gate (f) | up (f)].
+#define SWIGLU_PACKED_FWD(S, T)                                                                    \
+  KERNEL void swiglu_packed_fwd_##S(const T* gu, T* h, size_t n, size_t f) {                      \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                 \
+      const size_t r = i / f, j = i % f;                                                           \
+      const float g = to_f(gu[r * 2 * f + j]);                                                     \
+      h[i] = from_f<T>(g * sigmoid(g) * to_f(gu[r * 2 * f + f + j]));                              \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_PACKED_FWD)
+
 // d_gate = dh·up·(σ + silu·(1 − σ)), d_up = dh·silu.
 #define SWIGLU_BWD(S, T)                                                                           \
   KERNEL void swiglu_bwd_##S(const T* dh, const T* gate, const T* up, T* dgate, T* dup,          \

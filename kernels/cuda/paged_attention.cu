@@ -259,12 +259,13 @@ FOR_DTYPES(KV_WRITE)
 
 // What a block does between its projections and attention, for every row n in one pass: q and k
 // heads RMS-normalised (gains qw, kw) and rotated (RoPE, rotate_half convention, tables cos/sin
-// [N, hd]); q written to q_out, k and v into their cache slots. One warp per (row, head), heads
-// counted as q heads, then k heads, then v heads; hd ≤ 256.
+// [N, hd]); q written to q_out, k and v into their cache slots. The input is the packed q/k/v
+// projection, a row of heads + 2·kvh heads of hd (the q heads, the k heads, the v heads). One
+// warp per (row, head), heads counted in that order; hd ≤ 256.
 template <typename T>
-DEV void prepare_unit(const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos,
-                      const T* sin, T* q_out, T* kc, T* vc, const unsigned* slots, unsigned capacity,
-                      int n, int heads, int kvh, int hd, float eps, float* stash) {
+DEV void prepare_unit(const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* q_out, T* kc,
+                      T* vc, const unsigned* slots, unsigned capacity, int n, int heads, int kvh, int hd,
+                      float eps, float* stash) {
   const int per_row = heads + 2 * kvh;
   const int lane = threadIdx.x % WARP;
   const int unit = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -272,15 +273,15 @@ DEV void prepare_unit(const T* q, const T* k, const T* v, const T* qw, const T* 
   const int row = unit / per_row, j = unit % per_row;
   const size_t slot = slots[row] < capacity ? slots[row] : 0;
   const bool store = slots[row] < capacity;
+  const T* x = qkv + ((size_t)row * per_row + j) * hd;
   if (j >= heads + kvh) {  // v: copied into the cache as it is
     const int h = j - heads - kvh;
     if (store)
-      for (int e = lane; e < hd; e += WARP) vc[(slot * kvh + h) * hd + e] = v[((size_t)row * kvh + h) * hd + e];
+      for (int e = lane; e < hd; e += WARP) vc[(slot * kvh + h) * hd + e] = x[e];
     return;
   }
   const bool is_q = j < heads;
   const int h = is_q ? j : j - heads;
-  const T* x = is_q ? q + ((size_t)row * heads + h) * hd : k + ((size_t)row * kvh + h) * hd;
   const T* w = is_q ? qw : kw;
   float ss = 0.f;
   for (int e = lane; e < hd; e += WARP) {
@@ -306,12 +307,11 @@ DEV void prepare_unit(const T* q, const T* k, const T* v, const T* qw, const T* 
 }
 
 #define PAGED_PREPARE(S, T)                                                                         \
-  KERNEL void paged_prepare_##S(const T* q, const T* k, const T* v, const T* qw, const T* kw,      \
-                                const T* cos, const T* sin, T* q_out, T* kc, T* vc,                 \
-                                const unsigned* slots, unsigned capacity, int n, int heads,         \
-                                int kvh, int hd, float eps) {                                       \
+  KERNEL void paged_prepare_##S(const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, \
+                                T* q_out, T* kc, T* vc, const unsigned* slots, unsigned capacity,   \
+                                int n, int heads, int kvh, int hd, float eps) {                     \
     __shared__ float stash[THREADS / WARP][256];                                                    \
-    prepare_unit<T>(q, k, v, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, hd,  \
-                    eps, stash[threadIdx.x / WARP]);                                                \
+    prepare_unit<T>(qkv, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, hd, eps,  \
+                    stash[threadIdx.x / WARP]);                                                     \
   }
 FOR_DTYPES(PAGED_PREPARE)

@@ -328,27 +328,33 @@ fn contiguous_mut<'a, T>(data: &'a mut [T], l: &candle_core::Layout) -> Result<&
     }
 }
 
-/// What a block does between its projections and attention: `q_pre` `[N, heads, hd]` and
-/// `k_pre` `[N, kv, hd]` normalised per head (gains `q_norm`, `k_norm` `[hd]`) and rotated by
-/// `cos`/`sin` `[N, hd]`; the rotated keys and `v` go into the caches at `slots`. Returns q.
+/// What a block does between its projections and attention. `qkv` `[N, (heads + 2·kv)·hd]` is
+/// the packed q/k/v projection (each row: the q heads, then the k heads, then the v heads; `kv`
+/// and `hd` are the caches'); q and k are normalised per head (gains `q_norm`, `k_norm` `[hd]`)
+/// and rotated by `cos`/`sin` `[N, hd]`; the rotated keys and v go into the caches at `slots`.
+/// Returns q `[N, heads, hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
-    q_pre: &Tensor,
-    k_pre: &Tensor,
-    v: &Tensor,
+    qkv: &Tensor,
+    heads: usize,
     norms: (&Tensor, &Tensor, f64),
     cos: &Tensor,
     sin: &Tensor,
     caches: (&Tensor, &Tensor),
     slots: &Tensor,
 ) -> Result<Tensor> {
-    let _profile = crate::profile::scope("paged prepare", q_pre.device());
+    let _profile = crate::profile::scope("paged prepare", qkv.device());
+    let (_, _, kv, hd) = caches.0.dims4()?;
+    let width = qkv.dim(1)?;
+    if qkv.rank() != 2 || width != (heads + 2 * kv) * hd {
+        candle_core::bail!("paged prepare: qkv {:?} is not [N, ({heads} + 2·{kv})·{hd}]", qkv.dims());
+    }
     #[cfg(feature = "cuda")]
     use crate::gpu::paged::prepare as gpu;
     on_gpu_or!(
-        [q_pre, k_pre, v, norms.0, norms.1, cos, sin],
-        gpu(q_pre, k_pre, v, norms, cos, sin, caches, slots),
-        reference::prepare(q_pre, k_pre, v, norms, cos, sin, caches, slots)
+        [qkv, norms.0, norms.1, cos, sin],
+        gpu(qkv, heads, norms, cos, sin, caches, slots),
+        reference::prepare(qkv, heads, norms, cos, sin, caches, slots)
     )
 }
 
@@ -418,19 +424,22 @@ pub mod reference {
 
     #[allow(clippy::too_many_arguments)]
     pub fn prepare(
-        q_pre: &Tensor,
-        k_pre: &Tensor,
-        v: &Tensor,
+        qkv: &Tensor,
+        heads: usize,
         (q_norm, k_norm, eps): (&Tensor, &Tensor, f64),
         cos: &Tensor,
         sin: &Tensor,
         (k_cache, v_cache): (&Tensor, &Tensor),
         slots: &Tensor,
     ) -> Result<Tensor> {
+        let (_, _, kv, hd) = k_cache.dims4()?;
+        let n = qkv.dim(0)?;
+        let part = |first: usize, count: usize| qkv.narrow(1, first * hd, count * hd)?.reshape((n, count, hd));
+        let (q_pre, k_pre, v) = (part(0, heads)?, part(heads, kv)?, part(heads + kv, kv)?);
         let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
-        let q = rope::forward(&rmsnorm::forward(q_pre, q_norm, eps)?.0, &cos, &sin)?;
-        let k = rope::forward(&rmsnorm::forward(k_pre, k_norm, eps)?.0, &cos, &sin)?;
-        super::write_kv(k_cache, v_cache, &k, v, slots)?;
+        let q = rope::forward(&rmsnorm::forward(&q_pre, q_norm, eps)?.0, &cos, &sin)?;
+        let k = rope::forward(&rmsnorm::forward(&k_pre, k_norm, eps)?.0, &cos, &sin)?;
+        super::write_kv(k_cache, v_cache, &k, &v, slots)?;
         Ok(q)
     }
 }

@@ -14,6 +14,22 @@ pub fn forward(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     on_gpu_or!([gate, up], gpu(gate, up), dispatch!([gate, up], fused(gate, up), reference::forward(gate, up)))
 }
 
+/// The forward over a packed gate/up projection `gu` `[N, 2f]` (each row the gate's `f` values,
+/// then the up's): one GEMM for both projections, and no copy to split its output.
+pub fn forward_packed(gu: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("swiglu fwd", gu.device());
+    let (_, width) = gu.dims2()?;
+    if width % 2 != 0 {
+        candle_core::bail!("swiglu: packed gate/up {:?} has an odd width", gu.dims());
+    }
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::swiglu_packed_forward as gpu;
+    on_gpu_or!([gu], gpu(gu), {
+        let f = width / 2;
+        forward(&gu.narrow(1, 0, f)?.contiguous()?, &gu.narrow(1, f, f)?.contiguous()?)
+    })
+}
+
 /// `d_gate = dh·up·σ(g)(1 + g(1 − σ(g)))`, `d_up = dh·silu(g)`.
 pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
     let _profile = crate::profile::scope("swiglu bwd", gate.device());
@@ -73,6 +89,10 @@ mod tests {
             assert_close(&du, &du_ref, tol)?;
         }
         assert!(forward(&g, &random(&[3, 6999], 4, &dev)?).is_err());
+        // Packed: [gate | up] per row gives the same bits as the two apart.
+        let gu = Tensor::cat(&[&g, &u], 1)?;
+        assert_close(&forward_packed(&gu)?, &forward(&g, &u)?, 0.0)?;
+        assert!(forward_packed(&gu.narrow(1, 0, 7001)?).is_err());
         Ok(())
     }
 

@@ -19,6 +19,21 @@ pub(crate) fn swiglu_forward<T: Elem>(gate: &Tensor, up: &Tensor) -> Result<Tens
     Ok(tensor(h, &dev, gate.shape().clone()))
 }
 
+/// `gu` `[N, 2f]` (gate then up per row) → `[N, f]`.
+pub(crate) fn swiglu_packed_forward<T: Elem>(gu: &Tensor) -> Result<Tensor> {
+    let dev = device(gu)?;
+    let (rows, width) = gu.dims2()?;
+    let (f, n) = (width / 2, rows * width / 2);
+    let mut h = alloc::<T>(&dev, n)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_packed_fwd")?;
+    with_views::<T, _, 1>([gu], |[g]| {
+        let mut b = k.builder();
+        b.arg(&g).arg(&mut h).arg(&n).arg(&f);
+        launch(b, grid_for(n, BLOCK))
+    })?;
+    Ok(tensor(h, &dev, (rows, f)))
+}
+
 pub(crate) fn swiglu_backward<T: Elem>(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tensor)> {
     let dev = device(gate)?;
     let n = gate.elem_count();

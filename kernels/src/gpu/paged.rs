@@ -108,37 +108,34 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare<T: Elem>(
-    q_pre: &Tensor,
-    k_pre: &Tensor,
-    v: &Tensor,
+    qkv: &Tensor,
+    heads: usize,
     (qn, kn, eps): (&Tensor, &Tensor, f64),
     cos: &Tensor,
     sin: &Tensor,
     (kc, vc): (&Tensor, &Tensor),
     slots: &Tensor,
 ) -> Result<Tensor> {
-    let (n, heads, hd) = q_pre.dims3()?;
-    let kv = k_pre.dim(1)?;
-    let (blocks, bs, ckv, chd) = kc.dims4()?;
+    let n = qkv.dim(0)?;
+    let (blocks, bs, kv, hd) = kc.dims4()?;
     let fits = hd <= 256
         && hd.is_multiple_of(2)
-        && (ckv, chd) == (kv, hd)
-        && kc.dtype() == q_pre.dtype()
+        && kc.dtype() == qkv.dtype()
         && vc.dims() == kc.dims()
         && kc.is_contiguous()
         && vc.is_contiguous()
         && slots.dims1()? == n
         && cos.dims() == [n, hd];
     if !fits {
-        return reference::prepare(q_pre, k_pre, v, (qn, kn, eps), cos, sin, (kc, vc), slots);
+        return reference::prepare(qkv, heads, (qn, kn, eps), cos, sin, (kc, vc), slots);
     }
-    let dev = device(q_pre)?;
+    let dev = device(qkv)?;
     let mut q = alloc::<T>(&dev, n * heads * hd)?;
     let kernel = Kernel::new::<T>(&dev, &MODULE, "paged_prepare")?;
     let capacity = u32::try_from(blocks * bs).map_err(|_| candle_core::Error::Msg("kv cache too large".into()))?;
     let (n_i, h, kvh, hd_i, eps) = (int(n)?, int(heads)?, int(kv)?, int(hd)?, eps as f32);
     let stream = dev.cuda_stream();
-    with_views::<T, _, 9>([q_pre, k_pre, v, qn, kn, cos, sin, kc, vc], |[qv, kv_, vv, qw, kw, cv, sv, kcv, vcv]| {
+    with_views::<T, _, 7>([qkv, qn, kn, cos, sin, kc, vc], |[xv, qw, kw, cv, sv, kcv, vcv]| {
         with_views::<u32, _, 1>([slots], |[slv]| {
             // The caches are written in place through their raw pointers: they are contiguous,
             // owned by the engine's runner (no other tensor aliases them), and the kernel writes
@@ -146,7 +143,7 @@ pub(crate) fn prepare<T: Elem>(
             let (kc_ptr, _kc_sync) = kcv.device_ptr(&stream);
             let (vc_ptr, _vc_sync) = vcv.device_ptr(&stream);
             let mut a = kernel.builder();
-            a.arg(&qv).arg(&kv_).arg(&vv).arg(&qw).arg(&kw).arg(&cv).arg(&sv).arg(&mut q);
+            a.arg(&xv).arg(&qw).arg(&kw).arg(&cv).arg(&sv).arg(&mut q);
             a.arg(&kc_ptr).arg(&vc_ptr).arg(&slv).arg(&capacity).arg(&n_i).arg(&h).arg(&kvh).arg(&hd_i).arg(&eps);
             let units = n * (heads + 2 * kv);
             let per_block = THREADS as usize / WARP;

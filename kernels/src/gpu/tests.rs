@@ -156,6 +156,9 @@ fn swiglu_matches_the_f64_reference() -> Result<()> {
             tol,
             inp.seed,
         )?;
+        // The packed form ([gate | up] per row, a serving step's one GEMM) computes the same bits.
+        let packed = fused(|| crate::swiglu::forward_packed(&Tensor::cat(&[&g, &u], 1)?))?;
+        expect_close(&format!("{tag} packed h"), &packed, &crate::swiglu::forward(&g, &u)?, 0.0, inp.seed)?;
         let (dg, du) = fused(|| crate::swiglu::backward(&dh, &g, &u))?;
         let (dg_ref, du_ref) = crate::swiglu::backward(&dhr, &gr, &ur)?;
         expect_close(&format!("{tag} dgate"), &dg, &dg_ref, tol, inp.seed)?;

@@ -100,7 +100,13 @@ fn prepare_normalises_rotates_and_stores_the_keys() -> Result<()> {
     let (kc, vc) =
         (Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?, Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?);
     let slots = Tensor::new(&[0u32, 5, 6], &dev)?;
-    let got = prepare(&q, &k, &v, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &slots)?;
+    let qkv = Tensor::cat(&[&q, &k, &v], 1)?.reshape((n, (heads + 2 * kv) * hd))?;
+    let got = prepare(&qkv, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &slots)?;
+    // A packed row of the wrong width is refused, not read past.
+    assert!(
+        prepare(&qkv.narrow(1, 0, (heads + kv) * hd)?, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &slots)
+            .is_err()
+    );
     let rot = |x: &Tensor, w: &Tensor| {
         let (c, s) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
         rope::reference::forward(&rmsnorm::reference::forward(x, w, 1e-6)?.0, &c, &s)

@@ -1,9 +1,11 @@
 //! The adapters served over one base: named LoRA slots, loaded and evicted by name, stacked for
 //! the multi-LoRA kernel so a batch mixes them row by row.
 
+use std::collections::BTreeSet;
+
 use candle_core::{DType, Device};
 
-use crate::model::{AdapterStack, Adapters, ModelError, Qwen3Config};
+use crate::model::{AdapterStack, Adapters, ModelError, Packing, Qwen3Config};
 
 struct Slot {
     name: String,
@@ -17,6 +19,8 @@ pub struct AdapterSlots {
     config: Qwen3Config,
     dtype: DType,
     device: Device,
+    /// The groups the base packs: their adapters are stacked per group.
+    packed: BTreeSet<(usize, Packing)>,
     max: usize,
     slots: Vec<Slot>,
     stack: Option<AdapterStack>,
@@ -37,8 +41,18 @@ pub enum AdapterError {
 }
 
 impl AdapterSlots {
-    pub fn new(config: Qwen3Config, dtype: DType, device: Device, max: usize) -> AdapterSlots {
-        AdapterSlots { config, dtype, device, max, slots: Vec::new(), stack: None, next_uid: 1 }
+    /// Slots for adapters over `base`, at most `max` of them.
+    pub fn new(base: &crate::model::Qwen3, max: usize) -> AdapterSlots {
+        AdapterSlots {
+            config: base.config().clone(),
+            dtype: base.dtype(),
+            device: base.device().clone(),
+            packed: base.packed_groups(),
+            max,
+            slots: Vec::new(),
+            stack: None,
+            next_uid: 1,
+        }
     }
 
     /// Serves `adapters` under `name` (checked against the base's shape).
@@ -66,8 +80,12 @@ impl AdapterSlots {
 
     fn restack(&mut self) -> Result<(), ModelError> {
         let all: Vec<&Adapters> = self.slots.iter().map(|s| &s.adapters).collect();
-        self.stack =
-            if all.is_empty() { None } else { Some(AdapterStack::new(&self.config, &all, self.dtype, &self.device)?) };
+        let packed = |layer, g| self.packed.contains(&(layer, g));
+        self.stack = if all.is_empty() {
+            None
+        } else {
+            Some(AdapterStack::new(&self.config, &all, (self.dtype, &self.device), packed)?)
+        };
         Ok(())
     }
 

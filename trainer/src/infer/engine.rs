@@ -164,16 +164,18 @@ impl Engine {
     /// Serves `model` (on its own device, with its own kernel settings). With a tokenizer the
     /// events carry text and requests may have stop strings; its end-of-turn and end-of-text
     /// tokens end a completion. The cache is sized now, after the model took its memory.
-    pub fn new(model: Qwen3, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn new(mut model: Qwen3, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate()?;
+        // Before the sizing: packing swaps the grouped weights for one copy of each group, and
+        // the cache takes what is free after.
+        model.pack_projections()?;
         let shape = Runner::cache_shape(&model, config.block_size);
         let blocks = kv::sizing::blocks(&shape, config.kv_blocks, config.max_model_len, model.device())
             .map_err(EngineError::Config)?;
         let vocab =
             tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));
         let stop_ids = tokenizer.as_ref().map_or(Vec::new(), |t| vec![t.im_end_id(), t.eos_id()]);
-        let adapters =
-            AdapterSlots::new(model.config().clone(), model.dtype(), model.device().clone(), config.max_adapters);
+        let adapters = AdapterSlots::new(&model, config.max_adapters);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads.max(1))
             .thread_name(|i| format!("mindxtrain-infer-{i}"))

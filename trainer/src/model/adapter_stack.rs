@@ -4,6 +4,11 @@
 //! Adapters may differ in rank and targets: the stack's rank is the largest, smaller ones are
 //! zero-padded, and a projection an adapter does not target holds zeros in its slot (its rows
 //! then get the base alone, as they should).
+//!
+//! Where the base packs a group of projections into one weight ([`Packing`]), the group gets
+//! one stack: each member's `A` stacked along the rank, `B` block-diagonal (member `i`'s output
+//! rows read only its own rank columns). The branch then adds exactly what the members' own
+//! branches would (the other blocks are zeros), in the one launch of the packed GEMM.
 
 use std::collections::BTreeMap;
 
@@ -11,58 +16,114 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::multi_lora::LoraStack;
 
 use super::lora::Adapters;
+use super::packed::Packing;
 use super::params::Proj;
 use super::{ModelError, Qwen3Config};
+
+/// What one stack adapts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    Proj(Proj),
+    Group(Packing),
+}
 
 /// The stacked adapters of a served base.
 #[derive(Debug, Clone)]
 pub struct AdapterStack {
-    stacks: BTreeMap<(usize, Proj), LoraStack>,
+    stacks: BTreeMap<(usize, Target), LoraStack>,
     slots: usize,
 }
 
+/// How the stacks are laid out: the shapes, and which groups the base packs.
+struct Layout<'a> {
+    config: &'a Qwen3Config,
+    r: usize,
+    dtype: DType,
+    device: &'a Device,
+}
+
+impl Layout<'_> {
+    /// `ad`'s `A` `[r, in]` and `B` `[out, r]` of one projection, zero-padded to the stack's
+    /// rank, or zeros where it does not target it; and whether it does.
+    fn member(&self, ad: &Adapters, layer: usize, proj: Proj) -> Result<(Tensor, Tensor, bool), ModelError> {
+        let (out, inp) = proj.shape(self.config);
+        Ok(match ad.pair(layer, proj) {
+            Some((a, b)) => {
+                let pad = self.r - ad.config.r;
+                let a = a.to_dtype(self.dtype)?.to_device(self.device)?.pad_with_zeros(0, 0, pad)?;
+                let b = b.to_dtype(self.dtype)?.to_device(self.device)?.pad_with_zeros(1, 0, pad)?;
+                (a, b, true)
+            }
+            None => (
+                Tensor::zeros((self.r, inp), self.dtype, self.device)?,
+                Tensor::zeros((out, self.r), self.dtype, self.device)?,
+                false,
+            ),
+        })
+    }
+
+    /// The stack of `members` (one projection, or a packed group in output order), if any
+    /// adapter targets one of them.
+    fn stack(&self, adapters: &[&Adapters], layer: usize, members: &[Proj]) -> Result<Option<LoraStack>, ModelError> {
+        if !adapters.iter().any(|a| members.iter().any(|&p| a.pair(layer, p).is_some())) {
+            return Ok(None);
+        }
+        let m = members.len();
+        let (mut a_parts, mut b_parts, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+        for ad in adapters {
+            let (mut a_rows, mut b_rows, mut any) = (Vec::new(), Vec::new(), false);
+            for (i, &proj) in members.iter().enumerate() {
+                let (a, b, targeted) = self.member(ad, layer, proj)?;
+                a_rows.push(a);
+                b_rows.push(b.pad_with_zeros(1, i * self.r, (m - 1 - i) * self.r)?);
+                any |= targeted;
+            }
+            a_parts.push(Tensor::cat(&a_rows, 0)?);
+            b_parts.push(Tensor::cat(&b_rows, 0)?);
+            scales.push(if any { ad.config.scaling() } else { 0.0 });
+        }
+        Ok(Some(LoraStack { a: Tensor::stack(&a_parts, 0)?, b: Tensor::stack(&b_parts, 0)?, scales }))
+    }
+}
+
 impl AdapterStack {
-    /// Stacks `adapters` (slot `i` = `adapters[i]`) in `dtype` on `device`.
+    /// Stacks `adapters` (slot `i` = `adapters[i]`) in `dtype` on `device`, one stack per
+    /// group of each layer that `packed` says the base packs and one per other projection.
     pub fn new(
         config: &Qwen3Config,
         adapters: &[&Adapters],
-        dtype: DType,
-        device: &Device,
+        (dtype, device): (DType, &Device),
+        packed: impl Fn(usize, Packing) -> bool,
     ) -> Result<AdapterStack, ModelError> {
-        let slots = adapters.len();
-        let r = adapters.iter().map(|a| a.config.r).max().unwrap_or(0);
+        let layout = Layout { config, r: adapters.iter().map(|a| a.config.r).max().unwrap_or(0), dtype, device };
         let mut stacks = BTreeMap::new();
         for layer in 0..config.num_hidden_layers {
-            for proj in Proj::ALL {
-                if !adapters.iter().any(|a| a.pair(layer, proj).is_some()) {
+            let groups: Vec<Packing> = Packing::ALL.into_iter().filter(|&g| packed(layer, g)).collect();
+            for &proj in Proj::of_layer(config, layer) {
+                if groups.iter().any(|g| g.members().contains(&proj)) {
                     continue;
                 }
-                let (out, inp) = proj.shape(config);
-                let (mut a_parts, mut b_parts, mut scales) = (Vec::new(), Vec::new(), Vec::new());
-                for ad in adapters {
-                    let (a, b, s) = match ad.pair(layer, proj) {
-                        Some((a, b)) => {
-                            let pad = r - ad.config.r;
-                            let a = a.to_dtype(dtype)?.to_device(device)?.pad_with_zeros(0, 0, pad)?;
-                            let b = b.to_dtype(dtype)?.to_device(device)?.pad_with_zeros(1, 0, pad)?;
-                            (a, b, ad.config.scaling())
-                        }
-                        None => (Tensor::zeros((r, inp), dtype, device)?, Tensor::zeros((out, r), dtype, device)?, 0.0),
-                    };
-                    a_parts.push(a);
-                    b_parts.push(b);
-                    scales.push(s);
+                if let Some(s) = layout.stack(adapters, layer, &[proj])? {
+                    stacks.insert((layer, Target::Proj(proj)), s);
                 }
-                let stack = LoraStack { a: Tensor::stack(&a_parts, 0)?, b: Tensor::stack(&b_parts, 0)?, scales };
-                stacks.insert((layer, proj), stack);
+            }
+            for g in groups {
+                if let Some(s) = layout.stack(adapters, layer, g.members())? {
+                    stacks.insert((layer, Target::Group(g)), s);
+                }
             }
         }
-        Ok(AdapterStack { stacks, slots })
+        Ok(AdapterStack { stacks, slots: adapters.len() })
     }
 
-    /// The stack of one projection, if any adapter targets it.
+    /// The stack of one projection the base does not pack, if any adapter targets it.
     pub fn get(&self, layer: usize, proj: Proj) -> Option<&LoraStack> {
-        self.stacks.get(&(layer, proj))
+        self.stacks.get(&(layer, Target::Proj(proj)))
+    }
+
+    /// The stack of a packed group, if any adapter targets one of its members.
+    pub fn group(&self, layer: usize, packing: Packing) -> Option<&LoraStack> {
+        self.stacks.get(&(layer, Target::Group(packing)))
     }
 
     pub fn slots(&self) -> usize {

@@ -15,6 +15,7 @@ use mindxtrain_kernels::{embedding, linear, rmsnorm, rope, swiglu};
 
 use super::adapter_stack::AdapterStack;
 use super::moe::{self, MoeWeights};
+use super::packed::Packing;
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
 use super::{ModelError, Qwen3};
 
@@ -99,10 +100,27 @@ impl Qwen3 {
     /// `x·Wᵀ` of projection `proj`, plus each row's adapter branch.
     fn paged_proj(&self, layer: usize, proj: Proj, x: &Tensor, inputs: &PagedInputs<'_>) -> Result<Tensor, ModelError> {
         let w = self.weight(&base_weight_name(layer, proj))?;
-        Ok(match inputs.adapters.and_then(|(stack, rows)| Some((stack.get(layer, proj)?, rows))) {
-            Some((lora, rows)) => multi_lora::forward(self.kernels(), x, &w, lora, rows)?,
-            None => linear::forward(self.kernels(), x, &w)?,
-        })
+        let lora = inputs.adapters.and_then(|(stack, rows)| Some((stack.get(layer, proj)?, rows)));
+        project(self, x, &w, lora)
+    }
+
+    /// The outputs of a group's projections side by side, `[N, Σ out]`: one product with the
+    /// packed weight (and the group's adapter stack) where the model packs the group, else one
+    /// per member, concatenated.
+    fn paged_group(
+        &self,
+        layer: usize,
+        packing: Packing,
+        x: &Tensor,
+        inputs: &PagedInputs<'_>,
+    ) -> Result<Tensor, ModelError> {
+        if let Some(w) = self.packed(layer, packing) {
+            let lora = inputs.adapters.and_then(|(stack, rows)| Some((stack.group(layer, packing)?, rows)));
+            return project(self, x, w, lora);
+        }
+        let parts =
+            packing.members().iter().map(|&p| self.paged_proj(layer, p, x, inputs)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Tensor::cat(&parts, 1)?)
     }
 
     fn paged_block(
@@ -116,12 +134,10 @@ impl Qwen3 {
         let c = self.config();
         let eps = c.rms_norm_eps;
         let (x, h1) = stream.normed(&*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
-        let (n, nh, nkv, hd) = (x.dim(0)?, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let q = self.paged_proj(layer, Proj::Q, &h1, inputs)?.reshape((n, nh, hd))?;
-        let k = self.paged_proj(layer, Proj::K, &h1, inputs)?.reshape((n, nkv, hd))?;
-        let v = self.paged_proj(layer, Proj::V, &h1, inputs)?.reshape((n, nkv, hd))?;
+        let (n, nh, hd) = (x.dim(0)?, c.num_attention_heads, c.head_dim);
+        let qkv = self.paged_group(layer, Packing::Qkv, &h1, inputs)?;
         let (qn, kn) = (self.weight(&norm_name(layer, Norm::Q))?, self.weight(&norm_name(layer, Norm::K))?);
-        let q = paged_attention::prepare(&q, &k, &v, (&qn, &kn, eps), cos, sin, (k_cache, v_cache), inputs.slots)?;
+        let q = paged_attention::prepare(&qkv, nh, (&qn, &kn, eps), cos, sin, (k_cache, v_cache), inputs.slots)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let o = paged_attention::forward(&q, k_cache, v_cache, inputs.meta, scale)?.reshape((n, nh * hd))?;
         let attn = self.paged_proj(layer, Proj::O, &o, inputs)?;
@@ -136,11 +152,23 @@ impl Qwen3 {
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
             return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2)?.0) });
         }
-        let gate = self.paged_proj(layer, Proj::Gate, &h2, inputs)?;
-        let up = self.paged_proj(layer, Proj::Up, &h2, inputs)?;
-        let down = self.paged_proj(layer, Proj::Down, &swiglu::forward(&gate, &up)?, inputs)?;
+        let gate_up = self.paged_group(layer, Packing::GateUp, &h2, inputs)?;
+        let down = self.paged_proj(layer, Proj::Down, &swiglu::forward_packed(&gate_up)?, inputs)?;
         Ok(Residual { x: x2, pending: Some(down) })
     }
+}
+
+/// `x·Wᵀ`, plus each row's adapter branch where a stack is given.
+fn project(
+    model: &Qwen3,
+    x: &Tensor,
+    w: &Tensor,
+    lora: Option<(&multi_lora::LoraStack, &RowAdapters)>,
+) -> Result<Tensor, ModelError> {
+    Ok(match lora {
+        Some((stack, rows)) => multi_lora::forward(model.kernels(), x, w, stack, rows)?,
+        None => linear::forward(model.kernels(), x, w)?,
+    })
 }
 
 /// The residual stream between blocks: `x`, and the MLP output still to be added to it. The add

@@ -67,9 +67,12 @@ pub struct StepOutput {
 #[derive(Debug, Clone)]
 pub struct Qwen3 {
     pub(super) config: Qwen3Config,
-    params: Params,
+    pub(super) params: Params,
     /// Linear weights held in NF4 (QLoRA); absent from `params` then.
     quantized: BTreeMap<String, Nf4Tensor>,
+    /// Serving's packed projection groups, by layer ([`super::packed`]); the grouped
+    /// parameters in `params` are then views of these.
+    pub(super) packed: BTreeMap<(usize, super::Packing), Tensor>,
     device: Device,
     dtype: DType,
     /// The plan's kernel choices this model runs with (the default until a runner sets them).
@@ -128,6 +131,7 @@ impl Qwen3 {
             config,
             params,
             quantized: BTreeMap::new(),
+            packed: BTreeMap::new(),
             device: device.clone(),
             dtype,
             kernels: KernelConfig::default(),
@@ -187,7 +191,10 @@ impl Qwen3 {
 
     /// For the optimizer's in-place updates; replacing a tensor with another shape or dtype
     /// breaks the model (the next step errors).
+    /// Unpacks the projections ([`Qwen3::pack_projections`]): what the caller puts in the map
+    /// is what the model reads.
     pub fn params_mut(&mut self) -> &mut Params {
+        self.packed.clear();
         &mut self.params
     }
 
@@ -198,6 +205,7 @@ impl Qwen3 {
             for proj in Proj::ALL {
                 let name = base_weight_name(layer, proj);
                 if let Some(w) = self.params.remove(&name) {
+                    self.packed.clear();
                     self.quantized.insert(name, Nf4Tensor::quantize(&w)?);
                 }
             }

@@ -88,9 +88,11 @@ fn prepare_and_kv_write_match_the_reference() -> Result<()> {
             zeros(&Device::Cpu, DType::F64)?,
         );
         let (s_gpu, s_cpu) = (Tensor::new(slots.as_slice(), &gpu())?, Tensor::new(slots.as_slice(), &Device::Cpu)?);
-        let got = fused(|| paged_attention::prepare(&q, &k, &v, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &s_gpu))?;
+        let pack = |q: &Tensor, k: &Tensor, v: &Tensor| Tensor::cat(&[q, k, v], 1)?.reshape((n, (heads + 2 * kv) * hd));
+        let (qkv, qkvr) = (pack(&q, &k, &v)?, pack(&qr, &kr, &vr)?);
+        let got = fused(|| paged_attention::prepare(&qkv, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &s_gpu))?;
         let want =
-            paged_attention::reference::prepare(&qr, &kr, &vr, (&qnr, &knr, 1e-6), &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
+            paged_attention::reference::prepare(&qkvr, heads, (&qnr, &knr, 1e-6), &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
         expect_close(&format!("prepare q {dt:?}"), &got, &want, tol, inp.seed)?;
         expect_close(&format!("prepare k cache {dt:?}"), &kc, &kcr, tol, inp.seed)?;
         expect_close(&format!("prepare v cache {dt:?}"), &vc, &vcr, tol, inp.seed)?;
