@@ -27,16 +27,19 @@
   }
 FOR_DTYPES(LORA_SHRINK)
 
-// y[n, o] += Σ_j xa[n, j]·B[slot, o, j] for rows with an adapter; grid-stride over n·out.
+// y[n, o] += Σ_j xa[n, c + j]·B[slot, o, j] for rows with an adapter; grid-stride over n·out.
+// xa has xa_cols = m·r columns for a packed group of m members (q/k/v, gate/up); output row o
+// belongs to member (o ≥ b1) + (o ≥ b2) and reads that member's r columns, c = member·r (a
+// block-diagonal B would multiply the other members' columns by zeros: m times the work).
 #define LORA_EXPAND(S, T)                                                                           \
   KERNEL void lora_expand_##S(T* y, const float* xa, const T* b, const int* ids, int n, int r,     \
-                              int d_out) {                                                          \
+                              int d_out, int xa_cols, int b1, int b2) {                             \
     for (size_t i = global_index(); i < (size_t)n * d_out; i += global_stride()) {                 \
       const int row = i / d_out, o = i % d_out;                                                     \
       const int slot = ids[row];                                                                    \
       if (slot < 0) continue;                                                                       \
       const T* br = b + ((size_t)slot * d_out + o) * r;                                             \
-      const float* xr = xa + (size_t)row * r;                                                       \
+      const float* xr = xa + (size_t)row * xa_cols + ((o >= b1) + (o >= b2)) * r;                   \
       float acc = 0.f;                                                                              \
       for (int j = 0; j < r; ++j) acc += xr[j] * to_f(br[j]);                                       \
       y[i] = from_f<T>(to_f(y[i]) + acc);                                                           \

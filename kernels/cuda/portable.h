@@ -30,6 +30,7 @@ typedef __nv_bfloat16 bf16;
 
 #define KERNEL extern "C" __global__
 #define DEV static __device__ __forceinline__
+#define DEV_MEMBER __device__ __forceinline__
 #define BARRIER() __syncthreads()
 
 // Every kernel reads and writes its tensors' own dtype and does its arithmetic in f32.

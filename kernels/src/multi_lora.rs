@@ -5,6 +5,9 @@
 //!
 //! Adapters are stacked per projection: `A` `[slots, r, in]`, `B` `[slots, out, r]`, one
 //! scaling per slot (adapters of a smaller rank are zero-padded to `r`, which adds nothing).
+//! A packed group of up to three projections that read one input (q/k/v, gate/up) is one stack:
+//! `A` `[slots, m·r, in]` (the members' `A` along the rank), `B` `[slots, Σ out, r]` (the members'
+//! `B` along the output), and member `i`'s output rows read only its own `r` columns of `x·Aᵀ`.
 //! The [`reference`] is a loop over the adapters present (gather their rows, two GEMMs,
 //! scatter back); on a GPU the branch is two batched kernels over rows (shrink `x·Aᵀ`, then
 //! expand into `y`), so a batch of many adapters costs what one does.
@@ -16,13 +19,18 @@ use candle_core::{Device, Result, Tensor};
 /// One projection's adapters, stacked by slot.
 #[derive(Debug, Clone)]
 pub struct LoraStack {
-    /// `[slots, r, in]`.
+    /// `[slots, m·r, in]`.
     pub a: Tensor,
     /// `[slots, out, r]`.
     pub b: Tensor,
     /// The scaling of each slot (`alpha / r`, or rsLoRA's).
     pub scales: Vec<f64>,
+    /// The output rows of each of the `m` members, in order (one entry: a single projection).
+    pub member_rows: Vec<usize>,
 }
+
+/// The most members a packed stack may have (the expand kernel's boundaries).
+pub const MAX_MEMBERS: usize = 3;
 
 /// Which adapter slot each row of a batch uses (`None`: the base alone).
 #[derive(Debug, Clone)]
@@ -72,23 +80,33 @@ impl RowAdapters {
 }
 
 impl LoraStack {
+    /// The rank of each member.
+    pub fn rank(&self) -> Result<usize> {
+        Ok(self.b.dim(2)?)
+    }
+
     fn check(&self, x: &Tensor, w: &Tensor, rows: &RowAdapters) -> Result<()> {
-        let (slots, r, d_in) = self.a.dims3()?;
-        let (b_slots, d_out, b_r) = self.b.dims3()?;
+        let (slots, mr, d_in) = self.a.dims3()?;
+        let (b_slots, d_out, r) = self.b.dims3()?;
         let (n, x_in) = x.dims2()?;
         let (w_out, w_in) = w.dims2()?;
-        let fits = (b_slots, b_r) == (slots, r)
+        let m = self.member_rows.len();
+        let fits = b_slots == slots
+            && (1..=MAX_MEMBERS).contains(&m)
+            && mr == m * r
+            && self.member_rows.iter().sum::<usize>() == d_out
             && (x_in, w_in, w_out) == (d_in, d_in, d_out)
             && self.scales.len() == slots
             && rows.rows.len() == n
             && rows.rows.iter().all(|s| s.is_none_or(|s| (s as usize) < slots));
         if !fits {
             candle_core::bail!(
-                "multi-LoRA: x {:?}, W {:?}, A {:?}, B {:?}, {} scales, {} row slots (one past the stack?)",
+                "multi-LoRA: x {:?}, W {:?}, A {:?}, B {:?}, members of {:?} rows, {} scales, {} row slots (one past the stack?)",
                 x.dims(),
                 w.dims(),
                 self.a.dims(),
                 self.b.dims(),
+                self.member_rows,
                 self.scales.len(),
                 rows.rows.len()
             );
@@ -127,7 +145,14 @@ pub mod reference {
             let xs = x.index_select(&idx, 0)?;
             let (a, b) = (lora.a.get(slot as usize)?, lora.b.get(slot as usize)?);
             let xa = (linear::forward(cfg, &xs, &a)? * lora.scales[slot as usize])?;
-            y = y.index_add(&idx, &linear::forward(cfg, &xa, &b)?, 0)?;
+            let r = lora.rank()?;
+            let (mut parts, mut row) = (Vec::new(), 0);
+            for (i, &rows) in lora.member_rows.iter().enumerate() {
+                let xa_i = xa.narrow(1, i * r, r)?.contiguous()?;
+                parts.push(linear::forward(cfg, &xa_i, &b.narrow(0, row, rows)?)?);
+                row += rows;
+            }
+            y = y.index_add(&idx, &Tensor::cat(&parts, 1)?, 0)?;
         }
         Ok(y)
     }
@@ -149,6 +174,7 @@ mod tests {
             a: random(&[slots, r, d_in], 3, &dev)?,
             b: random(&[slots, d_out, r], 4, &dev)?,
             scales: vec![2.0, 0.5, 1.5],
+            member_rows: vec![d_out],
         };
         let assign = [Some(2), None, Some(0), Some(2), Some(1), None, Some(0)];
         let rows = RowAdapters::new(assign.to_vec(), &dev)?;
@@ -168,15 +194,57 @@ mod tests {
         assert_close(&forward(&cfg, &x, &w, &stack, &none)?, &x.matmul(&w.t()?)?, 0.0)?;
         // f32 follows f64.
         let c = |t: &Tensor| t.to_dtype(DType::F32);
-        let s32 = LoraStack { a: c(&stack.a)?, b: c(&stack.b)?, scales: stack.scales.clone() };
+        let s32 = LoraStack { a: c(&stack.a)?, b: c(&stack.b)?, ..stack.clone() };
         assert_close(&forward(&cfg, &c(&x)?, &c(&w)?, &s32, &rows)?, &y, 1e-5)?;
+        Ok(())
+    }
+
+    /// A packed group's stack adds to each member's rows what that member's own stack adds.
+    #[test]
+    fn a_packed_stack_equals_its_members_apart() -> Result<()> {
+        let dev = Device::Cpu;
+        let cfg = KernelConfig::default();
+        let (n, d_in, r, slots, outs) = (5, 6, 2, 2, [4usize, 3, 3]);
+        let x = random(&[n, d_in], 1, &dev)?;
+        let rows = RowAdapters::new(vec![Some(1), None, Some(0), Some(1), Some(0)], &dev)?;
+        let scales = vec![0.5, 2.0];
+        let members: Vec<(Tensor, LoraStack)> = outs
+            .iter()
+            .enumerate()
+            .map(|(i, &out)| -> Result<_> {
+                let a = random(&[slots, r, d_in], 10 + i as u64, &dev)?;
+                let b = random(&[slots, out, r], 20 + i as u64, &dev)?;
+                let w = random(&[out, d_in], 30 + i as u64, &dev)?;
+                Ok((w, LoraStack { a, b, scales: scales.clone(), member_rows: vec![out] }))
+            })
+            .collect::<Result<_>>()?;
+        let cat = |f: &dyn Fn(&(Tensor, LoraStack)) -> Tensor, dim| {
+            Tensor::cat(&members.iter().map(f).collect::<Vec<_>>(), dim)
+        };
+        let packed = LoraStack {
+            a: cat(&|m| m.1.a.clone(), 1)?,
+            b: cat(&|m| m.1.b.clone(), 1)?,
+            scales,
+            member_rows: outs.to_vec(),
+        };
+        let apart =
+            Tensor::cat(&members.iter().map(|(w, s)| forward(&cfg, &x, w, s, &rows)).collect::<Result<Vec<_>>>()?, 1)?;
+        assert_close(&forward(&cfg, &x, &cat(&|m| m.0.clone(), 0)?, &packed, &rows)?, &apart, 1e-12)?;
+        // Members whose rows do not add up to the weight's are refused.
+        let bad = LoraStack { member_rows: vec![4, 3, 2], ..packed };
+        assert!(forward(&cfg, &x, &cat(&|m| m.0.clone(), 0)?, &bad, &rows).is_err());
         Ok(())
     }
 
     #[test]
     fn a_slot_past_the_stack_is_an_error() -> Result<()> {
         let dev = Device::Cpu;
-        let stack = LoraStack { a: random(&[1, 2, 4], 1, &dev)?, b: random(&[1, 3, 2], 2, &dev)?, scales: vec![1.0] };
+        let stack = LoraStack {
+            a: random(&[1, 2, 4], 1, &dev)?,
+            b: random(&[1, 3, 2], 2, &dev)?,
+            scales: vec![1.0],
+            member_rows: vec![3],
+        };
         let rows = RowAdapters::new(vec![Some(1)], &dev)?;
         let err =
             forward(&KernelConfig::default(), &random(&[1, 4], 3, &dev)?, &random(&[3, 4], 4, &dev)?, &stack, &rows);

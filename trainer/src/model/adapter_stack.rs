@@ -6,9 +6,9 @@
 //! then get the base alone, as they should).
 //!
 //! Where the base packs a group of projections into one weight ([`Packing`]), the group gets
-//! one stack: each member's `A` stacked along the rank, `B` block-diagonal (member `i`'s output
-//! rows read only its own rank columns). The branch then adds exactly what the members' own
-//! branches would (the other blocks are zeros), in the one launch of the packed GEMM.
+//! one stack: each member's `A` stacked along the rank, its `B` along the output, and member
+//! `i`'s output rows read only its own rank columns (`LoraStack::member_rows`). The branch then
+//! adds exactly what the members' own branches would, with the packed GEMM.
 
 use std::collections::BTreeMap;
 
@@ -68,21 +68,21 @@ impl Layout<'_> {
         if !adapters.iter().any(|a| members.iter().any(|&p| a.pair(layer, p).is_some())) {
             return Ok(None);
         }
-        let m = members.len();
         let (mut a_parts, mut b_parts, mut scales) = (Vec::new(), Vec::new(), Vec::new());
         for ad in adapters {
             let (mut a_rows, mut b_rows, mut any) = (Vec::new(), Vec::new(), false);
-            for (i, &proj) in members.iter().enumerate() {
+            for &proj in members {
                 let (a, b, targeted) = self.member(ad, layer, proj)?;
                 a_rows.push(a);
-                b_rows.push(b.pad_with_zeros(1, i * self.r, (m - 1 - i) * self.r)?);
+                b_rows.push(b);
                 any |= targeted;
             }
             a_parts.push(Tensor::cat(&a_rows, 0)?);
             b_parts.push(Tensor::cat(&b_rows, 0)?);
             scales.push(if any { ad.config.scaling() } else { 0.0 });
         }
-        Ok(Some(LoraStack { a: Tensor::stack(&a_parts, 0)?, b: Tensor::stack(&b_parts, 0)?, scales }))
+        let member_rows = members.iter().map(|p| p.shape(self.config).0).collect();
+        Ok(Some(LoraStack { a: Tensor::stack(&a_parts, 0)?, b: Tensor::stack(&b_parts, 0)?, scales, member_rows }))
     }
 }
 

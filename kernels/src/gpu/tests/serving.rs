@@ -112,17 +112,26 @@ fn multi_lora_matches_the_loop_over_adapters() -> Result<()> {
     let (n, d_in, d_out, r, slots) = (77, 256, 384, 16, 8);
     let ids: Vec<Option<u32>> = (0..n).map(|i| if i % 5 == 3 { None } else { Some((i * 3 % slots) as u32) }).collect();
     let cfg = crate::KernelConfig::default();
-    for (dt, tol) in DTYPES {
-        let mut inp = Inputs::new(dt);
-        let ((x, xr), (w, wr)) = (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?);
-        let ((a, ar), (b, br)) = (inp.make(&[slots, r, d_in], 1.0)?, inp.make(&[slots, d_out, r], 1.0)?);
-        let scales: Vec<f64> = (0..slots).map(|s| 0.5 + s as f64 / 4.0).collect();
-        let stack = LoraStack { a, b, scales: scales.clone() };
-        let stack_r = LoraStack { a: ar, b: br, scales };
-        let got = fused(|| multi_lora::forward(&cfg, &x, &w, &stack, &RowAdapters::new(ids.clone(), &gpu())?))?;
-        let want =
-            multi_lora::reference::forward(&cfg, &xr, &wr, &stack_r, &RowAdapters::new(ids.clone(), &Device::Cpu)?)?;
-        expect_close(&format!("multi-LoRA {dt:?}"), &got, &want, tol * 2.0, inp.seed)?;
+    // One projection, and packed groups of three (q/k/v-like) and two (gate/up-like) members.
+    for members in [vec![d_out], vec![256, 64, 64], vec![192, 192]] {
+        for (dt, tol) in DTYPES {
+            let mut inp = Inputs::new(dt);
+            let m = members.len();
+            let ((x, xr), (w, wr)) = (inp.make(&[n, d_in], 1.0)?, inp.make(&[d_out, d_in], 1.0)?);
+            let ((a, ar), (b, br)) = (inp.make(&[slots, m * r, d_in], 1.0)?, inp.make(&[slots, d_out, r], 1.0)?);
+            let scales: Vec<f64> = (0..slots).map(|s| 0.5 + s as f64 / 4.0).collect();
+            let stack = LoraStack { a, b, scales: scales.clone(), member_rows: members.clone() };
+            let stack_r = LoraStack { a: ar, b: br, scales, member_rows: members.clone() };
+            let got = fused(|| multi_lora::forward(&cfg, &x, &w, &stack, &RowAdapters::new(ids.clone(), &gpu())?))?;
+            let want = multi_lora::reference::forward(
+                &cfg,
+                &xr,
+                &wr,
+                &stack_r,
+                &RowAdapters::new(ids.clone(), &Device::Cpu)?,
+            )?;
+            expect_close(&format!("multi-LoRA {members:?} {dt:?}"), &got, &want, tol * 2.0, inp.seed)?;
+        }
     }
     Ok(())
 }
