@@ -470,9 +470,21 @@ async fn a_kill_during_settlement_is_reconciled_and_the_retry_answered_without_p
     // Once answered, the header buys nothing more.
     let r = http.post(&chat_url).header("payment-signature", paid).json(&chat(2)).send().await.unwrap();
     assert_eq!(refusal(&r).as_deref(), Some("invalid_exact_evm_nonce_already_used"));
+    // `payment.served` is group-committed after the answer's last byte (nothing waits for it:
+    // payments.rs), so under load it may reach the log a moment after the client has the answer.
+    // Wait for it before killing the seller; then there is exactly one.
+    let mut served = Vec::new();
+    for _ in 0..200 {
+        served = logged(&seller.node, "payment.served");
+        if !served.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     seller.kill();
     let settled = logged(&seller.node, "payment.settled");
     assert_eq!(settled[0]["data"]["by"], "reconciliation");
+    assert_eq!(served.len(), 1, "the answer was recorded as served once");
     assert_eq!(logged(&seller.node, "payment.served").len(), 1);
     assert_accounts(1, &transfers, &settled_txs_in(&seller.node));
 }
