@@ -68,8 +68,9 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
     let mut pm = alloc::<f32>(&dev, partial)?;
     let mut pl = alloc::<f32>(&dev, partial)?;
     let mut pacc = alloc::<f32>(&dev, partial * if plan.splits > 1 { hd } else { 1 })?;
-    let pad = if T::SUFFIX == "bf16" { 2 } else { 1 };
+    // K rows padded by 16 bytes (`KPad` in the kernel).
     let elem = std::mem::size_of::<T>();
+    let pad = 16 / elem;
     let shared = (WARP * (hd + pad) * elem + WARP * hd * elem + MAX_UNITS * hd * 4) as u32;
     let kernel =
         Kernel::named(&dev, &MODULE, &format!("paged_attn_{}_hd{hd}", T::SUFFIX))?.with_dynamic_shared(shared)?;

@@ -156,24 +156,31 @@ fn device_sampling_picks_the_reference_s_tokens() -> Result<()> {
         let mut inp = Inputs::new(dt);
         let (logits, _) = inp.make(&[rows, vocab], 8.0)?;
         let got = sampling::sample(&logits, &settings)?;
-        let want = sampling::reference::sample(&logits.to_device(&Device::Cpu)?, &settings)?;
+        let host = logits.to_device(&Device::Cpu)?;
+        let want = sampling::reference::sample(&host, &settings)?;
+        let host = host.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut differ = 0;
         for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&want).enumerate() {
             // Greedy rows must agree exactly; a sampled row may differ only where f32 sums put
-            // the draw on the other side of a boundary the f64 reference drew.
+            // the draw on the other side of a boundary the f64 reference drew: the kernel's token
+            // must be the reference's for a uniform within 1e-3 of the row's. (Untruncated rows
+            // at temperature 1.3 give each of 152k tokens ~1e-5 of the mass, below the f32 sum's
+            // error, so a few such flips per run are expected; a bound of one flaked.)
             if gt != wt {
                 differ += 1;
-                assert!(
-                    settings[i].temperature > 0.0 && settings[i].top_k != 1,
-                    "row {i} ({:?}): {gt} vs {wt}",
-                    settings[i]
-                );
+                let s = settings[i];
+                assert!(s.temperature > 0.0 && s.top_k != 1, "row {i} ({s:?}): {gt} vs {wt}");
+                let at = |u: f32| {
+                    sampling::reference::row(&host[i], &RowSampling { uniform: u.clamp(0.0, 0.999_999), ..s }).0
+                };
+                let (lo, hi) = (at(s.uniform - 1e-3), at(s.uniform + 1e-3));
+                assert!(lo <= *gt && *gt <= hi, "row {i} ({s:?}): {gt} is no draw near the reference's ({lo}..={hi})");
             } else {
                 assert!((gl - wl).abs() < 1e-3, "row {i}: log-probability {gl} vs {wl}");
             }
         }
         println!("sampling {dt:?}: {differ} of {rows} rows differ from the f64 reference (seed {})", inp.seed);
-        assert!(differ <= 1, "{differ} rows differ (seed {})", inp.seed);
+        assert!(differ <= 8, "{differ} rows differ (seed {})", inp.seed);
     }
     Ok(())
 }
