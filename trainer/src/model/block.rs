@@ -35,6 +35,11 @@ pub(super) struct StepCtx<'a> {
     pub sin: Tensor,
     /// Which keys each token attends (causal, within its packed document).
     pub mask: attention::Mask,
+    /// Qwen3-MoE: `[B·T]` 1 for a real token, 0 for padding (segment 0), for the
+    /// load-balancing loss; `None` when every token is real or the model is dense.
+    pub counted: Option<Tensor>,
+    /// The batch's real tokens (not padding).
+    pub real_tokens: usize,
     /// A distributed run's part in the step (weights it gathers); [`super::NoHooks`] otherwise.
     pub hooks: &'a dyn StepHooks,
     /// The load-balancing loss's per-expert gradient term (Qwen3-MoE with the loss on), set
@@ -275,7 +280,7 @@ impl StepCtx<'_> {
         if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let (router, gate_up, down) = self.moe_weights(layer)?;
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
-            let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2)?;
+            let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2, self.counted.as_ref())?;
             let out = (&x2 + y)?;
             return Ok(BlockTail {
                 out,

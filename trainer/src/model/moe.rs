@@ -115,6 +115,8 @@ pub(super) struct MoeTape {
     m: Tensor,
     /// `[N·k, H]` the experts' outputs before weighting.
     y: Tensor,
+    /// `[N]` 1 for the tokens the load-balancing loss counts, 0 for padding (`None`: all).
+    counted: Option<Tensor>,
 }
 
 /// Per layer: how often each expert was chosen and its summed probability (`[E]` each, in the
@@ -125,12 +127,16 @@ pub(super) struct RouterStats {
     pub probs: Tensor,
 }
 
-/// `h` `[N, H]` → the sparse MLP's output `[N, H]`, its tape and its routing statistics.
+/// `h` `[N, H]` → the sparse MLP's output `[N, H]`, its tape and its routing statistics over
+/// the tokens `counted` marks (`[N]`, 1 or 0; `None`: every token). Padding is routed like any
+/// token, but as in HF's `load_balancing_loss_func` with an attention mask, it does not count
+/// towards the balance.
 pub(super) fn forward(
     kernels: &KernelConfig,
     moe: &MoeShape,
     w: &MoeWeights<'_>,
     h: &Tensor,
+    counted: Option<&Tensor>,
 ) -> Result<(Tensor, MoeTape, RouterStats)> {
     let logits = linear::forward(kernels, h, w.router)?;
     let routing = router::forward(&logits, moe.num_experts_per_tok, moe.norm_topk_prob)?;
@@ -141,8 +147,9 @@ pub(super) fn forward(
     let hidden = w.down.dim(1)?;
     let y = grouped::forward_sum(kernels, &groups, &[Term { x: &m, gathered: false, w: w.down, col: 0 }], hidden)?;
     let out = combine::forward(&y, &routing.weights, &groups)?;
-    let (counts, probs, _) = router::stats(&routing, None)?;
-    Ok((out, MoeTape { routing, groups, gu, m, y }, RouterStats { counts, probs }))
+    let counted = counted.map(|c| c.to_dtype(routing.probs.dtype())).transpose()?;
+    let (counts, probs, _) = router::stats(&routing, counted.as_ref())?;
+    Ok((out, MoeTape { routing, groups, gu, m, y, counted }, RouterStats { counts, probs }))
 }
 
 /// The sparse MLP's parameter gradients, when asked for.
@@ -169,7 +176,7 @@ pub(super) fn backward(
     let dm = grouped::input_grad_sum(kernels, g, &[GradTerm { dy: &dy, col: 0, w: w.down }])?;
     let dgu = glu::backward(&dm, &tape.gu)?;
     let dxs = grouped::input_grad_sum(kernels, g, &[GradTerm { dy: &dgu, col: 0, w: w.gate_up }])?;
-    let terms = LossTerms { balance: balance.cloned(), z: 0.0, counted: None };
+    let terms = LossTerms { balance: balance.cloned(), z: 0.0, counted: tape.counted.clone() };
     let dlogits = router::backward(&dweights, &tape.routing, &terms)?;
     let dh = (combine::scatter_sum(&dxs, g)? + linear::input_grad_sum(kernels, &[(&dlogits, w.router)])?)?;
     let grads = if base_grads {
@@ -187,9 +194,9 @@ pub(super) fn backward(
 
 /// The load-balancing loss over every sparse layer's statistics, and its per-expert gradient
 /// on the probabilities scaled by `scale` (the loss's weight in the objective).
-/// `tokens` is the tokens each layer routed.
+/// `tokens` is the tokens each layer counted (the batch's real tokens).
 pub(super) fn balance_terms(stats: &[RouterStats], tokens: usize, scale: f64) -> Result<Option<(f64, Tensor)>> {
-    let Some(first) = stats.first() else { return Ok(None) };
+    let Some(first) = stats.first().filter(|_| tokens > 0) else { return Ok(None) };
     let e = first.counts.dim(0)?;
     let mut counts = first.counts.zeros_like()?;
     let mut probs = first.probs.zeros_like()?;

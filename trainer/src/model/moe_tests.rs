@@ -212,6 +212,35 @@ fn cached_decode_matches_the_full_forward() {
     }
 }
 
+/// Padding (segment 0) is routed but, as in HF's `load_balancing_loss_func` with an attention
+/// mask, does not count towards the balance: a document padded to a longer row gives the loss
+/// and every gradient of the same document alone.
+#[test]
+fn padding_does_not_count_towards_the_balance_loss() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F64);
+    let ids = [1u32, 5, 7, 2, 3];
+    let labels = vec![5, 7, 2, 3, IGNORE];
+    let alone = PackedBatch { labels: labels.clone(), ..single(&ids) };
+    let padded = PackedBatch {
+        batch: 1,
+        seq_len: 8,
+        input_ids: [&ids[..], &[0, 0, 0]].concat(),
+        position_ids: vec![0, 1, 2, 3, 4, 0, 0, 0],
+        segment_ids: vec![1, 1, 1, 1, 1, 0, 0, 0],
+        labels: [labels, vec![IGNORE; 3]].concat(),
+    };
+    let step = |b: &PackedBatch| m.forward_backward(b, Trainable::Full, None, &StepOptions::default()).unwrap();
+    let (a, p) = (step(&alone), step(&padded));
+    assert!(a.aux_loss > 0.0);
+    assert!((a.aux_loss - p.aux_loss).abs() < 1e-12, "balance loss {} alone, {} padded", a.aux_loss, p.aux_loss);
+    assert!((a.loss_sum - p.loss_sum).abs() < 1e-10);
+    for (name, g) in &a.grads {
+        let gap = (g - &p.grads[name]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+        assert!(gap < 1e-10, "{name}: gradients differ by {gap} with padding");
+    }
+}
+
 fn single(ids: &[u32]) -> PackedBatch {
     let n = ids.len();
     PackedBatch {

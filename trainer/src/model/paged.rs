@@ -150,7 +150,7 @@ impl Qwen3 {
                 self.weight(&moe::down_name(layer))?,
             );
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
-            return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2)?.0) });
+            return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2, None)?.0) });
         }
         let gate_up = self.paged_group(layer, Packing::GateUp, &h2, inputs)?;
         let down = self.paged_proj(layer, Proj::Down, &swiglu::forward_packed(&gate_up)?, inputs)?;

@@ -259,8 +259,7 @@ impl Qwen3 {
         let loss_sum = losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         let coef = self.config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
         let aux_weight = coef * opts.loss_scale * tape.labels.count as f64;
-        let tokens = batch.batch * batch.seq_len;
-        let aux = moe::balance_terms(&tape.router_stats, tokens, aux_weight)?;
+        let aux = moe::balance_terms(&tape.router_stats, ctx.real_tokens, aux_weight)?;
         let aux_loss = aux.as_ref().map_or(0.0, |(loss, _)| *loss);
         if coef > 0.0 {
             ctx.balance = aux.map(|(_, grad)| grad);
@@ -311,6 +310,13 @@ impl Qwen3 {
         let c = &self.config;
         let (b, t) = (batch.batch, batch.seq_len);
         let (cos, sin) = rope::tables(&batch.position_ids, c.head_dim, c.rope_theta, self.dtype, &self.device)?;
+        let real_tokens = batch.segment_ids.iter().filter(|&&s| s != 0).count();
+        let counted = if c.moe.is_some() && real_tokens < batch.segment_ids.len() {
+            let real: Vec<f32> = batch.segment_ids.iter().map(|&s| if s == 0 { 0.0 } else { 1.0 }).collect();
+            Some(Tensor::from_vec(real, b * t, &self.device)?)
+        } else {
+            None
+        };
         Ok(StepCtx {
             model: self,
             adapters,
@@ -322,6 +328,8 @@ impl Qwen3 {
             cos: cos.reshape((b, t, 1, c.head_dim))?,
             sin: sin.reshape((b, t, 1, c.head_dim))?,
             mask: attention::Mask::new(&batch.segment_ids, b, t)?,
+            counted,
+            real_tokens,
             hooks,
             balance: None,
         })
