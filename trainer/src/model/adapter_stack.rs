@@ -34,7 +34,7 @@ pub struct AdapterStack {
     slots: usize,
 }
 
-/// How the stacks are laid out: the shapes, and which groups the base packs.
+/// What every stack shares: the model's shapes, the stacks' rank, dtype and device.
 struct Layout<'a> {
     config: &'a Qwen3Config,
     r: usize,
