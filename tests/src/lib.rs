@@ -21,7 +21,16 @@ pub fn mindxtrain(dir: &Path, args: &[&str]) -> Command {
 /// Benchmark programs' bodies (the binaries in src/bin parse arguments and call these).
 pub mod bench {
     pub mod data;
+    pub mod paid_serving;
     pub mod train;
+
+    /// The `p` quantile (0..=1) of `sorted` by nearest rank; zero for no samples.
+    pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+        if sorted.is_empty() {
+            return std::time::Duration::ZERO;
+        }
+        sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+    }
 }
 
 /// The micro recipe and node the training tests share.

@@ -12,6 +12,8 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use mindxtrain_chain::anvil::{AnvilOptions, LocalAnvil};
 use mindxtrain_chain::{AnchorKey, deploy};
+use mindxtrain_node::identity::Identity;
+use mindxtrain_node::log::EventLog;
 use mindxtrain_x402::alloy::network::EthereumWallet;
 use mindxtrain_x402::alloy::primitives::{Address, B256, U256};
 use mindxtrain_x402::alloy::providers::{DynProvider, Provider, ProviderBuilder};
@@ -90,6 +92,32 @@ impl PaymentEvents for RecordedEvents {
     }
     fn replayed(&self, _: &PaymentFacts) {
         self.push("replayed".into());
+    }
+}
+
+/// A node in a temporary directory, as a server holds it: its event log and identity.
+pub struct TempNode {
+    // Fields drop in order: the log closes (its last sync, its signed head) before the
+    // directory goes.
+    pub log: Arc<EventLog>,
+    pub identity: Arc<Identity>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TempNode {
+    /// Made off the async runtime (`init` waits for the genesis event to be durable), so
+    /// call it from a multi-threaded one or from none.
+    pub fn new() -> anyhow::Result<TempNode> {
+        let make = || -> anyhow::Result<TempNode> {
+            let dir = tempfile::tempdir()?;
+            mindxtrain_node::node::init(dir.path())?;
+            let (log, identity, _) = mindxtrain_node::node::open(dir.path())?;
+            Ok(TempNode { log: Arc::new(log), identity: Arc::new(identity), dir })
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::block_in_place(make),
+            Err(_) => make(),
+        }
     }
 }
 

@@ -551,3 +551,29 @@ async fn a_rental_whose_settlement_fails_opens_nothing() {
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_accounts(0, &chain.transfers_to(seller.pay_to).await.unwrap(), &settled_txs_in(&seller.node));
 }
+
+/// The paid-load serving benchmark's smoke run (bench/serving-paid.sh runs it on a GPU): the
+/// same load paid and unpaid generates the same tokens, every request exactly its
+/// `max_tokens`, and every paid request, warm-up included, is one `payment.settled`, one
+/// `payment.served` and one transfer on chain.
+#[test]
+fn the_paid_load_bench_generates_the_same_tokens_paid_and_unpaid_and_settles_each_call_once() {
+    use mindxtrain_tests::bench::paid_serving::{PaidServing, run};
+    let load = PaidServing {
+        device: "cpu".into(),
+        shape: "tiny".into(),
+        streams: 3,
+        prompt: 32,
+        new_tokens: 8,
+        rounds: 2,
+        payers: 2,
+    };
+    let r = run(&load).expect("the smoke run");
+    r.check().expect("what the bench checks itself");
+    assert_eq!((r.paid.tokens, r.unpaid.tokens), (3 * 8 * 2, 3 * 8 * 2));
+    assert_eq!((r.paid.requests, r.unpaid.requests), (6, 6));
+    let g = &r.ledger;
+    // A warm-up load, then two measured ones.
+    assert_eq!((g.paid_requests, g.settled, g.served, g.transfers), (9, 9, 9, 9));
+    assert!(r.ratio().is_finite() && r.ratio() > 0.0);
+}

@@ -30,29 +30,6 @@ use serde_json::{Value, json};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn shape(name: &str) -> Qwen3Config {
-    let (vocab, hidden, layers, heads, kv, hd, ffn) = match name {
-        "8B" => (151_936, 4096, 36, 32, 8, 128, 12_288),
-        "1.7B" => (151_936, 2048, 28, 16, 8, 128, 6144),
-        "0.6B" => (151_936, 1024, 28, 16, 8, 128, 3072),
-        _ => (512, 64, 2, 4, 2, 16, 128), // tiny: the CPU smoke run
-    };
-    Qwen3Config {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: ffn,
-        num_hidden_layers: layers,
-        num_attention_heads: heads,
-        num_key_value_heads: kv,
-        head_dim: hd,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1e6,
-        tie_word_embeddings: name != "8B",
-        max_position_embeddings: 40_960,
-        moe: None,
-    }
-}
-
 struct Args(BTreeMap<String, String>);
 
 impl Args {
@@ -338,7 +315,9 @@ fn main() -> Res<()> {
         "cpu" => Device::Cpu,
         _ => Device::new_cuda(0)?,
     };
-    let config = shape(&args.get("shape", "8B"));
+    let shape = args.get("shape", "8B");
+    let config =
+        Qwen3Config::timing_shape(&shape).ok_or(format!("shape {shape:?}: expected tiny, 0.6B, 1.7B or 8B"))?;
     let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
     let (prompt_len, new_tokens) = (args.num("prompt", 512), args.num("gen", 256));
     let streams: Vec<usize> = args.get("streams", "1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();

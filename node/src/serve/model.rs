@@ -16,7 +16,7 @@ use mindxtrain_trainer::generate::Sampling;
 use mindxtrain_trainer::infer::{
     Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, Stats,
 };
-use mindxtrain_trainer::model::merge_lora;
+use mindxtrain_trainer::model::{Adapters, Qwen3, merge_lora};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_trainer::run;
 use thiserror::Error;
@@ -109,7 +109,6 @@ impl ServedModel {
             *model.params_mut() = merged;
         }
         let name = src.name.clone().unwrap_or_else(|| recipe.model.name.clone());
-        let context = (recipe.serve.max_model_len as usize).min(model.config().max_position_embeddings);
         let mut extra = Vec::new();
         let mut loaded = Vec::new();
         for (id, dir) in src.adapters {
@@ -121,17 +120,46 @@ impl ServedModel {
             extra.push(id.clone());
             loaded.push((id.clone(), ad));
         }
-        let config = engine_config(&recipe, context, src.device, loaded.len() + 1);
+        ServedModel::serve(recipe, name, model, tokenizer, adapters, loaded)
+    }
+
+    /// Serves `model`, made or loaded by the caller on its device, under `name` with
+    /// `tokenizer` and the recipe's serve limits, as [`ServedModel::load`] serves a checkpoint:
+    /// for benchmarks of the serving path on random weights, which have no checkpoint to load.
+    pub fn from_model(
+        recipe: Recipe,
+        name: String,
+        model: Qwen3,
+        tokenizer: Tokenizer,
+    ) -> Result<ServedModel, ServeModelError> {
+        ServedModel::serve(recipe, name, model, tokenizer, None, Vec::new())
+    }
+
+    /// The engine over `model`, with the checkpoint's own adapter (served as `name`) and the
+    /// further ones, each under its model id.
+    fn serve(
+        recipe: Recipe,
+        name: String,
+        model: Qwen3,
+        tokenizer: Tokenizer,
+        own: Option<Adapters>,
+        extra: Vec<(String, Adapters)>,
+    ) -> Result<ServedModel, ServeModelError> {
+        let err = |e: &dyn std::fmt::Display| ServeModelError::Load(e.to_string());
+        let context = (recipe.serve.max_model_len as usize).min(model.config().max_position_embeddings);
+        let config = engine_config(&recipe, context, model.device(), extra.len() + 1);
         let mut engine = Engine::new(model, Some(tokenizer.clone()), config).map_err(|e| err(&e))?;
-        let own_adapter = match adapters {
+        let own_adapter = match own {
             Some(ad) => {
                 engine.load_adapter(&name, ad).map_err(|e| err(&e))?;
                 Some(name.clone())
             }
             None => None,
         };
-        for (id, ad) in loaded {
+        let mut ids = Vec::with_capacity(extra.len());
+        for (id, ad) in extra {
             engine.load_adapter(&id, ad).map_err(|e| err(&e))?;
+            ids.push(id);
         }
         Ok(ServedModel {
             name,
@@ -139,7 +167,7 @@ impl ServedModel {
             recipe,
             engine: EngineHandle::spawn(engine),
             own_adapter,
-            extra,
+            extra: ids,
             tokenizer,
             context,
             loaded_at: super::unix_now(),

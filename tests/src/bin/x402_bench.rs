@@ -34,7 +34,7 @@ use axum::routing::post;
 use clap::Parser;
 use mindxtrain_node::log::EventLog;
 use mindxtrain_node::serve::payments::LogPayments;
-use mindxtrain_tests::x402_env::{Chain, ensure_js, js_dir, serve, signed_payment};
+use mindxtrain_tests::x402_env::{Chain, TempNode, ensure_js, js_dir, serve, signed_payment};
 use mindxtrain_x402::alloy::primitives::keccak256;
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use mindxtrain_x402::facilitator::BoxFuture;
@@ -165,17 +165,6 @@ impl PaymentEvents for WithoutIntent {
     }
 }
 
-/// A node's event log in a temporary directory (made off the async runtime: `init` waits for
-/// its genesis event to be durable).
-fn temp_log() -> anyhow::Result<(tempfile::TempDir, Arc<EventLog>)> {
-    tokio::task::block_in_place(|| {
-        let dir = tempfile::tempdir()?;
-        mindxtrain_node::node::init(dir.path())?;
-        let (log, _, _) = mindxtrain_node::node::open(dir.path())?;
-        Ok((dir, Arc::new(log)))
-    })
-}
-
 fn echo_router(layer: Option<PaidRoute>) -> Router {
     let echo = |body: Bytes| async move {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
@@ -225,9 +214,9 @@ struct Row {
     p99_added_us: f64,
 }
 
+/// Microseconds.
 fn pct(sorted: &[Duration], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1e6
+    mindxtrain_tests::bench::percentile(sorted, p).as_secs_f64() * 1e6
 }
 
 /// Why a 402 was answered: the refusal code, or the failed settlement's reason.
@@ -399,12 +388,8 @@ async fn run_mode(
     let routes_payments =
         Payments { evidence: Some(evidence.clone()), ..Payments::new(facilitator.clone(), Arc::new(NoEvents)) };
     let (facilitator_url, _f) = serve(facilitator_routes(routes_payments, vec![offer.clone()])).await?;
-    let (_dirs, logs) = {
-        let (a, la) = temp_log()?;
-        let (b, lb) = temp_log()?;
-        let (c, lc) = temp_log()?;
-        (vec![a, b, c], vec![la, lb, lc])
-    };
+    let nodes = [TempNode::new()?, TempNode::new()?, TempNode::new()?];
+    let logs: Vec<Arc<EventLog>> = nodes.iter().map(|n| n.log.clone()).collect();
     let layer = |f: Arc<dyn Facilitator>, events: Arc<dyn PaymentEvents>| {
         let payments = Payments { evidence: Some(evidence.clone()), ..Payments::new(f, events) };
         PaidRoute::new(PaidRouteConfig::new(vec![offer.clone()], Pricing::PerCall { amount: PRICE }), payments)

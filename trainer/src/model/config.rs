@@ -74,6 +74,34 @@ fn default_max_positions() -> usize {
 }
 
 impl Qwen3Config {
+    /// The dense shapes the benchmarks time on random weights, by name: Qwen3 `0.6B`, `1.7B` and
+    /// `8B` (their HF configs) and `tiny` (a 64-wide model for smoke runs on the CPU); `None` for
+    /// any other name. One table, so that the serving benchmarks time the same models.
+    pub fn timing_shape(name: &str) -> Option<Qwen3Config> {
+        let (vocab, hidden, layers, heads, kv, head_dim, ffn) = match name {
+            "8B" => (151_936, 4096, 36, 32, 8, 128, 12_288),
+            "1.7B" => (151_936, 2048, 28, 16, 8, 128, 6144),
+            "0.6B" => (151_936, 1024, 28, 16, 8, 128, 3072),
+            "tiny" => (512, 64, 2, 4, 2, 16, 128),
+            _ => return None,
+        };
+        Some(Qwen3Config {
+            vocab_size: vocab,
+            hidden_size: hidden,
+            intermediate_size: ffn,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            head_dim,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1e6,
+            // Qwen3-8B unties its head; the smaller ones share the embedding.
+            tie_word_embeddings: name != "8B",
+            max_position_embeddings: 40_960,
+            moe: None,
+        })
+    }
+
     /// Parses an HF `config.json` and checks the shape is one this engine runs.
     pub fn from_hf_json(json: &str) -> Result<Qwen3Config, ModelError> {
         let raw: serde_json::Value = serde_json::from_str(json).map_err(|e| ModelError::Config(e.to_string()))?;
