@@ -189,15 +189,25 @@ impl PagedMeta {
         self.plan_context.unwrap_or_else(|| self.max_context())
     }
 
-    /// The GPU kernels' work plan for `tq` rows per item over `kv` kv heads (the first call
-    /// makes it; every layer of a step shares it).
+    /// The GPU kernels' work plan of `kind` over `kv` kv heads (the first call makes it; every
+    /// layer of a step shares it, as every layer runs the same kernel).
     #[cfg(feature = "cuda")]
-    pub(crate) fn gpu_plan(&self, tq: usize, kv: usize, device: &Device) -> Result<&crate::gpu::paged::GpuPlan> {
-        if let Some(p) = self.gpu.get() {
-            return Ok(p);
+    pub(crate) fn gpu_plan(
+        &self,
+        kind: crate::gpu::paged::PlanKind,
+        kv: usize,
+        device: &Device,
+    ) -> Result<std::borrow::Cow<'_, crate::gpu::paged::GpuPlan>> {
+        use crate::gpu::paged::GpuPlan;
+        use std::borrow::Cow;
+        match self.gpu.get() {
+            Some(p) if p.kind() == kind => Ok(Cow::Borrowed(p)),
+            Some(_) => Ok(Cow::Owned(GpuPlan::new(self, kind, kv, device)?)),
+            None => {
+                let plan = GpuPlan::new(self, kind, kv, device)?;
+                Ok(Cow::Borrowed(self.gpu.get_or_init(|| plan)))
+            }
         }
-        let plan = crate::gpu::paged::GpuPlan::new(self, tq, kv, device)?;
-        Ok(self.gpu.get_or_init(|| plan))
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -205,6 +215,19 @@ impl PagedMeta {
         self.device.as_ref().ok_or_else(|| candle_core::Error::Msg("paged attention: metadata is on the CPU".into()))
     }
 }
+
+/// Whether bf16 attention may run on the tensor-core kernel (on by default). Benchmarks turn it
+/// off to time the CUDA-core kernel in the same process; results differ only by rounding.
+pub fn use_tensor_cores(on: bool) {
+    TENSOR_CORES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn tensor_cores_allowed() -> bool {
+    TENSOR_CORES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static TENSOR_CORES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether the GPU kernels serve attention of this shape on `device`: they read every step's
 /// lengths and block tables from the device. Otherwise the composed reference runs, which builds

@@ -11,6 +11,8 @@
 //! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
 //! serve_bench probe=1 probe_variants=cuda_graph probe_steps=1   (one variant, one timed step:
 //!             short enough for a kernel profiler, which slows each launch ~20 ms)
+//! serve_bench probe=0 probe_prefill=16x512   (a prefill step of 16 prompts of 512 tokens, with
+//!             tensor-core and CUDA-core attention)
 //! ```
 //! Without `weights` the model is random (device-side init); with it, an HF directory (the
 //! peer saves its random model there, so both sides hold the same weights). Prints one JSON
@@ -217,6 +219,7 @@ fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(
         "no_event_tracking_cublas",
         "cuda_graph",
         "cuda_graph_cublas",
+        "cuda_graph_cuda_core_attention",
     ];
     // The process-wide settings of an earlier variant stay on for a later one even where the
     // filter skips the earlier's timing.
@@ -235,8 +238,11 @@ fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(
         if !probe.variants.as_ref().is_none_or(|only| only.iter().any(|v| v == variant)) {
             continue;
         }
+        // The last variant times bf16 attention on the CUDA-core kernel (the tensor-core one is
+        // the default): its graphs are recorded with that kernel.
+        mindxtrain_kernels::paged_attention::use_tensor_cores(variant != "cuda_graph_cuda_core_attention");
         let graphed = match variant {
-            "cuda_graph" => Some(Runner::new(model.clone(), sized(true))?),
+            "cuda_graph" | "cuda_graph_cuda_core_attention" => Some(Runner::new(model.clone(), sized(true))?),
             "cuda_graph_cublas" => Some(Runner::new(cublas.clone(), sized(true))?),
             _ => None,
         };
@@ -309,6 +315,70 @@ fn probe_batch(
     Ok(())
 }
 
+/// A prefill step of `seqs` prompts of `len` tokens each (no cached prefix, the last row of each
+/// sampled), as the engine runs one when that many requests arrive together: the step's time
+/// with bf16 attention on the tensor-core kernel and on the CUDA-core one, in this process, with
+/// `MINDXTRAIN_PROFILE` set the ops' table of each.
+fn prefill_probe(model: &Qwen3, (seqs, len): (usize, usize), steps: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+    let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
+    let per_seq = len.div_ceil(block);
+    let config = RunnerConfig {
+        block_size: block,
+        blocks: seqs * per_seq,
+        vocab: c.vocab_size,
+        max_model_len: len,
+        cuda_graphs: false,
+    };
+    let runner = Runner::new(model.clone(), config)?;
+    let tables: Vec<Vec<u32>> =
+        (0..seqs).map(|i| (i * per_seq..(i + 1) * per_seq).map(|b| b as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> = (0..seqs).map(|i| tokens(len, 1000 + i as u64, c.vocab_size)).collect();
+    let batch: Vec<StepSeq> = (0..seqs)
+        .map(|i| StepSeq {
+            tokens: &prompts[i],
+            start: 0,
+            blocks: &tables[i],
+            adapter: None,
+            sample: Some(RowSampling::GREEDY),
+        })
+        .collect();
+    for (variant, tensor_cores) in [("tensor_core_attention", true), ("cuda_core_attention", false)] {
+        mindxtrain_kernels::paged_attention::use_tensor_cores(tensor_cores);
+        for _ in 0..2 {
+            runner.step(&batch, None)?;
+        }
+        sync(&dev)?;
+        let _ = mindxtrain_kernels::profile::take();
+        let mut whole = Vec::new();
+        for _ in 0..steps {
+            let t = Instant::now();
+            runner.step(&batch, None)?;
+            sync(&dev)?;
+            whole.push(t.elapsed().as_secs_f64());
+        }
+        let ms = percentile(&mut whole, 0.5) * 1e3;
+        // Weights' FLOPs of the step: 2 per parameter per row, the output head once per prompt.
+        let head = c.vocab_size * c.hidden_size;
+        let tables = if c.tie_word_embeddings { 1 } else { 2 }; // the embedding is a lookup
+        let params: usize = model.params().values().map(|t| t.elem_count()).sum();
+        let flops = 2.0 * ((params - tables * head) * seqs * len + head * seqs) as f64;
+        emit(json!({
+            "metric": format!("prefill_probe_{seqs}x{len}_{variant}_step_ms_p50"),
+            "ours": ms,
+            "projection_tflops": flops / (ms * 1e-3) / 1e12,
+        }));
+        for (label, calls, secs) in mindxtrain_kernels::profile::take() {
+            eprintln!(
+                "  prefill {seqs}x{len} {variant}: {label:<28} {:>6} calls {:>9.3} ms/step",
+                calls / steps as u64,
+                secs * 1e3 / steps as f64
+            );
+        }
+    }
+    mindxtrain_kernels::paged_attention::use_tensor_cores(true);
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args = Args::parse();
     let device = match args.get("device", "cuda").as_str() {
@@ -361,6 +431,10 @@ fn main() -> Res<()> {
             steps: args.num("probe_steps", 20).max(1),
         };
         // The probe leaves process-wide settings behind (no event tracking): it runs alone.
+        if let Some((n, len)) = args.0.get("probe_prefill").and_then(|v| v.split_once('x')) {
+            let (n, len) = (n.parse()?, len.parse()?);
+            prefill_probe(&model, (n, len), probe.steps.min(5), &mut emit)?;
+        }
         return decode_probe(&model, &probe, prompt_len + new_tokens / 2, &mut emit);
     }
     // The identity prompts are 64 + 32 tokens.

@@ -11,40 +11,77 @@ use candle_core::cuda_backend::{CudaDType, CudaStorage};
 use candle_core::{Layout, Result, Tensor};
 
 const MODULE: Module = module!("paged_attention");
+const TC_MODULE: Module = module!("paged_attention_tc");
 const THREADS: u32 = 128;
 /// `MAX_UNITS` in the kernel: (row, query head) pairs one block holds.
 const MAX_UNITS: usize = 16;
 const WARP: usize = 32;
 /// Blocks that keep an H100/H200 busy (2 per SM): below this a step's work is split over keys.
 const BUSY_BLOCKS: usize = 264;
+/// Keys per tile of the tensor-core kernel (`BC` in `cuda/paged_attention_tc.cu`).
+const TC_TILE: usize = 64;
+/// Its blocks (69.6 KB of shared memory each at head size 128: 3 per SM) for two waves on an
+/// H100/H200, so a 64-sequence decode step (512 blocks) is split in two rather than run as 1.3
+/// waves.
+const TC_BUSY_BLOCKS: usize = 792;
+/// Units (row, query head) one tensor-core block holds: 4 warps × 16 MMA rows.
+const TC_UNITS: usize = 64;
 
-/// How a batch is cut into thread blocks: work items of up to `tq` rows of one sequence, and
-/// each item's keys into `splits` parts of `part` keys.
+/// How a batch is cut into thread blocks: work items of rows of one sequence, and each item's
+/// keys into `splits` parts of `part` keys.
 #[derive(Debug, Clone)]
 pub(crate) struct GpuPlan {
+    kind: PlanKind,
     items: Tensor,
     count: usize,
+    /// Items `0..decodes` are single decode rows (the tensor-core kernel's `kp4` launch).
+    decodes: usize,
     splits: usize,
     part: usize,
 }
 
+/// Which kernel a plan is cut for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlanKind {
+    /// `paged_attn`: items of up to `tq` rows, key parts in whole warps of keys.
+    CudaCores { tq: usize },
+    /// `paged_attn_tc`: decode rows first, then items of up to `tq` rows, key parts in tiles.
+    TensorCores { tq: usize },
+}
+
 impl GpuPlan {
-    pub(crate) fn new(meta: &PagedMeta, tq: usize, kv: usize, device: &candle_core::Device) -> Result<GpuPlan> {
+    pub(crate) fn new(meta: &PagedMeta, kind: PlanKind, kv: usize, device: &candle_core::Device) -> Result<GpuPlan> {
         let mut flat: Vec<i32> = Vec::new();
-        for s in 0..meta.sequences() {
-            let (_, t, _, _) = meta.seq(s);
+        let cut = |flat: &mut Vec<i32>, s: usize, t: usize, tq: usize| {
             for row0 in (0..t).step_by(tq) {
                 flat.extend([s as i32, row0 as i32, tq.min(t - row0) as i32]);
             }
-        }
+        };
+        let (decodes, tile, busy) = match kind {
+            PlanKind::CudaCores { tq } => {
+                (0..meta.sequences()).for_each(|s| cut(&mut flat, s, meta.seq(s).1, tq));
+                (0, WARP, BUSY_BLOCKS)
+            }
+            PlanKind::TensorCores { tq } => {
+                let rows = |s: usize| meta.seq(s).1;
+                (0..meta.sequences()).filter(|&s| rows(s) == 1).for_each(|s| cut(&mut flat, s, 1, 1));
+                let decodes = flat.len() / 3;
+                (0..meta.sequences()).filter(|&s| rows(s) > 1).for_each(|s| cut(&mut flat, s, rows(s), tq));
+                (decodes, TC_TILE, TC_BUSY_BLOCKS)
+            }
+        };
         let count = flat.len() / 3;
         let max_ctx = meta.plan_context().max(1);
-        let tiles = max_ctx.div_ceil(WARP);
-        let wanted = BUSY_BLOCKS.div_ceil((count * kv).max(1)).clamp(1, tiles);
-        let part = tiles.div_ceil(wanted) * WARP;
+        let tiles = max_ctx.div_ceil(tile);
+        let wanted = busy.div_ceil((count * kv).max(1)).clamp(1, tiles);
+        let part = tiles.div_ceil(wanted) * tile;
         let splits = max_ctx.div_ceil(part);
         let items = Tensor::from_vec(flat, count * 3, device)?;
-        Ok(GpuPlan { items, count, splits, part })
+        Ok(GpuPlan { kind, items, count, decodes, splits, part })
+    }
+
+    pub(crate) fn kind(&self) -> PlanKind {
+        self.kind
     }
 }
 
@@ -60,35 +97,65 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
         return reference::forward(q, kc, vc, meta, scale);
     }
     let dev = device(q)?;
-    let tq = (MAX_UNITS / g).max(1);
-    let plan = meta.gpu_plan(tq, kv, q.device())?;
+    let tc = on_tensor_cores(q, kc, vc);
+    let kind = if tc {
+        PlanKind::TensorCores { tq: (TC_UNITS / g).max(1) }
+    } else {
+        PlanKind::CudaCores { tq: (MAX_UNITS / g).max(1) }
+    };
+    let plan = meta.gpu_plan(kind, kv, q.device())?;
     let [starts, lens, tables] = meta.device_tensors()?;
     let mut out = alloc::<T>(&dev, n * heads * hd)?;
     let partial = if plan.splits > 1 { n * heads * plan.splits } else { 1 };
     let mut pm = alloc::<f32>(&dev, partial)?;
     let mut pl = alloc::<f32>(&dev, partial)?;
     let mut pacc = alloc::<f32>(&dev, partial * if plan.splits > 1 { hd } else { 1 })?;
-    // K rows padded by 16 bytes (`KPad` in the kernel).
-    let elem = std::mem::size_of::<T>();
-    let pad = 16 / elem;
-    let shared = (WARP * (hd + pad) * elem + WARP * hd * elem + MAX_UNITS * hd * 4) as u32;
-    let kernel =
-        Kernel::named(&dev, &MODULE, &format!("paged_attn_{}_hd{hd}", T::SUFFIX))?.with_dynamic_shared(shared)?;
+    // Each launch: (kernel, first item, items, dynamic shared bytes).
+    let launches: Vec<(Kernel, usize, usize, u32)> = if tc {
+        // Two stages of K and V tiles, rows padded by 16 bytes (`PAD` in mma.h).
+        let shared = (2 * 2 * TC_TILE * (hd + 8) * 2) as u32;
+        let kernel = |kp: usize| {
+            Kernel::named(&dev, &TC_MODULE, &format!("paged_attn_tc_hd{hd}_kp{kp}"))?.with_dynamic_shared(shared)
+        };
+        let mut l = Vec::with_capacity(2);
+        if plan.decodes > 0 {
+            l.push((kernel(4)?, 0, plan.decodes, shared));
+        }
+        if plan.count > plan.decodes {
+            l.push((kernel(1)?, plan.decodes, plan.count - plan.decodes, shared));
+        }
+        l
+    } else {
+        // K rows padded by 16 bytes (`KPad` in the kernel).
+        let elem = std::mem::size_of::<T>();
+        let pad = 16 / elem;
+        let shared = (WARP * (hd + pad) * elem + WARP * hd * elem + MAX_UNITS * hd * 4) as u32;
+        let kernel =
+            Kernel::named(&dev, &MODULE, &format!("paged_attn_{}_hd{hd}", T::SUFFIX))?.with_dynamic_shared(shared)?;
+        vec![(kernel, 0, plan.count, shared)]
+    };
     let (h, kvh, bsz, mb) = (int(heads)?, int(kv)?, int(bs)?, int(meta.max_blocks())?);
     let (part, splits, scale) = (int(plan.part)?, int(plan.splits)?, scale as f32);
     with_views::<T, _, 3>([q, kc, vc], |[qv, kcv, vcv]| {
         with_views::<u32, _, 3>([starts, lens, tables], |[sv, lv, tv]| {
             with_views::<i32, _, 1>([&plan.items], |[iv]| {
-                let mut a = kernel.builder();
-                a.arg(&qv).arg(&kcv).arg(&vcv).arg(&sv).arg(&lv).arg(&tv).arg(&iv);
-                a.arg(&mut out).arg(&mut pm).arg(&mut pl).arg(&mut pacc);
-                a.arg(&h).arg(&kvh).arg(&bsz).arg(&mb).arg(&part).arg(&splits).arg(&scale);
-                let cfg = LaunchConfig {
-                    grid_dim: (plan.count as u32, kv as u32, plan.splits as u32),
-                    block_dim: (THREADS, 1, 1),
-                    shared_mem_bytes: shared,
-                };
-                launch(a, cfg)
+                for (kernel, first, count, shared) in &launches {
+                    let first = int(*first)?;
+                    let mut a = kernel.builder();
+                    a.arg(&qv).arg(&kcv).arg(&vcv).arg(&sv).arg(&lv).arg(&tv).arg(&iv);
+                    if tc {
+                        a.arg(&first);
+                    }
+                    a.arg(&mut out).arg(&mut pm).arg(&mut pl).arg(&mut pacc);
+                    a.arg(&h).arg(&kvh).arg(&bsz).arg(&mb).arg(&part).arg(&splits).arg(&scale);
+                    let cfg = LaunchConfig {
+                        grid_dim: (*count as u32, kv as u32, plan.splits as u32),
+                        block_dim: (THREADS, 1, 1),
+                        shared_mem_bytes: *shared,
+                    };
+                    launch(a, cfg)?;
+                }
+                Ok(())
             })
         })
     })?;
@@ -105,6 +172,18 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
         launch(a, cfg)?;
     }
     Ok(tensor(out, &dev, (n, heads, hd)))
+}
+
+/// Whether the tensor-core kernel serves this call: bf16, head size 64 or 128 (256 would not
+/// fit its accumulators in registers), and every operand's rows 16-byte aligned for cp.async.
+fn on_tensor_cores(q: &Tensor, kc: &Tensor, vc: &Tensor) -> bool {
+    // A tensor `with_views` copies (not contiguous) starts a fresh, aligned allocation.
+    let aligned =
+        |t: &Tensor| !t.is_contiguous() || (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16);
+    crate::paged_attention::tensor_cores_allowed()
+        && q.dtype() == candle_core::DType::BF16
+        && matches!(q.dim(2), Ok(64 | 128))
+        && [q, kc, vc].into_iter().all(aligned)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,121 @@
+// Warp-level tensor-core building blocks shared by the attention kernels (flash_attention.cu for
+// training, paged_attention_tc.cu for serving): the m16n8k16 bf16 MMA, ldmatrix fragment loads
+// from padded shared-memory tiles, and cp.async staging. NVIDIA sm_80+ only: callers include it
+// inside `#if !defined(__HIPCC__)`.
+#pragma once
+#include "portable.h"
+
+namespace mma16 {
+
+constexpr int PAD = 8;        // bf16 per row of padding in shared memory
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+DEV unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Four 8×8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+DEV void ldsm4(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+DEV void ldsm4t(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a·b for a 16×16 A (row-major fragment), 16×8 B (column-major fragment), f32 d.
+DEV void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as one register of bf16, the first in the low half (the lower column index).
+DEV unsigned pack2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// The A fragment of a 16×16 tile whose columns 0–7 are C fragment c0 and 8–15 are c1.
+DEV void c_to_a(unsigned (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2(c0[0], c0[1]);
+  a[1] = pack2(c0[2], c0[3]);
+  a[2] = pack2(c1[0], c1[1]);
+  a[3] = pack2(c1[2], c1[3]);
+}
+
+// 16 bytes global → shared, asynchronously; `valid` false writes zeros (rows past T).
+DEV void cp16(bf16* dst, const bf16* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+DEV void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> DEV void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+
+// Fragment addresses inside a tile of row stride LD, for this lane:
+// the A fragment of rows r0..r0+16, columns c0..c0+16 (ldsm4);
+DEV const bf16* a_frag(const bf16* s, int ld, int r0, int c0) {
+  const int l = threadIdx.x % 32;
+  return s + (r0 + l % 8 + 8 * ((l / 8) % 2)) * ld + c0 + 8 * (l / 16);
+}
+// two B fragments (n 0–7, 8–15) whose n runs along the tile's rows r0..r0+16 (ldsm4);
+DEV const bf16* b_rows(const bf16* s, int ld, int r0, int c0) {
+  const int l = threadIdx.x % 32;
+  return s + (r0 + l % 8 + 8 * (l / 16)) * ld + c0 + 8 * ((l / 8) % 2);
+}
+// two B fragments whose k runs along the tile's rows r0..r0+16, n along columns c0..c0+16
+// (ldsm4t): the same addresses as an A fragment.
+DEV const bf16* b_cols(const bf16* s, int ld, int r0, int c0) { return a_frag(s, ld, r0, c0); }
+
+DEV float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+DEV float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// acc[16 × 8·N] += A (KS fragments of 16×16) · tileᵀ, the tile's rows r0.. as n.
+template <int KS, int N>
+DEV void mma_rows(float (&acc)[N][4], const unsigned (&a)[KS][4], const bf16* s, int ld, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      unsigned r[4];
+      ldsm4(r, b_rows(s, ld, r0 + np * 16, kk * 16));
+      mma(acc[2 * np], a[kk], r[0], r[1]);
+      mma(acc[2 * np + 1], a[kk], r[2], r[3]);
+    }
+}
+
+// acc[16 × HD] += C (16 × 16·KS as C fragments) · tile (rows r0.. as k, HD columns as n).
+template <int HD, int N2>
+DEV void mma_cols(float (&acc)[HD / 8][4], const float (&c)[N2][4], const bf16* s, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < N2 / 2; ++kk) {
+    unsigned a[4];
+    c_to_a(a, c[2 * kk], c[2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < HD / 16; ++np) {
+      unsigned r[4];
+      ldsm4t(r, b_cols(s, HD + PAD, r0 + kk * 16, np * 16));
+      mma(acc[2 * np], a, r[0], r[1]);
+      mma(acc[2 * np + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// The A fragments of rows r0..r0+16 of a staged tile, every column.
+template <int HD> DEV void load_a(unsigned (&a)[HD / 16][4], const bf16* s, int r0) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) ldsm4(a[kk], a_frag(s, HD + PAD, r0, kk * 16));
+}
+
+}  // namespace mma16
