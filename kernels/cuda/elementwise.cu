@@ -24,6 +24,29 @@ FOR_DTYPES(SWIGLU_FWD)
   }
 FOR_DTYPES(SWIGLU_PACKED_FWD)
 
+// The same in 16-byte chunks (`per_row` chunks of gate, then of up, per row), for f a multiple
+// of a chunk and 16-byte aligned rows: the element form's 64-bit division and 2-byte loads ran
+// at ~0.9 TB/s on an 8B prefill step (0.7 ms a layer). The same arithmetic per element.
+#define SWIGLU_PACKED_FWD_VEC(S, T)                                                                \
+  KERNEL void swiglu_packed_fwd_vec_##S(const T* gu, T* h, unsigned chunks, unsigned per_row) {    \
+    constexpr int V = 16 / sizeof(T);                                                              \
+    const uint4* in = reinterpret_cast<const uint4*>(gu);                                          \
+    for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) { \
+      const unsigned r = c / per_row, j = c % per_row;                                             \
+      const uint4 gv = in[(size_t)r * 2 * per_row + j], uv = in[(size_t)r * 2 * per_row + per_row + j]; \
+      const T* ge = reinterpret_cast<const T*>(&gv);                                               \
+      const T* ue = reinterpret_cast<const T*>(&uv);                                               \
+      uint4 out;                                                                                   \
+      T* oe = reinterpret_cast<T*>(&out);                                                          \
+      _Pragma("unroll") for (int e = 0; e < V; ++e) {                                              \
+        const float g = to_f(ge[e]);                                                               \
+        oe[e] = from_f<T>(g * sigmoid(g) * to_f(ue[e]));                                           \
+      }                                                                                            \
+      reinterpret_cast<uint4*>(h)[c] = out;                                                        \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_PACKED_FWD_VEC)
+
 // d_gate = dh·up·(σ + silu·(1 − σ)), d_up = dh·silu.
 #define SWIGLU_BWD(S, T)                                                                           \
   KERNEL void swiglu_bwd_##S(const T* dh, const T* gate, const T* up, T* dgate, T* dup,          \

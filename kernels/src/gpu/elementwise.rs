@@ -25,11 +25,25 @@ pub(crate) fn swiglu_packed_forward<T: Elem>(gu: &Tensor) -> Result<Tensor> {
     let (rows, width) = gu.dims2()?;
     let (f, n) = (width / 2, rows * width / 2);
     let mut h = alloc::<T>(&dev, n)?;
-    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_packed_fwd")?;
+    let per = 16 / std::mem::size_of::<T>();
+    // A tensor `with_views` copies (not contiguous) starts a fresh, aligned allocation.
+    let aligned = !gu.is_contiguous() || (gu.layout().start_offset() * std::mem::size_of::<T>()).is_multiple_of(16);
+    let chunks = u32::try_from(n / per).ok().filter(|_| aligned && f.is_multiple_of(per));
+    let k =
+        Kernel::new::<T>(&dev, &MODULE, if chunks.is_some() { "swiglu_packed_fwd_vec" } else { "swiglu_packed_fwd" })?;
     with_views::<T, _, 1>([gu], |[g]| {
         let mut b = k.builder();
-        b.arg(&g).arg(&mut h).arg(&n).arg(&f);
-        launch(b, grid_for(n, BLOCK))
+        match chunks {
+            Some(chunks) => {
+                let per_row = (f / per) as u32;
+                b.arg(&g).arg(&mut h).arg(&chunks).arg(&per_row);
+                launch(b, grid_for(chunks as usize, BLOCK))
+            }
+            None => {
+                b.arg(&g).arg(&mut h).arg(&n).arg(&f);
+                launch(b, grid_for(n, BLOCK))
+            }
+        }
     })?;
     Ok(tensor(h, &dev, (rows, f)))
 }

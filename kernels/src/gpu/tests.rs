@@ -88,9 +88,11 @@ fn poisoned_outputs_read_back_as_nan() -> Result<()> {
 fn rmsnorm_matches_the_f64_reference() -> Result<()> {
     // d = 100 (not a multiple of the warp), 128 (per-head norms), 4096 (8B hidden); rows past
     // several dw blocks with a partial last one. Below 1024 rows the forward runs one block per
-    // row (1 and 64: decode batches), from 1024 one warp per row. A block per row loads its row
-    // in 16-byte chunks where they fit: 1000 leaves threads idle, 8192 fills four chunks a thread
-    // in bf16, 8200 is past that (and, in f32, not a whole number of chunks): the element loop.
+    // row (1 and 64: decode batches); from 1024, rows of 1 KiB or more run a block per row sized
+    // to two chunks a thread (1024×4096, 2048×1024: 64 threads in bf16), narrower ones one warp
+    // per row. A block per row loads its row in 16-byte chunks where they fit: 1000 leaves threads
+    // idle, 8192 fills four chunks a thread in bf16, 8200 is past that (and, in f32, not a whole
+    // number of chunks): the element loop.
     for (rows, d) in [
         (3 * 256 + 17, 100),
         (2000, 128),
@@ -98,6 +100,7 @@ fn rmsnorm_matches_the_f64_reference() -> Result<()> {
         (1, 4096),
         (64, 4096),
         (1024, 4096),
+        (2048, 1024),
         (3, 1000),
         (1, 8192),
         (2, 8200),
@@ -156,9 +159,14 @@ fn swiglu_matches_the_f64_reference() -> Result<()> {
             tol,
             inp.seed,
         )?;
-        // The packed form ([gate | up] per row, a serving step's one GEMM) computes the same bits.
-        let packed = fused(|| crate::swiglu::forward_packed(&Tensor::cat(&[&g, &u], 1)?))?;
-        expect_close(&format!("{tag} packed h"), &packed, &crate::swiglu::forward(&g, &u)?, 0.0, inp.seed)?;
+        // The packed form ([gate | up] per row, a serving step's one GEMM) computes the same bits,
+        // element by element (3001 wide) and in 16-byte chunks (3000).
+        for f in [3001, 3000] {
+            let (g, u) = (g.narrow(1, 0, f)?.contiguous()?, u.narrow(1, 0, f)?.contiguous()?);
+            let packed = fused(|| crate::swiglu::forward_packed(&Tensor::cat(&[&g, &u], 1)?))?;
+            let want = crate::swiglu::forward(&g, &u)?;
+            expect_close(&format!("{tag} packed h, f = {f}"), &packed, &want, 0.0, inp.seed)?;
+        }
         let (dg, du) = fused(|| crate::swiglu::backward(&dh, &g, &u))?;
         let (dg_ref, du_ref) = crate::swiglu::backward(&dhr, &gr, &ur)?;
         expect_close(&format!("{tag} dgate"), &dg, &dg_ref, tol, inp.seed)?;
