@@ -107,37 +107,10 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
       load_tile<BC, HD>(sk, k + kvoff, kb + BC, Tn);
       cp_commit();
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = kb + nt * 8 + 2 * t4 + e;
-          float& x = s[nt][2 * i + e];
-          x = key <= row[i] && key >= first[i] && key < Tn ? x * c : -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      const float mn = fmaxf(m[i], quad_max(mx));
-      const float base = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet stays 0
-      const float corr = exp2f(m[i] - base);
-      sum[i] *= corr;
-#pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {
-        o[nt][2 * i] *= corr;
-        o[nt][2 * i + 1] *= corr;
-      }
-#pragma unroll
-      for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[nt][2 * i + e] - base);
-          s[nt][2 * i + e] = p;
-          sum[i] += p;
-        }
-      m[i] = mn;
-    }
+    softmax_tile<BC / 8, HD>(s, m, sum, o, c, [&](int i, int col) {
+      const int key = kb + col;
+      return key <= row[i] && key >= first[i] && key < Tn;
+    });
     if (more)
       cp_wait<1>();
     else

@@ -118,4 +118,44 @@ template <int HD> DEV void load_a(unsigned (&a)[HD / 16][4], const bf16* s, int 
   for (int kk = 0; kk < HD / 16; ++kk) ldsm4(a[kk], a_frag(s, HD + PAD, r0, kk * 16));
 }
 
+// One key tile of the online softmax for a lane's two MMA rows (i = 0: row lane / 4, i = 1: that
+// + 8). `s` holds the tile's scores as C fragments over 8·NT keys; a score becomes s·c (log2
+// units) where visible(i, column) holds and −inf elsewhere, the running max m and sum and the
+// accumulator o are rescaled to the new max, and s becomes the probabilities exp2(s·c − max).
+template <int NT, int HD, typename Visible>
+DEV void softmax_tile(float (&s)[NT][4], float (&m)[2], float (&sum)[2], float (&o)[HD / 8][4], float c,
+                      Visible visible) {
+  const int t4 = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[nt][2 * i + e];
+        x = visible(i, nt * 8 + 2 * t4 + e) ? x * c : -INFINITY;
+        mx = fmaxf(mx, x);
+      }
+    const float mn = fmaxf(m[i], quad_max(mx));
+    const float base = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet stays 0
+    const float corr = exp2f(m[i] - base);
+    sum[i] *= corr;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+      o[nt][2 * i] *= corr;
+      o[nt][2 * i + 1] *= corr;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(s[nt][2 * i + e] - base);
+        s[nt][2 * i + e] = p;
+        sum[i] += p;
+      }
+    m[i] = mn;
+  }
+}
+
 }  // namespace mma16

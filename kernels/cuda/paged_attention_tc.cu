@@ -170,37 +170,10 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
     const bf16* sv = sk + BC * LD;
     float s[NK / 8][4] = {};
     mma_rows<HD / 16, NK / 8>(s, qa, sk, LD, 0);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NK / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = tile + kp * NK + nt * 8 + 2 * t4 + e;
-          float& x = s[nt][2 * i + e];
-          x = key <= limit[i] && key < k1 ? x * c : -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      const float mn = fmaxf(m[i], quad_max(mx));
-      const float base = mn == -INFINITY ? 0.f : mn;  // a row with nothing visible yet stays 0
-      const float corr = exp2f(m[i] - base);
-      sum[i] *= corr;
-#pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {
-        o[nt][2 * i] *= corr;
-        o[nt][2 * i + 1] *= corr;
-      }
-#pragma unroll
-      for (int nt = 0; nt < NK / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[nt][2 * i + e] - base);
-          s[nt][2 * i + e] = p;
-          sum[i] += p;
-        }
-      m[i] = mn;
-    }
+    softmax_tile<NK / 8, HD>(s, m, sum, o, c, [&](int i, int col) {
+      const int key = tile + kp * NK + col;
+      return key <= limit[i] && key < k1;
+    });
     mma_cols<HD, NK / 8>(o, s, sv, 0);
     BARRIER();
   }
