@@ -193,6 +193,12 @@ pub(crate) fn with_views<T: CudaDType + DeviceRepr, R, const N: usize>(
     f(views)
 }
 
+/// Whether `t`'s data starts 16-byte aligned as a kernel will see it: a tensor `with_views`
+/// copies (not contiguous) starts a fresh, aligned allocation.
+pub(crate) fn aligned16(t: &Tensor) -> bool {
+    !t.is_contiguous() || (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16)
+}
+
 /// A size as the kernels' `int`, refusing what would overflow it.
 pub(crate) fn int(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("gpu kernel: size {n} exceeds i32")))

@@ -13,6 +13,8 @@
 //!             short enough for a kernel profiler, which slows each launch ~20 ms)
 //! serve_bench probe=0 probe_prefill=16x512   (a prefill step of 16 prompts of 512 tokens, with
 //!             tensor-core and CUDA-core attention)
+//! serve_bench probe=16,64 probe_gemm=1   (a decode step's GEMM shapes: cuBLAS's default
+//!             against the best cuBLASLt candidate, before the decode probe)
 //! ```
 //! Without `weights` the model is random (device-side init); with it, an HF directory (the
 //! peer saves its random model there, so both sides hold the same weights). Prints one JSON
@@ -315,6 +317,59 @@ fn probe_batch(
     Ok(())
 }
 
+/// The GEMMs of a decode step at each batch size above the GEMV's rows: every distinct shape,
+/// cuBLAS's default against the best of 8 cuBLASLt heuristic candidates (what the training plan's
+/// GEMM axis chooses from), and what the best would save a step (layer shapes run once a layer,
+/// the output head once).
+#[cfg(feature = "cuda")]
+fn gemm_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+    let (block, c) = (16usize, model.config().clone());
+    let per_seq = (ctx + 1).div_ceil(block);
+    for &b in batches.iter().filter(|&&b| b > 8) {
+        let mut recording = model.clone();
+        let (kernels, log) = model.kernels().clone().recording_shapes();
+        recording.set_kernels(kernels);
+        let config = RunnerConfig {
+            block_size: block,
+            blocks: b * per_seq,
+            vocab: c.vocab_size,
+            max_model_len: ctx + 1,
+            cuda_graphs: false,
+        };
+        let runner = Runner::new(recording, config)?;
+        let tables: Vec<Vec<u32>> =
+            (0..b).map(|i| (i * per_seq..(i + 1) * per_seq).map(|x| x as u32).collect()).collect();
+        let ids: Vec<[u32; 1]> = (0..b).map(|i| [(i * 7919 % c.vocab_size) as u32]).collect();
+        let seqs: Vec<StepSeq> = (0..b)
+            .map(|i| StepSeq {
+                tokens: &ids[i],
+                start: ctx,
+                blocks: &tables[i],
+                adapter: None,
+                sample: Some(RowSampling::GREEDY),
+            })
+            .collect();
+        runner.step(&seqs, None)?;
+        let mut saved_ms = 0.0;
+        for shape in log.shapes() {
+            let timings = mindxtrain_kernels::gemm_algos::time_candidates(model.device(), &shape, 8, 20.0)?;
+            let default = timings.first().and_then(|t| t.us).unwrap_or(f64::NAN);
+            let best =
+                timings.iter().filter_map(|t| t.us.map(|us| (us, t.algo.label()))).min_by(|a, b| a.0.total_cmp(&b.0));
+            let calls = if shape.m == c.vocab_size || shape.n == c.vocab_size { 1 } else { c.num_hidden_layers };
+            let (best_us, label) = best.unwrap_or((default, "default".into()));
+            saved_ms += (default - best_us).max(0.0) * calls as f64 / 1e3;
+            emit(json!({
+                "metric": format!("decode_gemm_batch_{b}_m{}_n{}_k{}", shape.m, shape.n, shape.k),
+                "default_us": default, "best_us": best_us, "best": label, "calls_per_step": calls,
+                "default_bytes_per_s": (shape.n * shape.k + shape.m * shape.k + shape.m * shape.n) as f64 * 2.0 / (default * 1e-6),
+            }));
+        }
+        emit(json!({"metric": format!("decode_gemm_batch_{b}_best_saves_ms_per_step"), "ours": saved_ms}));
+    }
+    Ok(())
+}
+
 /// A prefill step of `seqs` prompts of `len` tokens each (no cached prefix, the last row of each
 /// sampled), as the engine runs one when that many requests arrive together: the step's time
 /// with bf16 attention on the tensor-core kernel and on the CUDA-core one, in this process, with
@@ -434,6 +489,10 @@ fn main() -> Res<()> {
         if let Some((n, len)) = args.0.get("probe_prefill").and_then(|v| v.split_once('x')) {
             let (n, len) = (n.parse()?, len.parse()?);
             prefill_probe(&model, (n, len), probe.steps.min(5), &mut emit)?;
+        }
+        #[cfg(feature = "cuda")]
+        if args.0.contains_key("probe_gemm") {
+            gemm_probe(&model, &probe.batches, prompt_len + new_tokens / 2, &mut emit)?;
         }
         return decode_probe(&model, &probe, prompt_len + new_tokens / 2, &mut emit);
     }

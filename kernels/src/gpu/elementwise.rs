@@ -1,6 +1,8 @@
 //! SwiGLU and RoPE on the GPU (`cuda/elementwise.cu`): grid-stride loops, one pass each.
 
-use super::{Elem, Kernel, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor, with_views};
+use super::{
+    Elem, Kernel, Module, PushKernelArg, aligned16, alloc, device, grid_for, int, launch, module, tensor, with_views,
+};
 use candle_core::{Result, Tensor};
 
 const MODULE: Module = module!("elementwise");
@@ -26,9 +28,7 @@ pub(crate) fn swiglu_packed_forward<T: Elem>(gu: &Tensor) -> Result<Tensor> {
     let (f, n) = (width / 2, rows * width / 2);
     let mut h = alloc::<T>(&dev, n)?;
     let per = 16 / std::mem::size_of::<T>();
-    // A tensor `with_views` copies (not contiguous) starts a fresh, aligned allocation.
-    let aligned = !gu.is_contiguous() || (gu.layout().start_offset() * std::mem::size_of::<T>()).is_multiple_of(16);
-    let chunks = u32::try_from(n / per).ok().filter(|_| aligned && f.is_multiple_of(per));
+    let chunks = u32::try_from(n / per).ok().filter(|_| aligned16(gu) && f.is_multiple_of(per));
     let k =
         Kernel::new::<T>(&dev, &MODULE, if chunks.is_some() { "swiglu_packed_fwd_vec" } else { "swiglu_packed_fwd" })?;
     with_views::<T, _, 1>([gu], |[g]| {

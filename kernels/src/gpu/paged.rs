@@ -2,7 +2,8 @@
 //! GPU (`cuda/paged_attention.cu`); CPU references in `crate::paged_attention`.
 
 use super::{
-    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor, with_views,
+    Elem, Kernel, LaunchConfig, Module, PushKernelArg, aligned16, alloc, device, grid_for, int, launch, module, tensor,
+    with_views,
 };
 use crate::paged_attention::{PagedMeta, reference};
 use candle_core::backend::BackendStorage;
@@ -177,13 +178,10 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
 /// Whether the tensor-core kernel serves this call: bf16, head size 64 or 128 (256 would not
 /// fit its accumulators in registers), and every operand's rows 16-byte aligned for cp.async.
 fn on_tensor_cores(q: &Tensor, kc: &Tensor, vc: &Tensor) -> bool {
-    // A tensor `with_views` copies (not contiguous) starts a fresh, aligned allocation.
-    let aligned =
-        |t: &Tensor| !t.is_contiguous() || (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16);
     crate::paged_attention::tensor_cores_allowed()
         && q.dtype() == candle_core::DType::BF16
         && matches!(q.dim(2), Ok(64 | 128))
-        && [q, kc, vc].into_iter().all(aligned)
+        && [q, kc, vc].into_iter().all(aligned16)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -211,7 +209,10 @@ pub(crate) fn prepare<T: Elem>(
     }
     let dev = device(qkv)?;
     let mut q = alloc::<T>(&dev, n * heads * hd)?;
-    let kernel = Kernel::new::<T>(&dev, &MODULE, "paged_prepare")?;
+    // Head sizes of 32·E with aligned rows: a lane's E elements whole (`prepare_unit_vec`).
+    let vec = matches!(hd, 64 | 128 | 256) && [qkv, qn, kn, cos, sin, kc, vc].into_iter().all(aligned16);
+    let name = if vec { format!("paged_prepare_vec{}", hd / WARP) } else { "paged_prepare".to_owned() };
+    let kernel = Kernel::new::<T>(&dev, &MODULE, &name)?;
     let capacity = u32::try_from(blocks * bs).map_err(|_| candle_core::Error::Msg("kv cache too large".into()))?;
     let (n_i, h, kvh, hd_i, eps) = (int(n)?, int(heads)?, int(kv)?, int(hd)?, eps as f32);
     let stream = dev.cuda_stream();

@@ -69,7 +69,15 @@ fn paged_attention_matches_the_reference_for_decodes_prefills_and_long_contexts(
 
 #[test]
 fn prepare_and_kv_write_match_the_reference() -> Result<()> {
-    let (n, heads, kv, hd, blocks) = (19, 16, 4, 128, 6);
+    // Head sizes 128 and 64: a lane's elements whole (`prepare_unit_vec`); 96: element by element.
+    for hd in [128, 64, 96] {
+        prepare_and_kv_write_at(hd)?;
+    }
+    Ok(())
+}
+
+fn prepare_and_kv_write_at(hd: usize) -> Result<()> {
+    let (n, heads, kv, blocks) = (19, 16, 4, 6);
     let positions: Vec<u32> = (0..n as u32).map(|i| i * 37 % 90).collect();
     let slots: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % (blocks * BS) as u32).collect();
     let slots: Vec<u32> = {
@@ -99,7 +107,7 @@ fn prepare_and_kv_write_match_the_reference() -> Result<()> {
         let got = fused(|| paged_attention::prepare(&qkv, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &s_gpu))?;
         let want =
             paged_attention::reference::prepare(&qkvr, heads, (&qnr, &knr, 1e-6), &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
-        expect_close(&format!("prepare q {dt:?}"), &got, &want, tol, inp.seed)?;
+        expect_close(&format!("prepare q hd {hd} {dt:?}"), &got, &want, tol, inp.seed)?;
         expect_close(&format!("prepare k cache {dt:?}"), &kc, &kcr, tol, inp.seed)?;
         expect_close(&format!("prepare v cache {dt:?}"), &vc, &vcr, tol, inp.seed)?;
         // The plain cache write, in place, every other slot untouched.
