@@ -357,13 +357,22 @@ pub enum Incoming {
 pub struct Server {
     addr: SocketAddr,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Every connection accepted, to end them with the server.
+    accepted: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Drop for Server {
     /// Stops listening (the port is free again for the next world a launcher starts on it, as
     /// the probe's stage does once per candidate): the accept loop is woken by a connection.
+    /// Connections it accepted are shut down: a node agent that asked for a job just as this
+    /// world ended would otherwise wait, unanswered, on a reader thread that outlives the server
+    /// (seen as a follower waiting its whole join timeout while node 0 waited for it on the next
+    /// server); shut down, it sees the connection close and asks again.
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for stream in self.accepted.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
         let wake = if self.addr.ip().is_unspecified() {
             SocketAddr::new(IpAddr::from([127, 0, 0, 1]), self.addr.port())
         } else {
@@ -380,6 +389,8 @@ impl Server {
         let addr = listener.local_addr().map_err(rdzv)?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopped = stop.clone();
+        let accepted: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let tracked = accepted.clone();
         std::thread::Builder::new()
             .name("mindxtrain-rdzv".into())
             .spawn(move || {
@@ -390,6 +401,17 @@ impl Server {
                     }
                     let Ok(stream) = stream else { continue };
                     let (Ok(reader), true) = (stream.try_clone(), stream.set_nodelay(true).is_ok()) else { continue };
+                    let Ok(handle) = stream.try_clone() else { continue };
+                    {
+                        let mut all = tracked.lock().unwrap_or_else(|e| e.into_inner());
+                        // Checked under the lock Drop drains: a connection accepted as the server
+                        // stops is shut down here rather than missed.
+                        if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                            let _ = handle.shutdown(std::net::Shutdown::Both);
+                            break;
+                        }
+                        all.push(handle);
+                    }
                     let conn = Conn { id: next, writer: Arc::new(Mutex::new(stream)) };
                     next += 1;
                     let tx = tx.clone();
@@ -415,7 +437,7 @@ impl Server {
                 }
             })
             .map_err(rdzv)?;
-        Ok(Server { addr, stop })
+        Ok(Server { addr, stop, accepted })
     }
 
     pub fn addr(&self) -> SocketAddr {
