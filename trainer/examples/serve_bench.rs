@@ -199,9 +199,7 @@ fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(
         cuda_graphs,
     };
     let runner = Runner::new(model.clone(), sized(false))?;
-    let tables: Vec<Vec<u32>> =
-        (0..most).map(|i| (i * per_seq..(i + 1) * per_seq).map(|b| b as u32).collect()).collect();
-    let ids: Vec<[u32; 1]> = (0..most).map(|i| [(i * 7919 % c.vocab_size) as u32]).collect();
+    let (ids, tables) = decode_fixture(most, per_seq, c.vocab_size);
     // Attention reads the cache's bytes whatever they hold: zeros time like real keys.
     let kv_bytes_per_token =
         2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype().size_in_bytes();
@@ -257,6 +255,27 @@ fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(
     Ok(())
 }
 
+/// `b` sequences of one token each, sequence `i` in blocks `i·per_seq ..` of its own.
+fn decode_fixture(b: usize, per_seq: usize, vocab: usize) -> (Vec<[u32; 1]>, Vec<Vec<u32>>) {
+    let ids = (0..b).map(|i| [(i * 7919 % vocab) as u32]).collect();
+    let tables = (0..b).map(|i| (i * per_seq..(i + 1) * per_seq).map(|x| x as u32).collect()).collect();
+    (ids, tables)
+}
+
+/// One greedy decode row per sequence, each `ctx` tokens deep.
+fn decode_rows<'a>(ids: &'a [[u32; 1]], tables: &'a [Vec<u32>], ctx: usize) -> Vec<StepSeq<'a>> {
+    ids.iter()
+        .zip(tables)
+        .map(|(tokens, blocks)| StepSeq {
+            tokens,
+            start: ctx,
+            blocks,
+            adapter: None,
+            sample: Some(RowSampling::GREEDY),
+        })
+        .collect()
+}
+
 /// What `probe=` asks: batch sizes, optionally only some variants, and how many timed steps.
 struct Probe {
     batches: Vec<usize>,
@@ -274,15 +293,7 @@ fn probe_batch(
     emit: &mut impl FnMut(Value),
 ) -> Res<()> {
     let (dev, vocab) = (runner.device().clone(), runner.model().config().vocab_size);
-    let seqs: Vec<StepSeq> = (0..b)
-        .map(|i| StepSeq {
-            tokens: &ids[i],
-            start: ctx,
-            blocks: &tables[i],
-            adapter: None,
-            sample: Some(RowSampling::GREEDY),
-        })
-        .collect();
+    let seqs = decode_rows(&ids[..b], tables, ctx);
     for _ in 0..3 {
         runner.step(&seqs, None)?;
     }
@@ -337,19 +348,8 @@ fn gemm_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMu
             cuda_graphs: false,
         };
         let runner = Runner::new(recording, config)?;
-        let tables: Vec<Vec<u32>> =
-            (0..b).map(|i| (i * per_seq..(i + 1) * per_seq).map(|x| x as u32).collect()).collect();
-        let ids: Vec<[u32; 1]> = (0..b).map(|i| [(i * 7919 % c.vocab_size) as u32]).collect();
-        let seqs: Vec<StepSeq> = (0..b)
-            .map(|i| StepSeq {
-                tokens: &ids[i],
-                start: ctx,
-                blocks: &tables[i],
-                adapter: None,
-                sample: Some(RowSampling::GREEDY),
-            })
-            .collect();
-        runner.step(&seqs, None)?;
+        let (ids, tables) = decode_fixture(b, per_seq, c.vocab_size);
+        runner.step(&decode_rows(&ids, &tables, ctx), None)?;
         let mut saved_ms = 0.0;
         for shape in log.shapes() {
             let timings = mindxtrain_kernels::gemm_algos::time_candidates(model.device(), &shape, 8, 20.0)?;
