@@ -4,26 +4,19 @@
 //
 // paged_attn: one thread block per (work item, kv head, split). A work item is up to TQ query
 // rows of one sequence (TQ·g ≤ 16 (row, query head) units, g = heads / kv_heads); a decode row is
-// an item of one row. The item's key range is cut into `splits` parts of `part` keys (split-K:
+// an item of one row. The item's key range is cut into `splits` near-equal parts (split-K, paged.h:
 // a long context is spread over many blocks even when few sequences decode); each part is read
 // in tiles of WARP keys that the block stages in shared memory once for all its units (GQA:
 // the group's query heads share each K/V load). A warp owns units; lane l scores key l of the
 // tile (a full dot product from shared memory), the softmax is online across tiles, and each
 // lane accumulates its hd/WARP output elements. With one split the output is written normalised;
 // otherwise each split leaves (max, sum, unnormalised output) and paged_reduce merges them.
-#include "portable.h"
+#include "paged.h"
 
 #define THREADS 128
 #define WARPS (THREADS / WARP)
 #define MAX_UNITS 16
 #define UNITS_PER_WARP (MAX_UNITS / WARPS)
-
-// One work item: a sequence and the rows [row0, row0 + rows) of its new tokens.
-struct Item {
-  int seq;
-  int row0;
-  int rows;
-};
 
 // Padding of a shared K row: 16 bytes, so rows stay 16-byte aligned for whole-chunk reads and
 // the 8 lanes of a quarter-warp reading 16 bytes each from 8 different keys hit 8 different
@@ -158,7 +151,7 @@ template <typename T, int HD>
 DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_starts,
                     const unsigned* context_lens, const unsigned* tables, const Item* items, T* out,
                     float* part_m, float* part_l, float* part_acc, int heads, int kvh_count,
-                    int block_size, int max_blocks, int part, int splits, float scale) {
+                    int block_size, int max_blocks, int splits, float scale) {
   constexpr int E = HD / WARP;  // output elements per lane
   constexpr int KS = HD + KPad<T>::value;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -171,13 +164,9 @@ DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_
   const int g = heads / kvh_count;
   const int units = it.rows * g;
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-  const int first = query_starts[it.seq];
-  const int t = query_starts[it.seq + 1] - first;
-  const int ctx = context_lens[it.seq];
-  const unsigned* table = tables + (size_t)it.seq * max_blocks;
-  // Keys this item may see at all, and this split's share of them.
-  const int last = ctx - t + it.row0 + it.rows - 1;
-  const int k0 = split * part, k1 = min(last + 1, k0 + part);
+  const ItemKeys keys = item_keys(it, query_starts, context_lens, tables, max_blocks, WARP, split, splits);
+  const int first = keys.first, t = keys.t, ctx = keys.ctx, k0 = keys.k0, k1 = keys.k1;
+  const unsigned* table = keys.table;
 
   for (int i = threadIdx.x; i < units * HD; i += THREADS) {
     const int u = i / HD, e = i % HD;
@@ -272,9 +261,9 @@ DEV void paged_attn(const T* q, const T* kc, const T* vc, const unsigned* query_
   KERNEL void paged_attn_##S##_hd##HD(                                                              \
       const T* q, const T* kc, const T* vc, const unsigned* qs, const unsigned* cl,                 \
       const unsigned* tables, const Item* items, T* out, float* pm, float* pl, float* pacc,         \
-      int heads, int kvh, int block_size, int max_blocks, int part, int splits, float scale) {      \
+      int heads, int kvh, int block_size, int max_blocks, int splits, float scale) {                \
     paged_attn<T, HD>(q, kc, vc, qs, cl, tables, items, out, pm, pl, pacc, heads, kvh, block_size, \
-                      max_blocks, part, splits, scale);                                             \
+                      max_blocks, splits, scale);                                                   \
   }
 #define PAGED_ATTN_ALL(S, T) PAGED_ATTN(S, T, 64) PAGED_ATTN(S, T, 128) PAGED_ATTN(S, T, 256)
 FOR_DTYPES(PAGED_ATTN_ALL)

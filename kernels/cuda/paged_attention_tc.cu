@@ -16,9 +16,12 @@
 //           their softmax states merged through shared memory at the end (a decode row would
 //           otherwise leave three warps idle).
 // The online softmax runs in log2 units (exp2 is one instruction). Split-K as the CUDA-core
-// kernel: one split writes the normalised output, several leave (max in natural-log units, sum,
-// unnormalised output) for paged_reduce in paged_attention.cu.
-#include "portable.h"
+// kernel (the same near-equal cut, paged.h): one split writes the normalised output, several
+// leave (max in natural-log units, sum, unnormalised output) for paged_reduce in
+// paged_attention.cu. (A version whose last split merged the others, found by a counter per
+// item, saved that launch but timed no faster on the H200: its merge is a chain of L2 round
+// trips at the end of the launch.)
+#include "paged.h"
 
 #if !defined(__HIPCC__)
 #include "mma.h"
@@ -31,28 +34,28 @@ constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int BC = 64;  // keys per staged tile
 
-// The host's work items, laid out as paged_attention.cu's (one list serves both kernels).
-struct Item {
-  int seq;
-  int row0;
-  int rows;
-};
-
-// Keys [tile, tile + BC) of kv head `kvh` into shared K and V tiles (row stride HD + PAD), each
-// key's slot looked up once per 16-byte chunk; keys at or past k1 read as zeros, so masked
-// probabilities (exactly 0) multiply finite values.
+// Keys [tile, tile + BC) of kv head `kvh` into shared K and V tiles (row stride HD + PAD); keys
+// at or past k1 read as zeros, so masked probabilities (exactly 0) multiply finite values. A
+// thread's block-table lookups are all issued before its first copy: looked up one copy at a
+// time, each copy waited on its lookup, and a 64-key tile took eight such round trips a thread.
 template <int HD>
 DEV void stage_kv(bf16* sk, bf16* sv, const bf16* kc, const bf16* vc, const unsigned* table, int tile, int k1,
                   int block_size, int kvh_count, int kvh) {
-  constexpr int CH = HD / 8;
-  for (int c = threadIdx.x; c < BC * CH; c += THREADS) {
+  constexpr int CH = HD / 8, PER = BC * CH / THREADS;
+  static_assert(BC * CH % THREADS == 0, "a tile's chunks split evenly over the threads");
+  unsigned block[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int key = tile + (threadIdx.x + i * THREADS) / CH;
+    block[i] = key < k1 ? table[key / block_size] : 0u;
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int c = threadIdx.x + i * THREADS;
     const int r = c / CH, col = (c % CH) * 8, key = tile + r;
     const bool ok = key < k1;
-    size_t at = 0;
-    if (ok) {
-      const size_t slot = (size_t)table[key / block_size] * block_size + key % block_size;
-      at = (slot * kvh_count + kvh) * HD + col;
-    }
+    const size_t slot = (size_t)block[i] * block_size + key % block_size;
+    const size_t at = ok ? (slot * kvh_count + kvh) * HD + col : 0;
     cp16(sk + r * (HD + PAD) + col, kc + at, ok);
     cp16(sv + r * (HD + PAD) + col, vc + at, ok);
   }
@@ -110,9 +113,9 @@ DEV bool merge_phases(unsigned char* smem, int ug, int kp, float (&m)[2], float 
 
 template <int HD, int KP>
 DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsigned* query_starts,
-                       const unsigned* context_lens, const unsigned* tables, const Item* items, bf16* out,
-                       float* part_m, float* part_l, float* part_acc, int heads, int kvh_count, int block_size,
-                       int max_blocks, int part, int splits, float scale) {
+                       const unsigned* context_lens, const unsigned* tables, const Item* items,
+                       bf16* out, float* part_m, float* part_l, float* part_acc, int heads,
+                       int kvh_count, int block_size, int max_blocks, int splits, float scale) {
   constexpr int LD = HD + PAD, UG = WARPS / KP, NK = BC / KP, STAGE = 2 * BC * LD;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* stages = reinterpret_cast<bf16*>(smem_raw);  // [2][K tile, V tile]
@@ -121,27 +124,27 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
   const int g = heads / kvh_count, units = it.rows * g;
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, r4 = l / 4, t4 = l % 4;
   const int ug = w % UG, kp = w / UG;
-  const int first = query_starts[it.seq];
-  const int t = query_starts[it.seq + 1] - first;
-  const int ctx = context_lens[it.seq];
-  const unsigned* table = tables + (size_t)it.seq * max_blocks;
-  // Keys this item may see at all, and this split's share of them.
-  const int last = ctx - t + it.row0 + it.rows - 1;
-  const int k0 = split * part, k1 = min(last + 1, k0 + part);
+  const ItemKeys keys = item_keys(it, query_starts, context_lens, tables, max_blocks, BC, split, splits);
+  const int first = keys.first, t = keys.t, ctx = keys.ctx, k0 = keys.k0, k1 = keys.k1;
 
-  // Q of every unit (zeros past the item's), through the first stage into A fragments.
+  // Q of every unit (zeros past the item's), through the second stage into A fragments, while
+  // the first K/V tile streams into the first stage (the loop's first prefetch refills the
+  // second only after the barrier below).
   constexpr int QCH = HD / 8;
+  bf16* qstage = stages + STAGE;
   for (int c = threadIdx.x; c < UG * 16 * QCH; c += THREADS) {
     const int u = c / QCH, col = (c % QCH) * 8;
     const bool ok = u < units;
     const size_t at = ok ? ((size_t)(first + it.row0 + u / g) * heads + kvh * g + u % g) * HD + col : 0;
-    cp16(stages + u * LD + col, q + at, ok);
+    cp16(qstage + u * LD + col, q + at, ok);
   }
   cp_commit();
-  cp_wait<0>();
+  if (k0 < k1) stage_kv<HD>(stages, stages + BC * LD, kc, vc, keys.table, k0, k1, block_size, kvh_count, kvh);
+  cp_commit();
+  cp_wait<1>();
   BARRIER();
   unsigned qa[HD / 16][4];
-  load_a<HD>(qa, stages, ug * 16);
+  load_a<HD>(qa, qstage, ug * 16);
   BARRIER();
 
   // The lane's two MMA rows: units ug·16 + r4 and + 8; a unit's row sees keys up to `limit`.
@@ -154,15 +157,13 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
   const float c = scale * LOG2E;
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
   float o[HD / 8][4] = {};
-  if (k0 < k1) stage_kv<HD>(stages, stages + BC * LD, kc, vc, table, k0, k1, block_size, kvh_count, kvh);
-  cp_commit();
   int buf = 0;
   for (int tile = k0; tile < k1; tile += BC, buf ^= 1) {
     // The next tile streams into the other stage while this one is computed (the barrier at
     // the end of the last trip freed it).
     bf16* next = stages + (buf ^ 1) * STAGE;
     if (tile + BC < k1)
-      stage_kv<HD>(next, next + BC * LD, kc, vc, table, tile + BC, k1, block_size, kvh_count, kvh);
+      stage_kv<HD>(next, next + BC * LD, kc, vc, keys.table, tile + BC, k1, block_size, kvh_count, kvh);
     cp_commit();
     cp_wait<1>();
     BARRIER();
@@ -213,17 +214,19 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
 }  // namespace
 
 // `base`: the launch's first item (decode items and prefill items are one list, two launches).
-#define PAGED_ATTN_TC(HD, KP)                                                                            \
-  KERNEL void paged_attn_tc_hd##HD##_kp##KP(                                                             \
+// Decode blocks are capped at the registers of three a multiprocessor, as many as their shared
+// memory allows (ptxas otherwise chose 192 at head size 128, which fits two).
+#define PAGED_ATTN_TC(HD, KP, MIN_BLOCKS)                                                                \
+  KERNEL void __launch_bounds__(THREADS, MIN_BLOCKS) paged_attn_tc_hd##HD##_kp##KP(                     \
       const bf16* q, const bf16* kc, const bf16* vc, const unsigned* qs, const unsigned* cl,             \
       const unsigned* tables, const Item* items, int base, bf16* out, float* pm, float* pl, float* pacc, \
-      int heads, int kvh, int block_size, int max_blocks, int part, int splits, float scale) {           \
+      int heads, int kvh, int block_size, int max_blocks, int splits, float scale) {                     \
     paged_attn_tc<HD, KP>(q, kc, vc, qs, cl, tables, items + base, out, pm, pl, pacc, heads, kvh,       \
-                          block_size, max_blocks, part, splits, scale);                                  \
+                          block_size, max_blocks, splits, scale);                                        \
   }
-PAGED_ATTN_TC(64, 1)
-PAGED_ATTN_TC(64, 4)
-PAGED_ATTN_TC(128, 1)
-PAGED_ATTN_TC(128, 4)
+PAGED_ATTN_TC(64, 1, 1)
+PAGED_ATTN_TC(64, 4, 3)
+PAGED_ATTN_TC(128, 1, 1)
+PAGED_ATTN_TC(128, 4, 3)
 
 #endif

@@ -29,7 +29,8 @@ const TC_BUSY_BLOCKS: usize = 792;
 const TC_UNITS: usize = 64;
 
 /// How a batch is cut into thread blocks: work items of rows of one sequence, and each item's
-/// keys into `splits` parts of `part` keys.
+/// keys into `splits` near-equal parts (cut by the kernels from each item's real context,
+/// `cuda/paged.h`; the host only decides how many).
 #[derive(Debug, Clone)]
 pub(crate) struct GpuPlan {
     kind: PlanKind,
@@ -38,7 +39,6 @@ pub(crate) struct GpuPlan {
     /// Items `0..decodes` are single decode rows (the tensor-core kernel's `kp4` launch).
     decodes: usize,
     splits: usize,
-    part: usize,
 }
 
 /// Which kernel a plan is cut for.
@@ -75,10 +75,9 @@ impl GpuPlan {
         let max_ctx = meta.plan_context().max(1);
         let tiles = max_ctx.div_ceil(tile);
         let wanted = busy.div_ceil((count * kv).max(1)).clamp(1, tiles);
-        let part = tiles.div_ceil(wanted) * tile;
-        let splits = max_ctx.div_ceil(part);
+        let splits = max_ctx.div_ceil(tiles.div_ceil(wanted) * tile);
         let items = Tensor::from_vec(flat, count * 3, device)?;
-        Ok(GpuPlan { kind, items, count, decodes, splits, part })
+        Ok(GpuPlan { kind, items, count, decodes, splits })
     }
 
     pub(crate) fn kind(&self) -> PlanKind {
@@ -136,7 +135,7 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
         vec![(kernel, 0, plan.count, shared)]
     };
     let (h, kvh, bsz, mb) = (int(heads)?, int(kv)?, int(bs)?, int(meta.max_blocks())?);
-    let (part, splits, scale) = (int(plan.part)?, int(plan.splits)?, scale as f32);
+    let (splits, scale) = (int(plan.splits)?, scale as f32);
     with_views::<T, _, 3>([q, kc, vc], |[qv, kcv, vcv]| {
         with_views::<u32, _, 3>([starts, lens, tables], |[sv, lv, tv]| {
             with_views::<i32, _, 1>([&plan.items], |[iv]| {
@@ -148,7 +147,7 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
                         a.arg(&first);
                     }
                     a.arg(&mut out).arg(&mut pm).arg(&mut pl).arg(&mut pacc);
-                    a.arg(&h).arg(&kvh).arg(&bsz).arg(&mb).arg(&part).arg(&splits).arg(&scale);
+                    a.arg(&h).arg(&kvh).arg(&bsz).arg(&mb).arg(&splits).arg(&scale);
                     let cfg = LaunchConfig {
                         grid_dim: (*count as u32, kv as u32, plan.splits as u32),
                         block_dim: (THREADS, 1, 1),

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Where one replayed decode step's time goes, kernel by kernel: Nsight Compute (`ncu`, clocks left
+# alone) times every kernel of ONE graph replay of `serve_bench probe` and counts its DRAM bytes,
+# then the table sums them per kernel name (time, bytes, achieved TB/s, launches). Carry the
+# serving build (`scripts/build-gpu serving`):
+#   run(command="ROWS=64 bench/profile-step.sh", carry=["target-gpu/carry-serving"], kind="nvidia-h200")
+# ROWS (the decode batch, default 64; the probe's context is 640 tokens a row) and SHAPE (default 8B).
+# ncu serialises kernels, so the sum is each kernel's own time without overlap; compare it with
+# the probe's graph-replay step time, which this script also prints (run without the profiler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROWS=${ROWS:-64} SHAPE=${SHAPE:-8B}
+LOGS=${OUT:-bench/results}
+mkdir -p "$LOGS"
+WORK=$(mktemp -d /tmp/mx-profile.XXXX)
+trap 'rm -rf "$WORK"' EXIT
+gunzip -c target-gpu/carry-serving/serve-bench.gz >"$WORK/serve-bench" && chmod +x "$WORK/serve-bench"
+PROBE=(device=cuda shape="$SHAPE" probe="$ROWS" probe_variants=cuda_graph)
+"$WORK/serve-bench" "${PROBE[@]}" | tee "$LOGS/profile-step-probe.jsonl"
+ncu --clock-control none --graph-profiling node --csv --page raw \
+  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+  "$WORK/serve-bench" "${PROBE[@]}" probe_steps=1 >"$WORK/ncu.csv" 2>"$WORK/ncu.err" || {
+  tail -20 "$WORK/ncu.err"; exit 1; }
+python3 bench/profile_table.py "$WORK/ncu.csv" | tee "$LOGS/profile-step.txt"
