@@ -7,7 +7,10 @@
 //! ```text
 //! rl_bench device=cuda shape=8B steps=4 prompts=8 generations=8 new_tokens=256 seq_len=2048 r=16 out=FILE
 //! rl_bench device=cpu shape=tiny steps=3 prompts=2 generations=4 new_tokens=16 seq_len=128 r=4   (a CPU smoke run)
+//! rl_bench device=cuda shape=0.6B method=gspo steps=3     (GSPO; `method=kto`: KTO on generated preference pairs)
 //! ```
+//! Metrics are named after the method (`grpo_step_s`, `gspo_step_s`, `kto_step_s`, …); KTO has no
+//! rollout, so only its step seconds and its first and last loss.
 //! Prints one JSON object per metric (`metric`, `ours`, and the settings) and writes them to `out`.
 
 use std::collections::BTreeMap;
@@ -59,12 +62,26 @@ fn main() -> Res<()> {
         std::env::args().skip(1).filter_map(|a| a.split_once('=').map(|(k, v)| (k.into(), v.into()))).collect();
     let get = |k: &str, d: &str| args.get(k).cloned().unwrap_or_else(|| d.into());
     let num = |k: &str, d: u64| args.get(k).and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (device, shape_name) = (get("device", "cpu"), get("shape", "tiny"));
+    let (device, shape_name, method) = (get("device", "cpu"), get("shape", "tiny"), get("method", "grpo"));
     let (steps, prompts, generations) = (num("steps", 3), num("prompts", 2), num("generations", 4));
     let (new_tokens, seq_len, r) = (num("new_tokens", 16), num("seq_len", 128), num("r", 4));
     let (hidden, layers, heads, kv, hd, ffn, vocab, tied) = shape(&shape_name);
     let (hardware, dtype) =
         if device == "cuda" { ("  name: h200\n  gpus: 1", "bf16") } else { ("  name: cpu\n  gpus: 0", "fp32") };
+    let (format, method_yaml) = match method.as_str() {
+        "grpo" | "gspo" => (
+            "instruction",
+            format!(
+                "    kind: {method}\n    num_generations: {generations}\n    max_new_tokens: {new_tokens}\n    \
+                 rewards: [numeric_match, format, exact_match]\n    lora: {{r: {r}, alpha: {alpha}}}",
+                alpha = 2 * r
+            ),
+        ),
+        "kto" => {
+            ("preference", format!("    kind: kto\n    beta: 0.1\n    lora: {{r: {r}, alpha: {alpha}}}", alpha = 2 * r))
+        }
+        other => return Err(format!("method={other}: grpo, gspo or kto").into()),
+    };
     let yaml = format!(
         r#"meta: {{project: bench, run_name: rl_bench, seed: 1}}
 hardware:
@@ -79,16 +96,12 @@ model:
            intermediate_size: {ffn}, vocab_size: {vocab}, max_position_embeddings: {seq_len}, tie_word_embeddings: {tied}}}
 data:
   source: generated
-  format: instruction
+  format: {format}
   generator: {{kind: tasks, seed: 1, count: 2000}}
   seq_len: {seq_len}
 train:
   method:
-    kind: grpo
-    num_generations: {generations}
-    max_new_tokens: {new_tokens}
-    rewards: [numeric_match, format, exact_match]
-    lora: {{r: {r}, alpha: {alpha}}}
+{method_yaml}
   optimizer: {{lr: 1.0e-5}}
   schedule: {{kind: constant}}
   budget: {{max_steps: {steps}}}
@@ -99,8 +112,7 @@ eval:
   enabled: false
 serve:
   max_model_len: {seq_len}
-"#,
-        alpha = 2 * r
+"#
     );
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().to_path_buf();
@@ -125,18 +137,23 @@ serve:
     }
     let mean = |f: &dyn Fn(&Value, f64) -> f64| warm.iter().map(|(v, t)| f(v, *t)).sum::<f64>() / warm.len() as f64;
     let rl = |k: &'static str| move |v: &Value, _: f64| v["rl"][k].as_f64().unwrap_or(f64::NAN);
-    let settings = json!({"shape": shape_name, "device": device, "prompts": prompts, "generations": generations,
+    let settings = json!({"method": method, "shape": shape_name, "device": device, "prompts": prompts, "generations": generations,
         "new_tokens": new_tokens, "seq_len": seq_len, "lora_r": r, "steps_measured": warm.len()});
-    let metrics = [
-        ("grpo_step_s", mean(&|_, t| t)),
-        ("grpo_rollout_tokens_per_s", mean(&rl("generation_tokens_per_s"))),
-        ("grpo_policy_tokens_per_s", mean(&rl("policy_tokens_per_s"))),
-        ("grpo_rollout_s", mean(&rl("rollout_s"))),
-        ("grpo_policy_s", mean(&rl("policy_s"))),
-    ];
+    let loss = |v: Option<&Value>| v.and_then(|v| v["loss"].as_f64()).unwrap_or(f64::NAN);
+    let mut metrics = vec![("step_s", mean(&|_, t| t))];
+    if method == "kto" {
+        metrics.extend([("loss_first", loss(sink.0.first())), ("loss_last", loss(sink.0.last()))]);
+    } else {
+        metrics.extend([
+            ("rollout_tokens_per_s", mean(&rl("generation_tokens_per_s"))),
+            ("policy_tokens_per_s", mean(&rl("policy_tokens_per_s"))),
+            ("rollout_s", mean(&rl("rollout_s"))),
+            ("policy_s", mean(&rl("policy_s"))),
+        ]);
+    }
     let mut lines = String::new();
-    for (metric, ours) in metrics {
-        let mut line = json!({"metric": metric, "ours": ours});
+    for (name, ours) in metrics {
+        let mut line = json!({"metric": format!("{method}_{name}"), "ours": ours});
         line["settings"] = settings.clone();
         println!("{line}");
         lines += &format!("{line}\n");
