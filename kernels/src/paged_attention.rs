@@ -229,6 +229,19 @@ pub(crate) fn tensor_cores_allowed() -> bool {
 
 static TENSOR_CORES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
+/// How many thread blocks the tensor-core kernel's split over keys aims for (`None`: its
+/// default, two waves of an H100/H200). Benchmarks set it to time other splits in one process.
+pub fn tensor_core_busy_blocks(blocks: Option<usize>) {
+    TC_BUSY_BLOCKS.store(blocks.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn tensor_core_busy_blocks_set() -> Option<usize> {
+    Some(TC_BUSY_BLOCKS.load(std::sync::atomic::Ordering::Relaxed)).filter(|&b| b > 0)
+}
+
+static TC_BUSY_BLOCKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Whether the GPU kernels serve attention of this shape on `device`: they read every step's
 /// lengths and block tables from the device. Otherwise the composed reference runs, which builds
 /// its gathers from the host's copy of the metadata, so a recorded graph would replay the

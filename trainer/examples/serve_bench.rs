@@ -11,6 +11,8 @@
 //! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
 //! serve_bench probe=1 probe_variants=cuda_graph probe_steps=1   (one variant, one timed step:
 //!             short enough for a kernel profiler, which slows each launch ~20 ms)
+//! serve_bench probe=16,64 probe_variants=cuda_graph probe_tc_busy=1188,1584   (the graph step
+//!             again with the tensor-core attention's key split aimed at those block counts)
 //! serve_bench probe=0 probe_prefill=16x512   (a prefill step of 16 prompts of 512 tokens, with
 //!             tensor-core and CUDA-core attention)
 //! serve_bench probe=16,64 probe_gemm=1   (a decode step's GEMM shapes: cuBLAS's default
@@ -238,6 +240,18 @@ fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(
         if !probe.variants.as_ref().is_none_or(|only| only.iter().any(|v| v == variant)) {
             continue;
         }
+        // `cuda_graph` again with the tensor-core attention's split aimed at other block counts.
+        if variant == "cuda_graph" {
+            for busy in &probe.busy_blocks {
+                mindxtrain_kernels::paged_attention::tensor_core_busy_blocks(Some(*busy));
+                let runner = Runner::new(model.clone(), sized(true))?;
+                let label = format!("cuda_graph_tc_busy_{busy}");
+                for &b in batches.iter().filter(|&&b| b > 0) {
+                    probe_batch(&runner, b, (&ids, &tables, ctx), (&label, probe.steps), kv_bytes_per_token, emit)?;
+                }
+            }
+            mindxtrain_kernels::paged_attention::tensor_core_busy_blocks(None);
+        }
         // The last variant times bf16 attention on the CUDA-core kernel (the tensor-core one is
         // the default): its graphs are recorded with that kernel.
         mindxtrain_kernels::paged_attention::use_tensor_cores(variant != "cuda_graph_cuda_core_attention");
@@ -281,6 +295,8 @@ struct Probe {
     batches: Vec<usize>,
     variants: Option<Vec<String>>,
     steps: usize,
+    /// Block counts the tensor-core attention's split aims for, each timed as a `cuda_graph` twin.
+    busy_blocks: Vec<usize>,
 }
 
 /// One batch size of [`decode_probe`]: 3 warm-up steps, then `steps` timed.
@@ -484,6 +500,11 @@ fn main() -> Res<()> {
             batches: batches.split(',').filter_map(|s| s.parse().ok()).collect(),
             variants: args.0.get("probe_variants").map(|v| v.split(',').map(str::to_string).collect()),
             steps: args.num("probe_steps", 20).max(1),
+            busy_blocks: args
+                .0
+                .get("probe_tc_busy")
+                .map(|v| v.split(',').filter_map(|b| b.parse().ok()).collect())
+                .unwrap_or_default(),
         };
         // The probe leaves process-wide settings behind (no event tracking): it runs alone.
         if let Some((n, len)) = args.0.get("probe_prefill").and_then(|v| v.split_once('x')) {

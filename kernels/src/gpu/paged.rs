@@ -68,7 +68,8 @@ impl GpuPlan {
                 (0..meta.sequences()).filter(|&s| rows(s) == 1).for_each(|s| cut(&mut flat, s, 1, 1));
                 let decodes = flat.len() / 3;
                 (0..meta.sequences()).filter(|&s| rows(s) > 1).for_each(|s| cut(&mut flat, s, rows(s), tq));
-                (decodes, TC_TILE, TC_BUSY_BLOCKS)
+                let busy = crate::paged_attention::tensor_core_busy_blocks_set().unwrap_or(TC_BUSY_BLOCKS);
+                (decodes, TC_TILE, busy)
             }
         };
         let count = flat.len() / 3;
