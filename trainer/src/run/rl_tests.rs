@@ -254,3 +254,52 @@ fn rl_sections_are_strict_and_their_errors_name_the_field() {
         .to_string();
     assert!(e.contains("data.format") && e.contains("RL methods"), "{e}");
 }
+
+/// The same runs on a CUDA device (scripts/gpu-test runs this module there).
+#[cfg(feature = "cuda")]
+mod gpu_tests {
+    use super::*;
+
+    /// `text` on the first GPU: its recipe and a plan that names `cuda:0`.
+    fn on_gpu(text: &str, out: &Path) -> RunSpec {
+        let recipe = parse(&text.replace("  name: cpu\n  gpus: 0", "  name: h200\n  gpus: 1"));
+        let plan = Plan::new(recipe.bytes_blake3, "cuda:0", Choices::unmeasured(1), vec![], 0, 0, false);
+        RunSpec { eval_prompts: 4, ..RunSpec::new(recipe, out, plan, out) }
+    }
+
+    fn losses(events: &[TrainerEvent]) -> Vec<f64> {
+        progress(events).iter().map(|p| p["loss"].as_f64().unwrap_or(f64::NAN)).collect()
+    }
+
+    /// GRPO and GSPO roll out through the serving engine on the GPU and take their policy steps
+    /// there; KTO (no sampling, so no rounding flips between devices) follows the CPU engine's
+    /// losses step for step in f32.
+    #[test]
+    fn grpo_gspo_and_kto_train_on_the_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let lora = "    lora: {r: 8, alpha: 16}";
+        for kind in ["grpo", "gspo"] {
+            let method = format!(
+                "    kind: {kind}\n    num_generations: 4\n    max_new_tokens: 16\n    rewards: [format, numeric_match]\n{lora}"
+            );
+            let out = dir.path().join(kind);
+            let (summary, events) = run(&on_gpu(&recipe_text(&method, "instruction", 4, 1e-3, 4, 1000), &out));
+            assert_eq!(summary.steps, 4, "{kind}");
+            let steps = progress(&events);
+            assert!(losses(&events).iter().all(|l| l.is_finite()), "{kind}: {steps:?}");
+            for p in &steps {
+                assert_eq!(p["rl"]["completions"], 16, "{kind}: {p}");
+                assert!(p["rl"]["generation_tokens_per_s"].as_f64().is_some_and(|t| t > 0.0), "{kind}: {p}");
+            }
+        }
+        let text = recipe_text(&format!("    kind: kto\n    beta: 1.0\n{lora}"), "preference", 4, 1e-2, 4, 1000);
+        let (gpu, gpu_events) = run(&on_gpu(&text, &dir.path().join("kto-gpu")));
+        let (cpu, cpu_events) = run(&spec(parse(&text), &dir.path().join("kto-cpu"), None));
+        assert_eq!((gpu.steps, cpu.steps), (4, 4));
+        let (g, c) = (losses(&gpu_events), losses(&cpu_events));
+        assert_eq!(g.len(), 4);
+        for (step, (g, c)) in g.iter().zip(&c).enumerate() {
+            assert!((g - c).abs() < 1e-3 * (1.0 + c.abs()), "KTO step {}: GPU loss {g} vs CPU {c}", step + 1);
+        }
+    }
+}
