@@ -12,6 +12,7 @@ pub(crate) mod cross_entropy;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod gemv;
+pub(crate) mod grouped;
 pub(crate) mod lt;
 pub(crate) mod multi_lora;
 pub(crate) mod nf4;
@@ -23,7 +24,7 @@ pub(crate) mod seeded;
 mod tests;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, ValidAsZeroBits,
 };
 pub(crate) use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, WrapErr};
@@ -44,7 +45,7 @@ macro_rules! module {
 pub(crate) use module;
 
 /// The element types the kernels are instantiated for; `SUFFIX` is the one in their names.
-pub(crate) trait Elem: CudaDType + DeviceRepr + Copy + Send + Sync + 'static {
+pub(crate) trait Elem: CudaDType + DeviceRepr + ValidAsZeroBits + Copy + Send + Sync + 'static {
     const SUFFIX: &'static str;
     const ONE: Self;
     const ZERO: Self;

@@ -20,8 +20,9 @@
 //! * [`combine`]: the weighted sum back to token order, its backward, and the sum of a token's
 //!   rows (the backward of the gather).
 //!
-//! Each op has a composed candle `reference` (the referee, and the path on a GPU: per-expert
-//! cuBLAS GEMMs over the sorted rows) and a fused CPU kernel (f32 and f64). Nothing uses atomics:
+//! Each op has a composed candle `reference` (the referee: per-expert GEMMs over the sorted
+//! rows) and a fused CPU kernel (f32 and f64); on a GPU the grouped GEMMs are one cuBLAS grouped
+//! GEMM per term over every expert (`gpu::grouped`), the other ops their composed forms. Nothing uses atomics:
 //! every sum runs in an order fixed by the routing and the plan ([`MoeKernels`]), so results do
 //! not depend on thread counts.
 

@@ -9,7 +9,9 @@
 //! * [`weight_grad`]: `dw[e] = Σ_{p of e} dy[p, col..col + out]ᵀ · x_p`.
 //!
 //! `x_p` is row `p` of `x` when `x` is already sorted (`[N·k, in]`), or token `rows[p]` of
-//! `x` (`[N, in]`) when the term is `gathered`: the gather happens as the rows are read.
+//! `x` (`[N, in]`) when the term is `gathered`: the CPU kernels gather as they read the rows;
+//! on a GPU (f32/bf16, `gpu::grouped`) the rows are gathered once and each term is one
+//! cuBLAS grouped GEMM over every expert.
 
 use candle_core::{Result, Tensor};
 
@@ -51,7 +53,13 @@ pub fn forward_sum(cfg: &KernelConfig, groups: &Groups, terms: &[Term<'_>], widt
     match crate::cpu::dtype_of(&tensors) {
         Some(candle_core::DType::F32) => cpu::grouped_forward::<f32>(cfg, groups, terms, width),
         Some(candle_core::DType::F64) => cpu::grouped_forward::<f64>(cfg, groups, terms, width),
-        _ => reference::forward_sum(groups, terms, width),
+        _ => {
+            #[cfg(feature = "cuda")]
+            if let Some(y) = crate::gpu::grouped::forward_sum(groups, terms, width)? {
+                return Ok(y);
+            }
+            reference::forward_sum(groups, terms, width)
+        }
     }
 }
 
@@ -67,7 +75,13 @@ pub fn input_grad_sum(cfg: &KernelConfig, groups: &Groups, terms: &[GradTerm<'_>
     match crate::cpu::dtype_of(&tensors) {
         Some(candle_core::DType::F32) => cpu::grouped_input_grad::<f32>(cfg, groups, terms),
         Some(candle_core::DType::F64) => cpu::grouped_input_grad::<f64>(cfg, groups, terms),
-        _ => reference::input_grad_sum(groups, terms),
+        _ => {
+            #[cfg(feature = "cuda")]
+            if let Some(dx) = crate::gpu::grouped::input_grad_sum(groups, terms)? {
+                return Ok(dx);
+            }
+            reference::input_grad_sum(groups, terms)
+        }
     }
 }
 
@@ -98,7 +112,13 @@ pub fn weight_grad(
     match crate::cpu::dtype_of(&[dy, x]) {
         Some(candle_core::DType::F32) => cpu::grouped_weight_grad::<f32>(cfg, groups, dy, col, out, x, gathered),
         Some(candle_core::DType::F64) => cpu::grouped_weight_grad::<f64>(cfg, groups, dy, col, out, x, gathered),
-        _ => reference::weight_grad(groups, dy, col, out, x, gathered),
+        _ => {
+            #[cfg(feature = "cuda")]
+            if let Some(dw) = crate::gpu::grouped::weight_grad(groups, dy, col, out, x, gathered)? {
+                return Ok(dw);
+            }
+            reference::weight_grad(groups, dy, col, out, x, gathered)
+        }
     }
 }
 
