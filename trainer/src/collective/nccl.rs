@@ -2,9 +2,14 @@
 //!
 //! Every operation is queued on a CUDA stream of the communicator's own, so a gradient bucket is
 //! reduced while the compute stream goes on with the backward pass. Ordering between the two
-//! streams is cudarc's event tracking: NCCL's stream waits for the kernel that wrote an input,
-//! and the compute stream's next use of a result waits for NCCL's write (the events are
-//! recorded after `ncclGroupEnd`, when the work is really queued).
+//! streams: before each operation NCCL's stream waits for everything the calling thread's compute
+//! stream has queued so far (`Nccl::follow_compute`), so an input is read only after the
+//! kernels that wrote it. Per-buffer events cannot do this: candle's kernels pass their outputs
+//! as shared references, so cudarc never records a write event for them, and a wait on one is a
+//! no-op (on two GPUs NCCL summed buckets before the backward had written them, and runs
+//! diverged to NaN). The other direction is cudarc's event tracking: NCCL's outputs are written
+//! through mutable views whose write events are recorded after `ncclGroupEnd`, and every later
+//! use of a result on the compute stream waits for them.
 //!
 //! Never a hang: a wait on the host (small values, the timeline, [`Collective::synchronize`])
 //! polls the queued work, NCCL's asynchronous error (`ncclCommGetAsyncError`: a peer that died,
@@ -30,6 +35,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod comm;
+#[cfg(test)]
+mod gpu_tests;
 
 /// One rank's NCCL communicator and the stream its operations run on.
 pub struct Nccl {
@@ -157,6 +164,14 @@ impl Nccl {
         Tensor::from_storage(storage, n, BackpropOp::none(), false)
     }
 
+    /// Makes NCCL's stream wait for the work the compute stream (this thread's, as candle queues
+    /// it) has queued so far: the kernels that wrote the operation's inputs among it.
+    fn follow_compute(&self) -> Result<(), CollectiveError> {
+        let compute = self.device.cuda_stream();
+        let queued = compute.record_event(None).map_err(driver_err("recording the compute stream's position"))?;
+        self.stream.wait(&queued).map_err(driver_err("ordering NCCL after the compute stream"))
+    }
+
     fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
         self.stream.alloc_zeros::<T>(n).map_err(driver_err("allocating a collective's output"))
     }
@@ -199,6 +214,7 @@ impl Nccl {
         t: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
         let t = flat_on(t, &self.device)?;
+        self.follow_compute()?;
         let n = t.elem_count();
         let mut out = self.alloc::<T>(n)?;
         {
@@ -220,6 +236,7 @@ impl Nccl {
         spans: &[Span],
     ) -> Result<Tensor, CollectiveError> {
         let t = flat_on(t, &self.device)?;
+        self.follow_compute()?;
         let rank = self.comm.rank();
         if t.elem_count() != total(spans) {
             return Err(CollectiveError::Mismatch(format!(
@@ -269,6 +286,7 @@ impl Nccl {
             outs.push(self.alloc::<T>(s.len)?);
         }
         let mine = if mine.elem_count() == 0 { None } else { Some(flat_on(mine, &self.device)?) };
+        self.follow_compute()?;
         {
             let guard = mine.as_ref().map(|m| m.storage_and_layout());
             let src = match &guard {
