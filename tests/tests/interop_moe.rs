@@ -123,3 +123,105 @@ fn a_transformers_moe_loads_with_its_logits_and_our_trained_one_loads_back_in_tr
     let (again, _) = load_hf_model(&work.path().join("ours"), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(flat(&again.logits(&b, None).unwrap()), trained);
 }
+
+/// Every layer sparse: PEFT 0.21 maps `gate_proj`/`up_proj`/`down_proj` targets of a Qwen3-MoE
+/// model to its experts only (dense layers' MLPs would lose their adapters there).
+const ALL_SPARSE: &str = r#"{"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+  "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false,
+  "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": []}"#;
+
+/// LoRA on the experts as PEFT makes it from the seven projection targets (its conversion to
+/// `target_parameters`: the fused `gate_up_proj` at rank 2r, `down_proj` at r, beside attention),
+/// both ways: PEFT's adapter loads in our engine with PEFT's logits, and ours, saved as a run saves
+/// it, loads in PEFT with ours.
+#[test]
+fn expert_adapters_load_both_ways_with_the_same_logits() {
+    use mindxtrain_trainer::checkpoint::{AdapterConfig, load_adapter, save_peft_adapter};
+    use mindxtrain_trainer::model::{Adapters, LoraConfig};
+    use mindxtrain_trainer::recipe::{Lora, TargetModule};
+    let Some(python) = mindxtrain_tests::torch_python() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let p = |rel: &str| work.path().join(rel).to_string_lossy().into_owned();
+    std::fs::write(p("config.json"), ALL_SPARSE).unwrap();
+    std::fs::write(p("ids.json"), serde_json::to_string(&IDS).unwrap()).unwrap();
+    run_python(
+        &python,
+        &[
+            args(&["make-model", "--config", &p("config.json"), "--seed", "3", "--out", &p("hf")]),
+            args(&[
+                "make-adapter",
+                "--model",
+                &p("hf"),
+                "--seed",
+                "4",
+                "--r",
+                "4",
+                "--alpha",
+                "8",
+                "--out",
+                &p("peft"),
+            ]),
+            args(&[
+                "logits",
+                "--model",
+                &p("hf"),
+                "--ids",
+                &p("ids.json"),
+                "--adapter",
+                &p("peft"),
+                "--out",
+                &p("logits-peft.json"),
+            ]),
+            args(&["logits", "--model", &p("hf"), "--ids", &p("ids.json"), "--out", &p("logits-base.json")]),
+        ],
+        work.path(),
+    );
+    let peft_config: Value =
+        serde_json::from_str(&std::fs::read_to_string(work.path().join("peft/adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(peft_config["rank_pattern"][r".*\.gate_up_proj"], 8, "PEFT's conversion: {peft_config}");
+    let (model, _) = load_hf_model(&work.path().join("hf"), DType::F32, &Device::Cpu).unwrap();
+    let b = batch();
+    let theirs = load_adapter(&work.path().join("peft"), model.config(), DType::F32, &Device::Cpu).unwrap();
+    assert!(theirs.adapts_experts(model.config()), "PEFT's expert adapters were read");
+    let (with, base) =
+        (logits_json(&work.path().join("logits-peft.json")), logits_json(&work.path().join("logits-base.json")));
+    assert!(worst(&with, &base) > 1e-2, "PEFT's adapter changes the logits");
+    let gap = worst(&flat(&model.logits(&b, Some(&theirs)).unwrap()), &with);
+    assert!(gap <= 1e-4, "PEFT's expert adapter in our engine: max |diff| {gap}");
+
+    // Ours: every B non-zero, saved as a run saves it, read by PEFT.
+    let lora = Lora { r: 4, alpha: 8, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    let cfg = LoraConfig::from(&lora);
+    let mut ours = Adapters::init(model.config(), &cfg, 9, DType::F32, &Device::Cpu).unwrap();
+    for (i, (name, t)) in ours.tensors.iter_mut().enumerate() {
+        if name.contains("lora_B") {
+            let v: Vec<f32> = (0..t.elem_count()).map(|j| ((j * 7 + i * 13) % 17) as f32 * 0.01 - 0.08).collect();
+            *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
+        }
+    }
+    let config =
+        AdapterConfig::from_recipe(&lora, Some(p("hf"))).with_target_parameters(cfg.target_parameters(model.config()));
+    let mut dir = StagedDir::create(&work.path().join("ours")).unwrap();
+    save_peft_adapter(&mut dir, &config, &ours.tensors).unwrap();
+    dir.commit().unwrap();
+    run_python(
+        &python,
+        &[args(&[
+            "logits",
+            "--model",
+            &p("hf"),
+            "--ids",
+            &p("ids.json"),
+            "--adapter",
+            &p("ours"),
+            "--out",
+            &p("logits-ours.json"),
+        ])],
+        work.path(),
+    );
+    let mine = flat(&model.logits(&b, Some(&ours)).unwrap());
+    let gap = worst(&logits_json(&work.path().join("logits-ours.json")), &mine);
+    assert!(gap <= 1e-4, "PEFT on our expert adapter: max |diff| {gap}");
+}

@@ -42,7 +42,7 @@ pub use adapter_stack::AdapterStack;
 pub use config::{MoeShape, Qwen3Config};
 pub use decode::KvCache;
 pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
-pub use lora::{Adapters, LoraConfig, adapter_name, merge_lora};
+pub use lora::{Adapters, ExpertProj, LoraConfig, adapter_name, expert_adapter_name, merge_lora};
 pub use nf4::Nf4Tensor;
 pub use objective::{ObjectiveOutput, ObjectiveValue};
 pub use packed::Packing;

@@ -130,6 +130,27 @@ fn lora_config(peft: &AdapterConfig) -> Result<LoraConfig, String> {
                 .ok_or_else(|| format!("target module {m:?} is not a Qwen3 projection"))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // An expert weight is adapted through the projections it stacks (`LoraConfig::expert_targets`).
+    let mut target_modules = target_modules;
+    for p in peft.expert_parameters() {
+        let stacked = match p {
+            "gate_up_proj" if peft.rank_pattern.is_empty() => {
+                return Err(format!(
+                    "target parameter {p:?} at rank {}: the fused gate/up experts are adapted at twice the rank \
+                     (rank_pattern, as PEFT's conversion of gate_proj + up_proj targets writes it)",
+                    peft.r
+                ));
+            }
+            "gate_up_proj" => [TargetModule::GateProj, TargetModule::UpProj].as_slice(),
+            "down_proj" => [TargetModule::DownProj].as_slice(),
+            other => return Err(format!("target parameter {other:?} is not a Qwen3-MoE expert weight")),
+        };
+        for m in stacked {
+            if !target_modules.contains(m) {
+                target_modules.push(*m);
+            }
+        }
+    }
     Ok(LoraConfig {
         r: peft.r as usize,
         alpha: f64::from(peft.lora_alpha),

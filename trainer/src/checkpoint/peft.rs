@@ -1,6 +1,9 @@
 //! LoRA adapters in PEFT's layout: `adapter_config.json` + `adapter_model.safetensors`, tensor
 //! names `base_model.model.<module>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
-//! (`[out, r]`), without the `.default` adapter name PEFT uses in memory.
+//! (`[out, r]`), without the `.default` adapter name PEFT uses in memory. Adapters on a
+//! Qwen3-MoE layer's stacked expert weights are PEFT's `target_parameters` ones, under
+//! `<layer>.mlp.experts[.base_layer]` with `A` `[E·r, in]` and `B` `[out, r·E]`
+//! (`model::expert_adapter_name`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,6 +18,10 @@ use super::safetensors_file::{read_safetensors, write_safetensors};
 use crate::recipe::{Lora, TargetModule};
 
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// The Qwen3-MoE experts' fused gate/up weight, as `target_parameters` names it, and the
+/// `rank_pattern` / `alpha_pattern` key PEFT writes for it.
+const FUSED: &str = "gate_up_proj";
+const FUSED_PATTERN: &str = r".*\.gate_up_proj";
 pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
 const PREFIX: &str = "base_model.model.";
 
@@ -53,6 +60,11 @@ pub struct AdapterConfig {
     pub init_lora_weights: serde_json::Value,
     #[serde(default)]
     pub revision: Option<String>,
+    /// Parameters adapted directly (PEFT's `target_parameters`): a Qwen3-MoE sparse layer's
+    /// stacked expert weights, `gate_up_proj` and `down_proj` (matched against the end of a
+    /// parameter's name). Absent for a model without sparse layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_parameters: Option<Vec<String>>,
 }
 
 fn yes() -> serde_json::Value {
@@ -96,7 +108,38 @@ impl AdapterConfig {
             alpha_pattern: BTreeMap::new(),
             init_lora_weights: yes(),
             revision: None,
+            target_parameters: None,
         }
+    }
+
+    /// The same, also naming the expert weights adapted (`LoraConfig::target_parameters`; none
+    /// leaves the field out, as for a dense model), with the fused gate/up weight's rank and alpha
+    /// doubled as PEFT's own conversion of `gate_proj` + `up_proj` targets writes them.
+    pub fn with_target_parameters(mut self, parameters: Vec<String>) -> Self {
+        if parameters.iter().any(|p| p == FUSED) {
+            self.rank_pattern.insert(FUSED_PATTERN.into(), (2 * self.r).into());
+            self.alpha_pattern.insert(FUSED_PATTERN.into(), (2 * self.lora_alpha).into());
+        }
+        self.target_parameters = (!parameters.is_empty()).then_some(parameters);
+        self
+    }
+
+    /// The expert weights adapted, as written (`mlp.experts.` prefixes taken off).
+    pub fn expert_parameters(&self) -> Vec<&str> {
+        self.target_parameters.iter().flatten().map(|p| p.strip_prefix("mlp.experts.").unwrap_or(p)).collect()
+    }
+
+    /// Rank and alpha patterns are only the fused gate/up weight's doubling.
+    fn patterns_are_the_fused_doubling(&self) -> bool {
+        if self.rank_pattern.is_empty() && self.alpha_pattern.is_empty() {
+            return true;
+        }
+        let one = |m: &BTreeMap<String, serde_json::Value>, v: u32| {
+            m.len() == 1 && m.get(FUSED_PATTERN).and_then(|x| x.as_u64()) == Some(2 * u64::from(v))
+        };
+        one(&self.rank_pattern, self.r)
+            && one(&self.alpha_pattern, self.lora_alpha)
+            && self.expert_parameters().contains(&FUSED)
     }
 
     /// `adapter_config.json` as written: pretty JSON and a newline.
@@ -118,7 +161,10 @@ impl AdapterConfig {
             (self.bias != "none", "only bias \"none\" is supported"),
             (self.use_dora, "DoRA is not supported"),
             (self.fan_in_fan_out, "fan_in_fan_out is not supported"),
-            (!self.rank_pattern.is_empty() || !self.alpha_pattern.is_empty(), "rank/alpha patterns are not supported"),
+            (
+                !self.patterns_are_the_fused_doubling(),
+                "rank/alpha patterns are not supported (but for PEFT's doubling of the fused experts' gate_up_proj)",
+            ),
             (self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()), "modules_to_save is not supported"),
             (self.r == 0, "r must be > 0"),
         ];
@@ -150,15 +196,27 @@ fn check_tensors(config: &AdapterConfig, tensors: &BTreeMap<String, Tensor>) -> 
         } else {
             return bad(name, "is neither `.lora_A.weight` nor `.lora_B.weight`".into());
         };
-        let projection = module.rsplit('.').next().unwrap_or(module);
-        if !config.target_modules.iter().any(|m| m == projection) {
-            return bad(name, format!("`{projection}` is not in target_modules {:?}", config.target_modules));
-        }
         let dims = t.dims();
-        let ok = dims.len() == 2 && if is_a { dims[0] == r } else { dims[1] == r };
-        if !ok {
-            let want = if is_a { format!("[{r}, in]") } else { format!("[out, {r}]") };
-            return bad(name, format!("shape {dims:?}, expected {want}"));
+        // An expert weight's adapter: `r` rows (A) or columns (B) per expert.
+        if module.ends_with(".mlp.experts") || module.ends_with(".mlp.experts.base_layer") {
+            if config.target_parameters.as_ref().is_none_or(|p| p.is_empty()) {
+                return bad(name, "adapts the experts, but the config has no target_parameters".into());
+            }
+            let ranks = if is_a { dims.first() } else { dims.get(1) };
+            if dims.len() != 2 || ranks.is_none_or(|&n| n == 0 || n % r != 0) {
+                let want = if is_a { format!("[experts·{r}, in]") } else { format!("[out, {r}·experts]") };
+                return bad(name, format!("shape {dims:?}, expected {want}"));
+            }
+        } else {
+            let projection = module.rsplit('.').next().unwrap_or(module);
+            if !config.target_modules.iter().any(|m| m == projection) {
+                return bad(name, format!("`{projection}` is not in target_modules {:?}", config.target_modules));
+            }
+            let ok = dims.len() == 2 && if is_a { dims[0] == r } else { dims[1] == r };
+            if !ok {
+                let want = if is_a { format!("[{r}, in]") } else { format!("[out, {r}]") };
+                return bad(name, format!("shape {dims:?}, expected {want}"));
+            }
         }
         if is_a {
             a_modules.insert(module)
@@ -264,6 +322,53 @@ mod tests {
             save_peft_adapter(&mut dir, &dora, &adapter(4)),
             Err(CheckpointError::BadAdapterConfig { .. })
         ));
+    }
+
+    /// Expert adapters: `target_parameters` and PEFT's doubling of the fused gate/up weight's rank
+    /// and alpha written and read back; any other pattern, an expert tensor without
+    /// `target_parameters`, or one whose rows are not a multiple of r, refused.
+    #[test]
+    fn expert_adapters_carry_target_parameters_and_the_fused_doubling() {
+        let root = tempfile::tempdir().unwrap();
+        let experts = |e: usize, r: usize| {
+            let t = |rows: usize, cols: usize| Tensor::zeros((rows, cols), DType::F32, &Device::Cpu).unwrap();
+            let m = "base_model.model.model.layers.0.mlp.experts";
+            BTreeMap::from([
+                (format!("{m}.base_layer.lora_A.weight"), t(e * 2 * r, 8)),
+                (format!("{m}.base_layer.lora_B.weight"), t(12, 2 * r * e)),
+                (format!("{m}.lora_A.weight"), t(e * r, 6)),
+                (format!("{m}.lora_B.weight"), t(8, r * e)),
+            ])
+        };
+        let c = config(4).with_target_parameters(vec!["gate_up_proj".into(), "down_proj".into()]);
+        assert_eq!(c.rank_pattern.get(FUSED_PATTERN), Some(&serde_json::Value::from(8)));
+        assert_eq!(c.alpha_pattern.get(FUSED_PATTERN), Some(&serde_json::Value::from(32)));
+        let mut dir = StagedDir::create(&root.path().join("e")).unwrap();
+        save_peft_adapter(&mut dir, &c, &experts(3, 4)).unwrap();
+        dir.commit().unwrap();
+        let (back, tensors) = load_peft_adapter(&root.path().join("e"), &Device::Cpu).unwrap();
+        assert_eq!((back, tensors.len()), (c.clone(), 4));
+        let text = String::from_utf8(c.to_json_bytes()).unwrap();
+        assert!(text.contains(r#"".*\\.gate_up_proj": 8"#), "PEFT's key, JSON-escaped: {text}");
+        // A dense adapter's config has no target_parameters field at all.
+        assert!(!String::from_utf8(config(4).to_json_bytes()).unwrap().contains("target_parameters"));
+        let mut other = c.clone();
+        other.rank_pattern.insert("q_proj".into(), 2.into());
+        assert!(other.check().unwrap_err().contains("patterns"));
+        let mut dir = StagedDir::create(&root.path().join("f")).unwrap();
+        assert!(save_peft_adapter(&mut dir, &config(4), &experts(3, 4)).is_err(), "experts need target_parameters");
+        let ragged = BTreeMap::from([
+            (
+                "base_model.model.model.layers.0.mlp.experts.lora_A.weight".to_string(),
+                Tensor::zeros((7, 6), DType::F32, &Device::Cpu).unwrap(),
+            ),
+            (
+                "base_model.model.model.layers.0.mlp.experts.lora_B.weight".to_string(),
+                Tensor::zeros((8, 7), DType::F32, &Device::Cpu).unwrap(),
+            ),
+        ]);
+        let down = config(4).with_target_parameters(vec!["down_proj".into()]);
+        assert!(save_peft_adapter(&mut dir, &down, &ragged).is_err(), "7 rows are not experts × 4");
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub enum AdapterError {
     Full { max: usize },
     #[error("adapter {name:?}: {source}")]
     Model { name: String, source: ModelError },
+    #[error(
+        "adapter {0:?} adapts the experts of sparse layers, which the engine serves only merged into the base \
+         (`mindxtrain serve --merge`, or `mindxtrain export --merge`)"
+    )]
+    OnExperts(String),
 }
 
 impl AdapterSlots {
@@ -64,6 +69,11 @@ impl AdapterSlots {
             return Err(AdapterError::Full { max: self.max });
         }
         let model = |source| AdapterError::Model { name: name.into(), source };
+        // The batched per-row adapter kernels cover the projections, not the grouped expert
+        // GEMMs: an expert adapter served unmerged would silently give the base's experts.
+        if adapters.adapts_experts(&self.config) {
+            return Err(AdapterError::OnExperts(name.into()));
+        }
         // The names and shapes must be those of this base.
         let checked = Adapters::new(&self.config, adapters.config.clone(), adapters.tensors.clone()).map_err(model)?;
         self.slots.push(Slot { name: name.into(), uid: self.next_uid, adapters: checked });

@@ -269,6 +269,55 @@ fn unknown_adapters_and_prompts_over_the_context_are_refused_clearly() {
     );
 }
 
+/// Adapters on a MoE model's experts are refused unmerged, saying how to serve them (the
+/// per-row adapter kernels cover the projections, not the grouped expert GEMMs); adapters on the
+/// same model's attention are served, and the merged model answers as the adapted one.
+#[test]
+fn adapters_on_experts_are_refused_unmerged_and_answer_merged() {
+    use crate::model::{MoeShape, merge_lora};
+    let moe = MoeShape {
+        num_experts: 4,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 8,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+        router_aux_loss_coef: 0.0,
+    };
+    let c = Qwen3Config { moe: Some(moe), ..config(64) };
+    let base = model_of(&c, DType::F64);
+    let lora = |targets| LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: targets, rslora: false };
+    let experts = Adapters::init(&c, &lora(TargetModule::all()), 5, DType::F64, &Device::Cpu).unwrap();
+    let mut rng = SplitMix64::derive(6, &[]);
+    let experts = Adapters {
+        tensors: experts
+            .tensors
+            .iter()
+            .map(|(k, t)| {
+                let v: Vec<f64> = (0..t.elem_count()).map(|_| rng.unit() - 0.5).collect();
+                (k.clone(), Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap())
+            })
+            .collect(),
+        ..experts
+    };
+    let mut engine = Engine::new(base.clone(), None, engine_config(64, 32)).unwrap();
+    let e = engine.load_adapter("moe-lora", experts.clone()).unwrap_err().to_string();
+    assert!(e.contains("moe-lora") && e.contains("experts") && e.contains("--merge"), "{e}");
+    let attention = Adapters::init(&c, &lora(vec![TargetModule::QProj]), 5, DType::F64, &Device::Cpu).unwrap();
+    engine.load_adapter("attn", attention).unwrap();
+    let merged = Qwen3::new(c.clone(), merge_lora(base.params(), &c, &experts).unwrap(), &Device::Cpu).unwrap();
+    let mut merged_engine = Engine::new(merged, None, engine_config(64, 32)).unwrap();
+    let (tokens, _) = run(&mut merged_engine, vec![Request::greedy(vec![1, 2, 3], 6)]).remove(0);
+    let mut want = Vec::new();
+    let limits = Limits { max_tokens: 6, vocab: 64, stop_ids: &[] };
+    generate(&base, Some(&experts), &[1, 2, 3], limits, &Sampling::greedy(), |t| {
+        want.push(t);
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(tokens, want, "the merged experts answer as the adapted model");
+}
+
 #[test]
 fn stop_strings_and_stop_tokens_end_the_text() {
     let tok = Tokenizer::byte();

@@ -12,8 +12,8 @@ use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
 
 use super::hooks::StepHooks;
-use super::lora::{Adapters, adapter_name};
-use super::moe::{self, MoeTape, MoeWeights, RouterStats};
+use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
+use super::moe::{self, ExpertBranch, ExpertLora, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::qwen3::Qwen3;
 use super::rng::{SplitMix64, name_id};
@@ -279,7 +279,8 @@ impl StepCtx<'_> {
         let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
         if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let (router, gate_up, down) = self.moe_weights(layer)?;
-            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+            let lora = self.expert_lora(layer, shape.num_experts)?;
+            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: lora.as_ref() };
             let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2, self.counted.as_ref())?;
             let out = (&x2 + y)?;
             return Ok(BlockTail {
@@ -307,6 +308,18 @@ impl StepCtx<'_> {
         ))
     }
 
+    /// The adapters on a sparse layer's `experts`, per expert, if any.
+    fn expert_lora(&self, layer: usize, experts: usize) -> Result<Option<ExpertLora>> {
+        let Some(ad) = self.adapters else { return Ok(None) };
+        let branch = |p: ExpertProj| -> Result<Option<ExpertBranch>> {
+            let Some((a, b)) = ad.expert_pair(layer, p) else { return Ok(None) };
+            let (a, b) = moe::expert_factors(a, b, experts)?;
+            Ok(Some(ExpertBranch { a, b, scale: ad.config.expert_scaling(p) }))
+        };
+        let (gate_up, down) = (branch(ExpertProj::GateUp)?, branch(ExpertProj::Down)?);
+        Ok((gate_up.is_some() || down.is_some()).then_some(ExpertLora { gate_up, down }))
+    }
+
     /// The MLP's backward: `dh2` from the residual stream's gradient `dout`.
     fn mlp_backward(&self, layer: usize, dout: &Tensor, tape: &BlockTape, grads: &mut Grads) -> Result<Tensor> {
         match &tape.tail.mlp {
@@ -317,7 +330,9 @@ impl StepCtx<'_> {
             }
             MlpTape::Sparse(moe_tape) => {
                 let (router, gate_up, down) = self.moe_weights(layer)?;
-                let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+                let experts = gate_up.dim(0)?;
+                let lora = self.expert_lora(layer, experts)?;
+                let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: lora.as_ref() };
                 let (dh2, g) = moe::backward(
                     self.kernels(),
                     &w,
@@ -326,11 +341,21 @@ impl StepCtx<'_> {
                     moe_tape,
                     self.balance.as_ref(),
                     self.base_grads,
+                    self.adapter_grads,
                 )?;
-                if let Some(g) = g {
-                    accumulate(grads, moe::router_name(layer), g.router)?;
-                    accumulate(grads, moe::gate_up_name(layer), g.gate_up)?;
-                    accumulate(grads, moe::down_name(layer), g.down)?;
+                let weights = [(moe::router_name(layer), g.router), (moe::gate_up_name(layer), g.gate_up)];
+                for (name, grad) in weights.into_iter().chain([(moe::down_name(layer), g.down)]) {
+                    if let Some(grad) = grad {
+                        accumulate(grads, name, grad)?;
+                    }
+                }
+                let targets = self.adapters.map(|ad| ad.config.expert_targets()).unwrap_or_default();
+                for (proj, lg) in [(ExpertProj::GateUp, g.lora_gate_up), (ExpertProj::Down, g.lora_down)] {
+                    if let Some((da, db)) = lg {
+                        let (da, db) = moe::peft_grads(&da, &db)?;
+                        accumulate(grads, expert_adapter_name(layer, proj, &targets, 'A'), da)?;
+                        accumulate(grads, expert_adapter_name(layer, proj, &targets, 'B'), db)?;
+                    }
                 }
                 Ok(dh2)
             }

@@ -103,6 +103,102 @@ pub(super) struct MoeWeights<'a> {
     pub router: &'a Tensor,
     pub gate_up: &'a Tensor,
     pub down: &'a Tensor,
+    /// LoRA on the experts, if adapted.
+    pub lora: Option<&'a ExpertLora>,
+}
+
+/// LoRA on a sparse layer's experts, per stacked weight ([`ExpertBranch`]).
+pub(super) struct ExpertLora {
+    pub gate_up: Option<ExpertBranch>,
+    pub down: Option<ExpertBranch>,
+}
+
+/// One stacked weight's adapter: every expert's `A` `[E, r, in]` and `B` `[E, out, r]`
+/// ([`expert_factors`]) and its scaling `s`. Expert `e`'s rows get `s·(x·A_eᵀ)·B_eᵀ` beside
+/// `x·W_eᵀ`, the two in one output.
+pub(super) struct ExpertBranch {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub scale: f64,
+}
+
+/// PEFT's expert adapter as per-expert factors: `A` `[E·r, in]` as `[E, r, in]`, `B` `[out, r·E]`
+/// (expert `e`'s rank column `j` at `j·E + e`) as `[E, out, r]`.
+pub fn expert_factors(a: &Tensor, b: &Tensor, experts: usize) -> Result<(Tensor, Tensor)> {
+    let (rows, d_in) = a.dims2()?;
+    let (out, cols) = b.dims2()?;
+    if experts == 0 || rows % experts != 0 || cols != rows {
+        candle_core::bail!("expert adapter: A {:?} and B {:?} for {experts} experts", a.dims(), b.dims());
+    }
+    let r = rows / experts;
+    Ok((a.reshape((experts, r, d_in))?, b.reshape((out, r, experts))?.permute((2, 0, 1))?.contiguous()?))
+}
+
+/// The gradients of [`expert_factors`]' two outputs as gradients of PEFT's `A` and `B`.
+pub fn peft_grads(da: &Tensor, db: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (e, r, d_in) = da.dims3()?;
+    let out = db.dim(1)?;
+    Ok((da.reshape((e * r, d_in))?, db.permute((1, 2, 0))?.contiguous()?.reshape((out, r * e))?))
+}
+
+/// Every expert's rows of `x` through its weight `w` `[E, out, in]`, plus its LoRA branch where
+/// `lora` is given; also the branch's input `s·x·Aᵀ` (sorted rows), which the backward reads.
+fn expert_proj(
+    kernels: &KernelConfig,
+    groups: &Groups,
+    x: &Tensor,
+    gathered: bool,
+    w: &Tensor,
+    lora: Option<&ExpertBranch>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let width = w.dim(1)?;
+    let base = Term { x, gathered, w, col: 0 };
+    let Some(ExpertBranch { a, b, scale }) = lora else {
+        return Ok((grouped::forward_sum(kernels, groups, &[base], width)?, None));
+    };
+    let xa = (grouped::forward_sum(kernels, groups, &[Term { x, gathered, w: a, col: 0 }], a.dim(1)?)? * *scale)?;
+    let y = grouped::forward_sum(kernels, groups, &[base, Term { x: &xa, gathered: false, w: b, col: 0 }], width)?;
+    Ok((y, Some(xa)))
+}
+
+/// What [`expert_proj_backward`] returns: the input's gradient (sorted rows), the weight's (when
+/// asked), and the LoRA factors' `(dA [E, r, in], dB [E, out, r])` (when adapted and asked).
+struct ProjGrads {
+    dx: Tensor,
+    dw: Option<Tensor>,
+    lora: Option<(Tensor, Tensor)>,
+}
+
+/// The backward of [`expert_proj`] from its output's gradient `dy` (sorted rows).
+#[allow(clippy::too_many_arguments)]
+fn expert_proj_backward(
+    kernels: &KernelConfig,
+    groups: &Groups,
+    dy: &Tensor,
+    (x, gathered): (&Tensor, bool),
+    w: &Tensor,
+    lora: Option<(&ExpertBranch, &Tensor)>,
+    base_grads: bool,
+    adapter_grads: bool,
+) -> Result<ProjGrads> {
+    let out = w.dim(1)?;
+    let dw = if base_grads { Some(grouped::weight_grad(kernels, groups, dy, 0, out, x, gathered)?) } else { None };
+    let Some((ExpertBranch { a, b, scale }, xa)) = lora else {
+        let dx = grouped::input_grad_sum(kernels, groups, &[GradTerm { dy, col: 0, w }])?;
+        return Ok(ProjGrads { dx, dw, lora: None });
+    };
+    // The branch saw s·x·Aᵀ: dB = dyᵀ·that, and A's output gradient is s·dy·B.
+    let dxa = (grouped::input_grad_sum(kernels, groups, &[GradTerm { dy, col: 0, w: b }])? * *scale)?;
+    let dx =
+        grouped::input_grad_sum(kernels, groups, &[GradTerm { dy, col: 0, w }, GradTerm { dy: &dxa, col: 0, w: a }])?;
+    let lora = if adapter_grads {
+        let db = grouped::weight_grad(kernels, groups, dy, 0, out, xa, false)?;
+        let da = grouped::weight_grad(kernels, groups, &dxa, 0, a.dim(1)?, x, gathered)?;
+        Some((da, db))
+    } else {
+        None
+    };
+    Ok(ProjGrads { dx, dw, lora })
 }
 
 /// What the sparse MLP's backward reads.
@@ -117,6 +213,9 @@ pub(super) struct MoeTape {
     y: Tensor,
     /// `[N]` 1 for the tokens the load-balancing loss counts, 0 for padding (`None`: all).
     counted: Option<Tensor>,
+    /// The expert LoRA branches' inputs `s·x·Aᵀ` (sorted rows), where adapted.
+    xa_gate_up: Option<Tensor>,
+    xa_down: Option<Tensor>,
 }
 
 /// Per layer: how often each expert was chosen and its summed probability (`[E]` each, in the
@@ -141,27 +240,32 @@ pub(super) fn forward(
     let logits = linear::forward(kernels, h, w.router)?;
     let routing = router::forward(&logits, moe.num_experts_per_tok, moe.norm_topk_prob)?;
     let groups = Groups::new(&routing.experts, moe.num_experts)?;
-    let width = w.gate_up.dim(1)?;
-    let gu = grouped::forward_sum(kernels, &groups, &[Term { x: h, gathered: true, w: w.gate_up, col: 0 }], width)?;
+    let (gu, xa_gate_up) = expert_proj(kernels, &groups, h, true, w.gate_up, w.lora.and_then(|l| l.gate_up.as_ref()))?;
     let m = glu::forward(&gu)?;
-    let hidden = w.down.dim(1)?;
-    let y = grouped::forward_sum(kernels, &groups, &[Term { x: &m, gathered: false, w: w.down, col: 0 }], hidden)?;
+    let (y, xa_down) = expert_proj(kernels, &groups, &m, false, w.down, w.lora.and_then(|l| l.down.as_ref()))?;
     let out = combine::forward(&y, &routing.weights, &groups)?;
     let counted = counted.map(|c| c.to_dtype(routing.probs.dtype())).transpose()?;
     let (counts, probs, _) = router::stats(&routing, counted.as_ref())?;
-    Ok((out, MoeTape { routing, groups, gu, m, y, counted }, RouterStats { counts, probs }))
+    let tape = MoeTape { routing, groups, gu, m, y, counted, xa_gate_up, xa_down };
+    Ok((out, tape, RouterStats { counts, probs }))
 }
 
-/// The sparse MLP's parameter gradients, when asked for.
+/// The sparse MLP's parameter gradients: the weights' (full fine-tuning), the expert adapters'
+/// as `(dA [E, r, in], dB [E, out, r])` ([`peft_grads`] turns them into PEFT's layout).
+#[derive(Default)]
 pub(super) struct MoeGrads {
-    pub router: Tensor,
-    pub gate_up: Tensor,
-    pub down: Tensor,
+    pub router: Option<Tensor>,
+    pub gate_up: Option<Tensor>,
+    pub down: Option<Tensor>,
+    pub lora_gate_up: Option<(Tensor, Tensor)>,
+    pub lora_down: Option<(Tensor, Tensor)>,
 }
 
 /// Backward from `dout` `[N, H]`: `dh` `[N, H]` (through the experts and through the routing
-/// weights into the router), and the weights' gradients with `base_grads`. `balance` is the
-/// load-balancing loss's per-expert term ([`balance_terms`]).
+/// weights into the router), the weights' gradients with `base_grads` and the expert adapters'
+/// with `adapter_grads`. `balance` is the load-balancing loss's per-expert term
+/// ([`balance_terms`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     kernels: &KernelConfig,
     w: &MoeWeights<'_>,
@@ -170,25 +274,37 @@ pub(super) fn backward(
     tape: &MoeTape,
     balance: Option<&Tensor>,
     base_grads: bool,
-) -> Result<(Tensor, Option<MoeGrads>)> {
+    adapter_grads: bool,
+) -> Result<(Tensor, MoeGrads)> {
     let g = &tape.groups;
     let (dy, dweights) = combine::backward(dout, &tape.y, &tape.routing.weights, g)?;
-    let dm = grouped::input_grad_sum(kernels, g, &[GradTerm { dy: &dy, col: 0, w: w.down }])?;
-    let dgu = glu::backward(&dm, &tape.gu)?;
-    let dxs = grouped::input_grad_sum(kernels, g, &[GradTerm { dy: &dgu, col: 0, w: w.gate_up }])?;
+    let down = expert_proj_backward(
+        kernels,
+        g,
+        &dy,
+        (&tape.m, false),
+        w.down,
+        w.lora.and_then(|l| l.down.as_ref()).zip(tape.xa_down.as_ref()),
+        base_grads,
+        adapter_grads,
+    )?;
+    let dgu = glu::backward(&down.dx, &tape.gu)?;
+    let gate_up = expert_proj_backward(
+        kernels,
+        g,
+        &dgu,
+        (h, true),
+        w.gate_up,
+        w.lora.and_then(|l| l.gate_up.as_ref()).zip(tape.xa_gate_up.as_ref()),
+        base_grads,
+        adapter_grads,
+    )?;
     let terms = LossTerms { balance: balance.cloned(), z: 0.0, counted: tape.counted.clone() };
     let dlogits = router::backward(&dweights, &tape.routing, &terms)?;
-    let dh = (combine::scatter_sum(&dxs, g)? + linear::input_grad_sum(kernels, &[(&dlogits, w.router)])?)?;
-    let grads = if base_grads {
-        let hidden = w.down.dim(1)?;
-        Some(MoeGrads {
-            router: linear::weight_grad(kernels, &dlogits, h)?,
-            gate_up: grouped::weight_grad(kernels, g, &dgu, 0, dgu.dim(1)?, h, true)?,
-            down: grouped::weight_grad(kernels, g, &dy, 0, hidden, &tape.m, false)?,
-        })
-    } else {
-        None
-    };
+    let dh = (combine::scatter_sum(&gate_up.dx, g)? + linear::input_grad_sum(kernels, &[(&dlogits, w.router)])?)?;
+    let router = if base_grads { Some(linear::weight_grad(kernels, &dlogits, h)?) } else { None };
+    let grads =
+        MoeGrads { router, gate_up: gate_up.dw, down: down.dw, lora_gate_up: gate_up.lora, lora_down: down.lora };
     Ok((dh, grads))
 }
 

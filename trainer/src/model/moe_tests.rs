@@ -1,6 +1,7 @@
 //! Qwen3-MoE model tests: gradients (router, experts, attention, the load-balancing loss)
-//! against finite differences in f64 and f32 against f64, LoRA over a model with sparse layers,
-//! determinism, per-expert checkpoint names, and serving-path decode equal to the full forward.
+//! against finite differences in f64 and f32 against f64, LoRA over a model with sparse layers
+//! (on the experts too: gradients, merge, names, refusals), determinism, per-expert checkpoint
+//! names, and serving-path decode equal to the full forward.
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
@@ -117,17 +118,9 @@ fn f32_gradients_match_the_f64_reference() {
     }
 }
 
-/// LoRA over a MoE model: adapters on attention (both layers) and the dense layer's MLP, none
-/// on the sparse layer's experts or router; gradients reach them through the routed experts.
-#[test]
-fn lora_gradients_flow_through_the_experts() {
-    let c = tiny_moe();
-    let m = model(&c, DType::F64);
-    let cfg = LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
-    let mut ad = Adapters::init(&c, &cfg, 3, DType::F64, &Device::Cpu).unwrap();
-    assert!(ad.tensors.keys().any(|n| n.contains("layers.1.self_attn.q_proj")));
-    assert!(ad.tensors.keys().any(|n| n.contains("layers.0.mlp.up_proj")));
-    assert!(!ad.tensors.keys().any(|n| n.contains("layers.1.mlp")), "no adapter on the router or experts");
+/// Adapters over a MoE model with every B made non-zero, so each branch is live.
+fn live_adapters(c: &Qwen3Config, cfg: &LoraConfig) -> Adapters {
+    let mut ad = Adapters::init(c, cfg, 3, DType::F64, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(11);
     for (name, t) in ad.tensors.iter_mut() {
         if name.contains("lora_B") {
@@ -135,6 +128,34 @@ fn lora_gradients_flow_through_the_experts() {
             *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
         }
     }
+    ad
+}
+
+fn all_targets() -> LoraConfig {
+    LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false }
+}
+
+/// LoRA over a MoE model: adapters on attention (both layers), the dense layer's MLP and the
+/// sparse layer's experts (PEFT's `target_parameters` layout and names), none on the router;
+/// every adapter's gradient, the experts' included, matches finite differences.
+#[test]
+fn lora_gradients_on_attention_and_experts_match_finite_differences() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F64);
+    let cfg = all_targets();
+    let ad = live_adapters(&c, &cfg);
+    assert!(ad.tensors.keys().any(|n| n.contains("layers.1.self_attn.q_proj")));
+    assert!(ad.tensors.keys().any(|n| n.contains("layers.0.mlp.up_proj")));
+    assert!(!ad.tensors.keys().any(|n| n.contains("mlp.gate.")), "no adapter on the router");
+    // gate_up_proj (innermost in PEFT's nesting, at rank 2r) and down_proj (rank r):
+    // A [E·r', in], B [out, r'·E].
+    let gu_a = "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight";
+    let gu_b = "base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight";
+    let down_b = "base_model.model.model.layers.1.mlp.experts.lora_B.weight";
+    assert_eq!(ad.tensors[gu_a].dims(), [4 * 4, 8]);
+    assert_eq!(ad.tensors[gu_b].dims(), [12, 4 * 4]);
+    assert_eq!(ad.tensors[down_b].dims(), [8, 2 * 4]);
+    assert_eq!(cfg.target_parameters(&c), ["gate_up_proj", "down_proj"]);
     let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).unwrap();
     let names: Vec<String> = ad.tensors.keys().cloned().collect();
@@ -149,6 +170,59 @@ fn lora_gradients_flow_through_the_experts() {
     let sizes: Vec<usize> = inputs.iter().map(|t| t.elem_count()).collect();
     check_scalar_at(loss, &inputs, &analytic, &probes(&sizes, 3), Tolerance { eps: 1e-5, atol: 1e-8, rtol: 1e-5 })
         .unwrap();
+}
+
+/// Full fine-tuning with adapters on: the expert weights and their adapters both get gradients,
+/// and folding the adapters into the experts (`merge_lora`) gives the adapted model's logits.
+#[test]
+fn expert_adapters_merge_into_the_experts() {
+    let c = tiny_moe();
+    let m = model(&c, DType::F64);
+    let ad = live_adapters(&c, &all_targets());
+    let b = packed_batch();
+    let adapted = m.logits(&b, Some(&ad)).unwrap();
+    let merged = Qwen3::new(c.clone(), merge_lora(m.params(), &c, &ad).unwrap(), &Device::Cpu).unwrap();
+    let diff = (merged.logits(&b, None).unwrap() - &adapted).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f64>().unwrap() < 1e-9, "merged experts differ from the adapted ones");
+    let base = m.logits(&b, None).unwrap();
+    let moved = (base - &adapted).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+    assert!(moved > 1e-3, "the expert adapters change nothing");
+}
+
+/// Only `down_proj` targeted: one adapter per sparse layer, under `mlp.experts` itself; gate and
+/// up alone adapt the fused weight at rank 2r; one of them alone is refused (PEFT refuses it:
+/// they are one weight); attention alone leaves the experts be.
+#[test]
+fn expert_targets_follow_the_recipe_targets() {
+    let c = tiny_moe();
+    let only = |t: Vec<TargetModule>| LoraConfig { target_modules: t, ..all_targets() };
+    let down = Adapters::init(&c, &only(vec![TargetModule::DownProj]), 1, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(down.tensors["base_model.model.model.layers.1.mlp.experts.lora_A.weight"].dims(), [8, 6]);
+    assert!(down.tensors.keys().any(|n| n.contains("layers.0.mlp.down_proj")));
+    let gu = only(vec![TargetModule::GateProj, TargetModule::UpProj]);
+    let up = Adapters::init(&c, &gu, 1, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(up.tensors["base_model.model.model.layers.1.mlp.experts.lora_B.weight"].dims(), [12, 16]);
+    assert_eq!(gu.expert_scaling(ExpertProj::GateUp), gu.scaling(), "2α over 2r");
+    let rs = LoraConfig { rslora: true, ..gu };
+    assert!((rs.expert_scaling(ExpertProj::GateUp) - 2.0 * 4.0 / 4f64.sqrt()).abs() < 1e-12, "2α over √(2r)");
+    let e = Adapters::init(&c, &only(vec![TargetModule::UpProj]), 1, DType::F32, &Device::Cpu).unwrap_err();
+    assert!(e.to_string().contains("target both or neither"), "{e}");
+    let attn = only(vec![TargetModule::QProj, TargetModule::VProj]);
+    assert!(attn.target_parameters(&c).is_empty());
+    let ad = Adapters::init(&c, &attn, 1, DType::F32, &Device::Cpu).unwrap();
+    assert!(!ad.adapts_experts(&c) && !ad.tensors.keys().any(|n| n.contains("experts")));
+}
+
+/// LoRA dropout cannot apply to the experts' gathered rows (PEFT refuses it there too): a
+/// recipe asking for both is refused, naming what to change.
+#[test]
+fn dropout_with_expert_targets_is_refused() {
+    let c = tiny_moe();
+    let cfg = LoraConfig { dropout: 0.1, ..all_targets() };
+    let e = Adapters::init(&c, &cfg, 1, DType::F32, &Device::Cpu).unwrap_err().to_string();
+    assert!(e.contains("dropout") && e.contains("mlp.experts.gate_up_proj"), "{e}");
+    let attn = LoraConfig { target_modules: vec![TargetModule::QProj], ..cfg };
+    assert!(Adapters::init(&c, &attn, 1, DType::F32, &Device::Cpu).is_ok(), "dropout on attention alone is fine");
 }
 
 #[test]

@@ -149,7 +149,8 @@ impl Qwen3 {
                 self.weight(&moe::gate_up_name(layer))?,
                 self.weight(&moe::down_name(layer))?,
             );
-            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down };
+            // Adapters on the experts are served merged only (`infer::AdapterSlots::load`).
+            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: None };
             return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2, None)?.0) });
         }
         let gate_up = self.paged_group(layer, Packing::GateUp, &h2, inputs)?;

@@ -187,6 +187,29 @@ fn gspo_with_a_kl_term_is_deterministic_and_resumes_bitwise() {
     assert_eq!(adapter(&a).map(|f| f.blake3), adapter(&c).map(|f| f.blake3), "resumed GSPO differs");
 }
 
+/// GRPO over a Qwen3-MoE with LoRA on its experts: the rollouts sample the policy merged (the
+/// engine batches adapters on projections, not on experts) and the step trains the experts'
+/// adapters, saved in PEFT's layout.
+#[test]
+fn grpo_trains_adapters_on_a_moe_model_s_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    let method = "    kind: grpo\n    num_generations: 4\n    max_new_tokens: 8\n    rewards: [format]\n    lora: {r: 2, alpha: 4}";
+    let text = recipe_text(method, "instruction", 2, 1e-2, 2, 1000).replace("  family: qwen3\n", "  family: qwen3_moe\n").replace(
+        "    tie_word_embeddings: true\n",
+        "    tie_word_embeddings: true\n    moe:\n      num_experts: 4\n      experts_per_token: 2\n      expert_intermediate_size: 16\n",
+    );
+    let (summary, events) = run(&spec(parse(&text), dir.path(), None));
+    assert_eq!(summary.steps, 2);
+    for p in progress(&events) {
+        assert_eq!(p["rl"]["completions"], 8, "{p}");
+    }
+    let (config, tensors) =
+        crate::checkpoint::load_peft_adapter(&summary.final_dir, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(config.target_parameters.as_deref(), Some(&["gate_up_proj".to_string(), "down_proj".to_string()][..]));
+    let b = &tensors["base_model.model.model.layers.0.mlp.experts.lora_B.weight"];
+    assert!(b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0, "the experts' adapter trained");
+}
+
 struct StopAfter(u64);
 
 impl Observer for StopAfter {

@@ -527,7 +527,9 @@ impl<'a> Session<'a> {
         let recipe = &self.spec.recipe.recipe;
         match (&self.adapters, recipe.train.method.adapter()) {
             (Some(a), Some(lora)) => {
-                let config = checkpoint::AdapterConfig::from_recipe(lora, self.base.name_or_path());
+                let parameters = a.config.target_parameters(self.model.config());
+                let config = checkpoint::AdapterConfig::from_recipe(lora, self.base.name_or_path())
+                    .with_target_parameters(parameters);
                 checkpoint::save_peft_adapter(dir, &config, &a.tensors)?;
                 dir.write_file(BASE_FILE, &self.base.to_bytes())?;
             }

@@ -215,7 +215,13 @@ impl Session<'_> {
             }
         }
         let engine = state.engine.as_mut().expect("built above");
-        if let Some(a) = &self.adapters {
+        // The engine batches adapters on the projections, not on a MoE model's experts: a policy
+        // that adapts experts is sampled from its merged weights instead.
+        let merged = self.adapters.as_ref().filter(|a| a.adapts_experts(self.model.config()));
+        if let Some(a) = merged {
+            let params = crate::model::merge_lora(self.model.params(), self.model.config(), a)?;
+            engine.set_weights(params).map_err(rollout_err)?;
+        } else if let Some(a) = &self.adapters {
             if engine.adapters().iter().any(|n| n == POLICY) {
                 engine.evict_adapter(POLICY).map_err(rollout_err)?;
             }
@@ -227,7 +233,7 @@ impl Session<'_> {
             max_new_tokens: policy.max_new_tokens,
             temperature: policy.temperature,
             seed,
-            adapter: self.adapters.as_ref().map(|_| POLICY),
+            adapter: self.adapters.as_ref().filter(|_| merged.is_none()).map(|_| POLICY),
         };
         Ok(rollout(engine, &ids, &spec)?)
     }
