@@ -319,3 +319,24 @@ fn generator_families_are_known_unrepeated_and_drawable() {
     let e = errors(&generated("[arithmetic]", None));
     assert!(e.to_string().contains("arithmetic"), "{e}");
 }
+
+/// A Qwen3-MoE model's MLP projections are its experts' stacked weights: gate and up are one
+/// weight there (targeted together or not at all), and adapters on them take no dropout.
+#[test]
+fn qwen3_moe_lora_targets_gate_and_up_together_without_dropout() {
+    let moe = |method: &str| {
+        edit("name: Qwen/Qwen3-8B", "name: Qwen/Qwen3-30B-A3B\n  family: qwen3_moe")
+            .replace("    kind: lora\n    r: 16\n", method)
+    };
+    let e = only_error(&moe("    kind: lora\n    r: 16\n    target_modules: [q_proj, up_proj, down_proj]\n"));
+    assert_eq!(e.path().to_string(), "train.method.target_modules");
+    assert!(e.message().contains("target both or neither"), "{e}");
+    let e = only_error(&moe("    kind: lora\n    r: 16\n    dropout: 0.05\n"));
+    assert_eq!(e.path().to_string(), "train.method.dropout");
+    assert!(e.message().contains("takes no dropout"), "{e}");
+    let ok = |src: &str| Recipe::from_str(src, "x").unwrap_or_else(|e| panic!("{e}"));
+    ok(&moe("    kind: lora\n    r: 16\n    dropout: 0.05\n    target_modules: [q_proj, v_proj]\n"));
+    ok(&moe("    kind: lora\n    r: 16\n    target_modules: [q_proj, gate_proj, up_proj]\n"));
+    // A dense model adapts gate and up separately, with dropout.
+    ok(&edit("    r: 16\n", "    r: 16\n    dropout: 0.05\n    target_modules: [q_proj, up_proj]\n"));
+}

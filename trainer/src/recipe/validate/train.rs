@@ -1,9 +1,12 @@
 //! Rules for the `train` section: method parameters, optimizer, schedule, budget, batch.
 
 use super::{Checks, FieldPath, Recipe};
-use crate::recipe::train::{Lora, Method, Precision, ScheduleKind};
+use crate::recipe::schema::ModelFamily;
+use crate::recipe::train::{Lora, Method, Precision, ScheduleKind, TargetModule};
 
-fn lora(c: &mut Checks, at: &str, l: &Lora) {
+/// `moe`: the model is a Qwen3-MoE, whose MLP projections are its experts' stacked weights
+/// (`model::ExpertProj`): gate and up are one weight there, and adapters on them take no dropout.
+fn lora(c: &mut Checks, at: &str, l: &Lora, moe: bool) {
     c.int(&format!("{at}.r"), l.r.into(), 1, 512);
     c.int(&format!("{at}.alpha"), l.alpha.into(), 1, 1024);
     c.num(&format!("{at}.dropout"), l.dropout, 0.0, 1.0, "[]");
@@ -11,16 +14,36 @@ fn lora(c: &mut Checks, at: &str, l: &Lora) {
         c.fail(&format!("{at}.target_modules"), "must list at least one projection");
     }
     c.unique(&format!("{at}.target_modules"), &l.target_modules);
+    if !moe {
+        return;
+    }
+    let has = |m: TargetModule| l.target_modules.contains(&m);
+    if has(TargetModule::GateProj) != has(TargetModule::UpProj) {
+        c.fail(
+            &format!("{at}.target_modules"),
+            "gate_proj and up_proj are one fused weight in a qwen3_moe model's experts (mlp.experts.gate_up_proj): \
+             target both or neither",
+        );
+    }
+    let experts = [TargetModule::GateProj, TargetModule::UpProj, TargetModule::DownProj].into_iter().any(has);
+    if experts && l.dropout > 0.0 {
+        c.fail(
+            &format!("{at}.dropout"),
+            "LoRA on a qwen3_moe model's experts (gate_proj, up_proj, down_proj targets) takes no dropout: \
+             set 0, or target only attention",
+        );
+    }
 }
 
 pub(super) fn method(c: &mut Checks, r: &Recipe) {
     let seq_len = r.data.seq_len;
+    let moe = r.model.family == ModelFamily::Qwen3Moe;
     let m = "train.method";
     match &r.train.method {
         Method::Full | Method::Cpt => {}
-        Method::Lora(l) => lora(c, m, l),
+        Method::Lora(l) => lora(c, m, l, moe),
         Method::Qlora(q) => {
-            lora(c, m, &q.lora);
+            lora(c, m, &q.lora, moe);
             if ![4, 8].contains(&q.bits) {
                 c.fail("train.method.bits", format!("expected 4 or 8, found {}", q.bits));
             }
@@ -54,7 +77,7 @@ pub(super) fn method(c: &mut Checks, r: &Recipe) {
     }
     let nested = matches!(&r.train.method, Method::Lora(_) | Method::Qlora(_));
     if let (Some(l), false) = (r.train.method.adapter(), nested) {
-        lora(c, "train.method.lora", l);
+        lora(c, "train.method.lora", l, moe);
     }
 }
 
