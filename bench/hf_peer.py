@@ -1,7 +1,9 @@
 """The HF peers of bench/run.sh, one per process: HF transformers + PEFT (`peft`) and the same with
 Liger kernels 0.8.5 (`liger`: RoPE, RMSNorm, SwiGLU and the fused linear cross-entropy, patched in
-before the model is built). SDPA, bf16, random-init Qwen3 shapes, LoRA r=16 alpha=32 on all seven
-projections, torch AdamW on the adapters.
+before the model is built; on Qwen3-MoE shapes also Liger's fused MoE experts). SDPA, bf16,
+random-init Qwen3 shapes (Qwen3-MoE: transformers' default `grouped_mm` experts), LoRA r=16 alpha=32
+on all seven projections (on Qwen3-MoE, PEFT maps the MLP ones to the experts), torch AdamW on the
+adapters.
 
     python3 bench/hf_peer.py PEER SHAPE BATCH SEQ WARMUP STEPS [PACKING]
 
@@ -31,7 +33,7 @@ import time
 
 import torch
 
-from qwen3_shapes import random_model
+from qwen3_shapes import MOE, random_model
 
 DEVICE = os.environ.get("HF_PEER_DEVICE", "cuda")
 
@@ -82,15 +84,18 @@ def main():
     b, t, warmup, steps = map(int, sys.argv[3:7])
     packing = sys.argv[7] if len(sys.argv) > 7 else None
     if peer == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
-        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=True)
+        # Qwen3-MoE: Liger's fused MoE experts too (its `swiglu` patch for transformers 5).
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
+        apply = apply_liger_kernel_to_qwen3_moe if shape in MOE else apply_liger_kernel_to_qwen3
+        apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
     elif peer != "peft":
         sys.exit(f"unknown peer {peer!r} (peft or liger)")
     from peft import LoraConfig, get_peft_model
     t0 = time.perf_counter()
     model = random_model(shape, DEVICE)
     vocab = model.config.vocab_size
+    # On a Qwen3-MoE, PEFT maps the MLP targets to the experts' stacked weights (target_parameters:
+    # gate_up_proj at rank 2r, down_proj at r), as ours adapts them.
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(model, lora)

@@ -11,9 +11,12 @@
 # of mixed lengths packed into each row, attention kept inside each document: our segment masks,
 # HF's packed position ids), both the median of the timed steps after warm-up, with peak memory.
 # One JSON line per metric (date, gpu, driver, commit, metric, ours, peer, peer_value, ratio) goes
-# to $OUT/train.jsonl (the device call's output: append it to bench/results/train.jsonl) or, run by
-# hand, to bench/results/train.jsonl; the ratio table is printed at the end. From the device tool:
+# to $OUT/$JSONL.jsonl (JSONL=train by default; the device call's output: append it to
+# bench/results/$JSONL.jsonl) or, run by hand, to bench/results/$JSONL.jsonl; the ratio table is
+# printed at the end. From the device tool:
 #   run(command="COMMIT=<hash> bench/run.sh", carry=["target-gpu/carry-train", ".whl"], timeout_s=600)
+# The Qwen3-30B-A3B MoE shape (issue 21; H200: ~61 GB of bf16 weights) is its own call, its lines
+# in moe.jsonl: SHAPES="30B-A3B:2:2048" JSONL=moe bench/run.sh
 # Settings (environment): SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048", PEERS="ours peft liger unsloth",
 # STEPS=5 (timed steps per batch kind; ours warms up 2, the peers PEER_WARMUP=3), PACKED=1,
 # BUDGET_S=480 (the whole bench; a process gets what is left, at most RUN_S=170, and a process that
@@ -111,5 +114,5 @@ PY
 done
 cp "$RESULTS" "$LOGS/results.jsonl"
 echo "bench: $((SECONDS - START)) s in all" | tee -a "$LOGS/bench.log"
-python3 bench/train_report.py "$RESULTS" "$LOGS/train.jsonl" "$GPU" "$DRIVER" "$COMMIT"
+python3 bench/train_report.py "$RESULTS" "$LOGS/${JSONL:-train}.jsonl" "$GPU" "$DRIVER" "$COMMIT"
 rm -rf "$WORK"

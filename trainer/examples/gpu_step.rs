@@ -5,7 +5,8 @@
 //! FLOPs per step and the bf16 GEMM ceiling measured here, for MFU) for bench/run.sh, which runs
 //! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
-//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B: STEPS steps of
+//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, 30B-A3B (Qwen3-MoE:
+//! LoRA on attention and on every expert's weights, as PEFT adapts them): STEPS steps of
 //! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
 //! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
 //! it for every peer), STEPS steps of that packed batch (`"kind":"packed"`), attention kept
@@ -18,15 +19,17 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::adamw::{self, Coefficients};
 use mindxtrain_kernels::profile;
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
-use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
+use mindxtrain_trainer::model::{Adapters, LoraConfig, MoeShape, Qwen3, Qwen3Config, StepOptions, Trainable};
 use mindxtrain_trainer::recipe::TargetModule;
 
 fn config(shape: &str) -> Qwen3Config {
-    let (hidden, layers, heads, ffn) = match shape {
-        "0.6B" => (1024, 28, 16, 3072),
-        "1.7B" => (2048, 28, 16, 6144),
-        "8B" => (4096, 36, 32, 12288),
-        other => panic!("unknown shape {other}"),
+    // hidden, layers, heads, KV heads, FFN (dense), experts (count, per token, expert FFN)
+    let (hidden, layers, heads, kv, ffn, moe) = match shape {
+        "0.6B" => (1024, 28, 16, 8, 3072, None),
+        "1.7B" => (2048, 28, 16, 8, 6144, None),
+        "8B" => (4096, 36, 32, 8, 12288, None),
+        "30B-A3B" => (2048, 48, 32, 4, 6144, Some((128, 8, 768))),
+        other => panic!("unknown shape {other} (0.6B, 1.7B, 8B, 30B-A3B)"),
     };
     Qwen3Config {
         vocab_size: 151_936,
@@ -34,13 +37,23 @@ fn config(shape: &str) -> Qwen3Config {
         intermediate_size: ffn,
         num_hidden_layers: layers,
         num_attention_heads: heads,
-        num_key_value_heads: 8,
+        num_key_value_heads: kv,
         head_dim: 128,
         rms_norm_eps: 1e-6,
         rope_theta: 1e6,
-        tie_word_embeddings: shape != "8B",
+        tie_word_embeddings: !matches!(shape, "8B" | "30B-A3B"),
         max_position_embeddings: 40_960,
-        moe: None,
+        // Qwen3-30B-A3B's: every layer sparse, top-8 renormalised, no balance loss in the
+        // objective (its config leaves `output_router_logits` off).
+        moe: moe.map(|(experts, k, f)| MoeShape {
+            num_experts: experts,
+            num_experts_per_tok: k,
+            moe_intermediate_size: f,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            router_aux_loss_coef: 0.0,
+        }),
     }
 }
 
@@ -93,12 +106,18 @@ fn used_gib() -> f64 {
 }
 
 /// Model FLOPs of one LoRA step (no recomputation counted, the adapters' small GEMMs left out):
-/// every base GEMM forward and its input gradient (4·params per token, the lm_head included),
+/// every base GEMM forward and its input gradient (4·active params per token, the lm_head included),
 /// causal attention forward (2 GEMMs over half the T×T scores) and backward (2.5× forward).
 fn step_flops(c: &Qwen3Config, b: usize, t: usize) -> f64 {
     let (h, f, hd) = (c.hidden_size as f64, c.intermediate_size as f64, c.head_dim as f64);
     let (heads, kv) = (c.num_attention_heads as f64, c.num_key_value_heads as f64);
-    let per_layer = h * hd * (2.0 * heads + 2.0 * kv) + 3.0 * h * f;
+    // A sparse layer's MLP counts the experts a token visits (and the router): MFU on the
+    // active parameters.
+    let mlp = match &c.moe {
+        Some(m) => 3.0 * h * m.moe_intermediate_size as f64 * m.num_experts_per_tok as f64 + h * m.num_experts as f64,
+        None => 3.0 * h * f,
+    };
+    let per_layer = h * hd * (2.0 * heads + 2.0 * kv) + mlp;
     let linear = per_layer * c.num_hidden_layers as f64 + h * c.vocab_size as f64;
     let tokens = (b * t) as f64;
     let attention = 3.5 * 4.0 * (b as f64) * heads * (t * t) as f64 / 2.0 * hd * c.num_hidden_layers as f64;
