@@ -32,6 +32,27 @@ fn run_python(python: &Path, jobs: &[Vec<String>], work: &Path) {
     assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A temporary directory holding `config.json` (the model's) and `ids.json` (the inputs).
+struct Work(tempfile::TempDir);
+
+impl Work {
+    fn new(config: &str) -> Work {
+        let w = Work(tempfile::tempdir().unwrap());
+        std::fs::write(w.p("config.json"), config).unwrap();
+        std::fs::write(w.p("ids.json"), serde_json::to_string(&IDS).unwrap()).unwrap();
+        w
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// `rel` inside it, as an argument for the Python side.
+    fn p(&self, rel: &str) -> String {
+        self.path().join(rel).to_string_lossy().into_owned()
+    }
+}
+
 fn args(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
@@ -71,10 +92,8 @@ fn batch() -> PackedBatch {
 #[test]
 fn a_transformers_moe_loads_with_its_logits_and_our_trained_one_loads_back_in_transformers() {
     let Some(python) = mindxtrain_tests::torch_python() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let p = |rel: &str| work.path().join(rel).to_string_lossy().into_owned();
-    std::fs::write(p("config.json"), CONFIG).unwrap();
-    std::fs::write(p("ids.json"), serde_json::to_string(&IDS).unwrap()).unwrap();
+    let work = Work::new(CONFIG);
+    let p = |rel: &str| work.p(rel);
     run_python(
         &python,
         &[
@@ -142,10 +161,8 @@ fn expert_adapters_load_both_ways_with_the_same_logits() {
     use mindxtrain_trainer::model::{Adapters, LoraConfig};
     use mindxtrain_trainer::recipe::{Lora, TargetModule};
     let Some(python) = mindxtrain_tests::torch_python() else { return };
-    let work = tempfile::tempdir().unwrap();
-    let p = |rel: &str| work.path().join(rel).to_string_lossy().into_owned();
-    std::fs::write(p("config.json"), ALL_SPARSE).unwrap();
-    std::fs::write(p("ids.json"), serde_json::to_string(&IDS).unwrap()).unwrap();
+    let work = Work::new(ALL_SPARSE);
+    let p = |rel: &str| work.p(rel);
     run_python(
         &python,
         &[
