@@ -95,11 +95,20 @@ pub fn bucket_sizes(tensor_bytes: impl IntoIterator<Item = u64>, bucket_bytes: u
 
 /// The environments the collective stage tries, in order: NCCL's own choice, every algorithm ×
 /// protocol pair, then channel counts (with the best pair found by then; see the probe).
+///
+/// Ring serves every collective, so it is set for all of them. Tree serves only all-reduce:
+/// `NCCL_ALGO=Tree` for the whole process leaves `ncclReduce`, `ncclBroadcast` and
+/// `ncclAllGather` (ZeRO's reduce-scatter and gather, the host gathers) with no algorithm, and NCCL
+/// refuses them (`ncclInvalidUsage`, seen on two H100s, 2026-11-27); so it is set for all-reduce
+/// alone, with NCCL 2.24's per-function syntax, its protocol likewise.
 pub fn nccl_candidates() -> Vec<BTreeMap<String, String>> {
     let mut out = vec![BTreeMap::new()];
-    for algo in ["Ring", "Tree"] {
+    for (algo, scope) in [("Ring", ""), ("Tree", "allreduce:")] {
         for proto in ["Simple", "LL128", "LL"] {
-            out.push(BTreeMap::from([("NCCL_ALGO".into(), algo.into()), ("NCCL_PROTO".into(), proto.into())]));
+            out.push(BTreeMap::from([
+                ("NCCL_ALGO".into(), format!("{scope}{algo}")),
+                ("NCCL_PROTO".into(), format!("{scope}{proto}")),
+            ]));
         }
     }
     out
@@ -125,6 +134,11 @@ mod tests {
         let timings = [t("all_reduce", 30, 3.0), t("all_reduce", 5, 1.0), t("reduce_scatter", 30, 2.0)];
         assert_eq!(CollectiveCandidate::score(&timings, "all_reduce", &[30, 30, 5]), Some(7.0));
         assert_eq!(CollectiveCandidate::score(&timings, "reduce_scatter", &[30, 5]), None);
-        assert_eq!(nccl_candidates().len(), 7);
+        let c = nccl_candidates();
+        assert_eq!(c.len(), 7);
+        assert_eq!(c[1]["NCCL_ALGO"], "Ring");
+        let tree: Vec<_> = c.iter().filter(|e| e.get("NCCL_ALGO").is_some_and(|a| a.contains("Tree"))).collect();
+        assert_eq!(tree.len(), 3);
+        assert!(tree.iter().all(|e| e["NCCL_ALGO"] == "allreduce:Tree" && e["NCCL_PROTO"].starts_with("allreduce:")));
     }
 }
