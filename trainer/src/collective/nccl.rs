@@ -9,7 +9,9 @@
 //! no-op (on two GPUs NCCL summed buckets before the backward had written them, and runs
 //! diverged to NaN). The other direction is cudarc's event tracking: NCCL's outputs are written
 //! through mutable views whose write events are recorded after `ncclGroupEnd`, and every later
-//! use of a result on the compute stream waits for them.
+//! use of a result on the compute stream waits for them. That holds only for buffers allocated
+//! on the compute stream (see `Nccl::alloc`): candle's copy kernels wait on the stream a buffer
+//! was allocated on, not the one they run on.
 //!
 //! Never a hang: a wait on the host (small values, the timeline, [`Collective::synchronize`])
 //! polls the queued work, NCCL's asynchronous error (`ncclCommGetAsyncError`: a peer that died,
@@ -172,7 +174,21 @@ impl Nccl {
         self.stream.wait(&queued).map_err(driver_err("ordering NCCL after the compute stream"))
     }
 
-    fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
+    /// An output buffer, allocated on the compute stream, not NCCL's: candle's copy kernels
+    /// (`Tensor::cat`, index and gather ops) take a source's pointer against the stream the
+    /// buffer was allocated on, so a buffer of NCCL's stream would be read by a compute-stream
+    /// kernel without waiting for NCCL's write (ZeRO's gathered weights, joined with `cat`,
+    /// went NaN on two GPUs and not with `CUDA_LAUNCH_BLOCKING=1`). Allocated on the compute
+    /// stream, every reader waits for the write event NCCL records, and the free waits for it.
+    fn alloc<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
+        // SAFETY: every caller hands the whole buffer to one NCCL operation that writes all of
+        // it (each element of a sum, a gathered span or a reduced span) before any read, and a
+        // buffer whose operation failed is dropped unread.
+        unsafe { self.device.cuda_stream().alloc::<T>(n) }.map_err(driver_err("allocating a collective's output"))
+    }
+
+    /// A buffer for values the host reads back through NCCL's own stream (lengths, bytes).
+    fn alloc_host_bound<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
         self.stream.alloc_zeros::<T>(n).map_err(driver_err("allocating a collective's output"))
     }
 }
@@ -365,7 +381,7 @@ impl Collective for Nccl {
         let world = self.comm.world();
         // Lengths first, then every rank's bytes padded to the longest.
         let len = self.stream.clone_htod(&[bytes.len() as u64]).map_err(driver_err("copying to the GPU"))?;
-        let mut lens = self.alloc::<u64>(world)?;
+        let mut lens = self.alloc_host_bound::<u64>(world)?;
         {
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             group.all_gather(len.slice(0..1), lens.slice_mut(0..world)).map_err(nccl_err("ncclAllGather"))?;
@@ -377,7 +393,7 @@ impl Collective for Nccl {
         let mut padded = bytes.to_vec();
         padded.resize(longest, 0);
         let send = self.stream.clone_htod(&padded).map_err(driver_err("copying to the GPU"))?;
-        let mut all = self.alloc::<u8>(longest * world)?;
+        let mut all = self.alloc_host_bound::<u8>(longest * world)?;
         {
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             group
