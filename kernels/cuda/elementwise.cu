@@ -59,6 +59,20 @@ FOR_DTYPES(SWIGLU_PACKED_FWD_VEC)
   }
 FOR_DTYPES(SWIGLU_BWD)
 
+// The same over a packed gate/up projection (row r of gu is [gate (f) | up (f)]), its gradient
+// written in that layout (row r of dgu is [d_gate | d_up]): what the MoE experts' fused
+// gate_up_proj reads back, with no split of gu or concatenation of the two halves.
+#define SWIGLU_PACKED_BWD(S, T)                                                                    \
+  KERNEL void swiglu_packed_bwd_##S(const T* dh, const T* gu, T* dgu, size_t n, size_t f) {       \
+    for (size_t i = global_index(); i < n; i += global_stride()) {                                 \
+      const size_t r = i / f, j = i % f, at = r * 2 * f + j;                                       \
+      const float g = to_f(gu[at]), d = to_f(dh[i]), sg = sigmoid(g), silu = g * sg;              \
+      dgu[at] = from_f<T>(d * to_f(gu[at + f]) * (sg + silu * (1.f - sg)));                        \
+      dgu[at + f] = from_f<T>(d * silu);                                                           \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_PACKED_BWD)
+
 // RoPE, HF rotate_half convention, on x [tokens, heads, hd] with tables [tokens, hd] shared by a
 // token's heads. One thread per rotated pair (i, i + hd/2). `transposed` applies the map's
 // transpose, which is the backward.

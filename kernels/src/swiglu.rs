@@ -41,6 +41,23 @@ pub fn backward(dh: &Tensor, gate: &Tensor, up: &Tensor) -> Result<(Tensor, Tens
     on_gpu_or!([dh, gate, up], gpu(dh, gate, up), cpu_or_reference())
 }
 
+/// The backward over a packed gate/up projection: `dh` `[N, f]`, `gu` `[N, 2f]` → `[N, 2f]`,
+/// each row the gate's gradient then the up's (the layout the packed GEMM's backward reads).
+pub fn backward_packed(dh: &Tensor, gu: &Tensor) -> Result<Tensor> {
+    let _profile = crate::profile::scope("swiglu bwd", gu.device());
+    let (rows, width) = gu.dims2()?;
+    if width % 2 != 0 || dh.dims() != [rows, width / 2] {
+        candle_core::bail!("swiglu: gradient {:?} for packed gate/up {:?}", dh.dims(), gu.dims());
+    }
+    #[cfg(feature = "cuda")]
+    use crate::gpu::elementwise::swiglu_packed_backward as gpu;
+    on_gpu_or!([dh, gu], gpu(dh, gu), {
+        let f = width / 2;
+        let (dg, du) = backward(dh, &gu.narrow(1, 0, f)?.contiguous()?, &gu.narrow(1, f, f)?.contiguous()?)?;
+        Tensor::cat(&[dg, du], 1)
+    })
+}
+
 fn check(ts: &[&Tensor]) -> Result<()> {
     if ts.iter().any(|t| t.dims() != ts[0].dims()) {
         candle_core::bail!("swiglu: shapes differ: {:?}", ts.iter().map(|t| t.dims()).collect::<Vec<_>>());
@@ -93,6 +110,9 @@ mod tests {
         let gu = Tensor::cat(&[&g, &u], 1)?;
         assert_close(&forward_packed(&gu)?, &forward(&g, &u)?, 0.0)?;
         assert!(forward_packed(&gu.narrow(1, 0, 7001)?).is_err());
+        let (dg, du) = backward(&dh, &g, &u)?;
+        assert_close(&backward_packed(&dh, &gu)?, &Tensor::cat(&[&dg, &du], 1)?, 0.0)?;
+        assert!(backward_packed(&dh.narrow(1, 0, 6999)?, &gu).is_err());
         Ok(())
     }
 

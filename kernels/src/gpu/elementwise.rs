@@ -61,6 +61,21 @@ pub(crate) fn swiglu_backward<T: Elem>(dh: &Tensor, gate: &Tensor, up: &Tensor) 
     Ok((tensor(dg, &dev, gate.shape().clone()), tensor(du, &dev, gate.shape().clone())))
 }
 
+/// `dh` `[N, f]`, `gu` `[N, 2f]` → `dgu` `[N, 2f]` (gate's gradient, then up's, per row).
+pub(crate) fn swiglu_packed_backward<T: Elem>(dh: &Tensor, gu: &Tensor) -> Result<Tensor> {
+    let dev = device(gu)?;
+    let (rows, width) = gu.dims2()?;
+    let (f, n) = (width / 2, rows * width / 2);
+    let mut dgu = alloc::<T>(&dev, rows * width)?;
+    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_packed_bwd")?;
+    with_views::<T, _, 2>([dh, gu], |[dh, g]| {
+        let mut b = k.builder();
+        b.arg(&dh).arg(&g).arg(&mut dgu).arg(&n).arg(&f);
+        launch(b, grid_for(n, BLOCK))
+    })?;
+    Ok(tensor(dgu, &dev, (rows, width)))
+}
+
 /// RoPE on `x` `[.., heads, hd]` with per-token tables (`cos.elem_count()` = tokens · hd).
 pub(crate) fn rope<T: Elem>(x: &Tensor, cos: &Tensor, sin: &Tensor, transposed: bool) -> Result<Tensor> {
     let dev = device(x)?;

@@ -11,6 +11,10 @@ use super::cpu;
 pub fn forward(gu: &Tensor) -> Result<Tensor> {
     let _profile = crate::profile::scope("moe swiglu fwd", gu.device());
     check(gu)?;
+    if gu.device().is_cuda() {
+        // The dense packed kernel: one pass, 16-byte chunks where the width allows.
+        return crate::swiglu::forward_packed(gu);
+    }
     match crate::cpu::dtype_of(&[gu]) {
         Some(candle_core::DType::F32) => cpu::glu_forward::<f32>(gu),
         Some(candle_core::DType::F64) => cpu::glu_forward::<f64>(gu),
@@ -24,6 +28,9 @@ pub fn backward(dm: &Tensor, gu: &Tensor) -> Result<Tensor> {
     let f = check(gu)?;
     if dm.dims() != [gu.dim(0)?, f] {
         candle_core::bail!("moe swiglu: gradient {:?} for gate/up {:?}", dm.dims(), gu.dims());
+    }
+    if gu.device().is_cuda() {
+        return crate::swiglu::backward_packed(dm, gu);
     }
     match crate::cpu::dtype_of(&[dm, gu]) {
         Some(candle_core::DType::F32) => cpu::glu_backward::<f32>(dm, gu),
