@@ -17,6 +17,7 @@ pub(crate) mod lt;
 pub(crate) mod multi_lora;
 pub(crate) mod nf4;
 pub(crate) mod paged;
+pub(crate) mod reduce;
 pub(crate) mod rmsnorm;
 pub(crate) mod sampling;
 pub(crate) mod seeded;

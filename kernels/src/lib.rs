@@ -35,6 +35,7 @@ pub mod multi_lora;
 pub mod nf4;
 pub mod paged_attention;
 pub mod profile;
+pub mod reduce;
 pub mod rmsnorm;
 pub mod rope;
 pub mod sampling;

@@ -171,6 +171,31 @@ fn swiglu_matches_the_f64_reference() -> Result<()> {
         let (dg_ref, du_ref) = crate::swiglu::backward(&dhr, &gr, &ur)?;
         expect_close(&format!("{tag} dgate"), &dg, &dg_ref, tol, inp.seed)?;
         expect_close(&format!("{tag} dup"), &du, &du_ref, tol, inp.seed)?;
+        // The packed backward (MoE experts' fused gate/up) writes the same bits in [dg | du] rows.
+        let packed = fused(|| crate::swiglu::backward_packed(&dh, &Tensor::cat(&[&g, &u], 1)?))?;
+        expect_close(&format!("{tag} packed d[gate|up]"), &packed, &Tensor::cat(&[&dg, &du], 1)?, 0.0, inp.seed)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn sums_of_squares_match_the_f64_reference() -> Result<()> {
+    for (dt, _) in DTYPES {
+        let mut inp = Inputs::new(dt);
+        // One element, part of a block, a ragged last block, and more than 1024 blocks' worth.
+        let made: Vec<(Tensor, Tensor)> = [vec![1], vec![1000], vec![4096, 2049], vec![1_234_567]]
+            .iter()
+            .map(|s| inp.make(s, 3.0))
+            .collect::<Result<_>>()?;
+        let on_gpu: Vec<&Tensor> = made.iter().map(|m| &m.0).collect();
+        let got = fused(|| crate::reduce::sum_squares(&on_gpu))?;
+        assert_eq!(got, crate::reduce::sum_squares(&on_gpu)?, "{dt:?}: the same bits twice (seed {})", inp.seed);
+        for ((t, want), got) in made.iter().zip(&got) {
+            // The same rounded values on both sides, squared and added in f64: only the order differs.
+            let want = crate::reduce::reference(want)?;
+            let rel = (got - want).abs() / want;
+            assert!(rel <= 1e-12, "{dt:?} {:?}: {got} vs {want} (rel {rel:e}, seed {})", t.dims(), inp.seed);
+        }
     }
     Ok(())
 }

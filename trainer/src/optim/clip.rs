@@ -19,23 +19,21 @@ pub fn global_grad_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64, OptimEr
 /// shards its gradients computes the parts of the tensors it holds and adds everyone's in key
 /// order with [`norm_of_sums`], which gives the same norm as one process holding them all.
 pub fn grad_sq_sums(grads: &BTreeMap<String, Tensor>) -> Result<Vec<f64>, OptimError> {
-    let mut sums = Vec::with_capacity(grads.len());
-    let mut on_device = Vec::new();
-    for g in grads.values() {
-        if g.device().is_cuda() {
-            on_device.push(g.to_dtype(DType::F32)?.sqr()?.to_dtype(DType::F64)?.sum_all()?);
-            sums.push(None);
-        } else {
-            sums.push(Some(to_f32_vec(g)?.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()));
-        }
-    }
-    let mut device_sums = if on_device.is_empty() {
-        Vec::new()
-    } else {
-        Tensor::stack(&on_device, 0)?.to_device(&candle_core::Device::Cpu)?.to_vec1::<f64>()?
-    }
-    .into_iter();
-    Ok(sums.into_iter().map(|s| s.unwrap_or_else(|| device_sums.next().unwrap_or(f64::NAN))).collect())
+    // The GPU's gradients in one call (one kernel a tensor, one copy back), the rest on the host;
+    // both add squares in f64.
+    let on_device: Vec<&Tensor> =
+        grads.values().filter(|g| g.device().is_cuda() && matches!(g.dtype(), DType::F32 | DType::BF16)).collect();
+    let mut device_sums = mindxtrain_kernels::reduce::sum_squares(&on_device)?.into_iter();
+    grads
+        .values()
+        .map(|g| {
+            if g.device().is_cuda() && matches!(g.dtype(), DType::F32 | DType::BF16) {
+                Ok(device_sums.next().unwrap_or(f64::NAN))
+            } else {
+                Ok(mindxtrain_kernels::reduce::reference(g)?)
+            }
+        })
+        .collect()
 }
 
 /// The norm of per-tensor sums of squares, added in the order given.
