@@ -1,7 +1,7 @@
 //! Sums of squares of many tensors (`sum_squares_*` in `cuda/reduce.cu`): every tensor's block
 //! partials land in one f64 buffer, which comes to the host in one copy.
 
-use super::{Elem, Kernel, Module, PushKernelArg, launch, with_views};
+use super::{Elem, Kernel, Module, PushKernelArg, launch, module, with_views};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
