@@ -77,11 +77,29 @@ impl Nf4Weight {
 fn host_dequantize_rows(w: &Nf4Weight, r0: usize, n: usize, dtype: DType) -> Result<Tensor> {
     let codes = w.codes.to_vec1::<u8>()?;
     let scales = w.scales.to_vec1::<f32>()?;
-    let start = r0 * w.cols;
-    let values: Vec<f32> = (start..start + n * w.cols)
-        .map(|e| LEVELS[((codes[e / 2] >> (4 * (e % 2))) & 0xF) as usize] * scales[e / BLOCK])
-        .collect();
+    let values = dequantize_host(&codes, &scales, r0 * w.cols, n * w.cols)?;
     Tensor::from_vec(values, (n, w.cols), w.codes.device())?.to_dtype(dtype)
+}
+
+/// Elements `start..start + n` of an NF4 array (codes two per byte, low nibble first; one
+/// scale per block of [`BLOCK`]), each `LEVELS[code] · scale` in f32: the one host
+/// dequantiser, shared by [`Nf4Weight`] and the trainer's NF4 storage, and the same f32
+/// product as the GPU kernel (`cuda/nf4.cu`), so every path sees the same values.
+pub fn dequantize_host(codes: &[u8], scales: &[f32], start: usize, n: usize) -> Result<Vec<f32>> {
+    use rayon::prelude::*;
+    let end = start + n;
+    if codes.len() < end.div_ceil(2) || scales.len() < end.div_ceil(BLOCK) {
+        candle_core::bail!("nf4: elements {start}..{end} of {} codes and {} scales", codes.len(), scales.len());
+    }
+    let value = |e: usize| LEVELS[((codes[e / 2] >> (4 * (e % 2))) & 0xF) as usize] * scales[e / BLOCK];
+    // Each value is a function of its index alone: chunks on any thread count give the same bits,
+    // and a stacked expert weight (hundreds of millions of values) is expanded on every core.
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+        let first = start + (c << 16);
+        chunk.iter_mut().enumerate().for_each(|(i, v)| *v = value(first + i));
+    });
+    Ok(out)
 }
 
 /// `x·Wᵀ` for `x` `[N, in]`, expanding `tile` rows of `W` at a time.

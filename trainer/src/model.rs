@@ -14,7 +14,8 @@
 //! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`];
 //!   [`Qwen3::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
 //!   losses in [`crate::rl`] are written that way).
-//! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage.
+//! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage (on a Qwen3-MoE model, the experts'
+//!   stacked weights too, in NF4 on the model's device).
 
 mod adapter_stack;
 mod block;
@@ -33,6 +34,8 @@ mod packed;
 mod paged;
 mod params;
 pub mod preference;
+#[cfg(test)]
+mod qlora_moe_tests;
 mod qwen3;
 pub(crate) mod rng;
 #[cfg(test)]

@@ -23,6 +23,8 @@ mod gpu_tests;
 mod layout;
 mod method;
 mod microbatch;
+#[cfg(test)]
+mod qlora_tests;
 mod ranks;
 #[cfg(test)]
 mod rl_tests;

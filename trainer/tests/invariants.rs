@@ -340,3 +340,31 @@ fn qwen3_moe_lora_targets_gate_and_up_together_without_dropout() {
     // A dense model adapts gate and up separately, with dropout.
     ok(&edit("    r: 16\n", "    r: 16\n    dropout: 0.05\n    target_modules: [q_proj, up_proj]\n"));
 }
+
+/// QLoRA on a Qwen3-MoE model (its experts' base in NF4, the router dense) is accepted under the
+/// LoRA rules of a MoE model, and each refusal is located as before: gate and up targeted
+/// together, no dropout with expert targets, `bits` 4 or 8.
+#[test]
+fn qwen3_moe_takes_qlora_under_the_moe_lora_rules() {
+    use mindxtrain_trainer::recipe::{Method, TargetModule};
+    let moe = |method: &str| {
+        edit("name: Qwen/Qwen3-8B", "name: Qwen/Qwen3-30B-A3B\n  family: qwen3_moe")
+            .replace("    kind: lora\n    r: 16\n", method)
+    };
+    let ok = |src: &str| Recipe::from_str(src, "x").unwrap_or_else(|e| panic!("{e}")).recipe;
+    match ok(&moe("    kind: qlora\n    r: 16\n")).train.method {
+        Method::Qlora(q) => assert_eq!((q.bits, q.lora.target_modules), (4, TargetModule::all())),
+        other => panic!("{other:?}"),
+    }
+    ok(&moe("    kind: qlora\n    r: 16\n    target_modules: [q_proj, gate_proj, up_proj, down_proj]\n"));
+    ok(&moe("    kind: qlora\n    r: 16\n    dropout: 0.05\n    target_modules: [q_proj, v_proj]\n"));
+    // Line 19 is the field after `kind` and `r` (the family line moved everything down one).
+    let e = only_error(&moe("    kind: qlora\n    r: 16\n    target_modules: [q_proj, gate_proj]\n"));
+    assert_eq!(at(&e), (19, 5, "train.method.target_modules"));
+    assert!(e.message().contains("target both or neither"), "{e}");
+    let e = only_error(&moe("    kind: qlora\n    r: 16\n    dropout: 0.05\n"));
+    assert_eq!(at(&e), (19, 5, "train.method.dropout"));
+    assert!(e.message().contains("takes no dropout"), "{e}");
+    let e = only_error(&moe("    kind: qlora\n    r: 16\n    bits: 3\n"));
+    assert_eq!((at(&e), e.message()), ((19, 5, "train.method.bits"), "expected 4 or 8, found 3"));
+}

@@ -13,7 +13,7 @@ use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope
 
 use super::hooks::StepHooks;
 use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
-use super::moe::{self, ExpertBranch, ExpertLora, MoeTape, MoeWeights, RouterStats};
+use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::qwen3::Qwen3;
 use super::rng::{SplitMix64, name_id};
@@ -300,12 +300,22 @@ impl StepCtx<'_> {
     }
 
     /// A sparse layer's router, stacked gate/up and down weights.
-    fn moe_weights(&self, layer: usize) -> Result<(Cow<'_, Tensor>, Cow<'_, Tensor>, Cow<'_, Tensor>)> {
+    fn moe_weights(&self, layer: usize) -> Result<(Cow<'_, Tensor>, ExpertWeight<'_>, ExpertWeight<'_>)> {
         Ok((
             self.weight(&moe::router_name(layer))?,
-            self.weight(&moe::gate_up_name(layer))?,
-            self.weight(&moe::down_name(layer))?,
+            self.experts(&moe::gate_up_name(layer))?,
+            self.experts(&moe::down_name(layer))?,
         ))
+    }
+
+    /// A stacked expert weight: NF4 as the model holds it under QLoRA (expanded by each
+    /// product that reads it), else dense like any weight (gathered by the hooks under ZeRO-3,
+    /// which [`Qwen3::expert_weight`] does not know of).
+    fn experts(&self, name: &str) -> Result<ExpertWeight<'_>> {
+        match self.model.nf4_experts(name) {
+            Some(q) => Ok(ExpertWeight::Nf4(q)),
+            None => Ok(ExpertWeight::Dense(self.weight(name)?)),
+        }
     }
 
     /// The adapters on a sparse layer's `experts`, per expert, if any.
@@ -330,7 +340,7 @@ impl StepCtx<'_> {
             }
             MlpTape::Sparse(moe_tape) => {
                 let (router, gate_up, down) = self.moe_weights(layer)?;
-                let experts = gate_up.dim(0)?;
+                let (experts, _, _) = gate_up.dims()?;
                 let lora = self.expert_lora(layer, experts)?;
                 let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: lora.as_ref() };
                 let (dh2, g) = moe::backward(

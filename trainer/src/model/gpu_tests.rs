@@ -74,7 +74,11 @@ fn gpu_gradients_match_the_cpu_engine() {
 /// different (equally right) routing, not an error.
 #[test]
 fn gpu_moe_gradients_match_the_cpu_engine() {
-    let cfg = Qwen3Config {
+    compare_with_cpu(&moe_config(), &[(DType::F32, 1e-5, 1e-4)]);
+}
+
+fn moe_config() -> Qwen3Config {
+    Qwen3Config {
         moe: Some(MoeShape {
             num_experts: 8,
             num_experts_per_tok: 2,
@@ -85,8 +89,79 @@ fn gpu_moe_gradients_match_the_cpu_engine() {
             router_aux_loss_coef: 0.01,
         }),
         ..config()
+    }
+}
+
+/// QLoRA on a Qwen3-MoE model on the GPU: the sparse layer's stacked expert weights held in NF4
+/// on the device and expanded by the dequantisation kernel before each grouped GEMM (forward and
+/// input gradient), adapters on attention and experts. Fresh random weights each run (the seed
+/// is printed), rounded to bf16 values first so that the f32 and bf16 copies quantise to the
+/// same codes. f32: one LoRA step against the CPU engine's NF4 path (only summation order
+/// differs). bf16: against the GPU's own dense model holding the host's dequantisation of the
+/// same codes, bit for bit (the kernel rounds each f32 value to bf16 as the host does, and the
+/// same products on the same bits give the same bits; routing cannot differ).
+#[test]
+fn gpu_qlora_moe_matches_the_cpu_engine() {
+    let gpu = Device::new_cuda(0).expect("a CUDA device");
+    let cfg = moe_config();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let drawn = Qwen3::init_random(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
+    let params = to(&to(drawn.params(), DType::BF16, &Device::Cpu), DType::F32, &Device::Cpu);
+    let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    let mut ad = Adapters::init(&cfg, &lora, seed, DType::F32, &Device::Cpu).unwrap();
+    for (name, t) in ad.tensors.iter_mut() {
+        if name.contains("lora_B") {
+            *t = (t.ones_like().unwrap() * 0.01).unwrap();
+        }
+    }
+    let quantised = |dtype: DType, dev: &Device| {
+        let mut m = Qwen3::new(cfg.clone(), to(&params, dtype, dev), dev).unwrap();
+        m.quantize_nf4().unwrap();
+        m
     };
-    compare_with_cpu(&cfg, &[(DType::F32, 1e-5, 1e-4)]);
+    let gate_up = super::moe::gate_up_name(1);
+    let (b, opts) = (batch(), StepOptions::default());
+    let step = |m: &Qwen3, ad: &Adapters| m.forward_backward(&b, Trainable::Adapters, Some(ad), &opts).unwrap();
+
+    let cpu = quantised(DType::F32, &Device::Cpu);
+    let gpu32 = quantised(DType::F32, &gpu);
+    assert!(!gpu32.params().contains_key(&gate_up), "the experts stay dense on the GPU");
+    let expanded = gpu32.nf4_experts(&gate_up).expect("NF4 experts").dequantize(DType::F32).unwrap();
+    assert!(expanded.device().is_cuda(), "the experts are expanded off the GPU");
+    let want = step(&cpu, &ad);
+    let got = step(&gpu32, &Adapters { config: lora.clone(), tensors: to(&ad.tensors, DType::F32, &gpu) });
+    let loss_err = ((got.loss_sum - want.loss_sum) / want.loss_sum).abs();
+    assert!(loss_err <= 1e-5, "f32: loss {} vs {} on the CPU (seed {seed})", got.loss_sum, want.loss_sum);
+    assert_eq!(got.grads.keys().collect::<Vec<_>>(), want.grads.keys().collect::<Vec<_>>());
+    assert!(got.grads.keys().any(|k| k.contains("mlp.experts")));
+    for (name, g) in &got.grads {
+        let err = rel_err(g, &want.grads[name]);
+        assert!(err <= 1e-4, "f32: gradient of {name} off by {err:e} (seed {seed})");
+    }
+
+    let gpu16 = quantised(DType::BF16, &gpu);
+    let mut dense = gpu16.params().clone();
+    for (name, w) in &params {
+        if !gpu16.params().contains_key(name) {
+            dense.insert(name.clone(), Nf4Tensor::quantize(w).unwrap().dequantize(DType::BF16, &gpu).unwrap());
+        }
+    }
+    let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let kernel = gpu16.nf4_experts(&gate_up).unwrap().dequantize(DType::BF16).unwrap();
+    assert_eq!(
+        values(&kernel),
+        values(&dense[&gate_up]),
+        "the kernel's bf16 expansion is not the host's (seed {seed})"
+    );
+    let dense = Qwen3::new(cfg.clone(), dense, &gpu).unwrap();
+    let ad16 = Adapters { config: lora.clone(), tensors: to(&ad.tensors, DType::BF16, &gpu) };
+    let (got, want) = (step(&gpu16, &ad16), step(&dense, &ad16));
+    println!("bf16: loss {:.6} (NF4) vs {:.6} (dense)", got.loss_sum, want.loss_sum);
+    assert_eq!(got.loss_sum.to_bits(), want.loss_sum.to_bits(), "bf16 loss (seed {seed})");
+    for (name, g) in &got.grads {
+        assert_eq!(values(g), values(&want.grads[name]), "bf16: gradient of {name} (seed {seed})");
+    }
 }
 
 /// One step of full fine-tuning and of LoRA on the GPU in each `(dtype, loss tolerance,

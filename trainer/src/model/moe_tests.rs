@@ -30,7 +30,7 @@ pub(super) fn tiny_moe() -> Qwen3Config {
 }
 
 /// Weights well away from HF's 0.02 so routing and curvature are real; norms perturbed.
-fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
+pub(super) fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
     let mut m = Qwen3::init_random(config, 5, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(77);
     for (name, t) in m.params_mut().iter_mut() {
@@ -42,7 +42,7 @@ fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
     m
 }
 
-fn probes(sizes: &[usize], per_tensor: usize) -> Vec<(usize, usize)> {
+pub(super) fn probes(sizes: &[usize], per_tensor: usize) -> Vec<(usize, usize)> {
     let mut rng = SplitMix64::new(1234);
     sizes
         .iter()
@@ -52,12 +52,12 @@ fn probes(sizes: &[usize], per_tensor: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-fn err(e: ModelError) -> candle_core::Error {
+pub(super) fn err(e: ModelError) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
 }
 
 /// The objective the step differentiates: summed token loss plus the weighted balance loss.
-fn objective(config: &Qwen3Config, out: &StepOutput) -> f64 {
+pub(super) fn objective(config: &Qwen3Config, out: &StepOutput) -> f64 {
     let coef = config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
     out.loss_sum + coef * out.target_tokens as f64 * out.aux_loss
 }
@@ -120,18 +120,22 @@ fn f32_gradients_match_the_f64_reference() {
 
 /// Adapters over a MoE model with every B made non-zero, so each branch is live.
 fn live_adapters(c: &Qwen3Config, cfg: &LoraConfig) -> Adapters {
-    let mut ad = Adapters::init(c, cfg, 3, DType::F64, &Device::Cpu).unwrap();
+    live_adapters_in(c, cfg, DType::F64)
+}
+
+pub(super) fn live_adapters_in(c: &Qwen3Config, cfg: &LoraConfig, dtype: DType) -> Adapters {
+    let mut ad = Adapters::init(c, cfg, 3, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(11);
     for (name, t) in ad.tensors.iter_mut() {
         if name.contains("lora_B") {
             let v: Vec<f64> = (0..t.elem_count()).map(|_| 0.3 * rng.normal()).collect();
-            *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
+            *t = Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
         }
     }
     ad
 }
 
-fn all_targets() -> LoraConfig {
+pub(super) fn all_targets() -> LoraConfig {
     LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false }
 }
 

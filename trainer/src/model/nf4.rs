@@ -3,14 +3,23 @@
 //! (the quantiles of a standard normal from the QLoRA paper, as in bitsandbytes). The scales
 //! stay f32 (no double quantisation). Weights are dequantised when a forward or backward
 //! needs them and never stored dense.
+//!
+//! [`Nf4Tensor`] is the one quantiser (host-side codes, what a dense layer's projections keep);
+//! [`Nf4Experts`] holds a Qwen3-MoE layer's stacked expert weight in the same codes on the
+//! model's device, so each grouped GEMM expands it where it runs. Both expand through the
+//! kernels' one dequantiser (`mindxtrain_kernels::nf4`: the host function, or its GPU kernel).
 
 use candle_core::{DType, Device, Tensor};
+use mindxtrain_kernels::nf4::{Nf4Weight, dequantize_host};
 
 use super::ModelError;
 
 /// The block size and code values are the kernels' (one definition for storage and the
 /// dequant-matmul kernels).
 pub use mindxtrain_kernels::nf4::{BLOCK, LEVELS};
+
+// A block's codes are whole bytes of its own, so blocks are quantised independently.
+const _: () = assert!(BLOCK.is_multiple_of(2));
 
 /// A tensor in NF4: two 4-bit codes per byte (low nibble first) and one scale per block.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,33 +31,80 @@ pub struct Nf4Tensor {
 
 impl Nf4Tensor {
     pub fn quantize(t: &Tensor) -> Result<Nf4Tensor, ModelError> {
-        let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        use rayon::prelude::*;
+        // To the host before widening: an f32 copy on a GPU would be twice a bf16 weight.
+        let values = t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         let mut codes = vec![0u8; values.len().div_ceil(2)];
-        let mut scales = Vec::with_capacity(values.len().div_ceil(BLOCK));
-        for (b, block) in values.chunks(BLOCK).enumerate() {
-            let absmax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            scales.push(absmax);
-            let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
-            for (j, &v) in block.iter().enumerate() {
-                let code = nearest_level(v * inv);
-                let i = b * BLOCK + j;
-                codes[i / 2] |= code << (4 * (i % 2));
-            }
-        }
+        let mut scales = vec![0f32; values.len().div_ceil(BLOCK)];
+        // Blocks in parallel (a stacked expert weight is hundreds of millions of values); each
+        // block's codes and scale depend on its values alone, so any thread count gives the same.
+        codes.par_chunks_mut(BLOCK / 2).zip(values.par_chunks(BLOCK)).zip(scales.par_iter_mut()).for_each(
+            |((codes, block), scale)| {
+                let absmax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                *scale = absmax;
+                let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
+                for (j, &v) in block.iter().enumerate() {
+                    codes[j / 2] |= nearest_level(v * inv) << (4 * (j % 2));
+                }
+            },
+        );
         Ok(Nf4Tensor { shape: t.dims().to_vec(), codes, scales })
     }
 
     pub fn dequantize(&self, dtype: DType, device: &Device) -> Result<Tensor, ModelError> {
         let n: usize = self.shape.iter().product();
-        let values: Vec<f32> = (0..n)
-            .map(|i| LEVELS[((self.codes[i / 2] >> (4 * (i % 2))) & 0xF) as usize] * self.scales[i / BLOCK])
-            .collect();
+        let values = dequantize_host(&self.codes, &self.scales, 0, n)?;
         Ok(Tensor::from_vec(values, self.shape.as_slice(), device)?.to_dtype(dtype)?)
     }
 
     /// Bytes held: half a byte per value plus four per block.
     pub fn storage_bytes(&self) -> usize {
         self.codes.len() + 4 * self.scales.len()
+    }
+}
+
+/// A sparse layer's stacked expert weight (`mlp.experts.gate_up_proj` `[E, 2F, H]` or
+/// `down_proj` `[E, H, F]`) in NF4 for QLoRA: [`Nf4Tensor`]'s codes and scales (blocks over the
+/// flattened tensor), held as device tensors on the weight's device. On a GPU each grouped
+/// product expands it with the dequantisation kernel into a scratch tensor freed after the
+/// product: uploading host codes for every product, as the dense layers' storage does, would
+/// move a quarter of a bf16 expert weight over the bus twice a step (forward, input gradient).
+#[derive(Debug, Clone)]
+pub struct Nf4Experts {
+    /// Rows `E·out` of `in` values, as the kernels' dequantiser takes them.
+    weight: Nf4Weight,
+    experts: usize,
+}
+
+impl Nf4Experts {
+    /// Quantises `w` `[E, out, in]` where it lives (the codes are computed on the host).
+    pub fn quantize(w: &Tensor) -> Result<Nf4Experts, ModelError> {
+        let (experts, out, d_in) = w.dims3()?;
+        if experts == 0 {
+            return Err(ModelError::Config(format!("an expert weight {:?} with no experts", w.dims())));
+        }
+        let q = Nf4Tensor::quantize(w)?;
+        let (n_codes, n_scales) = (q.codes.len(), q.scales.len());
+        let codes = Tensor::from_vec(q.codes, n_codes, w.device())?;
+        let scales = Tensor::from_vec(q.scales, n_scales, w.device())?;
+        Ok(Nf4Experts { weight: Nf4Weight::new(codes, scales, experts * out, d_in)?, experts })
+    }
+
+    /// `(E, out, in)`.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.experts, self.weight.rows / self.experts, self.weight.cols)
+    }
+
+    /// The whole weight `[E, out, in]` dense in `dtype`, a new tensor on the weight's device
+    /// (the GPU kernel for f32/bf16 on CUDA, the host dequantiser elsewhere).
+    pub fn dequantize(&self, dtype: DType) -> candle_core::Result<Tensor> {
+        let w = &self.weight;
+        w.dequantize_rows(0, w.rows, dtype)?.reshape(self.dims())
+    }
+
+    /// Bytes held: half a byte per value plus four per block of 64 (0.5625 per value).
+    pub fn storage_bytes(&self) -> usize {
+        self.weight.codes.elem_count() + 4 * self.weight.scales.elem_count()
     }
 }
 

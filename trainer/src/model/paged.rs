@@ -144,11 +144,9 @@ impl Qwen3 {
         let post = self.weight(&norm_name(layer, Norm::PostAttention))?;
         let (x2, h2, _) = rmsnorm::add_forward(&x, &attn, &post, eps)?;
         if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
-            let (router, gate_up, down) = (
-                self.weight(&moe::router_name(layer))?,
-                self.weight(&moe::gate_up_name(layer))?,
-                self.weight(&moe::down_name(layer))?,
-            );
+            let router = self.weight(&moe::router_name(layer))?;
+            let (gate_up, down) =
+                (self.expert_weight(&moe::gate_up_name(layer))?, self.expert_weight(&moe::down_name(layer))?);
             // Adapters on the experts are served merged only (`infer::AdapterSlots::load`).
             let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: None };
             return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2, None)?.0) });

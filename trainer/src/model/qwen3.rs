@@ -12,7 +12,7 @@ use super::block::{BlockTape, Grads, StepCtx, accumulate};
 use super::hooks::{NoHooks, Stage, StepHooks};
 use super::lora::Adapters;
 use super::moe::{self, RouterStats};
-use super::nf4::Nf4Tensor;
+use super::nf4::{Nf4Experts, Nf4Tensor};
 use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
 use super::{ModelError, Qwen3Config};
 use crate::batch::{IGNORE, PackedBatch};
@@ -70,6 +70,9 @@ pub struct Qwen3 {
     pub(super) params: Params,
     /// Linear weights held in NF4 (QLoRA); absent from `params` then.
     quantized: BTreeMap<String, Nf4Tensor>,
+    /// Sparse layers' stacked expert weights held in NF4 (QLoRA), by name; absent from
+    /// `params` then.
+    quantized_experts: BTreeMap<String, Nf4Experts>,
     /// Serving's packed projection groups, by layer ([`super::packed`]); the grouped
     /// parameters in `params` are then views of these.
     pub(super) packed: BTreeMap<(usize, super::Packing), Tensor>,
@@ -131,6 +134,7 @@ impl Qwen3 {
             config,
             params,
             quantized: BTreeMap::new(),
+            quantized_experts: BTreeMap::new(),
             packed: BTreeMap::new(),
             device: device.clone(),
             dtype,
@@ -198,8 +202,12 @@ impl Qwen3 {
         &mut self.params
     }
 
-    /// QLoRA storage: moves every block projection into NF4; they are dequantised when used.
-    /// Embeddings, norms and the head stay dense, as in QLoRA.
+    /// QLoRA storage: moves every block projection into NF4, and on a Qwen3-MoE model every
+    /// sparse layer's stacked expert weights (`gate_up_proj`, `down_proj`); they are dequantised
+    /// when used. Embeddings, norms and the head stay dense, as in QLoRA, and so does the MoE
+    /// router (`mlp.gate`): it is small (`[E, H]`), and its logits pick each token's experts, a
+    /// discrete choice that 4-bit rounding would move. Each weight's dense copy is dropped as its
+    /// NF4 copy is made, so at most one is held twice.
     pub fn quantize_nf4(&mut self) -> Result<(), ModelError> {
         for layer in 0..self.config.num_hidden_layers {
             for proj in Proj::ALL {
@@ -209,17 +217,45 @@ impl Qwen3 {
                     self.quantized.insert(name, Nf4Tensor::quantize(&w)?);
                 }
             }
+            for name in [moe::gate_up_name(layer), moe::down_name(layer)] {
+                if let Some(w) = self.params.remove(&name) {
+                    self.quantized_experts.insert(name, Nf4Experts::quantize(&w)?);
+                }
+            }
         }
         Ok(())
     }
 
     pub fn is_quantized(&self) -> bool {
-        !self.quantized.is_empty()
+        !self.quantized.is_empty() || !self.quantized_experts.is_empty()
+    }
+
+    /// A sparse layer's stacked expert weight, if it is held in NF4.
+    pub(super) fn nf4_experts(&self, name: &str) -> Option<&Nf4Experts> {
+        self.quantized_experts.get(name)
+    }
+
+    /// A sparse layer's stacked expert weight as held: NF4 (expanded by each product that reads
+    /// it) or dense.
+    pub(super) fn expert_weight(&self, name: &str) -> Result<moe::ExpertWeight<'_>, ModelError> {
+        Ok(match self.quantized_experts.get(name) {
+            Some(q) => moe::ExpertWeight::Nf4(q),
+            None => moe::ExpertWeight::Dense(self.weight(name)?),
+        })
+    }
+
+    /// Bytes the NF4 base holds (codes and scales of every quantised weight).
+    pub fn nf4_bytes(&self) -> usize {
+        let dense: usize = self.quantized.values().map(Nf4Tensor::storage_bytes).sum();
+        dense + self.quantized_experts.values().map(Nf4Experts::storage_bytes).sum::<usize>()
     }
 
     pub(super) fn weight(&self, name: &str) -> Result<Cow<'_, Tensor>, ModelError> {
         if let Some(t) = self.params.get(name) {
             return Ok(Cow::Borrowed(t));
+        }
+        if let Some(q) = self.quantized_experts.get(name) {
+            return Ok(Cow::Owned(q.dequantize(self.dtype)?));
         }
         match self.quantized.get(name) {
             Some(q) => Ok(Cow::Owned(q.dequantize(self.dtype, &self.device)?)),
