@@ -15,7 +15,7 @@
 # bench/results/$JSONL.jsonl) or, run by hand, to bench/results/$JSONL.jsonl; the ratio table is
 # printed at the end. From the device tool:
 #   run(command="COMMIT=<hash> bench/run.sh", carry=["target-gpu/carry-train", ".whl"], timeout_s=600)
-# The Qwen3-30B-A3B MoE shape (issue 21; H200: ~61 GB of bf16 weights) is its own call, its lines
+# The Qwen3-30B-A3B MoE shape (issue 21; ~61 GB of bf16 weights: an H200, so needs_h200) is its own call, its lines
 # in moe.jsonl: SHAPES="30B-A3B:2:2048" JSONL=moe bench/run.sh
 # Settings (environment): SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048", PEERS="ours peft liger unsloth",
 # STEPS=5 (timed steps per batch kind; ours warms up 2, the peers PEER_WARMUP=3), PACKED=1,
