@@ -3,10 +3,9 @@
 //! gradients through them match finite differences, and what an expert weight costs in NF4.
 
 use candle_core::{DType, Device, Tensor};
-use mindxtrain_kernels::gradcheck::{Tolerance, check_scalar_at};
 
 use super::moe::{down_name, gate_up_name, router_name};
-use super::moe_tests::{all_targets, err, live_adapters_in, model, objective, probes, tiny_moe};
+use super::moe_tests::{adapter_gradients_match_finite_differences, all_targets, live_adapters_in, model, tiny_moe};
 use super::nf4::Nf4Experts;
 use super::tests::{bits, packed_batch};
 use super::*;
@@ -76,20 +75,7 @@ fn adapter_gradients_through_nf4_experts_match_finite_differences() {
     assert!(!m.params().contains_key(&gate_up_name(1)) && !m.params().contains_key(&down_name(1)));
     let cfg = all_targets();
     let ad = live_adapters_in(&c, &cfg, DType::F64);
-    let b = packed_batch();
-    let out = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).unwrap();
-    let names: Vec<String> = ad.tensors.keys().cloned().collect();
-    assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>());
-    let inputs: Vec<Tensor> = names.iter().map(|n| ad.tensors[n].clone()).collect();
-    let analytic: Vec<Tensor> = names.iter().map(|n| out.grads[n].clone()).collect();
-    let loss = |ts: &[Tensor]| -> candle_core::Result<f64> {
-        let ad = Adapters { config: cfg.clone(), tensors: names.iter().cloned().zip(ts.iter().cloned()).collect() };
-        let o = m.forward_backward(&b, Trainable::Adapters, Some(&ad), &StepOptions::default()).map_err(err)?;
-        Ok(objective(&c, &o))
-    };
-    let sizes: Vec<usize> = inputs.iter().map(|t| t.elem_count()).collect();
-    check_scalar_at(loss, &inputs, &analytic, &probes(&sizes, 3), Tolerance { eps: 1e-5, atol: 1e-8, rtol: 1e-5 })
-        .unwrap();
+    adapter_gradients_match_finite_differences(&c, &m, &ad);
 }
 
 /// An expert weight in NF4 holds half a byte per value and an f32 scale per block of 64: 0.5625
