@@ -4,10 +4,10 @@
 //! stay f32 (no double quantisation). Weights are dequantised when a forward or backward
 //! needs them and never stored dense.
 //!
-//! [`Nf4Tensor`] is the one quantiser (host-side codes, what a dense layer's projections keep);
-//! [`Nf4Experts`] holds a Qwen3-MoE layer's stacked expert weight in the same codes on the
-//! model's device, so each grouped GEMM expands it where it runs. Both expand through the
-//! kernels' one dequantiser (`mindxtrain_kernels::nf4`: the host function, or its GPU kernel).
+//! [`Nf4Tensor`] is the one quantiser (host-side codes). What a model keeps is resident on its
+//! device: [`Nf4Projection`] a dense layer's projection, [`Nf4Experts`] a Qwen3-MoE layer's
+//! stacked expert weight, so each product expands its weight where it runs. All expand through
+//! the kernels' one dequantiser (`mindxtrain_kernels::nf4`: the host function, or its GPU kernel).
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::nf4::{Nf4Weight, dequantize_host};
@@ -63,6 +63,49 @@ impl Nf4Tensor {
     }
 }
 
+/// `t`'s NF4 codes and scales (computed on the host) as tensors on `t`'s device, as rows of its
+/// last dimension: what the kernels' dequantiser reads.
+fn resident(t: &Tensor) -> Result<Nf4Weight, ModelError> {
+    let cols = t.dims().last().copied().unwrap_or(0);
+    if cols == 0 {
+        return Err(ModelError::Config(format!("an NF4 weight of shape {:?} holds no values", t.dims())));
+    }
+    let q = Nf4Tensor::quantize(t)?;
+    let (n_codes, n_scales) = (q.codes.len(), q.scales.len());
+    let codes = Tensor::from_vec(q.codes, n_codes, t.device())?;
+    let scales = Tensor::from_vec(q.scales, n_scales, t.device())?;
+    Ok(Nf4Weight::new(codes, scales, t.elem_count() / cols, cols)?)
+}
+
+/// Bytes an NF4 weight holds: half a byte per value plus four per block of 64 (0.5625 per value).
+fn resident_bytes(w: &Nf4Weight) -> usize {
+    w.codes.elem_count() + 4 * w.scales.elem_count()
+}
+
+/// A dense layer's projection `[out, in]` in NF4 for QLoRA, resident on the model's device: on a
+/// GPU each use expands it with the dequantisation kernel (host codes, expanded on the host and
+/// uploaded at every use, moved two bytes a value over the bus for every product).
+#[derive(Debug, Clone)]
+pub struct Nf4Projection {
+    weight: Nf4Weight,
+}
+
+impl Nf4Projection {
+    pub fn quantize(w: &Tensor) -> Result<Nf4Projection, ModelError> {
+        w.dims2()?;
+        Ok(Nf4Projection { weight: resident(w)? })
+    }
+
+    /// The dense weight in `dtype`, a new tensor on the weight's device.
+    pub fn dequantize(&self, dtype: DType) -> candle_core::Result<Tensor> {
+        self.weight.dequantize_rows(0, self.weight.rows, dtype)
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        resident_bytes(&self.weight)
+    }
+}
+
 /// A sparse layer's stacked expert weight (`mlp.experts.gate_up_proj` `[E, 2F, H]` or
 /// `down_proj` `[E, H, F]`) in NF4 for QLoRA: [`Nf4Tensor`]'s codes and scales (blocks over the
 /// flattened tensor), held as device tensors on the weight's device. On a GPU each grouped
@@ -79,15 +122,11 @@ pub struct Nf4Experts {
 impl Nf4Experts {
     /// Quantises `w` `[E, out, in]` where it lives (the codes are computed on the host).
     pub fn quantize(w: &Tensor) -> Result<Nf4Experts, ModelError> {
-        let (experts, out, d_in) = w.dims3()?;
+        let experts = w.dims3()?.0;
         if experts == 0 {
             return Err(ModelError::Config(format!("an expert weight {:?} with no experts", w.dims())));
         }
-        let q = Nf4Tensor::quantize(w)?;
-        let (n_codes, n_scales) = (q.codes.len(), q.scales.len());
-        let codes = Tensor::from_vec(q.codes, n_codes, w.device())?;
-        let scales = Tensor::from_vec(q.scales, n_scales, w.device())?;
-        Ok(Nf4Experts { weight: Nf4Weight::new(codes, scales, experts * out, d_in)?, experts })
+        Ok(Nf4Experts { weight: resident(w)?, experts })
     }
 
     /// `(E, out, in)`.
@@ -102,9 +141,8 @@ impl Nf4Experts {
         w.dequantize_rows(0, w.rows, dtype)?.reshape(self.dims())
     }
 
-    /// Bytes held: half a byte per value plus four per block of 64 (0.5625 per value).
     pub fn storage_bytes(&self) -> usize {
-        self.weight.codes.elem_count() + 4 * self.weight.scales.elem_count()
+        resident_bytes(&self.weight)
     }
 }
 

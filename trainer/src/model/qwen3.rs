@@ -12,7 +12,7 @@ use super::block::{BlockTape, Grads, StepCtx, accumulate};
 use super::hooks::{NoHooks, Stage, StepHooks};
 use super::lora::Adapters;
 use super::moe::{self, RouterStats};
-use super::nf4::{Nf4Experts, Nf4Tensor};
+use super::nf4::{Nf4Experts, Nf4Projection};
 use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
 use super::{ModelError, Qwen3Config};
 use crate::batch::{IGNORE, PackedBatch};
@@ -69,7 +69,7 @@ pub struct Qwen3 {
     pub(super) config: Qwen3Config,
     pub(super) params: Params,
     /// Linear weights held in NF4 (QLoRA); absent from `params` then.
-    quantized: BTreeMap<String, Nf4Tensor>,
+    quantized: BTreeMap<String, Nf4Projection>,
     /// Sparse layers' stacked expert weights held in NF4 (QLoRA), by name; absent from
     /// `params` then.
     quantized_experts: BTreeMap<String, Nf4Experts>,
@@ -214,7 +214,7 @@ impl Qwen3 {
                 let name = base_weight_name(layer, proj);
                 if let Some(w) = self.params.remove(&name) {
                     self.packed.clear();
-                    self.quantized.insert(name, Nf4Tensor::quantize(&w)?);
+                    self.quantized.insert(name, Nf4Projection::quantize(&w)?);
                 }
             }
             for name in [moe::gate_up_name(layer), moe::down_name(layer)] {
@@ -246,7 +246,7 @@ impl Qwen3 {
 
     /// Bytes the NF4 base holds (codes and scales of every quantised weight).
     pub fn nf4_bytes(&self) -> usize {
-        let dense: usize = self.quantized.values().map(Nf4Tensor::storage_bytes).sum();
+        let dense: usize = self.quantized.values().map(Nf4Projection::storage_bytes).sum();
         dense + self.quantized_experts.values().map(Nf4Experts::storage_bytes).sum::<usize>()
     }
 
@@ -258,7 +258,7 @@ impl Qwen3 {
             return Ok(Cow::Owned(q.dequantize(self.dtype)?));
         }
         match self.quantized.get(name) {
-            Some(q) => Ok(Cow::Owned(q.dequantize(self.dtype, &self.device)?)),
+            Some(q) => Ok(Cow::Owned(q.dequantize(self.dtype)?)),
             None => Err(ModelError::MissingParam(name.to_string())),
         }
     }
