@@ -14,8 +14,8 @@
 //! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`];
 //!   [`Qwen3::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
 //!   losses in [`crate::rl`] are written that way).
-//! * [`Nf4Tensor`]: QLoRA's 4-bit base-weight storage (on a Qwen3-MoE model, the experts'
-//!   stacked weights too, in NF4 on the model's device).
+//! * [`Nf4Tensor`]: QLoRA's 4-bit quantiser; the base weights it makes (projections, and on a
+//!   Qwen3-MoE model the experts' stacked weights) stay in NF4 on the model's device.
 
 mod adapter_stack;
 mod block;

@@ -162,6 +162,17 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
     for (name, g) in &got.grads {
         assert_eq!(values(g), values(&want.grads[name]), "bf16: gradient of {name} (seed {seed})");
     }
+
+    // Read on the host and quantised onto the GPU, as a QLoRA run loads its base (so the dense
+    // base never has to fit the card): the same model, every tensor on the GPU.
+    let mut hosted = Qwen3::new(cfg.clone(), to(&params, DType::BF16, &Device::Cpu), &Device::Cpu).unwrap();
+    hosted.quantize_nf4_onto(&gpu).unwrap();
+    assert!(hosted.device().is_cuda() && hosted.params().values().all(|t| t.device().is_cuda()));
+    let h = step(&hosted, &ad16);
+    assert_eq!(h.loss_sum.to_bits(), got.loss_sum.to_bits(), "host-loaded NF4 base: loss (seed {seed})");
+    for (name, g) in &h.grads {
+        assert_eq!(values(g), values(&got.grads[name]), "host-loaded NF4 base: gradient of {name} (seed {seed})");
+    }
 }
 
 /// One step of full fine-tuning and of LoRA on the GPU in each `(dtype, loss tolerance,

@@ -63,17 +63,17 @@ impl Nf4Tensor {
     }
 }
 
-/// `t`'s NF4 codes and scales (computed on the host) as tensors on `t`'s device, as rows of its
+/// `t`'s NF4 codes and scales (computed on the host) as tensors on `device`, as rows of its
 /// last dimension: what the kernels' dequantiser reads.
-fn resident(t: &Tensor) -> Result<Nf4Weight, ModelError> {
+fn resident(t: &Tensor, device: &Device) -> Result<Nf4Weight, ModelError> {
     let cols = t.dims().last().copied().unwrap_or(0);
     if cols == 0 {
         return Err(ModelError::Config(format!("an NF4 weight of shape {:?} holds no values", t.dims())));
     }
     let q = Nf4Tensor::quantize(t)?;
     let (n_codes, n_scales) = (q.codes.len(), q.scales.len());
-    let codes = Tensor::from_vec(q.codes, n_codes, t.device())?;
-    let scales = Tensor::from_vec(q.scales, n_scales, t.device())?;
+    let codes = Tensor::from_vec(q.codes, n_codes, device)?;
+    let scales = Tensor::from_vec(q.scales, n_scales, device)?;
     Ok(Nf4Weight::new(codes, scales, t.elem_count() / cols, cols)?)
 }
 
@@ -91,9 +91,10 @@ pub struct Nf4Projection {
 }
 
 impl Nf4Projection {
-    pub fn quantize(w: &Tensor) -> Result<Nf4Projection, ModelError> {
+    /// `w` in NF4, resident on `device` (where `w` is, or a GPU a host-loaded base goes to).
+    pub fn quantize(w: &Tensor, device: &Device) -> Result<Nf4Projection, ModelError> {
         w.dims2()?;
-        Ok(Nf4Projection { weight: resident(w)? })
+        Ok(Nf4Projection { weight: resident(w, device)? })
     }
 
     /// The dense weight in `dtype`, a new tensor on the weight's device.
@@ -120,13 +121,13 @@ pub struct Nf4Experts {
 }
 
 impl Nf4Experts {
-    /// Quantises `w` `[E, out, in]` where it lives (the codes are computed on the host).
-    pub fn quantize(w: &Tensor) -> Result<Nf4Experts, ModelError> {
+    /// Quantises `w` `[E, out, in]` (the codes are computed on the host) onto `device`.
+    pub fn quantize(w: &Tensor, device: &Device) -> Result<Nf4Experts, ModelError> {
         let experts = w.dims3()?.0;
         if experts == 0 {
             return Err(ModelError::Config(format!("an expert weight {:?} with no experts", w.dims())));
         }
-        Ok(Nf4Experts { weight: resident(w)?, experts })
+        Ok(Nf4Experts { weight: resident(w, device)?, experts })
     }
 
     /// `(E, out, in)`.

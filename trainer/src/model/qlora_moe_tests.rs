@@ -86,7 +86,7 @@ fn an_nf4_expert_weight_holds_0_5625_bytes_per_value() {
     let c = tiny_moe();
     let m = model(&c, DType::F32);
     let w = &m.params()[&gate_up_name(1)];
-    let q = Nf4Experts::quantize(w).unwrap();
+    let q = Nf4Experts::quantize(w, &Device::Cpu).unwrap();
     assert_eq!(q.dims(), (4, 12, 8));
     let n = w.elem_count();
     assert_eq!(q.storage_bytes(), n / 2 + 4 * n.div_ceil(64));
@@ -104,4 +104,21 @@ fn an_nf4_expert_weight_holds_0_5625_bytes_per_value() {
     let gone: Vec<usize> =
         m.params().iter().filter(|(k, _)| !qm.params().contains_key(*k)).map(|(_, t)| t.elem_count()).collect();
     assert_eq!(qm.nf4_bytes(), gone.iter().map(|n| n.div_ceil(2) + 4 * n.div_ceil(64)).sum::<usize>());
+}
+
+/// The probe's QLoRA model: drawn weight by weight with each NF4 target quantised as it is
+/// drawn, it holds what `quantize_nf4` would (no target left dense, the router dense) and trains.
+#[test]
+fn the_timing_model_of_a_qlora_recipe_holds_its_base_in_nf4() {
+    let c = tiny_moe();
+    let m = Qwen3::init_for_timing_nf4(&c, DType::F32, &Device::Cpu).unwrap();
+    let mut want = model(&c, DType::F32);
+    want.quantize_nf4().unwrap();
+    assert!(m.is_quantized());
+    assert_eq!(m.params().keys().collect::<Vec<_>>(), want.params().keys().collect::<Vec<_>>());
+    assert_eq!(m.nf4_bytes(), want.nf4_bytes());
+    assert!(m.params().contains_key(&router_name(1)) && !m.params().contains_key(&gate_up_name(1)));
+    let ad = live_adapters_in(&c, &all_targets(), DType::F32);
+    let out = m.forward_backward(&packed_batch(), Trainable::Adapters, Some(&ad), &StepOptions::default()).unwrap();
+    assert!(out.loss_sum.is_finite() && out.grads.len() == ad.tensors.len());
 }

@@ -112,6 +112,18 @@ enum HeadTape {
     Chunked { lse: Tensor },
 }
 
+/// The weights QLoRA holds in NF4 ([`Qwen3::quantize_nf4`]): every block projection, and on a
+/// Qwen3-MoE model every sparse layer's two stacked expert weights. Names a layer lacks (the
+/// seven projections' MLP ones on a sparse layer, experts on a dense one) are simply absent.
+fn nf4_targets(config: &Qwen3Config) -> Vec<String> {
+    let mut names = Vec::new();
+    for layer in 0..config.num_hidden_layers {
+        names.extend(Proj::ALL.into_iter().map(|proj| base_weight_name(layer, proj)));
+        names.extend([moe::gate_up_name(layer), moe::down_name(layer)]);
+    }
+    names
+}
+
 /// Vocabulary columns per `lm_head_ce` chunk: 1 GiB of bf16 logits at 8×2048 tokens, and
 /// within 1.3–1.7× of the GEMM floor on an H100 (docs/benchmarks.md).
 const HEAD_CHUNK: usize = 32_768;
@@ -157,6 +169,30 @@ impl Qwen3 {
             p.insert(name, t);
         }
         Qwen3::new(config.clone(), p, device)
+    }
+
+    /// [`Qwen3::init_for_timing`] with QLoRA's base: each weight that [`Qwen3::quantize_nf4`]
+    /// would hold in NF4 is drawn, quantised and dropped before the next is drawn, so the probe
+    /// of a QLoRA recipe times the NF4 base the run trains on, on a card the dense base overflows.
+    pub fn init_for_timing_nf4(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+        config.validate()?;
+        let targets: std::collections::BTreeSet<String> = nf4_targets(config).into_iter().collect();
+        let mut dense = Params::new();
+        for (name, shape) in params::expected_shapes(config) {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape.as_slice(), dtype, device)?
+            } else {
+                Tensor::randn(0f32, 0.02, shape.as_slice(), device)?.to_dtype(dtype)?
+            };
+            // A weight held in NF4 waits on the host (its device copy dropped at once) until the
+            // model quantises it onto the device below.
+            let t = if targets.contains(&name) { t.to_device(&Device::Cpu)? } else { t };
+            dense.insert(name, t);
+        }
+        // `new` puts every tensor on the device it is given: the host, then quantised onto `device`.
+        let mut m = Qwen3::new(config.clone(), dense, &Device::Cpu)?;
+        m.quantize_nf4_onto(device)?;
+        Ok(m)
     }
 
     /// Seeded HF-like init (std 0.02, norms 1): same seed, same weights.
@@ -209,19 +245,35 @@ impl Qwen3 {
     /// discrete choice that 4-bit rounding would move. Each weight's dense copy is dropped as its
     /// NF4 copy is made, so at most one is held twice.
     pub fn quantize_nf4(&mut self) -> Result<(), ModelError> {
-        for layer in 0..self.config.num_hidden_layers {
-            for proj in Proj::ALL {
-                let name = base_weight_name(layer, proj);
-                if let Some(w) = self.params.remove(&name) {
-                    self.packed.clear();
-                    self.quantized.insert(name, Nf4Projection::quantize(&w)?);
-                }
+        let device = self.device.clone();
+        self.quantize_nf4_onto(&device)
+    }
+
+    /// [`Qwen3::quantize_nf4`] on a model loaded on the host, leaving it on `device`: the NF4
+    /// codes and the weights that stay dense go there, so a base that fits the device only in
+    /// NF4 never sits there whole (QLoRA's point: a 4-bit base on a card its bf16 base overflows).
+    pub fn quantize_nf4_onto(&mut self, device: &Device) -> Result<(), ModelError> {
+        self.packed.clear();
+        for name in nf4_targets(&self.config) {
+            if let Some(w) = self.params.remove(&name) {
+                self.insert_nf4(name, &w, device)?;
             }
-            for name in [moe::gate_up_name(layer), moe::down_name(layer)] {
-                if let Some(w) = self.params.remove(&name) {
-                    self.quantized_experts.insert(name, Nf4Experts::quantize(&w)?);
-                }
-            }
+        }
+        if !self.device.same_device(device) {
+            let params = std::mem::take(&mut self.params);
+            self.params =
+                params.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect::<Result<_, ModelError>>()?;
+            self.device = device.clone();
+        }
+        Ok(())
+    }
+
+    /// `w` (named `name`, one of [`nf4_targets`]) into the NF4 store on `device`.
+    fn insert_nf4(&mut self, name: String, w: &Tensor, device: &Device) -> Result<(), ModelError> {
+        if w.rank() == 3 {
+            self.quantized_experts.insert(name, Nf4Experts::quantize(w, device)?);
+        } else {
+            self.quantized.insert(name, Nf4Projection::quantize(w, device)?);
         }
         Ok(())
     }

@@ -32,12 +32,20 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let device = super::run_device(r)?;
     let config = model_config(r, recipe_dir)?;
     let dtype = crate::checkpoint::model_dtype(r.model.dtype);
-    let mut model = if device.is_cuda() {
-        Qwen3::init_for_timing(&config, dtype, &device)?
-    } else {
-        Qwen3::init_random(&config, r.meta.seed, dtype, &device)?
-    };
     let method = MethodPlan::from_recipe(&r.train.method)?;
+    // A QLoRA recipe is timed on the NF4 base it trains on (its products expand each weight
+    // first), built weight by weight so a base that fits the device only in NF4 fits here too.
+    let mut model = match (device.is_cuda(), method.nf4_base) {
+        (true, true) => Qwen3::init_for_timing_nf4(&config, dtype, &device)?,
+        (true, false) => Qwen3::init_for_timing(&config, dtype, &device)?,
+        (false, nf4) => {
+            let mut m = Qwen3::init_random(&config, r.meta.seed, dtype, &device)?;
+            if nf4 {
+                m.quantize_nf4()?;
+            }
+            m
+        }
+    };
     let adapters = match &method.lora {
         Some(l) => Some(Adapters::init(&config, l, r.meta.seed, model.dtype(), &device)?),
         None => None,

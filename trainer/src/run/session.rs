@@ -169,7 +169,10 @@ impl<'a> Session<'a> {
         let recorded = existing.as_ref().filter(|_| spec.resume).and_then(|r| r.base.clone());
         let init_from =
             spec.init_from.clone().or_else(|| recorded.as_ref().and_then(|b| b.path().map(Path::to_path_buf)));
-        let (mut model, base) = load_base_model(recipe, &spec.recipe_dir, init_from.as_deref(), &device)?;
+        // QLoRA's base is read on the host and quantised onto the device (below): its dense form
+        // need not fit there.
+        let load_on = if method.nf4_base { Device::Cpu } else { device.clone() };
+        let (mut model, base) = load_base_model(recipe, &spec.recipe_dir, init_from.as_deref(), &load_on)?;
         if let Some(recorded) = &recorded
             && let Some(why) = base::difference(recorded, &base)
             && !spec.force_base
@@ -190,7 +193,7 @@ impl<'a> Session<'a> {
             None => None,
         };
         if method.nf4_base {
-            model.quantize_nf4()?;
+            model.quantize_nf4_onto(&device)?;
         }
         let needs_reference = matches!(method.preference, Some(crate::model::PreferenceLoss::Dpo { .. }))
             || method.rl.as_ref().is_some_and(RlPlan::needs_reference);
