@@ -2,7 +2,7 @@
 //! logits for evaluation (generation: [`super::KvCache`], [`crate::generate`]).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::cross_entropy::{self, Labels};
@@ -112,6 +112,27 @@ enum HeadTape {
     Chunked { lse: Tensor },
 }
 
+/// Every weight of `config` drawn on `device` for timing (norms 1, the rest N(0, 0.02)); those
+/// named in `to_host` are moved to the host as soon as each is drawn.
+fn draw_for_timing(
+    config: &Qwen3Config,
+    dtype: DType,
+    device: &Device,
+    to_host: &BTreeSet<String>,
+) -> Result<Params, ModelError> {
+    let mut p = Params::new();
+    for (name, shape) in params::expected_shapes(config) {
+        let t = if name.ends_with("norm.weight") {
+            Tensor::ones(shape.as_slice(), dtype, device)?
+        } else {
+            Tensor::randn(0f32, 0.02, shape.as_slice(), device)?.to_dtype(dtype)?
+        };
+        let t = if to_host.contains(&name) { t.to_device(&Device::Cpu)? } else { t };
+        p.insert(name, t);
+    }
+    Ok(p)
+}
+
 /// The weights QLoRA holds in NF4 ([`Qwen3::quantize_nf4`]): every block projection, and on a
 /// Qwen3-MoE model every sparse layer's two stacked expert weights. Names a layer lacks (the
 /// seven projections' MLP ones on a sparse layer, experts on a dense one) are simply absent.
@@ -159,38 +180,19 @@ impl Qwen3 {
     /// most of a probe's budget. Not reproducible; train from [`Qwen3::init_random`].
     pub fn init_for_timing(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
         config.validate()?;
-        let mut p = Params::new();
-        for (name, shape) in params::expected_shapes(config) {
-            let t = if name.ends_with("norm.weight") {
-                Tensor::ones(shape.as_slice(), dtype, device)?
-            } else {
-                Tensor::randn(0f32, 0.02, shape.as_slice(), device)?.to_dtype(dtype)?
-            };
-            p.insert(name, t);
-        }
-        Qwen3::new(config.clone(), p, device)
+        Qwen3::new(config.clone(), draw_for_timing(config, dtype, device, &BTreeSet::new())?, device)
     }
 
     /// [`Qwen3::init_for_timing`] with QLoRA's base: each weight that [`Qwen3::quantize_nf4`]
-    /// would hold in NF4 is drawn, quantised and dropped before the next is drawn, so the probe
-    /// of a QLoRA recipe times the NF4 base the run trains on, on a card the dense base overflows.
+    /// holds in NF4 is drawn on the device and moved to the host at once (the device holds one
+    /// of them dense at a time), then all are quantised onto the device, so the probe of a QLoRA
+    /// recipe times the NF4 base the run trains on, on a card the dense base overflows.
     pub fn init_for_timing_nf4(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
         config.validate()?;
-        let targets: std::collections::BTreeSet<String> = nf4_targets(config).into_iter().collect();
-        let mut dense = Params::new();
-        for (name, shape) in params::expected_shapes(config) {
-            let t = if name.ends_with("norm.weight") {
-                Tensor::ones(shape.as_slice(), dtype, device)?
-            } else {
-                Tensor::randn(0f32, 0.02, shape.as_slice(), device)?.to_dtype(dtype)?
-            };
-            // A weight held in NF4 waits on the host (its device copy dropped at once) until the
-            // model quantises it onto the device below.
-            let t = if targets.contains(&name) { t.to_device(&Device::Cpu)? } else { t };
-            dense.insert(name, t);
-        }
+        let targets: BTreeSet<String> = nf4_targets(config).into_iter().collect();
+        let drawn = draw_for_timing(config, dtype, device, &targets)?;
         // `new` puts every tensor on the device it is given: the host, then quantised onto `device`.
-        let mut m = Qwen3::new(config.clone(), dense, &Device::Cpu)?;
+        let mut m = Qwen3::new(config.clone(), drawn, &Device::Cpu)?;
         m.quantize_nf4_onto(device)?;
         Ok(m)
     }
