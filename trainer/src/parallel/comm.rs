@@ -5,11 +5,17 @@
 //! The TCP mesh blocks while bytes move, so it runs on a thread of its own (`mindxtrain-comm`),
 //! taking jobs in order: every rank issues the same jobs in the same order, which is what the
 //! mesh needs, and the compute thread never waits on the network until it asks for a result.
+//!
+//! An inline collective's input is held for a few operations after it is queued: dropping a
+//! buffer makes the stream it was allocated on (the compute stream) wait for its last reader,
+//! NCCL, so a bucket dropped as soon as its reduction is queued stalls the backward until that
+//! reduction is done, and nothing overlaps. Held `HOLD` operations longer (or until its result
+//! is waited for), its operation has usually finished by the time it is dropped.
 
 use crate::collective::{Collective, CollectiveError, Span};
 use candle_core::Tensor;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
@@ -22,7 +28,20 @@ pub enum Job {
     Bytes(Vec<u8>),
 }
 
+/// Queued inline operations whose inputs are held (see the module's doc): enough that a
+/// bucket or a block's gather is dropped a few blocks after it was queued, few enough that the
+/// held buckets (at most an embedding's gradient and three blocks' at 8B: ~2.7 GB) stay small.
+const HOLD: usize = 4;
+
 impl Job {
+    /// The device tensor the operation reads, if any.
+    fn input(&self) -> Option<&Tensor> {
+        match self {
+            Job::AllReduce(t) | Job::ReduceScatter(t, _) | Job::AllGather(t, _) => Some(t),
+            Job::Bytes(_) => None,
+        }
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             Job::AllReduce(_) => "all-reduce",
@@ -93,6 +112,8 @@ pub struct Comm {
     ready: RefCell<BTreeMap<u64, Finished>>,
     /// Host-clock spans of finished jobs, by label, while a trace is being recorded.
     finished: RefCell<Vec<(u64, &'static str, Timing)>>,
+    /// Inputs of the latest inline operations, by ticket (see the module's doc).
+    held: RefCell<VecDeque<(u64, Tensor)>>,
 }
 
 fn run(c: &mut dyn Collective, job: Job) -> Result<Output, CollectiveError> {
@@ -136,6 +157,7 @@ impl Comm {
             next: Cell::new(0),
             ready: RefCell::new(BTreeMap::new()),
             finished: RefCell::new(Vec::new()),
+            held: RefCell::new(VecDeque::new()),
         }
     }
 
@@ -153,9 +175,15 @@ impl Comm {
         self.next.set(id + 1);
         match &self.worker {
             Worker::Inline(c) => {
+                let input = job.input().cloned();
                 let start = Instant::now();
                 let r = run(c.borrow_mut().as_mut(), job);
                 self.ready.borrow_mut().insert(id, (r, Some(Timing { start, end: Instant::now() })));
+                let mut held = self.held.borrow_mut();
+                held.extend(input.map(|t| (id, t)));
+                while held.len() > HOLD {
+                    held.pop_front();
+                }
             }
             Worker::Thread { jobs, .. } => {
                 let sent = jobs.as_ref().is_some_and(|j| j.send((id, job)).is_ok());
@@ -170,6 +198,8 @@ impl Comm {
 
     /// The result of `ticket` (waiting for it and every job before it).
     pub fn wait(&self, ticket: Ticket) -> Result<Output, CollectiveError> {
+        // Its result is needed now, and so is every earlier one's: their inputs may go.
+        self.held.borrow_mut().retain(|(id, _)| *id > ticket.0);
         loop {
             if let Some((r, span)) = self.ready.borrow_mut().remove(&ticket.0) {
                 if let Some(span) = span {
@@ -255,5 +285,60 @@ impl Drop for Comm {
             jobs.take();
             handle.take();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::Backend;
+    use candle_core::Device;
+
+    /// One rank that hands every input back (a world of one, inline as NCCL runs).
+    struct Echo;
+
+    impl Collective for Echo {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world(&self) -> usize {
+            1
+        }
+        fn backend(&self) -> Backend {
+            Backend::Nccl
+        }
+        fn all_reduce(&mut self, t: &Tensor) -> Result<Tensor, CollectiveError> {
+            Ok(t.clone())
+        }
+        fn reduce_scatter(&mut self, t: &Tensor, _: &[Span]) -> Result<Tensor, CollectiveError> {
+            Ok(t.clone())
+        }
+        fn all_gather(&mut self, t: &Tensor, _: &[Span]) -> Result<Tensor, CollectiveError> {
+            Ok(t.clone())
+        }
+        fn all_gather_bytes(&mut self, b: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+            Ok(vec![b.to_vec()])
+        }
+    }
+
+    fn held(c: &Comm) -> Vec<u64> {
+        c.held.borrow().iter().map(|(id, _)| *id).collect()
+    }
+
+    /// Inputs stay held for the last `HOLD` inline operations and go once their result (or a
+    /// later one's) is waited for; host gathers hold nothing; results are unchanged.
+    #[test]
+    fn inline_inputs_are_held_for_the_latest_operations_until_waited_for() {
+        let c = Comm::new(Box::new(Echo), false);
+        let t = Tensor::new(&[1f32, 2.0], &Device::Cpu).unwrap();
+        let tickets: Vec<Ticket> = (0..6).map(|_| c.submit(Job::AllReduce(t.clone()))).collect();
+        assert_eq!(held(&c), [2, 3, 4, 5]);
+        c.submit(Job::Bytes(vec![1]));
+        assert_eq!(held(&c), [2, 3, 4, 5], "a host gather reads no device buffer");
+        let out = c.wait(tickets[3]).unwrap().tensor().unwrap();
+        assert_eq!(out.to_vec1::<f32>().unwrap(), [1.0, 2.0]);
+        assert_eq!(held(&c), [4, 5]);
+        c.wait(tickets[5]).unwrap();
+        assert!(held(&c).is_empty());
     }
 }
