@@ -7,15 +7,27 @@
 
 use candle_core::{DType, Result, Tensor};
 
-/// `Σ x²` of each tensor, in f64. GPU tensors (f32, bf16) of one device take the kernel;
-/// anything else the reference.
+/// `Σ x²` of each tensor, in f64, in the order given. The f32 and bf16 tensors on the first
+/// tensor's GPU take the kernel (one launch each, one copy back for all); any other tensor the
+/// reference.
 pub fn sum_squares(ts: &[&Tensor]) -> Result<Vec<f64>> {
     #[cfg(feature = "cuda")]
-    if let Some(candle_core::Device::Cuda(dev)) = ts.first().map(|t| t.device())
-        && ts.iter().all(|t| t.device().same_device(ts[0].device()) && matches!(t.dtype(), DType::F32 | DType::BF16))
-    {
-        let _profile = crate::profile::scope("sum of squares", ts[0].device());
-        return crate::gpu::reduce::sum_squares(dev, ts);
+    if let Some(candle_core::Device::Cuda(dev)) = ts.iter().map(|t| t.device()).find(|d| d.is_cuda()) {
+        let gpu = candle_core::Device::Cuda(dev.clone());
+        let on_kernel = |t: &Tensor| t.device().same_device(&gpu) && matches!(t.dtype(), DType::F32 | DType::BF16);
+        let batch: Vec<&Tensor> = ts.iter().copied().filter(|t| on_kernel(t)).collect();
+        let _profile = crate::profile::scope("sum of squares", &gpu);
+        let mut sums = crate::gpu::reduce::sum_squares(dev, &batch)?.into_iter();
+        return ts
+            .iter()
+            .map(|t| {
+                if on_kernel(t) {
+                    sums.next().ok_or_else(|| candle_core::Error::Msg("sum of squares: a kernel sum is missing".into()))
+                } else {
+                    reference(t)
+                }
+            })
+            .collect();
     }
     ts.iter().map(|t| reference(t)).collect()
 }

@@ -19,21 +19,9 @@ pub fn global_grad_norm(grads: &BTreeMap<String, Tensor>) -> Result<f64, OptimEr
 /// shards its gradients computes the parts of the tensors it holds and adds everyone's in key
 /// order with [`norm_of_sums`], which gives the same norm as one process holding them all.
 pub fn grad_sq_sums(grads: &BTreeMap<String, Tensor>) -> Result<Vec<f64>, OptimError> {
-    // The GPU's gradients in one call (one kernel a tensor, one copy back), the rest on the host;
-    // both add squares in f64.
-    let on_device: Vec<&Tensor> =
-        grads.values().filter(|g| g.device().is_cuda() && matches!(g.dtype(), DType::F32 | DType::BF16)).collect();
-    let mut device_sums = mindxtrain_kernels::reduce::sum_squares(&on_device)?.into_iter();
-    grads
-        .values()
-        .map(|g| {
-            if g.device().is_cuda() && matches!(g.dtype(), DType::F32 | DType::BF16) {
-                Ok(device_sums.next().unwrap_or(f64::NAN))
-            } else {
-                Ok(mindxtrain_kernels::reduce::reference(g)?)
-            }
-        })
-        .collect()
+    // The GPU's gradients by one kernel each and one copy back, the rest on the host; both add
+    // squares in f64.
+    Ok(mindxtrain_kernels::reduce::sum_squares(&grads.values().collect::<Vec<_>>())?)
 }
 
 /// The norm of per-tensor sums of squares, added in the order given.
