@@ -187,6 +187,19 @@ impl Nccl {
         unsafe { self.device.cuda_stream().alloc::<T>(n) }.map_err(driver_err("allocating a collective's output"))
     }
 
+    /// [`Nccl::alloc`], or nothing for no elements (CUDA allocates no empty buffer).
+    fn alloc_nonempty<T: DeviceRepr>(&self, n: usize) -> Result<Option<CudaSlice<T>>, CollectiveError> {
+        if n == 0 { Ok(None) } else { self.alloc(n).map(Some) }
+    }
+
+    /// The tensor owning `buf`, or an empty one of `dtype`.
+    fn tensor_or_empty<T: CudaDType>(&self, buf: Option<CudaSlice<T>>, dtype: DType) -> Result<Tensor, CollectiveError> {
+        Ok(match buf {
+            Some(b) => self.tensor(b),
+            None => Tensor::zeros(0, dtype, &Device::Cuda(self.device.clone()))?,
+        })
+    }
+
     /// A buffer for values the host reads back through NCCL's own stream (lengths, bytes).
     fn alloc_host_bound<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CollectiveError> {
         self.stream.alloc_zeros::<T>(n).map_err(driver_err("allocating a collective's output"))
@@ -261,26 +274,29 @@ impl Nccl {
                 total(spans)
             )));
         }
-        // One buffer per span this rank owns (NCCL writes each; they are joined after).
-        let mut outs = Vec::new();
-        for (_, s) in offsets(spans).filter(|(_, s)| s.owner == rank && s.len > 0) {
-            outs.push(self.alloc::<T>(s.len)?);
-        }
+        // One buffer for the spans this rank owns, in span order: NCCL writes each part of it.
+        let mut out = self.alloc_nonempty::<T>(owned(spans, rank))?;
         {
             let (storage, layout) = t.storage_and_layout();
             let Storage::Cuda(c) = &*storage else { return Err(CollectiveError::Tensor("not on the GPU".into())) };
             let (a, _) = layout.contiguous_offsets().ok_or_else(|| CollectiveError::Tensor("not contiguous".into()))?;
             let src = c.as_cuda_slice::<T>()?;
-            let mut dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>().into_iter();
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
+            let dst = out.as_mut().map(|o| group.output(o.slice_mut(..)));
+            let mut at = 0;
             for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
                 let view = src.slice(a + off..a + off + s.len);
-                let dst = if s.owner == rank { dsts.next() } else { None };
-                group.reduce(view, dst, s.owner).map_err(nccl_err("ncclReduce"))?;
+                let part = if s.owner == rank {
+                    at += s.len;
+                    Some(dst.and_then(|d| d.part(at - s.len, s.len)).ok_or_else(|| part_err(at, s.len))?)
+                } else {
+                    None
+                };
+                group.reduce(view, part, s.owner).map_err(nccl_err("ncclReduce"))?;
             }
             group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
-        self.joined::<T>(outs, t.dtype())
+        self.tensor_or_empty(out, t.dtype())
     }
 
     fn all_gather_as<T: CudaDType + nccl::NcclType + DeviceRepr + ValidAsZeroBits>(
@@ -297,10 +313,7 @@ impl Nccl {
             )));
         }
         let dtype = mine.dtype();
-        let mut outs = Vec::new();
-        for (_, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
-            outs.push(self.alloc::<T>(s.len)?);
-        }
+        let mut out = self.alloc_nonempty::<T>(total(spans))?;
         let mine = if mine.elem_count() == 0 { None } else { Some(flat_on(mine, &self.device)?) };
         self.follow_compute()?;
         {
@@ -316,37 +329,30 @@ impl Nccl {
                 }
                 None => None,
             };
-            // This rank's spans are sent from its own buffer, in order (a broadcast's root).
-            let mut sends = Vec::new();
-            let mut from = 0;
-            for (_, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
-                match (&src, s.owner == rank) {
-                    (Some(src), true) => {
-                        sends.push(Some(src.slice(from..from + s.len)));
-                        from += s.len;
-                    }
-                    _ => sends.push(None),
-                }
-            }
-            let dsts = outs.iter_mut().map(|o| o.slice_mut(..)).collect::<Vec<_>>();
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
-            for (((_, s), send), dst) in offsets(spans).filter(|(_, s)| s.len > 0).zip(sends).zip(dsts) {
-                group.broadcast(send, dst, s.owner).map_err(nccl_err("ncclBroadcast"))?;
+            let dst = out.as_mut().map(|o| group.output(o.slice_mut(..)));
+            // This rank's spans are sent from its own buffer, in order (a broadcast's root).
+            let mut from = 0;
+            for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
+                let send = match (&src, s.owner == rank) {
+                    (Some(src), true) => {
+                        from += s.len;
+                        Some(src.slice(from - s.len..from))
+                    }
+                    _ => None,
+                };
+                let part = dst.and_then(|d| d.part(off, s.len)).ok_or_else(|| part_err(off, s.len))?;
+                group.broadcast(send, part, s.owner).map_err(nccl_err("ncclBroadcast"))?;
             }
             group.end().map_err(nccl_err("ncclGroupEnd"))?;
         }
-        self.joined::<T>(outs, dtype)
+        self.tensor_or_empty(out, dtype)
     }
+}
 
-    /// The buffers as one flat tensor, in order (empty when there are none).
-    fn joined<T: CudaDType>(&self, outs: Vec<CudaSlice<T>>, dtype: DType) -> Result<Tensor, CollectiveError> {
-        let mut parts: Vec<Tensor> = outs.into_iter().map(|o| self.tensor(o)).collect();
-        Ok(match parts.len() {
-            0 => Tensor::zeros(0, dtype, &Device::Cuda(self.device.clone()))?,
-            1 => parts.remove(0),
-            _ => Tensor::cat(&parts, 0)?,
-        })
-    }
+/// A span that does not fit the buffer laid out for the spans (the span arithmetic is wrong).
+fn part_err(at: usize, len: usize) -> CollectiveError {
+    CollectiveError::Mismatch(format!("a span of {len} elements at {at} lies outside its buffer"))
 }
 
 impl Collective for Nccl {

@@ -12,6 +12,7 @@ use candle_core::cuda_backend::cudarc::nccl::result::{self, NcclError};
 use candle_core::cuda_backend::cudarc::nccl::safe::NcclType;
 use candle_core::cuda_backend::cudarc::nccl::sys;
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
@@ -107,12 +108,16 @@ impl<'a> Group<'a> {
         ptr as *const c_void
     }
 
-    /// `view`'s device pointer for NCCL to write; its event guard is kept until the group ends.
-    fn output<T>(&mut self, view: CudaViewMut<'a, T>) -> *mut c_void {
+    /// `view` for NCCL to write, whole or in parts ([`Out::part`]); its event guard is kept
+    /// until the group ends. One buffer written in parts is what lets a gather or a scatter to
+    /// many owners return a single tensor without joining pieces on the compute stream (a join
+    /// there waits for NCCL at once, so nothing queued after it overlaps the operation).
+    pub(super) fn output<T>(&mut self, view: CudaViewMut<'a, T>) -> Out<T> {
         let comm: &'a Comm = self.comm;
+        let len = view.len();
         let (ptr, guard) = view.view_ptr_mut(&comm.stream);
         self.guards.push(guard);
-        ptr as *mut c_void
+        Out { ptr, len, _t: PhantomData }
     }
 
     /// `dst` = the sum over ranks of `src`.
@@ -122,7 +127,7 @@ impl<'a> Group<'a> {
         dst: CudaViewMut<'a, T>,
     ) -> Result<(), NcclError> {
         let count = src.len();
-        let (s, d) = (self.input(src), self.output(dst));
+        let (s, d) = (self.input(src), self.output(dst).ptr());
         // SAFETY: both pointers come from live views of `count` elements of `T`.
         unsafe { result::all_reduce(s, d, count, T::as_nccl_type(), SUM, self.comm.raw, self.stream()) }.map(drop)
     }
@@ -131,13 +136,16 @@ impl<'a> Group<'a> {
     pub(super) fn reduce<T: NcclType>(
         &mut self,
         src: CudaView<'a, T>,
-        dst: Option<CudaViewMut<'a, T>>,
+        dst: Option<Out<T>>,
         root: usize,
     ) -> Result<(), NcclError> {
         let count = src.len();
+        if dst.is_some_and(|d| d.len != count) {
+            return Err(NcclError(sys::ncclResult_t::ncclInvalidArgument));
+        }
         let s = self.input(src);
-        let d = dst.map_or(std::ptr::null_mut(), |dst| self.output(dst));
-        // SAFETY: `s` (and `d` where given) come from live views of `count` elements of `T`.
+        let d = dst.map_or(std::ptr::null_mut(), |d| d.ptr());
+        // SAFETY: `s` (and `d` where given) point into live buffers of `count` elements of `T`.
         unsafe { result::reduce(s, d, count, T::as_nccl_type(), SUM, root as i32, self.comm.raw, self.stream()) }
             .map(drop)
     }
@@ -146,13 +154,16 @@ impl<'a> Group<'a> {
     pub(super) fn broadcast<T: NcclType>(
         &mut self,
         src: Option<CudaView<'a, T>>,
-        dst: CudaViewMut<'a, T>,
+        dst: Out<T>,
         root: usize,
     ) -> Result<(), NcclError> {
-        let count = dst.len();
+        let count = dst.len;
+        if src.as_ref().is_some_and(|s| s.len() != count) {
+            return Err(NcclError(sys::ncclResult_t::ncclInvalidArgument));
+        }
         let s = src.map_or(std::ptr::null(), |src| self.input(src));
-        let d = self.output(dst);
-        // SAFETY: `d` (and `s` where given) come from live views of `count` elements of `T`.
+        let d = dst.ptr();
+        // SAFETY: `d` (and `s` where given) point into live buffers of `count` elements of `T`.
         unsafe { result::broadcast(s, d, count, T::as_nccl_type(), root as i32, self.comm.raw, self.stream()) }
             .map(drop)
     }
@@ -164,7 +175,11 @@ impl<'a> Group<'a> {
         dst: CudaViewMut<'a, T>,
     ) -> Result<(), NcclError> {
         let count = src.len();
-        let (s, d) = (self.input(src), self.output(dst));
+        let d = self.output(dst);
+        if d.len != count * self.comm.world {
+            return Err(NcclError(sys::ncclResult_t::ncclInvalidArgument));
+        }
+        let (s, d) = (self.input(src), d.ptr());
         // SAFETY: `s` holds `count` elements of `T`, `d` world × `count`.
         unsafe { result::all_gather(s, d, count, T::as_nccl_type(), self.comm.raw, self.stream()) }.map(drop)
     }
@@ -173,6 +188,33 @@ impl<'a> Group<'a> {
     pub(super) fn end(mut self) -> Result<(), NcclError> {
         self.ended = true;
         result::group_end().map(drop)
+    }
+}
+
+/// Where an operation of a [`Group`] writes: a buffer given to [`Group::output`], or a range of
+/// one. Valid while the group is (the group holds the buffer's borrow and event guard).
+pub(super) struct Out<T> {
+    ptr: u64,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for Out<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Out<T> {}
+
+impl<T> Out<T> {
+    /// Elements `[at, at + len)`, or `None` past the buffer's end.
+    pub(super) fn part(&self, at: usize, len: usize) -> Option<Out<T>> {
+        let end = at.checked_add(len)?;
+        (end <= self.len).then(|| Out { ptr: self.ptr + (at * std::mem::size_of::<T>()) as u64, len, _t: PhantomData })
+    }
+
+    fn ptr(&self) -> *mut c_void {
+        self.ptr as *mut c_void
     }
 }
 
