@@ -34,30 +34,36 @@ constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int BC = 64;  // keys per staged tile
 
-// Keys [tile, tile + BC) of kv head `kvh` into shared K and V tiles (row stride HD + PAD); keys
-// at or past k1 read as zeros, so masked probabilities (exactly 0) multiply finite values. A
-// thread's block-table lookups are all issued before its first copy: looked up one copy at a
-// time, each copy waited on its lookup, and a 64-key tile took eight such round trips a thread.
+// Keys [tile, tile + BC) of one kv head into shared K and V tiles (row stride HD + PAD); keys at
+// or past k1 read as zeros, so masked probabilities (exactly 0) multiply finite values. `kb`/`vb`:
+// the caches at this thread's column of the kv head (`cache + kvh·HD + col`), `stride` elements
+// from one slot to the next. Blocks hold 1 << bshift keys (the host sends other block sizes to the
+// CUDA-core kernel): a slot is a shift and a mask, where a division by a run-time block size cost
+// ~25 instructions a chunk and made this loop issue-bound (ncu, H200, 64 decode rows: 886
+// instructions a tile a warp, 0.46 issued a cycle per scheduler, DRAM at 61%; 534 with the shift
+// and 32-bit slot arithmetic, by nvdisasm). A thread's block-table lookups are all issued before
+// its first copy: looked up one copy at a time, each copy waited on its lookup.
 template <int HD>
-DEV void stage_kv(bf16* sk, bf16* sv, const bf16* kc, const bf16* vc, const unsigned* table, int tile, int k1,
-                  int block_size, int kvh_count, int kvh) {
-  constexpr int CH = HD / 8, PER = BC * CH / THREADS;
-  static_assert(BC * CH % THREADS == 0, "a tile's chunks split evenly over the threads");
+DEV void stage_kv(bf16* sk, bf16* sv, const bf16* kb, const bf16* vb, const unsigned* table, int tile, int k1,
+                  unsigned bshift, unsigned stride) {
+  constexpr int CH = HD / 8, PER = BC * CH / THREADS, STEP = THREADS / CH;
+  static_assert(BC * CH % THREADS == 0 && THREADS % CH == 0, "a tile's chunks split evenly over the threads");
+  const unsigned r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
+  const unsigned mask = (1u << bshift) - 1u, key0 = (unsigned)tile + r0, end = (unsigned)k1;
   unsigned block[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int key = tile + (threadIdx.x + i * THREADS) / CH;
-    block[i] = key < k1 ? table[key / block_size] : 0u;
+    const unsigned key = key0 + i * STEP;
+    block[i] = key < end ? __ldg(table + (key >> bshift)) : 0u;
   }
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int c = threadIdx.x + i * THREADS;
-    const int r = c / CH, col = (c % CH) * 8, key = tile + r;
-    const bool ok = key < k1;
-    const size_t slot = (size_t)block[i] * block_size + key % block_size;
-    const size_t at = ok ? (slot * kvh_count + kvh) * HD + col : 0;
-    cp16(sk + r * (HD + PAD) + col, kc + at, ok);
-    cp16(sv + r * (HD + PAD) + col, vc + at, ok);
+    const unsigned key = key0 + i * STEP, r = r0 + i * STEP;
+    const bool ok = key < end;
+    // Slots number fewer than 2^32 (the cache's rows); the offset is the wide product.
+    const size_t at = ok ? (size_t)((block[i] << bshift) | (key & mask)) * stride : 0;
+    cp16(sk + r * (HD + PAD) + col, kb + at, ok);
+    cp16(sv + r * (HD + PAD) + col, vb + at, ok);
   }
 }
 
@@ -115,7 +121,7 @@ template <int HD, int KP>
 DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsigned* query_starts,
                        const unsigned* context_lens, const unsigned* tables, const Item* items,
                        bf16* out, float* part_m, float* part_l, float* part_acc, int heads,
-                       int kvh_count, int block_size, int max_blocks, int splits, float scale) {
+                       int kvh_count, int bshift, int max_blocks, int splits, float scale) {
   constexpr int LD = HD + PAD, UG = WARPS / KP, NK = BC / KP, STAGE = 2 * BC * LD;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* stages = reinterpret_cast<bf16*>(smem_raw);  // [2][K tile, V tile]
@@ -124,6 +130,9 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
   const int g = heads / kvh_count, units = it.rows * g;
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, r4 = l / 4, t4 = l % 4;
   const int ug = w % UG, kp = w / UG;
+  const unsigned stride = (unsigned)(kvh_count * HD);
+  const bf16* kb = kc + (size_t)kvh * HD + (threadIdx.x % (HD / 8)) * 8;
+  const bf16* vb = vc + (size_t)kvh * HD + (threadIdx.x % (HD / 8)) * 8;
   const ItemKeys keys = item_keys(it, query_starts, context_lens, tables, max_blocks, BC, split, splits);
   const int first = keys.first, t = keys.t, ctx = keys.ctx, k0 = keys.k0, k1 = keys.k1;
 
@@ -139,7 +148,7 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
     cp16(qstage + u * LD + col, q + at, ok);
   }
   cp_commit();
-  if (k0 < k1) stage_kv<HD>(stages, stages + BC * LD, kc, vc, keys.table, k0, k1, block_size, kvh_count, kvh);
+  if (k0 < k1) stage_kv<HD>(stages, stages + BC * LD, kb, vb, keys.table, k0, k1, bshift, stride);
   cp_commit();
   cp_wait<1>();
   BARRIER();
@@ -163,7 +172,7 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
     // the end of the last trip freed it).
     bf16* next = stages + (buf ^ 1) * STAGE;
     if (tile + BC < k1)
-      stage_kv<HD>(next, next + BC * LD, kc, vc, keys.table, tile + BC, k1, block_size, kvh_count, kvh);
+      stage_kv<HD>(next, next + BC * LD, kb, vb, keys.table, tile + BC, k1, bshift, stride);
     cp_commit();
     cp_wait<1>();
     BARRIER();
@@ -220,9 +229,9 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
   KERNEL void __launch_bounds__(THREADS, MIN_BLOCKS) paged_attn_tc_hd##HD##_kp##KP(                     \
       const bf16* q, const bf16* kc, const bf16* vc, const unsigned* qs, const unsigned* cl,             \
       const unsigned* tables, const Item* items, int base, bf16* out, float* pm, float* pl, float* pacc, \
-      int heads, int kvh, int block_size, int max_blocks, int splits, float scale) {                     \
+      int heads, int kvh, int bshift, int max_blocks, int splits, float scale) {                         \
     paged_attn_tc<HD, KP>(q, kc, vc, qs, cl, tables, items + base, out, pm, pl, pacc, heads, kvh,       \
-                          block_size, max_blocks, splits, scale);                                        \
+                          bshift, max_blocks, splits, scale);                                            \
   }
 PAGED_ATTN_TC(64, 1, 1)
 PAGED_ATTN_TC(64, 4, 3)

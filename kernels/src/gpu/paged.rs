@@ -135,7 +135,9 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
             Kernel::named(&dev, &MODULE, &format!("paged_attn_{}_hd{hd}", T::SUFFIX))?.with_dynamic_shared(shared)?;
         vec![(kernel, 0, plan.count, shared)]
     };
-    let (h, kvh, bsz, mb) = (int(heads)?, int(kv)?, int(bs)?, int(meta.max_blocks())?);
+    let (h, kvh, mb) = (int(heads)?, int(kv)?, int(meta.max_blocks())?);
+    // The CUDA-core kernel takes the block size, the tensor-core kernel its log2 (a power of two).
+    let bsz = if tc { int(bs.trailing_zeros() as usize)? } else { int(bs)? };
     let (splits, scale) = (int(plan.splits)?, scale as f32);
     with_views::<T, _, 3>([q, kc, vc], |[qv, kcv, vcv]| {
         with_views::<u32, _, 3>([starts, lens, tables], |[sv, lv, tv]| {
@@ -181,6 +183,8 @@ fn on_tensor_cores(q: &Tensor, kc: &Tensor, vc: &Tensor) -> bool {
     crate::paged_attention::tensor_cores_allowed()
         && q.dtype() == candle_core::DType::BF16
         && matches!(q.dim(2), Ok(64 | 128))
+        // The kernel finds a key's slot by shift and mask (`cuda/paged_attention_tc.cu`).
+        && kc.dim(1).is_ok_and(usize::is_power_of_two)
         && [q, kc, vc].into_iter().all(aligned16)
 }
 
