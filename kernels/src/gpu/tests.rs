@@ -198,7 +198,12 @@ fn sums_of_squares_match_the_f64_reference() -> Result<()> {
             let want = crate::reduce::reference(want)?;
             let rel = (got - want).abs() / want;
             let bound = t.elem_count() as f64 * f64::EPSILON;
-            assert!(rel <= bound, "{dt:?} {:?}: {got} vs {want} (rel {rel:e} > {bound:e}, seed {})", t.dims(), inp.seed);
+            assert!(
+                rel <= bound,
+                "{dt:?} {:?}: {got} vs {want} (rel {rel:e} > {bound:e}, seed {})",
+                t.dims(),
+                inp.seed
+            );
         }
     }
     Ok(())

@@ -193,7 +193,11 @@ impl Nccl {
     }
 
     /// The tensor owning `buf`, or an empty one of `dtype`.
-    fn tensor_or_empty<T: CudaDType>(&self, buf: Option<CudaSlice<T>>, dtype: DType) -> Result<Tensor, CollectiveError> {
+    fn tensor_or_empty<T: CudaDType>(
+        &self,
+        buf: Option<CudaSlice<T>>,
+        dtype: DType,
+    ) -> Result<Tensor, CollectiveError> {
         Ok(match buf {
             Some(b) => self.tensor(b),
             None => Tensor::zeros(0, dtype, &Device::Cuda(self.device.clone()))?,
