@@ -24,7 +24,7 @@
 //! reduced with one `ncclReduce` to each span's owner and gathered with one `ncclBroadcast` from
 //! it, all in one NCCL group.
 
-use super::spans::{offsets, owned, total};
+use super::spans::{owned, placed, total};
 use super::{Abort, Backend, Collective, CollectiveError, Span};
 use candle_core::cuda_backend::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits, sys};
 use candle_core::cuda_backend::cudarc::nccl::{result as nccl_result, safe as nccl};
@@ -287,14 +287,11 @@ impl Nccl {
             let src = c.as_cuda_slice::<T>()?;
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             let dst = out.as_mut().map(|o| group.output(o.slice_mut(..)));
-            let mut at = 0;
-            for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
+            for (off, mine, s) in placed(spans, rank) {
                 let view = src.slice(a + off..a + off + s.len);
-                let part = if s.owner == rank {
-                    at += s.len;
-                    Some(dst.and_then(|d| d.part(at - s.len, s.len)).ok_or_else(|| part_err(at, s.len))?)
-                } else {
-                    None
+                let part = match mine {
+                    Some(at) => Some(dst.and_then(|d| d.part(at, s.len)).ok_or_else(|| part_err(at, s.len))?),
+                    None => None,
                 };
                 group.reduce(view, part, s.owner).map_err(nccl_err("ncclReduce"))?;
             }
@@ -336,13 +333,9 @@ impl Nccl {
             let mut group = self.comm.group().map_err(nccl_err("ncclGroupStart"))?;
             let dst = out.as_mut().map(|o| group.output(o.slice_mut(..)));
             // This rank's spans are sent from its own buffer, in order (a broadcast's root).
-            let mut from = 0;
-            for (off, s) in offsets(spans).filter(|(_, s)| s.len > 0) {
-                let send = match (&src, s.owner == rank) {
-                    (Some(src), true) => {
-                        from += s.len;
-                        Some(src.slice(from - s.len..from))
-                    }
+            for (off, mine, s) in placed(spans, rank) {
+                let send = match (&src, mine) {
+                    (Some(src), Some(from)) => Some(src.slice(from..from + s.len)),
                     _ => None,
                 };
                 let part = dst.and_then(|d| d.part(off, s.len)).ok_or_else(|| part_err(off, s.len))?;
