@@ -272,10 +272,10 @@ impl Mesh {
             },
         )?;
         let mut own = HostBuf::zeros(dtype, mine_n)?;
-        let mut at_out = 0;
-        for (at, s) in spans::offsets(spans).filter(|(_, s)| s.owner == self.rank) {
-            own.copy_from(at_out, buf, at, s.len)?;
-            at_out += s.len;
+        for (at, mine, s) in spans::placed(spans, self.rank) {
+            if let Some(to) = mine {
+                own.copy_from(to, buf, at, s.len)?;
+            }
         }
         contributions[self.rank] = Some(own);
         // Rank order: ((x0 + x1) + x2) + …
