@@ -18,8 +18,11 @@ gunzip -c target-gpu/carry-serving/serve-bench.gz >"$WORK/serve-bench" && chmod 
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
 { date -u; echo "$GPU, driver $DRIVER"; } | tee "$LOGS/serving.log"
+# The peer measures the gate's 64 streams first: a peer cut short by its time limit (2026-11-28:
+# PEER_S=270 ended it after 16 streams) still gives the ratio that decides issue 18.
+PEER_STREAMS=$(python3 -c 'import sys; s = sys.argv[1].split(","); print(",".join(sorted(s, key=lambda x: x != "64")))' "$STREAMS")
 PYTHONUNBUFFERED=1 timeout "${PEER_S:-330}" python3 bench/serving_peer.py "$SHAPE" "$WORK/model" "$WORK/peer.jsonl" \
-  "$WORK/peer_tokens.json" "$STREAMS" "$PROMPT" "$GEN" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
+  "$WORK/peer_tokens.json" "$PEER_STREAMS" "$PROMPT" "$GEN" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
 WEIGHTS=()
 [[ -f $WORK/model/config.json ]] && WEIGHTS=("weights=$WORK/model" "peer_tokens=$WORK/peer_tokens.json")
 "$WORK/serve-bench" device=cuda shape="$SHAPE" streams="$STREAMS" prompt="$PROMPT" gen="$GEN" rate="$RATE" \
