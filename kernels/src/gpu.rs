@@ -19,6 +19,7 @@ pub(crate) mod nf4;
 pub(crate) mod paged;
 pub(crate) mod reduce;
 pub(crate) mod rmsnorm;
+pub(crate) mod router;
 pub(crate) mod sampling;
 pub(crate) mod seeded;
 #[cfg(test)]
@@ -169,7 +170,7 @@ fn poison<T: Elem>(dev: &CudaDevice, buf: &mut CudaSlice<T>) -> Result<()> {
 }
 
 /// A tensor owning a kernel's output buffer.
-pub(crate) fn tensor<T: Elem>(buf: CudaSlice<T>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
+pub(crate) fn tensor<T: CudaDType>(buf: CudaSlice<T>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
     let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(buf, dev.clone()));
     Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }

@@ -69,10 +69,14 @@ pub fn forward(logits: &Tensor, k: usize, norm_topk: bool) -> Result<Routing> {
     if dev.is_cpu() {
         return cpu::router_forward(logits, k, norm_topk);
     }
-    // On a GPU: the fused CPU kernel over a host copy, the results put back. Until a device
-    // kernel exists this is the fast path there: the f64 referee it replaced (single-threaded,
-    // a full sort a token) took 49% of a 30B-A3B step on an H200 (20 ms a layer at 2,048 tokens),
-    // and the routing goes to the host once a layer anyway, to group tokens by expert.
+    // On a GPU: the device kernel (one warp a token) where it serves the logits, else the
+    // fused CPU kernel over a host copy, the results put back. The f64 referee GPU runs took
+    // before both (single-threaded, a full sort a token) was 49% of a 30B-A3B step on an H200
+    // (20 ms a layer at 2,048 tokens).
+    #[cfg(feature = "cuda")]
+    if let Some(r) = crate::gpu::router::forward(logits, k, norm_topk)? {
+        return Ok(r);
+    }
     let r = cpu::router_forward(&logits.to_device(&candle_core::Device::Cpu)?, k, norm_topk)?;
     Ok(Routing {
         probs: r.probs.to_device(dev)?,
@@ -91,7 +95,11 @@ pub fn backward(d_weights: &Tensor, routing: &Routing, terms: &LossTerms) -> Res
     if dev.is_cpu() {
         return cpu::router_backward(d_weights, routing, terms);
     }
-    // As the forward: the fused CPU kernel on host copies (see `forward`).
+    // As the forward: the device kernel, else the fused CPU kernel on host copies.
+    #[cfg(feature = "cuda")]
+    if let Some(d) = crate::gpu::router::backward(d_weights, routing, terms)? {
+        return Ok(d);
+    }
     let host = |t: &Tensor| t.to_device(&candle_core::Device::Cpu);
     let on_host = Routing {
         probs: host(&routing.probs)?,

@@ -1,8 +1,8 @@
-//! The mixture-of-experts ops on the GPU (the composed forms: per-expert cuBLAS GEMMs over the
+//! The mixture-of-experts ops on the GPU (the router's kernel, the grouped cuBLAS GEMMs over the
 //! sorted rows, candle's gathers) against the fused f64 CPU kernels, on fresh random routings
 //! and inputs, f32 and bf16.
 
-use super::{DTYPES, Inputs, expect_close};
+use super::{DTYPES, Inputs, expect_close, fused};
 use crate::KernelConfig;
 use crate::moe::grouped::{GradTerm, Term};
 use crate::moe::router::{self, LossTerms};
@@ -17,7 +17,8 @@ fn moe_ops_match_the_f64_cpu_kernels() -> Result<()> {
             let mut inp = Inputs::new(dt);
             let tag = format!("moe {n} tokens {e}e top-{k} h{h} f{f} {dt:?}");
             let (logits, logits_ref) = inp.make(&[n, e], 3.0)?;
-            let r = router::forward(&logits, k, true)?;
+            // The router's kernel (one warp a token), not the host path.
+            let r = fused(|| router::forward(&logits, k, true))?;
             let r_ref = router::forward(&logits_ref, k, true)?;
             // Same rounded logits on both sides: the same choice of experts.
             assert_eq!(r.experts.to_vec2::<u32>()?, r_ref.experts.to_vec2::<u32>()?, "{tag}: routing");
@@ -26,7 +27,7 @@ fn moe_ops_match_the_f64_cpu_kernels() -> Result<()> {
             let (bal, bal_ref) = inp.make(&[e], 0.1)?;
             let terms = LossTerms { balance: Some(bal.to_dtype(DType::F32)?), z: 0.01, counted: None };
             let terms_ref = LossTerms { balance: Some(bal_ref), z: 0.01, counted: None };
-            let dl = router::backward(&dw, &r, &terms)?;
+            let dl = fused(|| router::backward(&dw, &r, &terms))?;
             expect_close(
                 &format!("{tag} dlogits"),
                 &dl,
