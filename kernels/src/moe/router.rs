@@ -36,6 +36,16 @@ impl Routing {
     pub fn num_experts(&self) -> usize {
         self.probs.dims()[1]
     }
+    /// The same routing with every tensor on `device`.
+    pub fn to_device(&self, device: &candle_core::Device) -> Result<Routing> {
+        Ok(Routing {
+            probs: self.probs.to_device(device)?,
+            lse: self.lse.to_device(device)?,
+            experts: self.experts.to_device(device)?,
+            weights: self.weights.to_device(device)?,
+            norm_topk: self.norm_topk,
+        })
+    }
 }
 
 /// The router losses' share of the backward.
@@ -77,14 +87,7 @@ pub fn forward(logits: &Tensor, k: usize, norm_topk: bool) -> Result<Routing> {
     if let Some(r) = crate::gpu::router::forward(logits, k, norm_topk)? {
         return Ok(r);
     }
-    let r = cpu::router_forward(&logits.to_device(&candle_core::Device::Cpu)?, k, norm_topk)?;
-    Ok(Routing {
-        probs: r.probs.to_device(dev)?,
-        lse: r.lse.to_device(dev)?,
-        experts: r.experts.to_device(dev)?,
-        weights: r.weights.to_device(dev)?,
-        norm_topk,
-    })
+    cpu::router_forward(&logits.to_device(&candle_core::Device::Cpu)?, k, norm_topk)?.to_device(dev)
 }
 
 /// `∂L/∂logits` `[N, E]` (logits' dtype) from `∂L/∂weights` `[N, k]` and the losses' terms.
@@ -101,13 +104,7 @@ pub fn backward(d_weights: &Tensor, routing: &Routing, terms: &LossTerms) -> Res
         return Ok(d);
     }
     let host = |t: &Tensor| t.to_device(&candle_core::Device::Cpu);
-    let on_host = Routing {
-        probs: host(&routing.probs)?,
-        lse: host(&routing.lse)?,
-        experts: host(&routing.experts)?,
-        weights: host(&routing.weights)?,
-        norm_topk: routing.norm_topk,
-    };
+    let on_host = routing.to_device(&candle_core::Device::Cpu)?;
     let terms = LossTerms {
         balance: terms.balance.as_ref().map(host).transpose()?,
         z: terms.z,
