@@ -40,6 +40,13 @@ impl RowSampling {
 
 /// `logits` `[rows, vocab]` → per row, the token drawn and its log-probability.
 pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<(u32, f32)>> {
+    launch(logits, rows)?.read()
+}
+
+/// Draws launched on the logits' device: the ids stay there for a step that decodes them
+/// ([`Draws::ids`]) while they travel to the host ([`Draws::read`]). On a GPU nothing here waits
+/// for the device, so the host can queue the next step before reading this one's tokens.
+pub fn launch(logits: &Tensor, rows: &[RowSampling]) -> Result<Draws> {
     let _profile = crate::profile::scope("sampling", logits.device());
     let (n, vocab) = logits.dims2()?;
     if n != rows.len() || vocab == 0 {
@@ -47,9 +54,43 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<(u32, f32)>> 
     }
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() {
-        return crate::gpu::sampling::sample(logits, rows);
+        return Ok(Draws(Drawn::Device(crate::gpu::sampling::queue(logits, rows)?)));
     }
-    reference::sample(logits, rows)
+    let drawn = reference::sample(logits, rows)?;
+    let ids = Tensor::new(drawn.iter().map(|d| d.0).collect::<Vec<u32>>().as_slice(), logits.device())?;
+    Ok(Draws(Drawn::Host { drawn, ids }))
+}
+
+/// One batch of draws, on the device and on its way to the host.
+pub struct Draws(Drawn);
+
+enum Drawn {
+    Host {
+        drawn: Vec<(u32, f32)>,
+        ids: Tensor,
+    },
+    #[cfg(feature = "cuda")]
+    Device(crate::gpu::sampling::Pending),
+}
+
+impl Draws {
+    /// The drawn ids, `[rows]` u32 on the logits' device.
+    pub fn ids(&self) -> &Tensor {
+        match &self.0 {
+            Drawn::Host { ids, .. } => ids,
+            #[cfg(feature = "cuda")]
+            Drawn::Device(p) => p.ids(),
+        }
+    }
+
+    /// Per row, the token drawn and its log-probability (waits for the device's copy).
+    pub fn read(self) -> Result<Vec<(u32, f32)>> {
+        match self.0 {
+            Drawn::Host { drawn, .. } => Ok(drawn),
+            #[cfg(feature = "cuda")]
+            Drawn::Device(p) => p.read(),
+        }
+    }
 }
 
 /// The rule on the host, in f64.

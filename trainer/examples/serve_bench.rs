@@ -529,6 +529,7 @@ fn main() -> Res<()> {
         max_adapters: 16,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cuda_graphs: args.get("graphs", "1") != "0",
+        overlap_steps: args.get("overlap", "1") != "0",
     };
     let mut engine = Engine::new(model, None, engine_config.clone())?;
     let vocab = config.vocab_size;

@@ -1,13 +1,79 @@
 //! Per-row sampling on the GPU (`cuda/sampling.cu`): one block per row over the logits where
-//! they are; only the chosen ids and their log-probabilities come back to the host.
+//! they are; only the chosen ids and their log-probabilities come back to the host, copied
+//! into page-locked buffers behind the kernel on the same stream, so launching waits for
+//! nothing and reading waits only for this copy (not for what was queued after it).
 
-use super::{Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, with_views};
+use std::sync::Mutex;
+
+use super::{Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views};
 use crate::sampling::RowSampling;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::cuda_backend::cudarc::driver::{CudaContext, PinnedHostSlice, sys};
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("sampling");
 
-pub(crate) fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<(u32, f32)>> {
+/// Page-locked buffers the draws are copied into: allocating them costs more than a decode
+/// step's host work, so they are kept (a few, as only a step or two is ever in flight).
+struct Readback {
+    tokens: PinnedHostSlice<u32>,
+    logprobs: PinnedHostSlice<f32>,
+}
+
+static READBACKS: Mutex<Vec<Readback>> = Mutex::new(Vec::new());
+const KEPT_READBACKS: usize = 4;
+
+impl Readback {
+    fn take(ctx: &std::sync::Arc<CudaContext>, n: usize) -> Result<Readback> {
+        let mut kept = READBACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) =
+            kept.iter().position(|r| r.tokens.len() >= n && std::sync::Arc::ptr_eq(r.tokens.context(), ctx))
+        {
+            return Ok(kept.swap_remove(i));
+        }
+        drop(kept);
+        let len = n.next_power_of_two().max(256);
+        // SAFETY: only the part a copy has written is read (`Pending::read`).
+        // Portable: pinned for every context, not only the one that allocated it.
+        unsafe {
+            Ok(Readback {
+                tokens: ctx.alloc_pinned_with_flags(len, sys::CU_MEMHOSTALLOC_PORTABLE).w()?,
+                logprobs: ctx.alloc_pinned_with_flags(len, sys::CU_MEMHOSTALLOC_PORTABLE).w()?,
+            })
+        }
+    }
+
+    fn give_back(self) {
+        let mut kept = READBACKS.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < KEPT_READBACKS {
+            kept.push(self);
+        }
+    }
+}
+
+/// Draws whose copy to the host is queued.
+pub(crate) struct Pending {
+    ids: Tensor,
+    readback: Readback,
+    rows: usize,
+}
+
+impl Pending {
+    pub(crate) fn ids(&self) -> &Tensor {
+        &self.ids
+    }
+
+    pub(crate) fn read(self) -> Result<Vec<(u32, f32)>> {
+        let Pending { readback, rows, .. } = self;
+        // Each slice waits for the event its copy recorded.
+        let tokens = readback.tokens.as_slice().w()?[..rows].to_vec();
+        let logprobs = readback.logprobs.as_slice().w()?[..rows].to_vec();
+        readback.give_back();
+        Ok(tokens.into_iter().zip(logprobs).collect())
+    }
+}
+
+pub(crate) fn queue(logits: &Tensor, rows: &[RowSampling]) -> Result<Pending> {
     let (n, vocab) = logits.dims2()?;
     let logits = match logits.dtype() {
         DType::F32 | DType::BF16 => logits.contiguous()?,
@@ -40,7 +106,9 @@ pub(crate) fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<(u32, 
             }
         })
     })?;
-    let tokens = dev.clone_dtoh(&token)?;
-    let logprobs = dev.clone_dtoh(&logprob)?;
-    Ok(tokens.into_iter().zip(logprobs).collect())
+    let stream = dev.cuda_stream();
+    let mut readback = Readback::take(stream.context(), n)?;
+    stream.memcpy_dtoh(&token, &mut readback.tokens).w()?;
+    stream.memcpy_dtoh(&logprob, &mut readback.logprobs).w()?;
+    Ok(Pending { ids: tensor(token, &dev, n), readback, rows: n })
 }

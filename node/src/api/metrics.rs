@@ -244,6 +244,17 @@ fn render_engine(out: &mut String, model: &ServedModel, metric: fn(&mut String, 
         metric(out, name, "gauge", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    for (name, help, v) in [
+        ("mindxtrain_engine_steps_total", "Steps the engine ran.", s.steps),
+        (
+            "mindxtrain_engine_steps_queued_ahead_total",
+            "Decode steps queued on the device before the tokens of the step before them were read.",
+            s.steps_ahead,
+        ),
+    ] {
+        metric(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
     let lat = model.latencies();
     for (name, help, h) in [
         ("mindxtrain_engine_time_to_first_token_seconds", "Submission to first token.", &lat.first_token),

@@ -282,5 +282,6 @@ fn engine_config(recipe: &Recipe, context: usize, device: &Device, adapters: usi
         max_adapters: adapters.max(8),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cuda_graphs: true,
+        overlap_steps: true,
     }
 }

@@ -3,11 +3,13 @@
 
 use std::collections::HashMap;
 
+use candle_core::Tensor;
+
 use super::adapters::{AdapterError, AdapterSlots};
 use super::kv::{self, KvBlocks, KvManager};
 use super::output::{Detokenizer, StopText};
 use super::request::{Request, RequestId, SamplingParams};
-use super::runner::{Runner, RunnerConfig, StepSeq};
+use super::runner::{Launched, Runner, RunnerConfig, StepSeq};
 use super::sampler;
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
 use crate::data::Tokenizer;
@@ -34,6 +36,11 @@ pub struct EngineConfig {
     /// Replay pure decode steps as CUDA graphs, one per batch-size bucket (CUDA devices and
     /// dense models only; elsewhere steps always run directly).
     pub cuda_graphs: bool,
+    /// Queue each decode step before reading the tokens of the one before it (the next step
+    /// decodes the ids where they were drawn, on the device), so the host's work between steps
+    /// (reading tokens, detokenizing, scheduling, streaming) overlaps the device's. Tokens are
+    /// the same either way; a request that ends costs its row one step of wasted work.
+    pub overlap_steps: bool,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +55,7 @@ impl Default for EngineConfig {
             max_adapters: 8,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cuda_graphs: true,
+            overlap_steps: true,
         }
     }
 }
@@ -136,6 +144,11 @@ pub struct Stats {
     pub kv_used_blocks: usize,
     pub kv_total_blocks: usize,
     pub block_size: usize,
+    /// Steps run since the engine started.
+    pub steps: usize,
+    /// Of those, steps queued before the tokens of the step before them were read
+    /// ([`EngineConfig::overlap_steps`]).
+    pub steps_ahead: usize,
 }
 
 struct Live {
@@ -158,6 +171,16 @@ pub struct Engine {
     stop_ids: Vec<u32>,
     pool: rayon::ThreadPool,
     next_id: RequestId,
+    /// A step queued on the device whose tokens are not read yet (`overlap_steps`).
+    in_flight: Option<InFlight>,
+    steps: usize,
+    steps_ahead: usize,
+}
+
+/// A queued step: what was scheduled, and its draws on their way.
+struct InFlight {
+    plan: Schedule,
+    launched: Launched,
 }
 
 impl Engine {
@@ -201,7 +224,20 @@ impl Engine {
                 cuda_graphs: config.cuda_graphs,
             },
         )?;
-        Ok(Engine { config, scheduler, runner, adapters, live: HashMap::new(), tokenizer, stop_ids, pool, next_id: 1 })
+        Ok(Engine {
+            config,
+            scheduler,
+            runner,
+            adapters,
+            live: HashMap::new(),
+            tokenizer,
+            stop_ids,
+            pool,
+            next_id: 1,
+            in_flight: None,
+            steps: 0,
+            steps_ahead: 0,
+        })
     }
 
     /// The batch sizes whose decode steps replay a recorded CUDA graph (empty off CUDA).
@@ -338,28 +374,53 @@ impl Engine {
             kv_used_blocks: self.scheduler.kv().used_blocks(),
             kv_total_blocks: self.scheduler.kv().total_blocks(),
             block_size: self.config.block_size,
+            steps: self.steps,
+            steps_ahead: self.steps_ahead,
         }
     }
 
     /// Runs one step: schedules, runs the model, samples, and returns what each request hears.
+    /// With `overlap_steps`, the step after it is queued on the device before this one's tokens
+    /// are read, when it can be planned without them ([`Scheduler::schedule_ahead`]).
     pub fn step(&mut self) -> Vec<(RequestId, Event)> {
-        let plan = self.scheduler.schedule();
-        if plan.seqs.is_empty() {
-            return self.fail_stalled();
-        }
-        match self.run(&plan) {
-            Ok(sampled) => self.finish_step(&plan, sampled),
-            Err(e) => {
-                let msg = e.to_string();
-                let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.seq).collect();
-                ids.into_iter()
-                    .map(|id| {
-                        self.abort(id);
-                        (id, Event::Failed(msg.clone()))
-                    })
-                    .collect()
+        let current = match self.in_flight.take() {
+            Some(f) if f.plan.seqs.iter().any(|s| self.live.contains_key(&s.seq)) => f,
+            stale => {
+                // Every request of a queued step has ended: nobody waits for its tokens.
+                if let Some(f) = stale {
+                    let _ = f.launched.read();
+                }
+                let plan = self.scheduler.schedule();
+                if plan.seqs.is_empty() {
+                    return self.fail_stalled();
+                }
+                match self.launch(&plan, None) {
+                    Ok(launched) => InFlight { plan, launched },
+                    Err(e) => return self.fail(&plan, &e),
+                }
             }
+        };
+        if self.config.overlap_steps {
+            self.in_flight = self.launch_ahead(&current);
+            self.steps_ahead += usize::from(self.in_flight.is_some());
         }
+        self.steps += 1;
+        match current.launched.read() {
+            Ok(sampled) => self.finish_step(&current.plan, sampled),
+            Err(e) => self.fail(&current.plan, &e.into()),
+        }
+    }
+
+    /// Ends every live request of `plan` with `e`.
+    fn fail(&mut self, plan: &Schedule, e: &EngineError) -> Vec<(RequestId, Event)> {
+        let msg = e.to_string();
+        let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.seq).filter(|id| self.live.contains_key(id)).collect();
+        ids.into_iter()
+            .map(|id| {
+                self.abort(id);
+                (id, Event::Failed(msg.clone()))
+            })
+            .collect()
     }
 
     /// Nothing could be scheduled while requests wait: none fits the cache. Cannot happen with
@@ -374,7 +435,40 @@ impl Engine {
             .collect()
     }
 
-    fn run(&self, plan: &Schedule) -> Result<Vec<(u32, f32)>, EngineError> {
+    /// Queues the step after `current` (every sequence decoding the token `current` draws) when
+    /// nothing else could change it: no request waits, no sequence would pass the context, and
+    /// at least one would go on past its token limit. `None` otherwise, or when it could not be
+    /// queued (the next [`Engine::step`] then schedules afresh and meets any error itself).
+    fn launch_ahead(&mut self, current: &InFlight) -> Option<InFlight> {
+        let drawn = current.launched.ids()?;
+        let mut goes_on = false;
+        for s in &current.plan.seqs {
+            let live = self.live.get(&s.seq)?;
+            // Its token after `current`'s is at position `s.start + 2`.
+            if s.start + 2 >= self.config.max_model_len {
+                return None;
+            }
+            goes_on |= live.generated + 1 < live.max_tokens;
+        }
+        if !goes_on {
+            return None;
+        }
+        let plan = self.scheduler.schedule_ahead(&current.plan)?;
+        match self.launch(&plan, Some(drawn)) {
+            Ok(launched) => Some(InFlight { plan, launched }),
+            Err(e) => {
+                tracing::debug!(error = %e, "the next step was not queued ahead");
+                None
+            }
+        }
+    }
+
+    /// Queues `plan` on the device. `drawn`: the ids the step before it drew, still on the
+    /// device, which its sequences decode (their draws are one token further on).
+    fn launch(&self, plan: &Schedule, drawn: Option<&Tensor>) -> Result<Launched, EngineError> {
+        // A sequence planned ahead has no token to show yet: the device holds it.
+        const AHEAD: [u32; 1] = [0];
+        let ahead = usize::from(drawn.is_some());
         let mut seqs = Vec::with_capacity(plan.seqs.len());
         for s in &plan.seqs {
             let state = self.scheduler.seq(s.seq).ok_or(EngineError::Stopped)?;
@@ -388,14 +482,14 @@ impl Engine {
                 ),
             };
             seqs.push(StepSeq {
-                tokens: &state.tokens[s.start..s.start + s.len],
+                tokens: if ahead == 1 { &AHEAD } else { &state.tokens[s.start..s.start + s.len] },
                 start: s.start,
                 blocks: self.scheduler.table(s.seq),
                 adapter,
-                sample: s.sample.then(|| sampler::row(&live.sampling, live.generated)),
+                sample: s.sample.then(|| sampler::row(&live.sampling, live.generated + ahead)),
             });
         }
-        Ok(self.pool.install(|| self.runner.step(&seqs, self.adapters.stack()))?)
+        Ok(self.pool.install(|| self.runner.launch(&seqs, self.adapters.stack(), drawn))?)
     }
 
     fn finish_step(&mut self, plan: &Schedule, sampled: Vec<(u32, f32)>) -> Vec<(RequestId, Event)> {

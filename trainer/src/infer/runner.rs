@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use candle_core::{Device, Tensor};
 use mindxtrain_kernels::multi_lora::RowAdapters;
 use mindxtrain_kernels::paged_attention::{PagedMeta, SeqSlice};
-use mindxtrain_kernels::sampling::RowSampling;
+use mindxtrain_kernels::sampling::{Draws, RowSampling};
 
 use super::graph::{self, DecodeBatch, DecodeGraphs};
 use super::kv::CacheShape;
@@ -33,6 +33,21 @@ pub struct StepSeq<'a> {
 pub struct StepLogits {
     pub logits: Tensor,
     pub sampling: Vec<RowSampling>,
+}
+
+/// A step queued on the device with its draws ([`Runner::launch`]).
+pub struct Launched(Option<Draws>);
+
+impl Launched {
+    /// The ids this step drew, on the device (`None` when no sequence samples).
+    pub fn ids(&self) -> Option<&Tensor> {
+        self.0.as_ref().map(Draws::ids)
+    }
+
+    /// `(token, log-probability)` for each sequence that samples, in order; waits for them.
+    pub fn read(self) -> Result<Vec<(u32, f32)>, ModelError> {
+        Ok(self.0.map(Draws::read).transpose()?.unwrap_or_default())
+    }
 }
 
 /// How a runner is sized.
@@ -138,14 +153,37 @@ impl Runner {
 
     /// Runs one step; returns `(token, log-probability)` for each sequence that samples, in order.
     pub fn step(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<Vec<(u32, f32)>, ModelError> {
+        self.launch(seqs, adapters, None)?.read()
+    }
+
+    /// Queues one step and its sampling on the device and returns without waiting for either.
+    /// `drawn`: the ids a step launched before this one drew (`[seqs.len()]` u32 on the device,
+    /// [`Launched::ids`]), decoded here in place of each sequence's one token, so that this step
+    /// can be queued before the host has read them: every sequence must then decode exactly one
+    /// token (its `tokens` are not read) and sample.
+    pub fn launch(
+        &self,
+        seqs: &[StepSeq<'_>],
+        adapters: Option<&AdapterStack>,
+        drawn: Option<&Tensor>,
+    ) -> Result<Launched, ModelError> {
+        if let Some(ids) = drawn
+            && (ids.dims() != [seqs.len()] || seqs.iter().any(|s| s.tokens.len() != 1 || s.sample.is_none()))
+        {
+            return Err(ModelError::Batch(format!(
+                "{} drawn ids for {} sequences: each must decode one token and sample",
+                ids.elem_count(),
+                seqs.len()
+            )));
+        }
         let step = match self.decode_graphs(seqs, adapters) {
-            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs, adapters)?,
-            None => self.forward(seqs, adapters)?,
+            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs, adapters, drawn)?,
+            None => self.forward_drawn(seqs, adapters, drawn)?,
         };
         if step.sampling.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Launched(None));
         }
-        Ok(sampler::sample(&step.logits, &step.sampling, self.config.vocab)?)
+        Ok(Launched(Some(sampler::launch(&step.logits, &step.sampling, self.config.vocab)?)))
     }
 
     /// The graphs and the bucket of a step that may replay one: every sequence decodes one
@@ -199,12 +237,13 @@ impl Runner {
         bucket: usize,
         graphs: &Mutex<DecodeGraphs>,
         adapters: Option<&AdapterStack>,
+        drawn: Option<&Tensor>,
     ) -> Result<StepLogits, ModelError> {
-        self.check_inputs(seqs)?;
+        self.check_inputs(seqs, drawn.is_some())?;
         let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = graphs.run(self.device(), &batch, |v, meta, rows| {
+        let logits = graphs.run(self.device(), &batch, drawn, |v, meta, rows| {
             let inputs = PagedInputs {
                 ids: &v.ids,
                 positions: &v.positions,
@@ -221,10 +260,12 @@ impl Runner {
     }
 
     /// Ids inside the vocabulary and positions inside the RoPE tables, checked on the host: on
-    /// the device either would be a read past a table's end.
-    fn check_inputs(&self, seqs: &[StepSeq<'_>]) -> Result<(), ModelError> {
+    /// the device either would be a read past a table's end. (Ids drawn on the device are
+    /// drawn inside the vocabulary.)
+    fn check_inputs(&self, seqs: &[StepSeq<'_>], drawn: bool) -> Result<(), ModelError> {
         let vocab = self.model.config().vocab_size;
-        if let Some(id) = seqs.iter().flat_map(|s| s.tokens).find(|&&id| id as usize >= vocab) {
+        let host_ids = seqs.iter().filter(|_| !drawn).flat_map(|s| s.tokens);
+        if let Some(id) = host_ids.copied().find(|&id| id as usize >= vocab) {
             return Err(ModelError::Batch(format!("id {id} is outside the vocabulary of {vocab}")));
         }
         let positions = self.rope.positions();
@@ -241,7 +282,16 @@ impl Runner {
     /// the device: what [`Runner::step`] samples from. Split out so that a benchmark can tell
     /// the host's time to launch a step from the device's time to run it.
     pub fn forward(&self, seqs: &[StepSeq<'_>], adapters: Option<&AdapterStack>) -> Result<StepLogits, ModelError> {
-        self.check_inputs(seqs)?;
+        self.forward_drawn(seqs, adapters, None)
+    }
+
+    fn forward_drawn(
+        &self,
+        seqs: &[StepSeq<'_>],
+        adapters: Option<&AdapterStack>,
+        drawn: Option<&Tensor>,
+    ) -> Result<StepLogits, ModelError> {
+        self.check_inputs(seqs, drawn.is_some())?;
         let dev = self.model.device();
         let slices: Vec<SeqSlice> = seqs
             .iter()
@@ -272,7 +322,11 @@ impl Runner {
             logit_rows.push(0);
         }
         let logit_rows_t = Tensor::new(logit_rows.as_slice(), dev)?;
-        let (ids, positions) = (Tensor::new(ids.as_slice(), dev)?, Tensor::new(positions.as_slice(), dev)?);
+        let ids = match drawn {
+            Some(d) => d.clone(),
+            None => Tensor::new(ids.as_slice(), dev)?,
+        };
+        let positions = Tensor::new(positions.as_slice(), dev)?;
         let inputs = PagedInputs {
             ids: &ids,
             positions: &positions,
@@ -320,7 +374,8 @@ mod tests {
         }
         let want = direct.forward(&seqs(1), None).unwrap().logits;
         for bucket in [4, 8] {
-            let got = bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default()), None).unwrap();
+            let got =
+                bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default()), None, None).unwrap();
             // Equal up to rounding: a GEMM may block 8 rows differently from 3 (the GPU's
             // libraries too), so a padded row's sums may associate differently.
             let gap = (&got.logits - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
@@ -356,13 +411,13 @@ mod tests {
             sample: Some(RowSampling::GREEDY),
         };
         let graphs = Mutex::new(DecodeGraphs::default());
-        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None, None).is_err());
         let too_wide = StepSeq { blocks: &wide, ..seq(0, &[0]) };
-        assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None, None).is_err());
         // Position 16 is past max_model_len 16: no RoPE row for it, on either path.
         let past_end = StepSeq { start: 16, ..seq(0, &[0, 1, 2, 3, 4]) };
         let err = r.forward(&[past_end], None).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("past max_model_len 16"), "{err}");
-        assert!(r.forward_bucketed(&[past_end], 1, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[past_end], 1, &graphs, None, None).is_err());
     }
 }

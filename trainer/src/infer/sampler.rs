@@ -6,7 +6,7 @@
 //! its prompt was chunked: interleaved requests give the tokens one-at-a-time generation gives.
 
 use candle_core::Tensor;
-use mindxtrain_kernels::sampling::{self, RowSampling};
+use mindxtrain_kernels::sampling::{self, Draws, RowSampling};
 
 use super::request::SamplingParams;
 use crate::model::rng::SplitMix64;
@@ -27,9 +27,14 @@ pub fn row(params: &SamplingParams, index: usize) -> RowSampling {
 /// the first `vocab` ids (a model's embedding table is often padded past what its tokenizer
 /// can decode).
 pub fn sample(logits: &Tensor, rows: &[RowSampling], vocab: usize) -> candle_core::Result<Vec<(u32, f32)>> {
+    launch(logits, rows, vocab)?.read()
+}
+
+/// [`sample`] launched, not waited for: the ids stay on the device for a step that decodes them.
+pub fn launch(logits: &Tensor, rows: &[RowSampling], vocab: usize) -> candle_core::Result<Draws> {
     let width = logits.dim(1)?;
     let logits = if vocab > 0 && vocab < width { logits.narrow(1, 0, vocab)? } else { logits.clone() };
-    sampling::sample(&logits.contiguous()?, rows)
+    sampling::launch(&logits.contiguous()?, rows)
 }
 
 #[cfg(test)]

@@ -149,6 +149,33 @@ impl Scheduler {
 
     /// Grows `seq`'s blocks to `tokens`, preempting the latest-admitted running sequences
     /// (possibly `seq` itself) until they fit. Returns whether `seq` still runs.
+    /// The step after `prev`, planned before `prev`'s tokens are known: every sequence of
+    /// `prev` decodes the token `prev` draws. Only when that is what [`Scheduler::schedule`]
+    /// would plan once they are: `prev` decoded every running sequence, none waits, and each
+    /// gets room for one more token without preempting anyone. Its sequences' states are those
+    /// before `prev` completes: complete `prev`, then this.
+    pub fn schedule_ahead(&mut self, prev: &Schedule) -> Option<Schedule> {
+        let decodes_all = !prev.seqs.is_empty()
+            && prev.preempted.is_empty()
+            && self.waiting.is_empty()
+            && prev.seqs.len() == self.running.len()
+            && prev.seqs.iter().all(|s| {
+                s.len == 1
+                    && s.sample
+                    && self.running.contains(&s.seq)
+                    && self.seqs.get(&s.seq).is_some_and(|st| st.computed == s.start && st.tokens.len() == s.start + 1)
+            });
+        if !decodes_all {
+            return None;
+        }
+        // Blocks grown for some before another found none stay: they are that sequence's next.
+        if !prev.seqs.iter().all(|s| self.kv.grow(s.seq, s.start + 2)) {
+            return None;
+        }
+        let seqs = prev.seqs.iter().map(|s| Scheduled { seq: s.seq, start: s.start + 1, len: 1, sample: true });
+        Some(Schedule { seqs: seqs.collect(), preempted: Vec::new() })
+    }
+
     fn make_room(&mut self, seq: SeqId, tokens: usize, out: &mut Schedule) -> bool {
         while !self.kv.grow(seq, tokens) {
             let Some(victim) = self.running.pop() else { return false };

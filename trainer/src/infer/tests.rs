@@ -61,6 +61,7 @@ fn engine_config(blocks: usize, budget: usize) -> EngineConfig {
         max_adapters: 4,
         threads: 2,
         cuda_graphs: true,
+        overlap_steps: true,
     }
 }
 
@@ -160,6 +161,64 @@ fn interleaved_requests_give_the_tokens_of_one_at_a_time_generation() {
     let mut tight = Engine::new(model(64, DType::F64), None, engine_config(24, 16)).unwrap();
     let preempted = run(&mut tight, requests());
     assert_eq!(preempted.iter().map(|r| r.0.clone()).collect::<Vec<_>>(), alone);
+}
+
+#[test]
+fn steps_queued_ahead_give_the_events_of_steps_run_one_at_a_time() {
+    let serial = |blocks, budget| EngineConfig { overlap_steps: false, ..engine_config(blocks, budget) };
+    // Roomy, chunked prompts, and a cache so small that sequences are preempted.
+    for (blocks, budget) in [(64, 64), (64, 8), (24, 16)] {
+        let mut one_by_one = Engine::new(model(64, DType::F64), None, serial(blocks, budget)).unwrap();
+        let want = run(&mut one_by_one, requests());
+        assert_eq!(one_by_one.stats().steps_ahead, 0);
+        let mut ahead = Engine::new(model(64, DType::F64), None, engine_config(blocks, budget)).unwrap();
+        let got = run(&mut ahead, requests());
+        assert_eq!(got, want, "{blocks} blocks, budget {budget}");
+        let s = ahead.stats();
+        assert!(s.steps_ahead > 0 && s.steps_ahead < s.steps, "{blocks} blocks, budget {budget}: {s:?}");
+    }
+    // The steady state of a batch that only decodes: every step after the first is queued ahead.
+    let mut ahead = Engine::new(model(64, DType::F64), None, engine_config(64, 64)).unwrap();
+    let reqs: Vec<Request> = (0..3).map(|i| Request::greedy(vec![i + 1, 2, 3], 10)).collect();
+    run(&mut ahead, reqs);
+    let s = ahead.stats();
+    // The prefill and the first decode run as scheduled; the 8 decodes after are queued ahead.
+    assert_eq!((s.steps, s.steps_ahead), (10, 8), "{s:?}");
+}
+
+#[test]
+fn requests_that_arrive_or_leave_while_a_step_is_queued_ahead() {
+    let alone =
+        |r: Request| run(&mut Engine::new(model(64, DType::F64), None, engine_config(64, 64)).unwrap(), vec![r]);
+    let mut engine = Engine::new(model(64, DType::F64), None, engine_config(64, 64)).unwrap();
+    let reqs = requests();
+    let (want_0, want_late) = (alone(reqs[0].clone()).remove(0).0, alone(reqs[3].clone()).remove(0).0);
+    let first = engine.add(reqs[0].clone()).unwrap();
+    let gone = engine.add(reqs[1].clone()).unwrap();
+    let mut tokens: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
+    let mut late = None;
+    for step in 0..200 {
+        if engine.is_idle() {
+            break;
+        }
+        if step == 3 {
+            // A step is queued ahead now (two sequences decoding, nothing waiting).
+            assert!(engine.stats().steps_ahead > 0, "{:?}", engine.stats());
+            engine.abort(gone);
+            late = Some(engine.add(reqs[3].clone()).unwrap());
+        }
+        for (id, e) in engine.step() {
+            assert_ne!((id, step > 3), (gone, true), "an aborted request hears nothing more");
+            if let Event::Token { id: t, .. } = e {
+                tokens.entry(id).or_default().push(t);
+            }
+        }
+        engine.check().unwrap();
+    }
+    assert!(engine.is_idle());
+    assert_eq!(engine.stats().kv_used_blocks, 0);
+    assert_eq!(tokens[&first], want_0);
+    assert_eq!(tokens[&late.unwrap()], want_late);
 }
 
 #[test]

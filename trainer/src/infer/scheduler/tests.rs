@@ -149,3 +149,38 @@ proptest! {
         s.check().map_err(TestCaseError::fail)?;
     }
 }
+
+#[test]
+fn a_step_is_planned_ahead_only_when_the_next_schedule_would_be_the_same() {
+    let mut s = scheduler(6, 8, 64);
+    s.add(1, vec![1; 6], 0);
+    s.add(2, vec![2; 3], 0);
+    let prefill = s.schedule();
+    assert_eq!(s.schedule_ahead(&prefill), None, "prompts are not decodes");
+    s.complete(&prefill, &[(1, 9), (2, 9)]);
+    let decode = s.schedule();
+    let ahead = s.schedule_ahead(&decode).expect("two decodes, nothing waiting");
+    assert_eq!(ahead.seqs, decode.seqs.iter().map(|x| Scheduled { start: x.start + 1, ..*x }).collect::<Vec<_>>());
+    // Room for the token after the one `decode` draws: sequence 1 reaches 8 tokens (2 blocks).
+    assert_eq!(s.table(1).len(), 2);
+    s.complete(&decode, &[(1, 4), (2, 4)]);
+    s.complete(&ahead, &[(1, 5), (2, 5)]);
+    s.check().unwrap();
+    assert_eq!(s.seq(1).unwrap().tokens[6..], [9, 4, 5]);
+    // What schedule() plans next is what planning ahead continues from.
+    let next = s.schedule();
+    assert_eq!(next.seqs, ahead.seqs.iter().map(|x| Scheduled { start: x.start + 1, ..*x }).collect::<Vec<_>>());
+    // A waiting request must be admitted by schedule(): no plan ahead.
+    s.add(3, vec![3; 2], 0);
+    assert_eq!(s.schedule_ahead(&next), None);
+    s.remove(3);
+    // Nor when a sequence would need a block the pool does not have (6 blocks, 5 held).
+    let grown = s.schedule_ahead(&next).expect("room for one more token each");
+    s.complete(&next, &[(1, 6), (2, 6)]);
+    s.complete(&grown, &[(1, 7), (2, 7)]);
+    let last = s.schedule();
+    assert!(s.schedule_ahead(&last).is_none() || s.kv().used_blocks() <= 6);
+    // Nor for a plan whose sequence has since left.
+    s.remove(2);
+    assert_eq!(s.schedule_ahead(&last), None);
+}

@@ -208,6 +208,7 @@ impl Session<'_> {
                     max_adapters: 1,
                     threads,
                     cuda_graphs: true,
+                    overlap_steps: true,
                 };
                 let engine =
                     Engine::new(self.model.clone(), Some(self.tokenizer.clone()), config).map_err(rollout_err)?;
