@@ -172,8 +172,8 @@ fn lora_with_dropout_is_deterministic_and_resumes_bitwise_after_kill_9() {
     deterministic_and_resumable(&node, "micro_lora", micro::LORA, &["--init-from", s(&init)]);
 }
 
-/// The shipped tiny Qwen3-MoE recipe plans and trains on the CPU: `bench` measures a plan for it,
-/// the run follows that plan, the model learns (held-out loss far below the ~6.2 of a random
+/// The shipped tiny Qwen3-MoE recipe plans and trains on the CPU: `bench` measures a plan for it
+/// (the grouped GEMMs' tiles among its choices), the run follows that plan, the model learns (held-out loss far below the ~6.2 of a random
 /// start over 512 tokens) and its checkpoint is an HF `qwen3_moe` directory.
 #[test]
 fn the_tiny_moe_recipe_plans_and_trains_on_the_cpu() {
@@ -182,6 +182,15 @@ fn the_tiny_moe_recipe_plans_and_trains_on_the_cpu() {
     let (plan, out) = (node.path("moe.plan.json"), node.path("moe-run"));
     micro::ok_json(&node.run(&["bench", s(&recipe), "--out", s(&plan)]));
     let measured: Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    // The grouped GEMMs' tile and order were timed too (a second stage at the first's winner).
+    let tiles: std::collections::BTreeSet<String> = measured["measurements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["step_us"].is_u64())
+        .map(|m| m["choices"]["moe"]["tile"].to_string())
+        .collect();
+    assert!(tiles.len() > 1, "grouped-GEMM tiles timed: {tiles:?}");
     let run = micro::ok_json(&node.run(&["train", s(&recipe), "--plan", s(&plan), "--out", s(&out)]));
     assert_eq!(run["steps"], 120);
     assert_eq!(run["plan"]["blake3"].as_str().map(str::len), Some(64));

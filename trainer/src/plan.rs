@@ -15,6 +15,7 @@
 //!     activation_checkpointing: false,
 //!     gemm_rows: 128,
 //!     attention: AttentionKernels::DEFAULT,
+//!     moe: Default::default(),
 //! };
 //! let plan = Plan::new([7; 32], "cpu", choices, vec![], 10, 1234, false);
 //! let bytes = plan.to_bytes();
@@ -26,13 +27,14 @@ mod measure;
 pub mod parallel;
 
 pub use measure::{
-    Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure,
+    Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure, moe_candidates,
 };
 pub use parallel::{CollectiveCandidate, CollectiveStage, OpTiming, ParallelPlan};
 
 use mindxtrain_kernels::KernelConfig;
 use mindxtrain_kernels::attention::AttentionKernels;
 use mindxtrain_kernels::gemm_algos::{GemmAlgo, GemmShape};
+use mindxtrain_kernels::moe::MoeKernels;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -61,6 +63,11 @@ pub struct Choices {
     /// backward). CPU runs ignore it; absent in older plans, which get the default.
     #[serde(default)]
     pub attention: AttentionKernels,
+    /// The CPU grouped GEMMs of a mixture-of-experts model: tile and expert order. Measured on
+    /// the CPU for MoE recipes only; on a GPU cuBLAS's grouped GEMM picks its own tiles and this
+    /// keeps the default. Absent in older plans, which get the default.
+    #[serde(default)]
+    pub moe: MoeKernels,
 }
 
 fn default_gemm_rows() -> usize {
@@ -71,7 +78,7 @@ impl Choices {
     /// The kernel settings of these choices (CPU GEMM blocking, GPU attention kernels), with
     /// no GEMM table.
     pub fn kernels(&self) -> Result<KernelConfig, String> {
-        KernelConfig::new(self.gemm_rows, self.attention).map_err(|e| e.to_string())
+        Ok(KernelConfig::new(self.gemm_rows, self.attention).map_err(|e| e.to_string())?.with_moe(self.moe))
     }
 
     /// Choices without a measurement (evaluation without a plan): `threads`, whole
@@ -83,6 +90,7 @@ impl Choices {
             activation_checkpointing: false,
             gemm_rows: default_gemm_rows(),
             attention: AttentionKernels::DEFAULT,
+            moe: MoeKernels::default(),
         }
     }
 }
@@ -302,6 +310,7 @@ mod tests {
             activation_checkpointing: true,
             gemm_rows: 64,
             attention: AttentionKernels { key_tile: 32, dq_splits: 1 },
+            moe: MoeKernels::default(),
         };
         let m = vec![Measurement { choices: c, step_us: Some(1500), steps_timed: 3, note: None }];
         let mut p = Plan::new([1; 32], "cuda:0", c, m, 10, 900, false);

@@ -2,6 +2,7 @@
 
 use super::{Choices, Measurement};
 use mindxtrain_kernels::attention::{AttentionKernels, KEY_TILES};
+use mindxtrain_kernels::moe::MoeKernels;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -58,8 +59,8 @@ pub fn candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> {
         for &threads in &threads {
             for &micro_batch in &micro {
                 for gemm_rows in GEMM_ROWS {
-                    let attention = AttentionKernels::DEFAULT;
-                    out.push(Choices { threads, micro_batch, activation_checkpointing, gemm_rows, attention });
+                    let (attention, moe) = (AttentionKernels::DEFAULT, MoeKernels::default());
+                    out.push(Choices { threads, micro_batch, activation_checkpointing, gemm_rows, attention, moe });
                 }
             }
         }
@@ -100,6 +101,19 @@ pub fn attention_candidates(base: Choices, deterministic: bool) -> Vec<Candidate
             if !out.contains(&c) {
                 out.push(c);
             }
+        }
+    }
+    out
+}
+
+/// The CPU grouped-GEMM settings of a mixture-of-experts model to time on top of `base` (the
+/// fastest of the other choices): every tile × expert order, `base`'s own first.
+pub fn moe_candidates(base: Choices) -> Vec<Candidate> {
+    let mut out = vec![base];
+    for moe in MoeKernels::candidates() {
+        let c = Choices { moe, ..base };
+        if !out.contains(&c) {
+            out.push(c);
         }
     }
     out
@@ -175,17 +189,18 @@ mod tests {
     fn candidates_cover_threads_micro_batches_and_checkpointing() {
         let c = candidates(2, 8);
         assert_eq!(c.len(), 2 * 3 * 2 * 3);
-        let attention = AttentionKernels::DEFAULT;
+        let (attention, moe) = (AttentionKernels::DEFAULT, MoeKernels::default());
         assert_eq!(
             c[0],
-            Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128, attention }
+            Choices { threads: 2, micro_batch: 8, activation_checkpointing: false, gemm_rows: 128, attention, moe }
         );
         assert!(c.contains(&Choices {
             threads: 1,
             micro_batch: 2,
             activation_checkpointing: true,
             gemm_rows: 256,
-            attention
+            attention,
+            moe
         }));
         assert_eq!(candidates(1, 1).len(), 2 * 3);
         assert!(candidates(6, 3).iter().all(|c| 3 % c.micro_batch == 0 && c.threads <= 6));
@@ -199,6 +214,17 @@ mod tests {
         assert!(c.iter().all(|c| c.threads == 16 && c.gemm_rows == DEFAULT_GEMM_ROWS));
         assert_eq!(gpu_candidates(0, 3)[0].threads, 1);
         assert_eq!(gpu_candidates(2, 3).iter().map(|c| c.micro_batch).collect::<Vec<_>>(), [3, 1, 3, 1]);
+    }
+
+    #[test]
+    fn moe_candidates_keep_the_base_and_cover_every_tile_and_order() {
+        let base = candidates(2, 4)[3];
+        let c = moe_candidates(base);
+        assert_eq!(c[0], base);
+        assert_eq!(c.len(), MoeKernels::candidates().len());
+        assert!(c.iter().all(|x| Choices { moe: base.moe, ..*x } == base));
+        let tiles: std::collections::BTreeSet<_> = c.iter().map(|x| x.moe.tile).collect();
+        assert_eq!(tiles.len(), mindxtrain_kernels::moe::GroupedTile::ALL.len());
     }
 
     #[test]
@@ -229,10 +255,10 @@ mod tests {
             Ok(())
         };
         let m = measure(&cands, Duration::from_secs(60), &mut probe).unwrap();
-        let attention = AttentionKernels::DEFAULT;
+        let (attention, moe) = (AttentionKernels::DEFAULT, MoeKernels::default());
         assert_eq!(
             m.best,
-            Choices { threads: 2, micro_batch: 4, activation_checkpointing: false, gemm_rows: 64, attention }
+            Choices { threads: 2, micro_batch: 4, activation_checkpointing: false, gemm_rows: 64, attention, moe }
         );
         assert_eq!(m.measurements.len(), cands.len());
         assert!(!m.truncated);

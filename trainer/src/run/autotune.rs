@@ -1,7 +1,9 @@
 //! `mindxtrain bench`: measuring the plan with the recipe's own shapes and data, on the device
 //! the recipe's hardware names (the CPU, or one CUDA GPU).
 //!
-//! On a CPU every candidate is a whole training step. On a GPU the budget is spent in three
+//! On a CPU every candidate is a whole training step (for a mixture-of-experts model, the
+//! grouped GEMMs' tile and expert order are a second stage at the first's winner, with 30% of
+//! the budget). On a GPU the budget is spent in three
 //! stages: the batch split × activation checkpointing (half the budget), then the attention
 //! kernels at the winner (most of the rest; the GEMM shapes of those steps are recorded), then
 //! every recorded GEMM shape against cuBLASLt's candidates (what is left).
@@ -13,6 +15,7 @@ use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
 use crate::plan::{
     Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates, measure,
+    moe_candidates,
 };
 use crate::recipe::LoadedRecipe;
 use candle_core::DType;
@@ -124,6 +127,19 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         let mut measurements = batch_split.measurements;
         measurements.extend(kernels.measurements);
         (kernels.best, measurements, batch_split.truncated || kernels.truncated || gemms_truncated, gemms)
+    } else if config.moe.is_some() {
+        // A mixture-of-experts model: the grouped GEMMs' tile and expert order are timed at the
+        // winner of the other choices, with what the first stage left (it gets most of it).
+        let first = measure(&candidates(cpus, per_device), budget.mul_f64(0.7), &mut probe).map_err(failed)?;
+        let moe = measure(&moe_candidates(first.best), budget.saturating_sub(start.elapsed()), &mut probe);
+        let (best, more, truncated) = match moe {
+            Ok(m) => (m.best, m.measurements, m.truncated),
+            // The first stage spent the budget: its winner stands with the default tiles.
+            Err(crate::plan::MeasureError::NothingMeasured { measurements, .. }) => (first.best, measurements, true),
+        };
+        let mut measurements = first.measurements;
+        measurements.extend(more);
+        (best, measurements, first.truncated || truncated, Vec::new())
     } else {
         let m = measure(&candidates(cpus, per_device), budget, &mut probe).map_err(failed)?;
         (m.best, m.measurements, m.truncated, Vec::new())
