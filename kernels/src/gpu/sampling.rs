@@ -3,12 +3,14 @@
 //! into page-locked buffers behind the kernel on the same stream, so launching waits for
 //! nothing and reading waits only for this copy (not for what was queued after it).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views};
 use crate::sampling::RowSampling;
 use candle_core::cuda_backend::WrapErr;
-use candle_core::cuda_backend::cudarc::driver::{CudaContext, PinnedHostSlice, sys};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, result, sys,
+};
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("sampling");
@@ -18,17 +20,17 @@ const MODULE: Module = module!("sampling");
 struct Readback {
     tokens: PinnedHostSlice<u32>,
     logprobs: PinnedHostSlice<f32>,
+    /// Recorded behind the copies into them.
+    copied: CudaEvent,
 }
 
 static READBACKS: Mutex<Vec<Readback>> = Mutex::new(Vec::new());
 const KEPT_READBACKS: usize = 4;
 
 impl Readback {
-    fn take(ctx: &std::sync::Arc<CudaContext>, n: usize) -> Result<Readback> {
+    fn take(ctx: &Arc<CudaContext>, n: usize) -> Result<Readback> {
         let mut kept = READBACKS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) =
-            kept.iter().position(|r| r.tokens.len() >= n && std::sync::Arc::ptr_eq(r.tokens.context(), ctx))
-        {
+        if let Some(i) = kept.iter().position(|r| r.tokens.len() >= n && Arc::ptr_eq(r.tokens.context(), ctx)) {
             return Ok(kept.swap_remove(i));
         }
         drop(kept);
@@ -39,8 +41,29 @@ impl Readback {
             Ok(Readback {
                 tokens: ctx.alloc_pinned_with_flags(len, sys::CU_MEMHOSTALLOC_PORTABLE).w()?,
                 logprobs: ctx.alloc_pinned_with_flags(len, sys::CU_MEMHOSTALLOC_PORTABLE).w()?,
+                // Spinning, not blocking: the wait is short and on the step's critical path
+                // when nothing is queued behind it.
+                copied: ctx.new_event(None).w()?,
             })
         }
+    }
+
+    /// Queues the copies of `n` tokens and log-probabilities into the first `n` places, then
+    /// the event. (cudarc's `memcpy_dtoh` copies as many elements as the host buffer holds.)
+    fn queue(&mut self, stream: &Arc<CudaStream>, token: &CudaSlice<u32>, logprob: &CudaSlice<f32>) -> Result<()> {
+        let n = token.len();
+        let (tp, _t) = token.device_ptr(stream);
+        let (lp, _l) = logprob.device_ptr(stream);
+        // SAFETY: both host buffers hold at least n elements (`take`); nothing reads them until
+        // `copied` has completed; the device ranges are n elements of live allocations, read on
+        // their stream.
+        unsafe {
+            let tokens = std::slice::from_raw_parts_mut(self.tokens.as_mut_ptr().w()?, n);
+            result::memcpy_dtoh_async(tokens, tp, stream.cu_stream()).w()?;
+            let logprobs = std::slice::from_raw_parts_mut(self.logprobs.as_mut_ptr().w()?, n);
+            result::memcpy_dtoh_async(logprobs, lp, stream.cu_stream()).w()?;
+        }
+        self.copied.record(stream).w()
     }
 
     fn give_back(self) {
@@ -65,7 +88,7 @@ impl Pending {
 
     pub(crate) fn read(self) -> Result<Vec<(u32, f32)>> {
         let Pending { readback, rows, .. } = self;
-        // Each slice waits for the event its copy recorded.
+        readback.copied.synchronize().w()?;
         let tokens = readback.tokens.as_slice().w()?[..rows].to_vec();
         let logprobs = readback.logprobs.as_slice().w()?[..rows].to_vec();
         readback.give_back();
@@ -108,7 +131,6 @@ pub(crate) fn queue(logits: &Tensor, rows: &[RowSampling]) -> Result<Pending> {
     })?;
     let stream = dev.cuda_stream();
     let mut readback = Readback::take(stream.context(), n)?;
-    stream.memcpy_dtoh(&token, &mut readback.tokens).w()?;
-    stream.memcpy_dtoh(&logprob, &mut readback.logprobs).w()?;
+    readback.queue(&stream, &token, &logprob)?;
     Ok(Pending { ids: tensor(token, &dev, n), readback, rows: n })
 }
