@@ -39,7 +39,9 @@ pub struct EngineConfig {
     /// Queue each decode step before reading the tokens of the one before it (the next step
     /// decodes the ids where they were drawn, on the device), so the host's work between steps
     /// (reading tokens, detokenizing, scheduling, streaming) overlaps the device's. Tokens are
-    /// the same either way; a request that ends costs its row one step of wasted work.
+    /// the same either way; a request that ends costs its row one step of wasted work. Only
+    /// where decode steps run directly (the CPU, `cuda_graphs: false`, MoE models): never
+    /// ahead of a CUDA graph replay ([`Runner::queues_ahead`] says why).
     pub overlap_steps: bool,
 }
 
@@ -440,6 +442,9 @@ impl Engine {
     /// at least one would go on past its token limit. `None` otherwise, or when it could not be
     /// queued (the next [`Engine::step`] then schedules afresh and meets any error itself).
     fn launch_ahead(&mut self, current: &InFlight) -> Option<InFlight> {
+        if !self.runner.queues_ahead() {
+            return None;
+        }
         let drawn = current.launched.ids()?;
         let mut goes_on = false;
         for s in &current.plan.seqs {
