@@ -90,8 +90,11 @@ DEV void sample_row(const T* logits, const float* temperature, const float* top_
   const float lse = row_max + __logf(block_sum(mx == -INFINITY ? 0.f : se * __expf(mx - row_max), red));
   const float temp = temperature[row];
   const unsigned k = top_k[row];
-  int pick = first_max;
-  if (temp > 0.f && k != 1u) {
+  // No finite or +∞ logit (a row of NaN or −∞: diverged weights): token 0 with a NaN
+  // log-probability, as the reference draws, so the host can tell; `vocab` would be past the row.
+  const bool drawable = first_max < vocab;
+  int pick = drawable ? first_max : 0;
+  if (drawable && temp > 0.f && k != 1u) {
     const float inv_t = 1.f / temp;
     auto weight = [&](float x) { return __expf((x - row_max) * inv_t); };
     unsigned cut = 0u;
@@ -159,7 +162,7 @@ DEV void sample_row(const T* logits, const float* temperature, const float* top_
   }
   if (tid == 0) {
     token[row] = (unsigned)pick;
-    logprob[row] = to_f(l[pick]) - lse;
+    logprob[row] = drawable ? to_f(l[pick]) - lse : __int_as_float(0x7fc00000);
   }
 }
 

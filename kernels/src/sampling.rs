@@ -13,7 +13,9 @@
 //!
 //! Thresholds on values rather than a sorted order make the GPU kernel a few reductions per
 //! row (a bisection over the float bits finds the `k`-th value), with no sort.
-//! The log-probability returned is the chosen token's under the untempered distribution.
+//! The log-probability returned is the chosen token's under the untempered distribution. A row
+//! with no finite logit (NaN or −∞ throughout: a model whose weights diverged) draws token 0, and
+//! any NaN in a row makes the log-probability NaN: that is how a caller tells a broken row.
 
 use candle_core::{DType, Result, Tensor};
 
@@ -106,6 +108,10 @@ pub mod reference {
     pub fn row(logits: &[f32], s: &RowSampling) -> (u32, f32) {
         let l: Vec<f64> = logits.iter().map(|&x| f64::from(x)).collect();
         let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if max == f64::NEG_INFINITY {
+            // NaN or −∞ throughout (`f64::max` passes over NaN): nothing to draw from.
+            return (0, f32::NAN);
+        }
         let lse = max + l.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
         let pick = |i: usize| (i as u32, (l[i] - lse) as f32);
         if s.greedy() {
@@ -198,5 +204,20 @@ mod tests {
         assert_eq!((got[0].0, got[1].0), (2, 0));
         assert!(sample(&logits, &[hot]).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn rows_without_a_finite_logit_draw_token_0_with_a_nan_log_probability() {
+        let hot = RowSampling { temperature: 0.8, top_p: 0.9, top_k: 2, uniform: 0.5 };
+        for row in [[f32::NAN; 4], [f32::NEG_INFINITY; 4]] {
+            for s in [RowSampling::GREEDY, hot] {
+                let (t, lp) = reference::row(&row, &s);
+                assert!(t == 0 && lp.is_nan(), "{row:?} {s:?}: {t} {lp}");
+            }
+        }
+        // A finite logit among NaNs is drawn, but its log-probability is NaN (the normaliser sums
+        // the NaNs): any NaN in a row shows in what the caller reads.
+        let (t, lp) = reference::row(&[f32::NAN, 1.0, f32::NAN], &RowSampling::GREEDY);
+        assert!(t == 1 && lp.is_nan(), "{t} {lp}");
     }
 }

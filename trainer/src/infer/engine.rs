@@ -518,6 +518,15 @@ impl Engine {
         logprob: f32,
         events: &mut Vec<(RequestId, Event)>,
     ) -> Option<Event> {
+        if logprob.is_nan() {
+            // The sampler's mark of a row whose logits were not all finite: what it drew means
+            // nothing, and the next steps would compute from it.
+            self.live.get(&id)?;
+            self.abort(id);
+            return Some(Event::Failed(
+                "the model's logits for this request were not finite (NaN): its weights may have diverged".into(),
+            ));
+        }
         let context_full = self.scheduler.seq(id).is_some_and(|s| s.tokens.len() >= self.config.max_model_len);
         let live = self.live.get_mut(&id)?;
         live.generated += 1;

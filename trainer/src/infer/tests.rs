@@ -222,6 +222,18 @@ fn requests_that_arrive_or_leave_while_a_step_is_queued_ahead() {
 }
 
 #[test]
+fn a_model_with_non_finite_logits_fails_its_requests_clearly() {
+    let mut m = model(64, DType::F64);
+    let head = m.params()["lm_head.weight"].clone();
+    m.params_mut().insert("lm_head.weight".into(), (head * f64::NAN).unwrap());
+    let mut engine = Engine::new(m, None, engine_config(64, 64)).unwrap();
+    for (tokens, end) in run(&mut engine, requests()) {
+        assert!(tokens.is_empty(), "{tokens:?}");
+        assert!(matches!(&end, Event::Failed(m) if m.contains("not finite")), "{end:?}");
+    }
+}
+
+#[test]
 fn greedy_output_equals_the_trainer_s_generate() {
     let m = model(64, DType::F64);
     let mut engine = Engine::new(m.clone(), None, engine_config(64, 16)).unwrap();

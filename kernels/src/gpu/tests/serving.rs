@@ -195,6 +195,22 @@ fn device_sampling_picks_the_reference_s_tokens() -> Result<()> {
         }
         println!("sampling {dt:?}: {differ} of {rows} rows differ from the f64 reference (seed {})", inp.seed);
         assert!(differ <= 8, "{differ} rows differ (seed {})", inp.seed);
+        // Rows with no finite logit (NaN or −∞ throughout: diverged weights) draw token 0 with a
+        // NaN log-probability, as the reference does, never an id past the vocabulary.
+        let bad = Tensor::from_vec(
+            [f32::NAN, f32::NEG_INFINITY].iter().flat_map(|&x| [x; 3 * 1000]).collect::<Vec<f32>>(),
+            (6, 1000),
+            &gpu(),
+        )?
+        .to_dtype(dt)?;
+        let hot = RowSampling { temperature: 0.8, top_p: 0.9, top_k: 50, uniform: 0.5 };
+        let modes = [RowSampling::GREEDY, hot, RowSampling { top_k: 0, top_p: 1.0, ..hot }];
+        let modes: Vec<RowSampling> = modes.iter().chain(&modes).copied().collect();
+        let got = sampling::sample(&bad, &modes)?;
+        let want = sampling::reference::sample(&bad.to_device(&Device::Cpu)?, &modes)?;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g.0 == 0 && w.0 == 0 && g.1.is_nan() && w.1.is_nan(), "row {i}: {g:?}, reference {w:?}");
+        }
     }
     Ok(())
 }
