@@ -235,24 +235,20 @@ impl Metrics {
 fn render_engine(out: &mut String, model: &ServedModel, metric: fn(&mut String, &str, &str, &str)) {
     use mindxtrain_trainer::infer::latency::BUCKETS;
     let s = model.stats();
-    for (name, help, v) in [
-        ("mindxtrain_engine_waiting", "Requests queued in the engine, not yet running.", s.waiting),
-        ("mindxtrain_engine_running", "Requests in the engine's running batch.", s.running),
-        ("mindxtrain_engine_kv_blocks_used", "Key/value cache blocks held by requests.", s.kv_used_blocks),
-        ("mindxtrain_engine_kv_blocks_total", "Key/value cache blocks of the engine.", s.kv_total_blocks),
-    ] {
-        metric(out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {v}");
-    }
-    for (name, help, v) in [
-        ("mindxtrain_engine_steps_total", "Steps the engine ran.", s.steps),
+    for (name, kind, help, v) in [
+        ("mindxtrain_engine_waiting", "gauge", "Requests queued in the engine, not yet running.", s.waiting),
+        ("mindxtrain_engine_running", "gauge", "Requests in the engine's running batch.", s.running),
+        ("mindxtrain_engine_kv_blocks_used", "gauge", "Key/value cache blocks held by requests.", s.kv_used_blocks),
+        ("mindxtrain_engine_kv_blocks_total", "gauge", "Key/value cache blocks of the engine.", s.kv_total_blocks),
+        ("mindxtrain_engine_steps_total", "counter", "Steps the engine ran.", s.steps),
         (
             "mindxtrain_engine_steps_queued_ahead_total",
+            "counter",
             "Decode steps queued on the device before the tokens of the step before them were read.",
             s.steps_ahead,
         ),
     ] {
-        metric(out, name, "counter", help);
+        metric(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
     }
     let lat = model.latencies();

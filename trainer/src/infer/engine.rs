@@ -473,7 +473,7 @@ impl Engine {
     fn launch(&self, plan: &Schedule, drawn: Option<&Tensor>) -> Result<Launched, EngineError> {
         // A sequence planned ahead has no token to show yet: the device holds it.
         const AHEAD: [u32; 1] = [0];
-        let ahead = usize::from(drawn.is_some());
+        let ahead = drawn.is_some();
         let mut seqs = Vec::with_capacity(plan.seqs.len());
         for s in &plan.seqs {
             let state = self.scheduler.seq(s.seq).ok_or(EngineError::Stopped)?;
@@ -487,11 +487,11 @@ impl Engine {
                 ),
             };
             seqs.push(StepSeq {
-                tokens: if ahead == 1 { &AHEAD } else { &state.tokens[s.start..s.start + s.len] },
+                tokens: if ahead { &AHEAD } else { &state.tokens[s.start..s.start + s.len] },
                 start: s.start,
                 blocks: self.scheduler.table(s.seq),
                 adapter,
-                sample: s.sample.then(|| sampler::row(&live.sampling, live.generated + ahead)),
+                sample: s.sample.then(|| sampler::row(&live.sampling, live.generated + usize::from(ahead))),
             });
         }
         Ok(self.pool.install(|| self.runner.launch(&seqs, self.adapters.stack(), drawn))?)
