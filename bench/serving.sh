@@ -38,7 +38,8 @@ lines = []
 for metric in sorted(set(ours) | set(peer)):
     o, p = ours.get(metric, {}), peer.get(metric, {})
     ov, pv = o.get("ours"), p.get("peer")
-    extra = {k: v for k, v in o.items() if k not in ("metric", "ours")}
+    # Token digests stay in ours.jsonl (comparing two runs' tokens), out of the lines kept.
+    extra = {k: v for k, v in o.items() if k not in ("metric", "ours", "token_digests")}
     ratio = ov / pv if isinstance(ov, (int, float)) and isinstance(pv, (int, float)) and pv else None
     lines.append({"date": date, "gpu": gpu, "driver": driver, "commit": commit, "metric": metric, "ours": ov,
                   "peer": "hf-transformers-generate-static" if metric in peer else None, "peer_value": pv,

@@ -7,6 +7,7 @@
 //! ```text
 //! serve_bench device=cuda shape=8B weights=DIR peer_tokens=FILE out=FILE
 //!             streams=1,16,64,256 prompt=512 gen=256 rate=8 adapters=8 budget_s=400
+//!             [arrivals=all_at_once,poisson] [overlap=1] [graphs=1]
 //! serve_bench device=cpu shape=tiny streams=1,4 prompt=32 gen=16      (a smoke run on the CPU)
 //! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
 //! serve_bench probe=1 probe_variants=cuda_graph probe_steps=1   (one variant, one timed step:
@@ -152,7 +153,11 @@ fn drive(engine: &mut Engine, reqs: Vec<Request>, arrivals: &[f64], deadline: In
                         Some(prev) => itl.push(t - prev),
                     }
                 }
-                Event::Failed(m) => return Err(format!("request {i} failed: {m}").into()),
+                Event::Failed(m) => {
+                    let n = tokens.get(&i).map_or(0, Vec::len);
+                    let s = engine.stats();
+                    return Err(format!("request {i} failed after {n} tokens at {t:.3} s: {m} ({s:?})").into());
+                }
                 Event::Finished { .. } => {}
             }
         }
@@ -564,8 +569,12 @@ fn main() -> Res<()> {
     );
 
     let rate = args.num("rate", 8) as f64;
+    let arrivals_wanted = args.get("arrivals", "all_at_once,poisson");
     for &n in &streams {
         for arrival in ["all_at_once", "poisson"] {
+            if !arrivals_wanted.split(',').any(|a| a == arrival) {
+                continue;
+            }
             if Instant::now() > deadline {
                 emit(json!({"metric": format!("streams_{n}_{arrival}"), "skipped": "time budget"}));
                 continue;
@@ -594,7 +603,20 @@ fn main() -> Res<()> {
                     continue;
                 }
             };
-            emit(json!({"metric": format!("{tag}_output_tok_s"), "ours": l.out_tok_s}));
+            // Each request's tokens as one number: loads run twice (say, with steps queued ahead
+            // and without) can be compared token for token.
+            let digests: Vec<String> = l
+                .tokens
+                .values()
+                .map(|t| {
+                    format!(
+                        "{:016x}",
+                        t.iter()
+                            .fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
+                    )
+                })
+                .collect();
+            emit(json!({"metric": format!("{tag}_output_tok_s"), "ours": l.out_tok_s, "token_digests": digests}));
             emit(json!({"metric": format!("{tag}_ttft_p50_s"), "ours": percentile(&mut l.ttft, 0.5)}));
             emit(json!({"metric": format!("{tag}_ttft_p99_s"), "ours": percentile(&mut l.ttft, 0.99)}));
             emit(json!({"metric": format!("{tag}_itl_p50_s"), "ours": percentile(&mut l.itl, 0.5)}));

@@ -31,7 +31,9 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Adapters served at once over the base.
     pub max_adapters: usize,
-    /// CPU threads the engine computes with (the CPU backend; a GPU step uses one).
+    /// CPU threads the engine computes with on the CPU backend. On a CUDA device every step is
+    /// queued from one thread whatever this says: candle queues CUDA work on the calling
+    /// thread's own stream, so steps queued from two threads would not be ordered.
     pub threads: usize,
     /// Replay pure decode steps as CUDA graphs, one per batch-size bucket (CUDA devices and
     /// dense models only; elsewhere steps always run directly).
@@ -39,9 +41,7 @@ pub struct EngineConfig {
     /// Queue each decode step before reading the tokens of the one before it (the next step
     /// decodes the ids where they were drawn, on the device), so the host's work between steps
     /// (reading tokens, detokenizing, scheduling, streaming) overlaps the device's. Tokens are
-    /// the same either way; a request that ends costs its row one step of wasted work. Only
-    /// where decode steps run directly (the CPU, `cuda_graphs: false`, MoE models): never
-    /// ahead of a CUDA graph replay ([`Runner::queues_ahead`] says why).
+    /// the same either way; a request that ends costs its row one step of wasted work.
     pub overlap_steps: bool,
 }
 
@@ -171,12 +171,23 @@ pub struct Engine {
     live: HashMap<RequestId, Live>,
     tokenizer: Option<Tokenizer>,
     stop_ids: Vec<u32>,
+    /// Where every step is computed (and, on a CUDA device, queued: one thread, so one stream).
     pool: rayon::ThreadPool,
     next_id: RequestId,
     /// A step queued on the device whose tokens are not read yet (`overlap_steps`).
     in_flight: Option<InFlight>,
     steps: usize,
     steps_ahead: usize,
+}
+
+impl Drop for Engine {
+    /// A step still queued would write into the cache and buffers dropped with the engine
+    /// (memory that the pool may already have handed to someone else): wait for it first.
+    fn drop(&mut self) {
+        if let Some(f) = self.in_flight.take() {
+            let _ = f.launched.read();
+        }
+    }
 }
 
 /// A queued step: what was scheduled, and its draws on their way.
@@ -201,8 +212,14 @@ impl Engine {
             tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));
         let stop_ids = tokenizer.as_ref().map_or(Vec::new(), |t| vec![t.im_end_id(), t.eos_id()]);
         let adapters = AdapterSlots::new(&model, config.max_adapters);
+        // candle's CUDA device queues work on the calling thread's stream (the per-thread
+        // default stream): a step queued from one pool thread while the step before it runs on
+        // another's stream would read its ids, buffers and graphs unordered. One thread keeps
+        // every step of a CUDA engine on one stream. (Measured on an H200 with 16 threads:
+        // steps queued ahead of graph replays read ids past the vocabulary within seconds.)
+        let threads = if model.device().is_cuda() { 1 } else { config.threads.max(1) };
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads.max(1))
+            .num_threads(threads)
             .thread_name(|i| format!("mindxtrain-infer-{i}"))
             .build()
             .map_err(|e| EngineError::Config(format!("thread pool: {e}")))?;
@@ -226,6 +243,9 @@ impl Engine {
                 cuda_graphs: config.cuda_graphs,
             },
         )?;
+        // The cache, the packed weights and the RoPE tables were queued on this thread's
+        // stream; the pool's thread queues every step on its own.
+        mindxtrain_kernels::memory::settle(runner.device()).map_err(ModelError::from)?;
         Ok(Engine {
             config,
             scheduler,
@@ -264,10 +284,15 @@ impl Engine {
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
         // The tensors may come from another thread's copies (kernels::memory::settle).
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
-        self.adapters.load(name, adapters)?;
-        // A new stack is new tensors: graphs recorded over the old one would read freed memory.
-        self.runner.clear_graphs();
-        Ok(())
+        // On the steps' thread, so that its stream orders the new stack (and the freed graphs)
+        // after any step still queued.
+        let (slots, runner) = (&mut self.adapters, &self.runner);
+        self.pool.install(|| {
+            slots.load(name, adapters)?;
+            // A new stack is new tensors: graphs recorded over the old one would read freed memory.
+            runner.clear_graphs();
+            Ok(())
+        })
     }
 
     /// Serves `params` as the base weights from the next step on: a trainer's updated policy
@@ -281,7 +306,8 @@ impl Engine {
             ));
         }
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
-        self.runner.set_weights(params)?;
+        let runner = &mut self.runner;
+        self.pool.install(|| runner.set_weights(params))?;
         let kv = self.scheduler.kv();
         let (blocks, block_size) = (kv.total_blocks(), kv.block_size());
         self.scheduler = Scheduler::new(
@@ -300,9 +326,12 @@ impl Engine {
         if self.live.values().any(|l| l.adapter == uid) {
             return Err(EngineError::BadRequest(format!("adapter {name:?} is answering requests; evict it later")));
         }
-        self.adapters.evict(name)?;
-        self.runner.clear_graphs();
-        Ok(())
+        let (slots, runner) = (&mut self.adapters, &self.runner);
+        self.pool.install(|| {
+            slots.evict(name)?;
+            runner.clear_graphs();
+            Ok(())
+        })
     }
 
     /// The served adapters' names.
@@ -442,9 +471,6 @@ impl Engine {
     /// at least one would go on past its token limit. `None` otherwise, or when it could not be
     /// queued (the next [`Engine::step`] then schedules afresh and meets any error itself).
     fn launch_ahead(&mut self, current: &InFlight) -> Option<InFlight> {
-        if !self.runner.queues_ahead() {
-            return None;
-        }
         let drawn = current.launched.ids()?;
         let mut goes_on = false;
         for s in &current.plan.seqs {

@@ -174,19 +174,28 @@ impl DecodeGraphs {
 
     /// The logits `[batch rows, vocab]` of `batch`: replayed when its bucket is recorded,
     /// otherwise run by `forward` directly and then recorded. `forward` runs the model over
-    /// the views (and row adapters) it is given and returns the logits of every row.
+    /// the views (and row adapters) it is given and returns the logits of every row. `drawn`:
+    /// ids on the device that replace the batch's first token ids (a step queued before the
+    /// host read what the step before it drew).
     pub fn run(
         &mut self,
         device: &Device,
         batch: &DecodeBatch,
+        drawn: Option<&Tensor>,
         forward: impl Fn(&DecodeViews, &PagedMeta, Option<&RowAdapters>) -> candle_core::Result<Tensor>,
     ) -> candle_core::Result<Tensor> {
         let fresh = Tensor::new(batch.words(), device)?;
+        let take_drawn = |buffer: &Tensor| match drawn {
+            // The ids are the buffer's first section.
+            Some(ids) => graph::overwrite(&buffer.narrow(0, 0, ids.elem_count())?, ids),
+            None => Ok(()),
+        };
         let lora = batch.uses_adapters();
         let fresh_ids =
             lora.then(|| Tensor::new(RowAdapters::slot_ids(&batch.adapters).as_slice(), device)).transpose()?;
         if let Some(r) = self.recorded.get(&(batch.rows(), lora)) {
             graph::overwrite(&r.buffer, &fresh)?;
+            take_drawn(&r.buffer)?;
             if let (Some(dst), Some(src)) = (&r.adapter_ids, &fresh_ids) {
                 graph::overwrite(dst, src)?;
             }
@@ -195,6 +204,7 @@ impl DecodeGraphs {
         }
         // The first step of the bucket runs directly, over the buffers it will be recorded with.
         let (buffer, adapter_ids) = (fresh, fresh_ids);
+        take_drawn(&buffer)?;
         let views = batch.views(&buffer)?;
         let meta = batch.meta_on(&views)?;
         let rows = adapter_ids.clone().map(|ids| RowAdapters::on_device(batch.adapters.clone(), ids)).transpose()?;

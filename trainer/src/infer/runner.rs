@@ -160,28 +160,25 @@ impl Runner {
     /// `drawn`: the ids a step launched before this one drew (`[seqs.len()]` u32 on the device,
     /// [`Launched::ids`]), decoded here in place of each sequence's one token, so that this step
     /// can be queued before the host has read them: every sequence must then decode exactly one
-    /// token (its `tokens` are not read) and sample, and the runner must not replay graphs
-    /// ([`Runner::queues_ahead`]).
+    /// token (its `tokens` are not read) and sample. Every step must be queued from one thread:
+    /// candle's CUDA work goes to the calling thread's stream ([`super::Engine`] keeps one).
     pub fn launch(
         &self,
         seqs: &[StepSeq<'_>],
         adapters: Option<&AdapterStack>,
         drawn: Option<&Tensor>,
     ) -> Result<Launched, ModelError> {
-        if let Some(ids) = drawn {
-            if !self.queues_ahead() {
-                return Err(ModelError::Batch("steps are not queued ahead of CUDA graph replays".into()));
-            }
-            if ids.dims() != [seqs.len()] || seqs.iter().any(|s| s.tokens.len() != 1 || s.sample.is_none()) {
-                return Err(ModelError::Batch(format!(
-                    "{} drawn ids for {} sequences: each must decode one token and sample",
-                    ids.elem_count(),
-                    seqs.len()
-                )));
-            }
+        if let Some(ids) = drawn
+            && (ids.dims() != [seqs.len()] || seqs.iter().any(|s| s.tokens.len() != 1 || s.sample.is_none()))
+        {
+            return Err(ModelError::Batch(format!(
+                "{} drawn ids for {} sequences: each must decode one token and sample",
+                ids.elem_count(),
+                seqs.len()
+            )));
         }
         let step = match self.decode_graphs(seqs, adapters) {
-            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs, adapters)?,
+            Some((graphs, bucket)) => self.forward_bucketed(seqs, bucket, graphs, adapters, drawn)?,
             None => self.forward_drawn(seqs, adapters, drawn)?,
         };
         if step.sampling.is_empty() {
@@ -209,16 +206,6 @@ impl Runner {
             return None;
         }
         Some((graphs, graph::bucket_for(seqs.len())?))
-    }
-
-    /// Whether a step may be queued before the host read the ids of the step before it
-    /// ([`Runner::launch`]'s `drawn`): only where decode steps run directly. Measured on an H200
-    /// (2026-11-28, Qwen3-8B shape): queued ahead of graph replays, 64 streams gained 3%
-    /// (6,307 → 6,495 tok/s), but under Poisson arrivals at 256 streams some rows drew ids past
-    /// the vocabulary (NaN logits) within ~100 requests, which directly run steps never did;
-    /// not yet explained, so graph replays are never queued ahead.
-    pub fn queues_ahead(&self) -> bool {
-        self.graphs.is_none()
     }
 
     /// Drops the recorded graphs: they read the adapter stack where it was when recorded.
@@ -251,12 +238,13 @@ impl Runner {
         bucket: usize,
         graphs: &Mutex<DecodeGraphs>,
         adapters: Option<&AdapterStack>,
+        drawn: Option<&Tensor>,
     ) -> Result<StepLogits, ModelError> {
-        self.check_inputs(seqs, false)?;
+        self.check_inputs(seqs, drawn.is_some())?;
         let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = graphs.run(self.device(), &batch, |v, meta, rows| {
+        let logits = graphs.run(self.device(), &batch, drawn, |v, meta, rows| {
             let inputs = PagedInputs {
                 ids: &v.ids,
                 positions: &v.positions,
@@ -387,7 +375,8 @@ mod tests {
         }
         let want = direct.forward(&seqs(1), None).unwrap().logits;
         for bucket in [4, 8] {
-            let got = bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default()), None).unwrap();
+            let got =
+                bucketed.forward_bucketed(&seqs(1), bucket, &Mutex::new(DecodeGraphs::default()), None, None).unwrap();
             // Equal up to rounding: a GEMM may block 8 rows differently from 3 (the GPU's
             // libraries too), so a padded row's sums may associate differently.
             let gap = (&got.logits - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
@@ -423,13 +412,13 @@ mod tests {
             sample: Some(RowSampling::GREEDY),
         };
         let graphs = Mutex::new(DecodeGraphs::default());
-        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None, None).is_err());
         let too_wide = StepSeq { blocks: &wide, ..seq(0, &[0]) };
-        assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[too_wide], 1, &graphs, None, None).is_err());
         // Position 16 is past max_model_len 16: no RoPE row for it, on either path.
         let past_end = StepSeq { start: 16, ..seq(0, &[0, 1, 2, 3, 4]) };
         let err = r.forward(&[past_end], None).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("past max_model_len 16"), "{err}");
-        assert!(r.forward_bucketed(&[past_end], 1, &graphs, None).is_err());
+        assert!(r.forward_bucketed(&[past_end], 1, &graphs, None, None).is_err());
     }
 }
