@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 
 use super::adapters::{AdapterError, AdapterSlots};
-use super::kv::{self, KvBlocks, KvManager};
+use super::kv::{self, KvManager};
 use super::output::{Detokenizer, StopText};
 use super::request::{Request, RequestId, SamplingParams};
 use super::runner::{Launched, Runner, RunnerConfig, StepSeq};
@@ -15,68 +15,11 @@ use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
 use crate::data::Tokenizer;
 use crate::model::{Adapters, ModelError, Params, Qwen3};
 
-/// How the engine is sized.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Tokens per cache block.
-    pub block_size: usize,
-    /// Prompt plus completion tokens one request may reach.
-    pub max_model_len: usize,
-    /// Sequences in one step at most.
-    pub max_num_seqs: usize,
-    /// Tokens in one step at most (decodes plus prefill chunks).
-    pub max_batched_tokens: usize,
-    pub kv_blocks: KvBlocks,
-    /// Reuse the cached blocks of a shared prompt prefix.
-    pub prefix_caching: bool,
-    /// Adapters served at once over the base.
-    pub max_adapters: usize,
-    /// CPU threads the engine computes with on the CPU backend. On a CUDA device every step is
-    /// queued from one thread whatever this says: candle queues CUDA work on the calling
-    /// thread's own stream, so steps queued from two threads would not be ordered.
-    pub threads: usize,
-    /// Replay pure decode steps as CUDA graphs, one per batch-size bucket (CUDA devices and
-    /// dense models only; elsewhere steps always run directly).
-    pub cuda_graphs: bool,
-    /// Queue each decode step before reading the tokens of the one before it (the next step
-    /// decodes the ids where they were drawn, on the device), so the host's work between steps
-    /// (reading tokens, detokenizing, scheduling, streaming) overlaps the device's. Tokens are
-    /// the same either way; a request that ends costs its row one step of wasted work.
-    pub overlap_steps: bool,
-}
+mod config;
+mod events;
 
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            block_size: 16,
-            max_model_len: 4096,
-            max_num_seqs: 64,
-            max_batched_tokens: 2048,
-            kv_blocks: KvBlocks::FreeMemory(0.5),
-            prefix_caching: true,
-            max_adapters: 8,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cuda_graphs: true,
-            overlap_steps: true,
-        }
-    }
-}
-
-impl EngineConfig {
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: String| Err(EngineError::Config(m));
-        if self.block_size == 0 || self.max_model_len == 0 || self.max_num_seqs == 0 {
-            return bad("block_size, max_model_len and max_num_seqs must be at least 1".into());
-        }
-        if self.max_batched_tokens < self.max_num_seqs {
-            return bad(format!(
-                "max_batched_tokens {} is below max_num_seqs {}: a step could not decode every running sequence",
-                self.max_batched_tokens, self.max_num_seqs
-            ));
-        }
-        Ok(())
-    }
-}
+pub use config::EngineConfig;
+pub use events::{Event, FinishReason, Stats, Usage};
 
 /// Why the engine refused or failed something. The first three are the client's doing.
 #[derive(Debug, thiserror::Error)]
@@ -104,53 +47,6 @@ impl From<AdapterError> for EngineError {
             other => EngineError::Adapter(other),
         }
     }
-}
-
-/// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token or stop string.
-    Stop,
-    /// `max_tokens`, or the context is full.
-    Length,
-}
-
-/// Token counts of a completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens found in the prefix cache (not computed again).
-    pub cached_tokens: usize,
-}
-
-/// What a request hears from the engine.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// A generated token and the text that became final with it (often empty mid-character
-    /// or while it could still start a stop string).
-    Token { id: u32, logprob: f32, text: String },
-    /// The end: the text still held back, the counts, and the stop token that ended it (the
-    /// tokenizer's end of turn or end of text; `None` after a stop string or the length limit).
-    /// A trainer learning from the completion needs that token: it is how an answer ends.
-    Finished { reason: FinishReason, text: String, usage: Usage, stop_token: Option<u32> },
-    /// Generation failed (nothing more follows).
-    Failed(String),
-}
-
-/// The engine's load, for admission and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stats {
-    pub waiting: usize,
-    pub running: usize,
-    pub kv_used_blocks: usize,
-    pub kv_total_blocks: usize,
-    pub block_size: usize,
-    /// Steps run since the engine started.
-    pub steps: usize,
-    /// Of those, steps queued before the tokens of the step before them were read
-    /// ([`EngineConfig::overlap_steps`]).
-    pub steps_ahead: usize,
 }
 
 struct Live {
