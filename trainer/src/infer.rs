@@ -197,10 +197,8 @@ struct Shared {
 
 /// The engine thread: take commands (waiting for one when idle), step, deliver events.
 fn serve(mut engine: Engine, rx: mpsc::Receiver<Command>, shared: Shared) {
-    // The model and cache were made on the spawning thread, whose CUDA work is not ordered
-    // before this thread's (kernels::memory::settle). A device that fails the wait fails the
-    // first step too, and that error reaches the requests.
-    let _ = mindxtrain_kernels::memory::settle(engine.model().device());
+    // The model and cache were made on the spawning thread: `Engine::new` waited for that
+    // thread's CUDA work, and the engine queues every step from its own one pool thread.
     let mut sinks: std::collections::HashMap<RequestId, Sink> = std::collections::HashMap::new();
     // When each request was submitted, then when it last produced a token.
     let mut last: std::collections::HashMap<RequestId, (Instant, bool)> = std::collections::HashMap::new();
