@@ -178,7 +178,8 @@ impl Engine {
 
     /// Serves `adapters` under `name`, beside the base and the other adapters.
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
-        // The tensors may come from another thread's copies (kernels::memory::settle).
+        // The tensors may come from another thread's copies (kernels::memory::settle), and a
+        // step still queued may replay a graph about to be dropped: both finish first.
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
         // On the steps' thread, so that its stream orders the new stack (and the freed graphs)
         // after any step still queued.
@@ -222,6 +223,8 @@ impl Engine {
         if self.live.values().any(|l| l.adapter == uid) {
             return Err(EngineError::BadRequest(format!("adapter {name:?} is answering requests; evict it later")));
         }
+        // A step still queued may replay a graph about to be dropped: let it finish first.
+        mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
         let (slots, runner) = (&mut self.adapters, &self.runner);
         self.pool.install(|| {
             slots.evict(name)?;
