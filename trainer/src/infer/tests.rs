@@ -542,3 +542,49 @@ fn random_arrivals_and_aborts_give_the_same_tokens_with_steps_queued_ahead() {
         }
     }
 }
+
+/// Adapters loaded and evicted while base-model requests run with steps queued ahead (the
+/// engine then waits for the queued step and swaps the stack on its own thread): the running
+/// requests get the tokens they get with no adapter traffic, and an engine dropped with a step
+/// still queued waits for it rather than leave it writing into freed memory.
+#[test]
+fn adapters_loaded_and_evicted_mid_run_leave_running_requests_alone() {
+    let reqs = || prompts().into_iter().map(|p| Request::greedy(p, 20)).collect::<Vec<_>>();
+    let mut quiet = Engine::new(model(64, DType::F64), None, engine_config(96, 16)).unwrap();
+    let want = run(&mut quiet, reqs());
+
+    let mut busy = Engine::new(model(64, DType::F64), None, engine_config(96, 16)).unwrap();
+    busy.load_adapter("early", adapters(1, 2)).unwrap();
+    let ids: Vec<RequestId> = reqs().into_iter().map(|r| busy.add(r).unwrap()).collect();
+    let mut got: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
+    for step in 0..10_000 {
+        if busy.is_idle() {
+            break;
+        }
+        match step {
+            6 => busy.load_adapter("late", adapters(2, 4)).unwrap(),
+            9 => busy.evict_adapter("early").unwrap(),
+            _ => {}
+        }
+        for (id, e) in busy.step() {
+            if let Event::Token { id: token, .. } = e {
+                got.entry(id).or_default().push(token);
+            }
+        }
+    }
+    assert!(busy.stats().steps_ahead > 0, "no step was queued ahead: {:?}", busy.stats());
+    assert_eq!(busy.adapters(), vec!["late".to_string()]);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(got[id], want[i].0, "request {i}: adapter traffic changed its tokens");
+    }
+
+    // Dropped mid-run, with a step queued ahead.
+    let mut dropped = Engine::new(model(64, DType::F64), None, engine_config(96, 16)).unwrap();
+    for r in reqs() {
+        dropped.add(r).unwrap();
+    }
+    while dropped.stats().steps_ahead == 0 {
+        dropped.step();
+    }
+    drop(dropped);
+}
