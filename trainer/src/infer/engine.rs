@@ -178,15 +178,22 @@ impl Engine {
 
     /// Serves `adapters` under `name`, beside the base and the other adapters.
     pub fn load_adapter(&mut self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
-        // The tensors may come from another thread's copies (kernels::memory::settle), and a
-        // step still queued may replay a graph about to be dropped: both finish first.
+        self.change_adapters(|slots| slots.load(name, adapters))
+    }
+
+    /// Changes the adapter stack with `change`. The tensors may come from another thread's
+    /// copies (kernels::memory::settle), and a step still queued may replay a graph about to be
+    /// dropped: both finish first. Then, on the steps' thread (so that its stream orders the new
+    /// stack after any step queued later), the change, and the graphs recorded over the old
+    /// stack go: they would read freed memory.
+    fn change_adapters(
+        &mut self,
+        change: impl FnOnce(&mut AdapterSlots) -> Result<(), AdapterError> + Send,
+    ) -> Result<(), EngineError> {
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
-        // On the steps' thread, so that its stream orders the new stack (and the freed graphs)
-        // after any step still queued.
         let (slots, runner) = (&mut self.adapters, &self.runner);
         self.pool.install(|| {
-            slots.load(name, adapters)?;
-            // A new stack is new tensors: graphs recorded over the old one would read freed memory.
+            change(slots)?;
             runner.clear_graphs();
             Ok(())
         })
@@ -223,14 +230,7 @@ impl Engine {
         if self.live.values().any(|l| l.adapter == uid) {
             return Err(EngineError::BadRequest(format!("adapter {name:?} is answering requests; evict it later")));
         }
-        // A step still queued may replay a graph about to be dropped: let it finish first.
-        mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
-        let (slots, runner) = (&mut self.adapters, &self.runner);
-        self.pool.install(|| {
-            slots.evict(name)?;
-            runner.clear_graphs();
-            Ok(())
-        })
+        self.change_adapters(|slots| slots.evict(name))
     }
 
     /// The served adapters' names.
