@@ -142,6 +142,9 @@ impl Engine {
         // The cache, the packed weights and the RoPE tables were queued on this thread's
         // stream; the pool's thread queues every step on its own.
         mindxtrain_kernels::memory::settle(runner.device()).map_err(ModelError::from)?;
+        // Every batch-size bucket the running batch can reach, recorded before the first request
+        // (on the steps' thread: the graphs replay on its stream).
+        pool.install(|| runner.record_decode_graphs(config.max_num_seqs))?;
         Ok(Engine {
             config,
             scheduler,

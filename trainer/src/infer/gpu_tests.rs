@@ -75,7 +75,7 @@ fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
 }
 
 /// Base-model requests joining at different steps: decode batches of 1 to 8 rows replay
-/// their buckets' CUDA graphs, and the tokens equal the CPU engine's and the GPU engine's
+/// their buckets' CUDA graphs (recorded when the engine starts), and the tokens equal the CPU engine's and the GPU engine's
 /// without graphs; decode steps queued ahead (their ids drawn on the device, copied into a
 /// graph's input buffer or decoded directly) give the tokens of steps run one at a time, with
 /// a pool of 8 threads (candle queues CUDA work on the calling thread's stream: the engine
@@ -101,6 +101,10 @@ fn decode_steps_replayed_as_cuda_graphs_give_the_direct_steps_tokens() {
         let m = crate::model::Qwen3::new(c.clone(), cpu_model.params().clone(), &device).unwrap();
         let config = EngineConfig { cuda_graphs: graphs, overlap_steps: overlap, threads: 8, ..config() };
         let mut engine = Engine::new(m, None, config).unwrap();
+        // Every bucket up to the batch's largest (8 sequences) is recorded before any request:
+        // the first steps replay graphs too.
+        let at_start = engine.graph_buckets();
+        assert_eq!(at_start, if graphs && device.is_cuda() { vec![1, 2, 4, 8] } else { vec![] }, "{device:?} {graphs}");
         let rounds = if overlap && device.is_cuda() { 4 } else { 1 };
         let first = run(&mut engine, requests());
         // Later rounds hit the prefix cache (their usage says so); their tokens are the first's.

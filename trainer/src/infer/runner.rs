@@ -208,6 +208,27 @@ impl Runner {
         Some((graphs, graph::bucket_for(seqs.len())?))
     }
 
+    /// Records the decode step of every bucket up to the one holding `rows` sequences as a CUDA
+    /// graph now, as serving engines do when they start: a bucket's first step otherwise runs
+    /// directly, then is captured and instantiated, inside a request's time (~30 ms of a
+    /// 64-stream load at the 8B shape on an H200). Every row is padding: one token at position 0
+    /// of the spare block, which no sequence holds. Nothing to do without graphs or on a CPU
+    /// (where a bucket's step would only run directly). Call it from the thread that queues
+    /// the steps: the graphs replay on its stream.
+    pub fn record_decode_graphs(&self, rows: usize) -> Result<(), ModelError> {
+        let Some(graphs) = self.graphs.as_ref().filter(|_| self.device().is_cuda()) else {
+            return Ok(());
+        };
+        let spare = [u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?];
+        let last = graph::bucket_for(rows.max(1)).unwrap_or(graph::BUCKETS[graph::BUCKETS.len() - 1]);
+        for bucket in graph::BUCKETS.into_iter().take_while(|&b| b <= last) {
+            let pad =
+                StepSeq { tokens: &[0], start: 0, blocks: &spare, adapter: None, sample: Some(RowSampling::GREEDY) };
+            self.forward_bucketed(&vec![pad; bucket], bucket, graphs, None, None)?;
+        }
+        Ok(())
+    }
+
     /// Drops the recorded graphs: they read the adapter stack where it was when recorded.
     pub fn clear_graphs(&self) {
         if let Some(g) = &self.graphs {
