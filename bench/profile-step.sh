@@ -5,6 +5,8 @@
 # serving build (`scripts/build-gpu serving`):
 #   run(command="ROWS=64 bench/profile-step.sh", carry=["target-gpu/carry-serving"], kind="nvidia-h200")
 # ROWS (the decode batch, default 64; the probe's context is 640 tokens a row) and SHAPE (default 8B).
+# PREFILL=NxLEN (e.g. 16x512) profiles a prefill step of N prompts of LEN tokens instead (the
+# probe's third step with tensor-core attention; the table keeps the last step's kernels).
 # ncu serialises kernels, so the sum is each kernel's own time without overlap; compare it with
 # the probe's graph-replay step time, which this script also prints (run without the profiler).
 # DETAIL=REGEX (e.g. paged_attn_tc) adds ncu's full sections (speed of light, memory workload,
@@ -18,7 +20,11 @@ mkdir -p "$LOGS"
 WORK=$(mktemp -d /tmp/mx-profile.XXXX)
 trap 'rm -rf "$WORK"' EXIT
 gunzip -c target-gpu/carry-serving/serve-bench.gz >"$WORK/serve-bench" && chmod +x "$WORK/serve-bench"
-PROBE=(device=cuda shape="$SHAPE" probe="$ROWS" probe_variants=cuda_graph)
+if [[ -n ${PREFILL:-} ]]; then
+  PROBE=(device=cuda shape="$SHAPE" probe=0 probe_prefill="$PREFILL" probe_variants=tensor_core_attention)
+else
+  PROBE=(device=cuda shape="$SHAPE" probe="$ROWS" probe_variants=cuda_graph)
+fi
 "$WORK/serve-bench" "${PROBE[@]}" | tee "$LOGS/profile-step-probe.jsonl"
 ncu --clock-control none --graph-profiling node --csv --page raw \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \

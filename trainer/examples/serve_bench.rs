@@ -15,7 +15,8 @@
 //! serve_bench probe=16,64 probe_variants=cuda_graph probe_tc_busy=1188,1584   (the graph step
 //!             again with the tensor-core attention's key split aimed at those block counts)
 //! serve_bench probe=0 probe_prefill=16x512   (a prefill step of 16 prompts of 512 tokens, with
-//!             tensor-core and CUDA-core attention)
+//!             tensor-core and CUDA-core attention; probe_variants=…: some of tensor_core_attention, cuda_core_attention,
+//!             tensor_core_attention_engine_settings)
 //! serve_bench probe=16,64 probe_gemm=1   (a decode step's GEMM shapes: cuBLAS's default
 //!             against the best cuBLASLt candidate, before the decode probe)
 //! ```
@@ -393,9 +394,11 @@ fn gemm_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMu
 
 /// A prefill step of `seqs` prompts of `len` tokens each (no cached prefix, the last row of each
 /// sampled), as the engine runs one when that many requests arrive together: the step's time
-/// with bf16 attention on the tensor-core kernel and on the CUDA-core one, in this process, with
+/// and the host's time to launch it, with bf16 attention on the tensor-core kernel and on the
+/// CUDA-core one, then again with the engine's memory settings, in this process; with
 /// `MINDXTRAIN_PROFILE` set the ops' table of each.
-fn prefill_probe(model: &Qwen3, (seqs, len): (usize, usize), steps: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+fn prefill_probe(model: &Qwen3, (seqs, len): (usize, usize), probe: &Probe, emit: &mut impl FnMut(Value)) -> Res<()> {
+    let steps = probe.steps.min(5);
     let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
     let per_seq = len.div_ceil(block);
     let config = RunnerConfig {
@@ -418,17 +421,33 @@ fn prefill_probe(model: &Qwen3, (seqs, len): (usize, usize), steps: usize, emit:
             sample: Some(RowSampling::GREEDY),
         })
         .collect();
-    for (variant, tensor_cores) in [("tensor_core_attention", true), ("cuda_core_attention", false)] {
+    // The last variant runs with the engine's process-wide settings (freed memory kept in the
+    // pool, no per-allocation events), which stay on once set: it comes last.
+    let variants = [
+        ("tensor_core_attention", true, false),
+        ("cuda_core_attention", false, false),
+        ("tensor_core_attention_engine_settings", true, true),
+    ];
+    for (variant, tensor_cores, engine_settings) in variants {
+        if !probe.variants.as_ref().is_none_or(|only| only.iter().any(|v| v == variant)) {
+            continue;
+        }
+        if engine_settings {
+            mindxtrain_kernels::cache_freed_memory(&dev)?;
+            mindxtrain_kernels::skip_allocation_events(&dev)?;
+        }
         mindxtrain_kernels::paged_attention::use_tensor_cores(tensor_cores);
         for _ in 0..2 {
             runner.step(&batch, None)?;
         }
         sync(&dev)?;
         let _ = mindxtrain_kernels::profile::take();
-        let mut whole = Vec::new();
+        let (mut launch, mut whole) = (Vec::new(), Vec::new());
         for _ in 0..steps {
             let t = Instant::now();
-            runner.step(&batch, None)?;
+            let step = runner.forward(&batch, None)?;
+            launch.push(t.elapsed().as_secs_f64());
+            sampler::sample(&step.logits, &step.sampling, c.vocab_size)?;
             sync(&dev)?;
             whole.push(t.elapsed().as_secs_f64());
         }
@@ -441,6 +460,7 @@ fn prefill_probe(model: &Qwen3, (seqs, len): (usize, usize), steps: usize, emit:
         emit(json!({
             "metric": format!("prefill_probe_{seqs}x{len}_{variant}_step_ms_p50"),
             "ours": ms,
+            "launch_ms_p50": percentile(&mut launch, 0.5) * 1e3,
             "projection_tflops": flops / (ms * 1e-3) / 1e12,
         }));
         for (label, calls, secs) in mindxtrain_kernels::profile::take() {
@@ -514,7 +534,7 @@ fn main() -> Res<()> {
         // The probe leaves process-wide settings behind (no event tracking): it runs alone.
         if let Some((n, len)) = args.0.get("probe_prefill").and_then(|v| v.split_once('x')) {
             let (n, len) = (n.parse()?, len.parse()?);
-            prefill_probe(&model, (n, len), probe.steps.min(5), &mut emit)?;
+            prefill_probe(&model, (n, len), &probe, &mut emit)?;
         }
         #[cfg(feature = "cuda")]
         if args.0.contains_key("probe_gemm") {
