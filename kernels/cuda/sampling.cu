@@ -2,7 +2,9 @@
 // greedy, or temperature with top-k and top-p as thresholds on logit values, then the first
 // index (vocabulary order) whose running kept weight passes u·Σ kept. One block per row; the
 // k-th largest value and the top-p cut are found by bisection over the floats' ordered bit
-// patterns (32 counting passes each), so nothing is sorted.
+// patterns (32 counting passes each), so nothing is sorted. The row's max, its first index and
+// Σ e^{x − max} come first from `sample_parts`, many blocks a row: one block walking a 152k
+// vocabulary alone took 73 µs of a 64-row decode step (H200), a whole greedy step's sampling.
 #include "portable.h"
 
 #define THREADS 256
@@ -48,19 +50,15 @@ template <typename F> DEV unsigned largest_key(F f, float goal) {
   return lo;
 }
 
+// This thread's max, its first index and Σ e^{x − max} over elements [i0, i1) of row `l`, in one
+// pass (online: the sum is rescaled when the max grows), in 16-byte chunks where the row is
+// aligned for them (i0 a multiple of 8). A thread that saw only −∞ holds (−∞, vocab, 0).
 template <typename T>
-DEV void sample_row(const T* logits, const float* temperature, const float* top_p,
-                    const unsigned* top_k, const float* uniform, unsigned* token, float* logprob,
-                    int vocab) {
-  __shared__ float red[THREADS / WARP];
-  __shared__ float chunk[THREADS];
-  const int row = blockIdx.x, tid = threadIdx.x;
-  const T* l = logits + (size_t)row * vocab;
-  // Max, its first index and Σ e^{x − max} in one pass (online: the sum is rescaled when the
-  // thread's max grows), in 16-byte chunks where the row is aligned for them. Two element-at-a-
-  // time passes took 63 µs of a 152k vocabulary (H200): a greedy step's whole sampling.
-  float mx = -INFINITY, se = 0.f;
-  int arg = vocab;
+DEV void scan_max(const T* l, int i0, int i1, int vocab, float& mx, int& arg, float& se) {
+  mx = -INFINITY;
+  se = 0.f;
+  arg = vocab;
+  const int tid = threadIdx.x;
   auto visit = [&](float x, int i) {
     if (x > mx) {
       se = se * __expf(mx - x) + 1.f;
@@ -71,23 +69,72 @@ DEV void sample_row(const T* logits, const float* temperature, const float* top_
     }
   };
   constexpr int V = 16 / sizeof(T);
-  if (vocab % V == 0 && (reinterpret_cast<size_t>(l) & 15) == 0) {
+  if (vocab % V == 0 && i0 % V == 0 && (reinterpret_cast<size_t>(l) & 15) == 0) {
     const uint4* chunks = reinterpret_cast<const uint4*>(l);
 #pragma unroll 4
-    for (int c = tid; c < vocab / V; c += THREADS) {
+    for (int c = i0 / V + tid; c < (i1 + V - 1) / V; c += THREADS) {
       const uint4 v = chunks[c];
       const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) visit(to_f(e[j]), c * V + j);
+      for (int j = 0; j < V; ++j)
+        if (c * V + j < i1) visit(to_f(e[j]), c * V + j);
     }
   } else {
-    for (int i = tid; i < vocab; i += THREADS) visit(to_f(l[i]), i);
+    for (int i = i0 + tid; i < i1; i += THREADS) visit(to_f(l[i]), i);
   }
-  const float row_max = block_max(mx, red);
-  const float cand = (mx == row_max) ? (float)arg : (float)vocab;
-  const int first_max = (int)(-block_max(-cand, red));
+}
+
+// The block's (max, first index of it, Σ e^{x − max}) from each thread's (mx, arg, se); every
+// thread gets them.
+DEV void combine_max(float mx, int arg, float se, int vocab, float* red, float& max_out, int& arg_out,
+                     float& se_out) {
+  max_out = block_max(mx, red);
+  const float cand = (mx == max_out) ? (float)arg : (float)vocab;
+  arg_out = (int)(-block_max(-cand, red));
   // A thread that saw only −∞ holds se = 0 (its e^{mx − max} would be NaN).
-  const float lse = row_max + __logf(block_sum(mx == -INFINITY ? 0.f : se * __expf(mx - row_max), red));
+  se_out = block_sum(mx == -INFINITY ? 0.f : se * __expf(mx - max_out), red);
+}
+
+// Part `blockIdx.y` (elements [y·per, (y+1)·per)) of row `blockIdx.x`: its (max, first index as
+// a float, exact below 2^24, Σ e^{x − max}) into parts[(row·parts + y)·3 ..].
+template <typename T> DEV void row_part(const T* logits, float* parts, int vocab, int per) {
+  __shared__ float red[THREADS / WARP];
+  const T* l = logits + (size_t)blockIdx.x * vocab;
+  const int i0 = blockIdx.y * per, i1 = min(vocab, i0 + per);
+  float mx, se;
+  int arg;
+  scan_max<T>(l, i0, i1, vocab, mx, arg, se);
+  float pm, ps;
+  int pa;
+  combine_max(mx, arg, se, vocab, red, pm, pa, ps);
+  if (threadIdx.x == 0) {
+    float* p = parts + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * 3;
+    p[0] = pm;
+    p[1] = (float)pa;
+    p[2] = ps;
+  }
+}
+
+template <typename T>
+DEV void sample_row(const T* logits, const float* parts, int nparts, const float* temperature, const float* top_p,
+                    const unsigned* top_k, const float* uniform, unsigned* token, float* logprob, int vocab) {
+  __shared__ float red[THREADS / WARP];
+  __shared__ float chunk[THREADS];
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const T* l = logits + (size_t)row * vocab;
+  // The row's parts, one a thread (nparts ≤ THREADS), folded as the threads' own scans were.
+  float mx = -INFINITY, se = 0.f;
+  int arg = vocab;
+  if (tid < nparts) {
+    const float* p = parts + ((size_t)row * nparts + tid) * 3;
+    mx = p[0];
+    arg = (int)p[1];
+    se = p[2];
+  }
+  float row_max, row_se;
+  int first_max;
+  combine_max(mx, arg, se, vocab, red, row_max, first_max, row_se);
+  const float lse = row_max + __logf(row_se);
   const float temp = temperature[row];
   const unsigned k = top_k[row];
   // No finite or +∞ logit (a row of NaN or −∞: diverged weights): token 0 with a NaN
@@ -167,9 +214,12 @@ DEV void sample_row(const T* logits, const float* temperature, const float* top_
 }
 
 #define SAMPLE(S, T)                                                                                \
-  KERNEL void sample_##S(const T* logits, const float* temperature, const float* top_p,            \
-                         const unsigned* top_k, const float* uniform, unsigned* token,              \
-                         float* logprob, int vocab) {                                               \
-    sample_row<T>(logits, temperature, top_p, top_k, uniform, token, logprob, vocab);              \
+  KERNEL void sample_parts_##S(const T* logits, float* parts, int vocab, int per) {                 \
+    row_part<T>(logits, parts, vocab, per);                                                         \
+  }                                                                                                 \
+  KERNEL void sample_##S(const T* logits, const float* parts, int nparts, const float* temperature, \
+                         const float* top_p, const unsigned* top_k, const float* uniform,           \
+                         unsigned* token, float* logprob, int vocab) {                              \
+    sample_row<T>(logits, parts, nparts, temperature, top_p, top_k, uniform, token, logprob, vocab); \
   }
 FOR_DTYPES(SAMPLE)

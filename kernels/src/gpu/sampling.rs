@@ -1,5 +1,6 @@
-//! Per-row sampling on the GPU (`cuda/sampling.cu`): one block per row over the logits where
-//! they are; only the chosen ids and their log-probabilities come back to the host, copied
+//! Per-row sampling on the GPU (`cuda/sampling.cu`): each row's max and log-sum-exp from many
+//! blocks a row (`sample_parts`), then one block per row draws over the logits where they are;
+//! only the chosen ids and their log-probabilities come back to the host, copied
 //! into page-locked buffers behind the kernel on the same stream, so launching waits for
 //! nothing and reading waits only for this copy (not for what was queued after it).
 
@@ -14,6 +15,11 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("sampling");
+/// Logits one `sample_parts` block scans (8 KiB of bf16: two 16-byte chunks a thread), so a
+/// 152k vocabulary is 38 blocks a row rather than one block walking all of it.
+const PART: usize = 4096;
+/// Threads of a sampling block: the draw folds one part a thread.
+const THREADS: usize = 256;
 
 /// Page-locked buffers the draws are copied into: allocating them costs more than a decode
 /// step's host work, so they are kept (a few, as only a step or two is ever in flight).
@@ -110,22 +116,34 @@ pub(crate) fn queue(logits: &Tensor, rows: &[RowSampling]) -> Result<Pending> {
     let mut token = dev.alloc_zeros::<u32>(n)?;
     let mut logprob = alloc::<f32>(&dev, n)?;
     let vocab_i = int(vocab)?;
-    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // Multiples of 8, so every part starts on a 16-byte chunk; at most THREADS parts a row.
+    let per = vocab.div_ceil(THREADS).max(PART).next_multiple_of(8);
+    let nparts = vocab.div_ceil(per);
+    let (per_i, nparts_i) = (int(per)?, int(nparts)?);
+    let mut parts = alloc::<f32>(&dev, n * nparts * 3)?;
+    let parts_cfg =
+        LaunchConfig { grid_dim: (n as u32, nparts as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     with_views::<f32, _, 3>([&temp, &top_p, &uniform], |[tv, pv, uv]| {
         with_views::<u32, _, 1>([&top_k], |[kv]| {
             macro_rules! go {
-                ($t:ty, $name:literal) => {{
-                    let kernel = Kernel::named(&dev, &MODULE, $name)?;
+                ($t:ty, $suffix:literal) => {{
+                    let scan = Kernel::named(&dev, &MODULE, concat!("sample_parts_", $suffix))?;
+                    let draw = Kernel::named(&dev, &MODULE, concat!("sample_", $suffix))?;
                     with_views::<$t, _, 1>([&logits], |[lv]| {
-                        let mut a = kernel.builder();
-                        a.arg(&lv).arg(&tv).arg(&pv).arg(&kv).arg(&uv).arg(&mut token).arg(&mut logprob).arg(&vocab_i);
+                        let mut a = scan.builder();
+                        a.arg(&lv).arg(&mut parts).arg(&vocab_i).arg(&per_i);
+                        launch(a, parts_cfg)?;
+                        let mut a = draw.builder();
+                        a.arg(&lv).arg(&parts).arg(&nparts_i).arg(&tv).arg(&pv).arg(&kv).arg(&uv);
+                        a.arg(&mut token).arg(&mut logprob).arg(&vocab_i);
                         launch(a, cfg)
                     })
                 }};
             }
             match logits.dtype() {
-                DType::BF16 => go!(half::bf16, "sample_bf16"),
-                _ => go!(f32, "sample_f32"),
+                DType::BF16 => go!(half::bf16, "bf16"),
+                _ => go!(f32, "f32"),
             }
         })
     })?;
