@@ -1,5 +1,5 @@
 """The Qwen3 shapes the GPU benchmarks use, as random-init HF models (shared by bench/hf_peer.py and
-bench/serving_peer.py; our side's shapes are in trainer/examples/gpu_step.rs and serve_bench.rs)."""
+bench/serving_peer.py; our side's shapes are in trainer/examples/gpu_step.rs and serve_bench/)."""
 import torch
 
 SHAPES = {  # vocab, hidden, layers, heads, kv heads, head_dim, ffn

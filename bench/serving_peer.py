@@ -17,7 +17,7 @@ batched, EOS off) on a random-init Qwen3 shape in bf16, on the same GPU in the s
 Each result is written to OUT_JSON as it is measured. TOKENS_JSON `-` skips the saved weights
 and the identity prompts (throughput only, for a call short of time).
 
-Prompt token ids follow the rule of trainer/examples/serve_bench.rs (`tokens`), so both sides
+Prompt token ids follow the rule of trainer/examples/serve_bench/main.rs (`tokens`), so both sides
 run the same prompts.
 """
 import json
