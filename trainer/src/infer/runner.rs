@@ -219,7 +219,7 @@ impl Runner {
         let Some(graphs) = self.graphs.as_ref().filter(|_| self.device().is_cuda()) else {
             return Ok(());
         };
-        let spare = [u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?];
+        let spare = [self.spare_block()?];
         let last = graph::bucket_for(rows.max(1)).unwrap_or(graph::BUCKETS[graph::BUCKETS.len() - 1]);
         for bucket in graph::BUCKETS.into_iter().take_while(|&b| b <= last) {
             let pad =
@@ -246,6 +246,11 @@ impl Runner {
         self.graphs.as_ref()?.lock().ok()?.refused().map(str::to_owned)
     }
 
+    /// The block past the pool's that a padded step's padding rows write to.
+    fn spare_block(&self) -> Result<u32, ModelError> {
+        u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))
+    }
+
     /// Table width (blocks) every sequence fits in.
     fn table_width(&self) -> usize {
         self.config.max_model_len.div_ceil(self.config.block_size)
@@ -262,7 +267,7 @@ impl Runner {
         drawn: Option<&Tensor>,
     ) -> Result<StepLogits, ModelError> {
         self.check_inputs(seqs, drawn.is_some())?;
-        let spare = u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))?;
+        let spare = self.spare_block()?;
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
         let logits = graphs.run(self.device(), &batch, drawn, |v, meta, rows| {
