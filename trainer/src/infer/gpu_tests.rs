@@ -76,11 +76,11 @@ fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
 
 /// Base-model requests joining at different steps: decode batches of 1 to 8 rows replay
 /// their buckets' CUDA graphs (recorded when the engine starts), and the tokens equal the CPU
-/// engine's and the GPU engine's without graphs; decode steps queued ahead (their ids drawn on the device, copied into a
-/// graph's input buffer or decoded directly) give the tokens of steps run one at a time, with
-/// a pool of 8 threads (candle queues CUDA work on the calling thread's stream: the engine
-/// must queue every step from one thread, or a step queued ahead reads unordered ids) and
-/// over several rounds.
+/// engine's and the GPU engine's without graphs; decode steps queued ahead (their ids drawn on
+/// the device, copied into a graph's input buffer or decoded directly) give the tokens of steps
+/// run one at a time, with a pool of 8 threads (candle queues CUDA work on the calling
+/// thread's stream: the engine must queue every step from one thread, or a step queued ahead
+/// reads unordered ids) and over several rounds.
 #[test]
 fn decode_steps_replayed_as_cuda_graphs_give_the_direct_steps_tokens() {
     let c = config_with_head_dim(64, 64);
