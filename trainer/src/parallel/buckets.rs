@@ -189,6 +189,14 @@ pub fn gather_owned(
         let all = comm.run(Job::AllGather(mine_flat, spans))?.tensor()?;
         let all = match (keeps, keep) {
             (false, _) => {
+                // A rank that keeps nothing waits for each bucket's gather before it starts the
+                // next. Running ahead (every bucket queued while the keeper was still writing a
+                // checkpoint) made the keeper receive one whole tensor of other values: at 4
+                // ranks on H200s, ZeRO-3's final weights had `layers.0.self_attn.o_proj` at 12x
+                // its range, the checkpoint saved just before them did not, and a host wait here
+                // (or `CUDA_LAUNCH_BLOCKING=1`) made them equal to data parallel's. Costs nothing
+                // that matters: the keeper copies every bucket to its host anyway.
+                comm.synchronize()?;
                 bucket.clear();
                 return Ok(());
             }

@@ -236,6 +236,15 @@ impl Comm {
         }
     }
 
+    /// Waits until every collective submitted so far has finished on the device (a thread's
+    /// jobs have when they are waited for).
+    pub fn synchronize(&self) -> Result<(), CollectiveError> {
+        match &self.worker {
+            Worker::Inline(c) => c.borrow_mut().synchronize(),
+            Worker::Thread { .. } => Ok(()),
+        }
+    }
+
     /// Submits and waits.
     pub fn run(&self, job: Job) -> Result<Output, CollectiveError> {
         let t = self.submit(job);
