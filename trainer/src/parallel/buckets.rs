@@ -222,3 +222,92 @@ pub fn gather_owned(
     send(&mut bucket, &mut out)?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::{Backend, Collective};
+    use candle_core::Device;
+    use std::sync::{Arc, Mutex};
+
+    /// Rank `rank` of two, inline as NCCL runs: a gather hands back every span, the other rank's
+    /// as `-1`; each gather and each wait for the device is logged.
+    struct Logged {
+        rank: usize,
+        log: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    impl Collective for Logged {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn world(&self) -> usize {
+            2
+        }
+        fn backend(&self) -> Backend {
+            Backend::Nccl
+        }
+        fn all_reduce(&mut self, _: &Tensor) -> Result<Tensor, CollectiveError> {
+            Err(CollectiveError::Mismatch("no all-reduce in a gather".into()))
+        }
+        fn reduce_scatter(&mut self, _: &Tensor, _: &[Span]) -> Result<Tensor, CollectiveError> {
+            Err(CollectiveError::Mismatch("no reduce-scatter in a gather".into()))
+        }
+        fn all_gather(&mut self, mine: &Tensor, spans: &[Span]) -> Result<Tensor, CollectiveError> {
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).push("gather");
+            let (mine, mut at, mut all) = (mine.to_vec1::<f32>()?, 0, Vec::new());
+            for s in spans {
+                if s.owner == self.rank {
+                    all.extend_from_slice(&mine[at..at + s.len]);
+                    at += s.len;
+                } else {
+                    all.extend(std::iter::repeat_n(-1.0f32, s.len));
+                }
+            }
+            Ok(Tensor::new(all, &Device::Cpu)?)
+        }
+        fn all_gather_bytes(&mut self, b: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+            Ok(vec![b.to_vec(), b.to_vec()])
+        }
+        fn synchronize(&mut self) -> Result<(), CollectiveError> {
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).push("wait");
+            Ok(())
+        }
+    }
+
+    /// Three tensors, each a bucket of its own (4-byte buckets): `a` kept by rank 0, `b` and `c`
+    /// by rank 1. Returns what `rank` gets and the log of its collective.
+    fn gather(rank: usize, keep: Keep) -> (Grads, Vec<&'static str>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let comm = Comm::new(Box::new(Logged { rank, log: log.clone() }), false);
+        let names: Vec<(String, Vec<usize>)> = [("a", 3), ("b", 2), ("c", 4)].map(|(n, l)| (n.into(), vec![l])).into();
+        let owner = |n: &str| usize::from(n != "a");
+        let mut mine = Grads::new();
+        for (n, dims) in names.iter().filter(|(n, _)| owner(n) == rank) {
+            mine.insert(n.clone(), Tensor::ones(dims.as_slice(), DType::F32, &Device::Cpu).unwrap());
+        }
+        let out = gather_owned(&comm, owner, &names, &mine, DType::F32, &Device::Cpu, 4, keep).unwrap();
+        let log = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (out, log)
+    }
+
+    /// A rank that keeps nothing of a save's gather waits for each bucket before it sends the
+    /// next (on four H200s, running ahead left rank 0 with a whole tensor of other values); the
+    /// keeper and a gather every rank keeps go on without waiting.
+    #[test]
+    fn ranks_that_keep_nothing_wait_for_each_bucket_of_a_gathered_save() {
+        let (out, log) = gather(1, Keep::OnHost(0));
+        assert!(out.is_empty());
+        assert_eq!(log, ["gather", "wait", "gather", "wait", "gather", "wait"]);
+
+        let (out, log) = gather(0, Keep::OnHost(0));
+        assert_eq!(log, ["gather", "gather", "gather"]);
+        assert_eq!(out["a"].to_vec1::<f32>().unwrap(), [1.0; 3]);
+        assert_eq!(out["c"].to_vec1::<f32>().unwrap(), [-1.0; 4], "rank 1's span, as the collective gave it");
+
+        let (out, log) = gather(1, Keep::Everywhere);
+        assert_eq!(log, ["gather", "gather", "gather"]);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out["b"].to_vec1::<f32>().unwrap(), [1.0; 2]);
+    }
+}
