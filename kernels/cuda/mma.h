@@ -119,15 +119,16 @@ template <int HD> DEV void load_a(unsigned (&a)[HD / 16][4], const bf16* s, int 
 }
 
 // One key tile of the online softmax for a lane's two MMA rows (i = 0: row lane / 4, i = 1: that
-// + 8). `s` holds the tile's scores as C fragments over 8·NT keys; a score becomes s·c (log2
-// units) where visible(i, column) holds and −inf elsewhere, the running max m and sum and the
-// accumulator o are rescaled to the new max, and s becomes the probabilities exp2(s·c − max).
-template <int NT, int HD, typename Visible>
+// + 8; with HALVES = 1 the caller has no unit in rows 8–15 and row i = 1 is left as it is). `s`
+// holds the tile's scores as C fragments over 8·NT keys; a score becomes s·c (log2 units) where
+// visible(i, column) holds and −inf elsewhere, the running max m and sum and the accumulator o are
+// rescaled to the new max, and s becomes the probabilities exp2(s·c − max).
+template <int NT, int HD, int HALVES = 2, typename Visible>
 DEV void softmax_tile(float (&s)[NT][4], float (&m)[2], float (&sum)[2], float (&o)[HD / 8][4], float c,
                       Visible visible) {
   const int t4 = threadIdx.x % 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < HALVES; ++i) {
     float mx = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)

@@ -37,39 +37,36 @@ constexpr int BC = 64;  // keys per staged tile
 // Keys [tile, tile + BC) of one kv head into shared K and V tiles (row stride HD + PAD); keys at
 // or past k1 read as zeros, so masked probabilities (exactly 0) multiply finite values. `kb`/`vb`:
 // the caches at this thread's column of the kv head (`cache + kvh·HD + col`), `stride` elements
-// from one slot to the next. Blocks hold 1 << bshift keys (the host sends other block sizes to the
-// CUDA-core kernel): a slot is a shift and a mask, where a division by a run-time block size cost
-// ~25 instructions a chunk and made this loop issue-bound (ncu, H200, 64 decode rows: 886
-// instructions a tile a warp, 0.46 issued a cycle per scheduler, DRAM at 61%; 534 with the shift
-// and 32-bit slot arithmetic, by nvdisasm). A thread's block-table lookups are all issued before
-// its first copy: looked up one copy at a time, each copy waited on its lookup.
+// from one slot to the next. Blocks hold 1 << bshift ≥ 8 keys (the host sends other block sizes to
+// the CUDA-core kernel), and a thread copies PER ≤ 8 consecutive keys of one column, aligned as
+// tiles are: they lie in one block, found with one table lookup and a shift, and step one slot
+// apart. (ncu, H200, 64 decode rows: with a lookup and a division by the block size per key this
+// loop was issue-bound, 886 instructions a tile a warp, 0.46 issued a cycle per scheduler, DRAM at
+// 61%.)
 template <int HD>
 DEV void stage_kv(bf16* sk, bf16* sv, const bf16* kb, const bf16* vb, const unsigned* table, int tile, int k1,
                   unsigned bshift, unsigned stride) {
-  constexpr int CH = HD / 8, PER = BC * CH / THREADS, STEP = THREADS / CH;
-  static_assert(BC * CH % THREADS == 0 && THREADS % CH == 0, "a tile's chunks split evenly over the threads");
-  const unsigned r0 = threadIdx.x / CH, col = (threadIdx.x % CH) * 8;
-  const unsigned mask = (1u << bshift) - 1u, key0 = (unsigned)tile + r0, end = (unsigned)k1;
-  unsigned block[PER];
+  constexpr int CH = HD / 8, PER = BC * CH / THREADS;
+  static_assert(BC * CH % THREADS == 0 && THREADS % CH == 0 && PER <= 8, "a thread's keys lie in one block");
+  const unsigned r0 = threadIdx.x / CH * PER, col = (threadIdx.x % CH) * 8;
+  const unsigned key0 = (unsigned)tile + r0, end = (unsigned)k1;
+  bf16* dk = sk + r0 * (HD + PAD) + col;
+  bf16* dv = sv + r0 * (HD + PAD) + col;
+  // Slots number fewer than 2^32 (the cache's rows); offsets are wide products.
+  const unsigned slot = key0 < end ? (__ldg(table + (key0 >> bshift)) << bshift) | (key0 & ((1u << bshift) - 1u)) : 0u;
+  const size_t at = (size_t)slot * stride;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const unsigned key = key0 + i * STEP;
-    block[i] = key < end ? __ldg(table + (key >> bshift)) : 0u;
-  }
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const unsigned key = key0 + i * STEP, r = r0 + i * STEP;
-    const bool ok = key < end;
-    // Slots number fewer than 2^32 (the cache's rows); the offset is the wide product.
-    const size_t at = ok ? (size_t)((block[i] << bshift) | (key & mask)) * stride : 0;
-    cp16(sk + r * (HD + PAD) + col, kb + at, ok);
-    cp16(sv + r * (HD + PAD) + col, vb + at, ok);
+    const bool ok = key0 + i < end;
+    const size_t off = ok ? at + (size_t)i * stride : 0;
+    cp16(dk + i * (HD + PAD), kb + off, ok);
+    cp16(dv + i * (HD + PAD), vb + off, ok);
   }
 }
 
 // Folds the softmax states of warps kp > 0 into warp kp = 0 of the same unit group, through
 // shared memory (the stages are free by then). Returns false for the warps whose part is done.
-template <int HD, int KP, int UG>
+template <int HD, int KP, int UG, int HALVES>
 DEV bool merge_phases(unsigned char* smem, int ug, int kp, float (&m)[2], float (&sum)[2], float (&o)[HD / 8][4]) {
   constexpr int REGS = HD / 2;  // o's registers per lane
   const int l = threadIdx.x % 32;
@@ -81,9 +78,9 @@ DEV bool merge_phases(unsigned char* smem, int ug, int kp, float (&m)[2], float 
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) xo[(at * REGS + nt * 4 + j) * 32 + l] = o[nt][j];
+      for (int j = 0; j < 2 * HALVES; ++j) xo[(at * REGS + nt * 4 + j) * 32 + l] = o[nt][j];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < HALVES; ++i) {
       xs[(at * 4 + i) * 32 + l] = m[i];
       xs[(at * 4 + 2 + i) * 32 + l] = sum[i];
     }
@@ -91,7 +88,7 @@ DEV bool merge_phases(unsigned char* smem, int ug, int kp, float (&m)[2], float 
   BARRIER();
   if (kp > 0) return false;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < HALVES; ++i) {
     float mx = m[i];
     for (int p = 1; p < KP; ++p) mx = fmaxf(mx, xs[(((p - 1) * UG + ug) * 4 + i) * 32 + l]);
     const float base = mx == -INFINITY ? 0.f : mx;
@@ -117,7 +114,7 @@ DEV bool merge_phases(unsigned char* smem, int ug, int kp, float (&m)[2], float 
   return true;
 }
 
-template <int HD, int KP>
+template <int HD, int KP, int HALVES>
 DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsigned* query_starts,
                        const unsigned* context_lens, const unsigned* tables, const Item* items,
                        bf16* out, float* part_m, float* part_l, float* part_acc, int heads,
@@ -156,12 +153,13 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
   load_a<HD>(qa, qstage, ug * 16);
   BARRIER();
 
-  // The lane's two MMA rows: units ug·16 + r4 and + 8; a unit's row sees keys up to `limit`.
-  int limit[2];
+  // The lane's two MMA rows: units ug·16 + r4 and + 8; a unit's row sees keys up to `last`
+  // (its causal limit and the split's end in one bound, hoisted out of the tile loop).
+  int last[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int u = ug * 16 + r4 + 8 * i;
-    limit[i] = u < units ? ctx - t + it.row0 + u / g : -1;
+    last[i] = u < units ? min(ctx - t + it.row0 + u / g, k1 - 1) : -1;
   }
   const float c = scale * LOG2E;
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
@@ -180,20 +178,18 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
     const bf16* sv = sk + BC * LD;
     float s[NK / 8][4] = {};
     mma_rows<HD / 16, NK / 8>(s, qa, sk, LD, 0);
-    softmax_tile<NK / 8, HD>(s, m, sum, o, c, [&](int i, int col) {
-      const int key = tile + kp * NK + col;
-      return key <= limit[i] && key < k1;
-    });
+    softmax_tile<NK / 8, HD, HALVES>(s, m, sum, o, c,
+                                     [&](int i, int col) { return tile + kp * NK + col <= last[i]; });
     mma_cols<HD, NK / 8>(o, s, sv, 0);
     BARRIER();
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) sum[i] = quad_sum(sum[i]);
   if constexpr (KP > 1) {
-    if (!merge_phases<HD, KP, UG>(smem_raw, ug, kp, m, sum, o)) return;
+    if (!merge_phases<HD, KP, UG, HALVES>(smem_raw, ug, kp, m, sum, o)) return;
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < HALVES; ++i) {
     const int u = ug * 16 + r4 + 8 * i;
     if (u >= units) continue;
     const size_t rh = (size_t)(first + it.row0 + u / g) * heads + kvh * g + u % g;
@@ -224,18 +220,25 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
 
 // `base`: the launch's first item (decode items and prefill items are one list, two launches).
 // Decode blocks are capped at the registers of three a multiprocessor, as many as their shared
-// memory allows (ptxas otherwise chose 192 at head size 128, which fits two).
-#define PAGED_ATTN_TC(HD, KP, MIN_BLOCKS)                                                                \
-  KERNEL void __launch_bounds__(THREADS, MIN_BLOCKS) paged_attn_tc_hd##HD##_kp##KP(                     \
+// memory allows (ptxas otherwise chose 192 at head size 128, which fits two). A decode row of a
+// GQA group of at most 8 heads (every Qwen3 model) fills the MMA's rows 0–7 only: its `_g8`
+// kernels leave rows 8–15 out of the softmax, the merge and the store (a tile's loop 534 → 368
+// instructions a warp with the staging above, by nvdisasm; the 64-stream load +0.5–1%, H200).
+// Their results differ from the full kernel's in the last bits of some scores (greedy tokens of
+// the 64-stream load differ), within the reference's tolerance (`scripts/gpu-test`).
+#define PAGED_ATTN_TC(HD, KP, HALVES, MIN_BLOCKS, NAME)                                                   \
+  KERNEL void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                                \
       const bf16* q, const bf16* kc, const bf16* vc, const unsigned* qs, const unsigned* cl,             \
       const unsigned* tables, const Item* items, int base, bf16* out, float* pm, float* pl, float* pacc, \
       int heads, int kvh, int bshift, int max_blocks, int splits, float scale) {                         \
-    paged_attn_tc<HD, KP>(q, kc, vc, qs, cl, tables, items + base, out, pm, pl, pacc, heads, kvh,       \
-                          bshift, max_blocks, splits, scale);                                            \
+    paged_attn_tc<HD, KP, HALVES>(q, kc, vc, qs, cl, tables, items + base, out, pm, pl, pacc, heads, kvh, \
+                                  bshift, max_blocks, splits, scale);                                    \
   }
-PAGED_ATTN_TC(64, 1, 1)
-PAGED_ATTN_TC(64, 4, 3)
-PAGED_ATTN_TC(128, 1, 1)
-PAGED_ATTN_TC(128, 4, 3)
+PAGED_ATTN_TC(64, 1, 2, 1, paged_attn_tc_hd64_kp1)
+PAGED_ATTN_TC(64, 4, 2, 3, paged_attn_tc_hd64_kp4)
+PAGED_ATTN_TC(64, 4, 1, 3, paged_attn_tc_hd64_kp4_g8)
+PAGED_ATTN_TC(128, 1, 2, 1, paged_attn_tc_hd128_kp1)
+PAGED_ATTN_TC(128, 4, 2, 3, paged_attn_tc_hd128_kp4)
+PAGED_ATTN_TC(128, 4, 1, 3, paged_attn_tc_hd128_kp4_g8)
 
 #endif

@@ -115,15 +115,15 @@ pub(crate) fn forward<T: Elem>(q: &Tensor, kc: &Tensor, vc: &Tensor, meta: &Page
     let launches: Vec<(Kernel, usize, usize, u32)> = if tc {
         // Two stages of K and V tiles, rows padded by 16 bytes (`PAD` in mma.h).
         let shared = (2 * 2 * TC_TILE * (hd + 8) * 2) as u32;
-        let kernel = |kp: usize| {
-            Kernel::named(&dev, &TC_MODULE, &format!("paged_attn_tc_hd{hd}_kp{kp}"))?.with_dynamic_shared(shared)
-        };
+        let kernel = |name: String| Kernel::named(&dev, &TC_MODULE, &name)?.with_dynamic_shared(shared);
         let mut l = Vec::with_capacity(2);
         if plan.decodes > 0 {
-            l.push((kernel(4)?, 0, plan.decodes, shared));
+            // A decode row of at most 8 heads a group fills only the MMA's first 8 rows.
+            let rows = if g <= 8 { "_g8" } else { "" };
+            l.push((kernel(format!("paged_attn_tc_hd{hd}_kp4{rows}"))?, 0, plan.decodes, shared));
         }
         if plan.count > plan.decodes {
-            l.push((kernel(1)?, plan.decodes, plan.count - plan.decodes, shared));
+            l.push((kernel(format!("paged_attn_tc_hd{hd}_kp1"))?, plan.decodes, plan.count - plan.decodes, shared));
         }
         l
     } else {
@@ -183,8 +183,9 @@ fn on_tensor_cores(q: &Tensor, kc: &Tensor, vc: &Tensor) -> bool {
     crate::paged_attention::tensor_cores_allowed()
         && q.dtype() == candle_core::DType::BF16
         && matches!(q.dim(2), Ok(64 | 128))
-        // The kernel finds a key's slot by shift and mask (`cuda/paged_attention_tc.cu`).
-        && kc.dim(1).is_ok_and(usize::is_power_of_two)
+        // The kernel finds a key's slot by shift and mask, one lookup for a thread's 8 keys
+        // (`cuda/paged_attention_tc.cu`).
+        && kc.dim(1).is_ok_and(|bs| bs.is_power_of_two() && bs >= 8)
         && [q, kc, vc].into_iter().all(aligned16)
 }
 

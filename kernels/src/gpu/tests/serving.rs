@@ -34,15 +34,16 @@ fn meta(seqs: &[(usize, usize)], tables: &[Vec<u32>], device: &Device) -> Result
 fn paged_attention_matches_the_reference_for_decodes_prefills_and_long_contexts() -> Result<()> {
     // A decode-only step (one long context: split over keys), mixed steps (prefill chunks
     // beside decodes, chunks after a cached prefix, chunks of several work items and a last
-    // partial one), GQA 32/8, 16/8, 32/4 and none; head sizes 64/128 (bf16: the tensor-core
-    // kernel) and 256 (bf16: the CUDA-core kernel, as f32 always).
+    // partial one), GQA 32/8, 16/8, 32/4, 48/3 and none; head sizes 64/128 (bf16: the
+    // tensor-core kernel, whose decode rows of groups up to 8 heads take its `_g8` kernels and
+    // 48/3's 16 its full ones) and 256 (bf16: the CUDA-core kernel, as f32 always).
     let steps: [&[(usize, usize)]; 4] = [
         &[(1, 3000), (1, 17), (1, 700)],
         &[(37, 37), (1, 64), (20, 531), (1, 1)],
         &[(1, 5)],
         &[(150, 700), (1, 900), (64, 64), (3, 40)],
     ];
-    for (heads, kv, hd) in [(32, 8, 128), (16, 8, 64), (8, 8, 128), (32, 4, 128), (16, 8, 256)] {
+    for (heads, kv, hd) in [(32, 8, 128), (16, 8, 64), (8, 8, 128), (32, 4, 128), (48, 3, 64), (16, 8, 256)] {
         for seqs in steps {
             let (tables, blocks) = tables(seqs);
             let (cpu_meta, gpu_meta) = (meta(seqs, &tables, &Device::Cpu)?, meta(seqs, &tables, &gpu())?);
