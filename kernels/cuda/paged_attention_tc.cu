@@ -224,8 +224,8 @@ DEV void paged_attn_tc(const bf16* q, const bf16* kc, const bf16* vc, const unsi
 // GQA group of at most 8 heads (every Qwen3 model) fills the MMA's rows 0–7 only: its `_g8`
 // kernels leave rows 8–15 out of the softmax, the merge and the store (a tile's loop 534 → 368
 // instructions a warp with the staging above, by nvdisasm; the 64-stream load +0.5–1%, H200).
-// Their results differ from the full kernel's in the last bits of some scores (greedy tokens of
-// the 64-stream load differ), within the reference's tolerance (`scripts/gpu-test`).
+// They round differently from the full kernel somewhere (the 64-stream load's greedy tokens
+// differ; the staging alone keeps them), within the reference's tolerance (`scripts/gpu-test`).
 #define PAGED_ATTN_TC(HD, KP, HALVES, MIN_BLOCKS, NAME)                                                   \
   KERNEL void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                                \
       const bf16* q, const bf16* kc, const bf16* vc, const unsigned* qs, const unsigned* cl,             \
