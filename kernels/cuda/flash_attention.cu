@@ -16,8 +16,11 @@
 // parts into an f32 buffer with atomics (the order of those adds varies from run to run), which
 // evens out the causal triangle's long and short rows; flash_dq_finish rounds the sum to bf16.
 //
-// Layouts as attention.cu: q, dout, out [B, H, T, hd]; k, v [B, KV, T, hd]; lse, delta [B, H, T]
-// f32 (natural log); starts [B, T]. Every head's rows are 16-byte aligned (hd·2 bytes each).
+// Layouts: q, dout, out, dq [B, H, T, hd] or [B, T, H, hd] (one of the two for all four: the model's
+// projections give the second, so no transpose runs on either side of attention); k, v, dk, dv
+// likewise [B, KV, T, hd] or [B, T, KV, hd]; the row stride `ld` (hd or heads·hd elements) tells
+// the two apart (see `Heads`). lse, delta [B, H, T] f32 (natural log); starts [B, T]. Every row is
+// 16-byte aligned (hd·2 bytes each).
 //
 // mma.sync, ldmatrix and cp.async are NVIDIA (sm_80+) instructions: under HIP this file is empty
 // and the portable warp-per-row kernels of attention.cu serve (see docs/benchmarks.md).
@@ -32,26 +35,36 @@ using namespace mma16;
 
 constexpr int THREADS = 128;  // 4 warps
 
-// Rows r0 .. r0 + ROWS of a [Tn, HD] head into shared memory (row stride HD + PAD).
-template <int ROWS, int HD> DEV void load_tile(bf16* s, const bf16* g, int r0, int Tn) {
+// Where one head's rows lie in a tensor of `heads` heads: [B, heads, T, HD] has rows HD apart
+// and heads T·HD apart, [B, T, heads, HD] rows heads·HD apart and heads HD apart; batches are
+// heads·T·HD apart in both.
+template <int HD> struct Heads {
+  int heads, ld;
+  DEV_MEMBER size_t base(int b, int h, int Tn) const {
+    return (size_t)b * heads * Tn * HD + (size_t)h * (ld == HD ? (size_t)Tn * HD : HD);
+  }
+};
+
+// Rows r0 .. r0 + ROWS of a head (rows `ld` apart) into shared memory (row stride HD + PAD).
+template <int ROWS, int HD> DEV void load_tile(bf16* s, const bf16* g, int r0, int Tn, int ld) {
   constexpr int CH = HD / 8;
   for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
     const int r = c / CH, col = (c % CH) * 8;
     const bool ok = r0 + r < Tn;
-    cp16(s + r * (HD + PAD) + col, g + (size_t)(ok ? r0 + r : 0) * HD + col, ok);
+    cp16(s + r * (HD + PAD) + col, g + (size_t)(ok ? r0 + r : 0) * ld + col, ok);
   }
 }
 
 // Writes a warp's 16 × HD accumulator rows (row0 + g, row0 + g + 8) times `mul`, skipping rows
 // past Tn.
 template <int HD>
-DEV void store_rows(bf16* head, const float (&acc)[HD / 8][4], int row0, int Tn, const float (&mul)[2]) {
+DEV void store_rows(bf16* head, int ld, const float (&acc)[HD / 8][4], int row0, int Tn, const float (&mul)[2]) {
   const int l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + g + 8 * i;
     if (row >= Tn) continue;
-    bf16* out = head + (size_t)row * HD + 2 * t4;
+    bf16* out = head + (size_t)row * ld + 2 * t4;
 #pragma unroll
     for (int nt = 0; nt < HD / 8; ++nt)
       *reinterpret_cast<__nv_bfloat162*>(out + nt * 8) =
@@ -65,16 +78,16 @@ DEV void store_rows(bf16* head, const float (&acc)[HD / 8][4], int row0, int Tn,
 // streams in during softmax and P·V.
 template <int HD, int BC>
 DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse,
-             int H, int KV, int Tn, float scale) {
+             int H, int KV, int qld, int kld, int Tn, float scale) {
   constexpr int BR = 64, LD = HD + PAD;
   // Q is staged through sk before the first K tile, so sk holds at least BR rows.
   __shared__ __align__(16) bf16 sk[(BC > BR ? BC : BR) * LD], sv[BC * LD];
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
-  const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
+  const size_t qoff = Heads<HD>{H, qld}.base(b, h, Tn), kvoff = Heads<HD>{KV, kld}.base(b, h / (H / KV), Tn);
   const unsigned* st = starts + (size_t)b * Tn;
 
-  load_tile<BR, HD>(sk, q + qoff, q0, Tn);  // Q passes through sk before the first K tile
+  load_tile<BR, HD>(sk, q + qoff, q0, Tn, qld);  // Q passes through sk before the first K tile
   cp_commit();
   cp_wait<0>();
   BARRIER();
@@ -92,9 +105,9 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
   float o[HD / 8][4] = {};
   const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
-  load_tile<BC, HD>(sk, k + kvoff, kfirst, Tn);
+  load_tile<BC, HD>(sk, k + kvoff, kfirst, Tn, kld);
   cp_commit();
-  load_tile<BC, HD>(sv, v + kvoff, kfirst, Tn);
+  load_tile<BC, HD>(sv, v + kvoff, kfirst, Tn, kld);
   cp_commit();
   for (int kb = kfirst; kb <= last; kb += BC) {
     const bool more = kb + BC <= last;
@@ -104,7 +117,7 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
     mma_rows<HD / 16, BC / 8>(s, qa, sk, LD, 0);
     BARRIER();
     if (more) {
-      load_tile<BC, HD>(sk, k + kvoff, kb + BC, Tn);
+      load_tile<BC, HD>(sk, k + kvoff, kb + BC, Tn, kld);
       cp_commit();
     }
     softmax_tile<BC / 8, HD>(s, m, sum, o, c, [&](int i, int col) {
@@ -119,7 +132,7 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
     mma_cols<HD, BC / 8>(o, s, sv, 0);
     BARRIER();
     if (more) {
-      load_tile<BC, HD>(sv, v + kvoff, kb + BC, Tn);
+      load_tile<BC, HD>(sv, v + kvoff, kb + BC, Tn, kld);
       cp_commit();
     }
   }
@@ -130,7 +143,7 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
     inv[i] = 1.f / sum[i];
     if (t4 == 0 && row[i] < Tn) lse[((size_t)b * H + h) * Tn + row[i]] = (m[i] + log2f(sum[i])) * LN2;
   }
-  store_rows<HD>(out + qoff, o, q0 + w * 16, Tn, inv);
+  store_rows<HD>(out + qoff, qld, o, q0 + w * 16, Tn, inv);
 }
 
 // dQ: one block per 64 query rows of one head (SPLIT: per part of them, `splits` parts), over key
@@ -138,7 +151,7 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
 template <int HD, bool SPLIT>
 DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
                 const float* lse, const float* delta, bf16* dq, float* dq_sum, int splits, int H, int KV,
-                int Tn, float scale) {
+                int qld, int kld, int Tn, float scale) {
   constexpr int BR = 64, BC = 32, LD = HD + PAD;
   // K and V (2 × 32 rows), or while staging Q and dO, one 64-row tile.
   __shared__ __align__(16) bf16 smem[2 * BC * LD];
@@ -146,7 +159,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int part = SPLIT ? blockIdx.x % splits : 0;
   const int q0 = (SPLIT ? blockIdx.x / splits : blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z;
-  const size_t qoff = ((size_t)b * H + h) * Tn * HD, kvoff = ((size_t)b * KV + h / (H / KV)) * Tn * HD;
+  const size_t qoff = Heads<HD>{H, qld}.base(b, h, Tn), kvoff = Heads<HD>{KV, kld}.base(b, h / (H / KV), Tn);
   const unsigned* st = starts + (size_t)b * Tn;
   // This part's key tiles: an even share of the block's, in order.
   const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
@@ -155,13 +168,13 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   if (kbegin > kend) return;  // the whole block: no barrier is pending
 
   unsigned qa[HD / 16][4], da[HD / 16][4];
-  load_tile<BR, HD>(smem, q + qoff, q0, Tn);
+  load_tile<BR, HD>(smem, q + qoff, q0, Tn, qld);
   cp_commit();
   cp_wait<0>();
   BARRIER();
   load_a<HD>(qa, smem, w * 16);
   BARRIER();
-  load_tile<BR, HD>(smem, dout + qoff, q0, Tn);
+  load_tile<BR, HD>(smem, dout + qoff, q0, Tn, qld);
   cp_commit();
   cp_wait<0>();
   BARRIER();
@@ -181,8 +194,8 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   float acc[HD / 8][4] = {};
   for (int kb = kbegin; kb <= kend; kb += BC) {
     BARRIER();
-    load_tile<BC, HD>(sk, k + kvoff, kb, Tn);
-    load_tile<BC, HD>(sv, v + kvoff, kb, Tn);
+    load_tile<BC, HD>(sk, k + kvoff, kb, Tn, kld);
+    load_tile<BC, HD>(sv, v + kvoff, kb, Tn, kld);
     cp_commit();
     cp_wait<0>();
     BARRIER();
@@ -204,7 +217,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       if (row[i] >= Tn) continue;
-      float* out = dq_sum + qoff + (size_t)row[i] * HD + 2 * t4;
+      float* out = dq_sum + qoff + (size_t)row[i] * qld + 2 * t4;
 #pragma unroll
       for (int nt = 0; nt < HD / 8; ++nt) {
         atomicAdd(out + nt * 8, acc[nt][2 * i] * scale);
@@ -213,7 +226,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
     }
   } else {
     const float mul[2] = {scale, scale};
-    store_rows<HD>(dq + qoff, acc, q0 + w * 16, Tn, mul);
+    store_rows<HD>(dq + qoff, qld, acc, q0 + w * 16, Tn, mul);
   }
 }
 
@@ -224,8 +237,8 @@ template <int HD> constexpr int dkdv_smem_bytes() { return (2 * 64 + 4 * 32) * (
 
 template <int HD>
 DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
-                  const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int Tn,
-                  float scale) {
+                  const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int qld, int kld,
+                  int Tn, float scale) {
   constexpr int BK = 64, BQ = 32, LD = HD + PAD;
   extern __shared__ __align__(16) bf16 dyn[];
   bf16 *sk = dyn, *sv = sk + BK * LD, *sq = sv + BK * LD;  // then sq[2], sdo[2]
@@ -233,12 +246,12 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   auto do_stage = [&](int s) { return sq + (2 + s) * BQ * LD; };
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
-  const size_t kvoff = ((size_t)b * KV + kh) * Tn * HD;
+  const size_t kvoff = Heads<HD>{KV, kld}.base(b, kh, Tn);
   const unsigned* st = starts + (size_t)b * Tn;
   const int kmax = min(kb + BK, Tn) - 1;
 
-  load_tile<BK, HD>(sk, k + kvoff, kb, Tn);
-  load_tile<BK, HD>(sv, v + kvoff, kb, Tn);
+  load_tile<BK, HD>(sk, k + kvoff, kb, Tn, kld);
+  load_tile<BK, HD>(sv, v + kvoff, kb, Tn, kld);
   cp_commit();
 
   // Query tiles in order: heads of the group, then rows kb.. while a row may see a key ≤ kmax
@@ -252,9 +265,9 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     }
   };
   auto stage = [&](int hh, int qs, int s) {
-    const size_t qoff = ((size_t)b * H + kh * group + hh) * Tn * HD;
-    load_tile<BQ, HD>(q_stage(s), q + qoff, qs, Tn);
-    load_tile<BQ, HD>(do_stage(s), dout + qoff, qs, Tn);
+    const size_t qoff = Heads<HD>{H, qld}.base(b, kh * group + hh, Tn);
+    load_tile<BQ, HD>(q_stage(s), q + qoff, qs, Tn, qld);
+    load_tile<BQ, HD>(do_stage(s), dout + qoff, qs, Tn, qld);
     cp_commit();
   };
 
@@ -311,18 +324,20 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     s ^= 1;
   }
   const float mk[2] = {scale, scale}, mv[2] = {1.f, 1.f};
-  store_rows<HD>(dk + kvoff, dka, kb + w * 16, Tn, mk);
-  store_rows<HD>(dv + kvoff, dva, kb + w * 16, Tn, mv);
+  store_rows<HD>(dk + kvoff, kld, dka, kb + w * 16, Tn, mk);
+  store_rows<HD>(dv + kvoff, kld, dva, kb + w * 16, Tn, mv);
 }
 
 }  // namespace
 
-// grid (ceil(T / 64), H, B), 128 threads.
+// grid (ceil(T / 64), H, B), 128 threads; qld, kld: the row strides of q (and out, dout, dq) and
+// of k (and v, dk, dv), in elements.
 #define FLASH_FWD(HD, BC)                                                                          \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_fwd_hd##HD##_k##BC(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, \
-                               bf16* out, float* lse, int H, int KV, int Tn, float scale) {        \
-    fwd<HD, BC>(q, k, v, starts, out, lse, H, KV, Tn, scale);                                      \
+                               bf16* out, float* lse, int H, int KV, int qld, int kld, int Tn,     \
+                               float scale) {                                                      \
+    fwd<HD, BC>(q, k, v, starts, out, lse, H, KV, qld, kld, Tn, scale);                            \
   }
 #define FLASH(HD)                                                                                  \
   FLASH_FWD(HD, 32)                                                                                \
@@ -330,22 +345,25 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_bwd_dq_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,           \
                           const unsigned* starts, const float* lse, const float* delta, bf16* dq,  \
-                          int H, int KV, int Tn, float scale) {                                    \
-    bwd_dq<HD, false>(dout, q, k, v, starts, lse, delta, dq, nullptr, 1, H, KV, Tn, scale);        \
+                          int H, int KV, int qld, int kld, int Tn, float scale) {                  \
+    bwd_dq<HD, false>(dout, q, k, v, starts, lse, delta, dq, nullptr, 1, H, KV, qld, kld, Tn, scale); \
   }                                                                                                \
   /* grid (ceil(T / 64) · splits, H, B); dq_sum zeroed first */                                   \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_bwd_dq_split_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,     \
                                 const unsigned* starts, const float* lse, const float* delta,      \
-                                float* dq_sum, int splits, int H, int KV, int Tn, float scale) {   \
-    bwd_dq<HD, true>(dout, q, k, v, starts, lse, delta, nullptr, dq_sum, splits, H, KV, Tn, scale); \
+                                float* dq_sum, int splits, int H, int KV, int qld, int kld, int Tn, \
+                                float scale) {                                                     \
+    bwd_dq<HD, true>(dout, q, k, v, starts, lse, delta, nullptr, dq_sum, splits, H, KV, qld, kld, Tn, \
+                     scale);                                                                       \
   }                                                                                                \
   /* grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory */       \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_bwd_dkdv_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,         \
                             const unsigned* starts, const float* lse, const float* delta,          \
-                            bf16* dk, bf16* dv, int H, int KV, int Tn, float scale) {              \
-    bwd_dkdv<HD>(dout, q, k, v, starts, lse, delta, dk, dv, H, KV, Tn, scale);                     \
+                            bf16* dk, bf16* dv, int H, int KV, int qld, int kld, int Tn,           \
+                            float scale) {                                                         \
+    bwd_dkdv<HD>(dout, q, k, v, starts, lse, delta, dk, dv, H, KV, qld, kld, Tn, scale);           \
   }
 FLASH(64)
 FLASH(128)
@@ -355,13 +373,16 @@ KERNEL void flash_dq_finish(const float* sum, bf16* dq, size_t n) {
   for (size_t i = global_index(); i < n; i += global_stride()) dq[i] = __float2bfloat16(sum[i]);
 }
 
-// D = rowsum(dO ∘ O) per query row, in f32: one warp per row.
-KERNEL void attn_bwd_delta_bf16(const bf16* dout, const bf16* out, float* delta, int rows, int hd) {
+// D = rowsum(dO ∘ O) per query row, in f32: one warp per row, rows in [B, H, T] order; dout and
+// out lie as the flash kernels' q (row stride ld).
+KERNEL void attn_bwd_delta_bf16(const bf16* dout, const bf16* out, float* delta, int rows, int hd, int H,
+                                int Tn, int ld) {
   const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
   if (r >= rows) return;
+  const int t = r % Tn, h = r / Tn % H, b = r / Tn / H;
+  const size_t at = (size_t)b * H * Tn * hd + (size_t)h * (ld == hd ? (size_t)Tn * hd : hd) + (size_t)t * ld;
   float s = 0.f;
-  for (int i = lane; i < hd; i += WARP)
-    s += to_f(dout[(size_t)r * hd + i]) * to_f(out[(size_t)r * hd + i]);
+  for (int i = lane; i < hd; i += WARP) s += to_f(dout[at + i]) * to_f(out[at + i]);
   s = warp_sum(s);
   if (lane == 0) delta[r] = s;
 }

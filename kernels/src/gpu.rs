@@ -180,12 +180,22 @@ pub(crate) fn with_views<T: CudaDType + DeviceRepr, R, const N: usize>(
     ts: [&Tensor; N],
     f: impl FnOnce([CudaView<'_, T>; N]) -> Result<R>,
 ) -> Result<R> {
-    let owned: Vec<Tensor> = ts.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
-    let guards: Vec<_> = owned.iter().map(|t| t.storage_and_layout()).collect();
+    let copies: Vec<Tensor> = ts.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
+    with_dense_views(std::array::from_fn(|i| &copies[i]), f)
+}
+
+/// Runs `f` on device views of `ts` as they lie, no copy: each must fill one unbroken block of
+/// its storage in some order of its axes (contiguous, or a transpose of a contiguous tensor),
+/// and the kernel indexes it with that order's strides itself.
+pub(crate) fn with_dense_views<T: CudaDType + DeviceRepr, R, const N: usize>(
+    ts: [&Tensor; N],
+    f: impl FnOnce([CudaView<'_, T>; N]) -> Result<R>,
+) -> Result<R> {
+    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
     let mut views = Vec::with_capacity(N);
     for (storage, layout) in &guards {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("gpu kernel: tensor is not contiguous")
+        let Some((start, end)) = dense_offsets(layout) else {
+            candle_core::bail!("gpu kernel: tensor of shape {:?} has gaps in its storage", layout.dims())
         };
         match &**storage {
             Storage::Cuda(c) => views.push(c.as_cuda_slice::<T>()?.slice(start..end)),
@@ -194,6 +204,23 @@ pub(crate) fn with_views<T: CudaDType + DeviceRepr, R, const N: usize>(
     }
     let views: [CudaView<'_, T>; N] = views.try_into().map_err(|_| candle_core::Error::Msg("view count".into()))?;
     f(views)
+}
+
+/// The storage range `layout` covers when it covers it without gaps or overlaps (any order of
+/// its axes), else `None`.
+fn dense_offsets(layout: &candle_core::Layout) -> Option<(usize, usize)> {
+    let start = layout.start_offset();
+    let mut axes: Vec<(usize, usize)> =
+        layout.dims().iter().copied().zip(layout.stride().iter().copied()).filter(|&(d, _)| d > 1).collect();
+    axes.sort_by_key(|&(_, s)| s);
+    let mut expected = 1;
+    for (d, s) in axes {
+        if s != expected {
+            return None;
+        }
+        expected *= d;
+    }
+    Some((start, start + layout.shape().elem_count()))
 }
 
 /// Whether `t`'s data starts 16-byte aligned as a kernel will see it: a tensor `with_views`

@@ -21,38 +21,32 @@ pub fn tables(
         candle_core::bail!("rope: head_dim {head_dim} is odd");
     }
     let half = head_dim / 2;
-    let n = positions.len();
-    let (cos, sin) = if dtype == DType::F64 {
-        let inv: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64)).collect();
-        let mut cos = Vec::with_capacity(n * head_dim);
-        let mut sin = Vec::with_capacity(n * head_dim);
-        for &p in positions {
-            for _ in 0..2 {
-                for f in &inv {
-                    let a = p as f64 * f;
-                    cos.push(a.cos());
-                    sin.push(a.sin());
+    // Positions repeat (each row of a batch, each packed document, restarts at 0): every distinct
+    // one is computed once and the rows are gathered on the device (a 16,384-token batch has
+    // 2,048 distinct positions, so 16× fewer sines and cosines; the values are the same).
+    let mut distinct = positions.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let at: Vec<u32> = positions.iter().map(|p| distinct.partition_point(|d| d < p) as u32).collect();
+    let u = distinct.len();
+    // One body for f64 (gradient checks) and f32 (HF's precision).
+    macro_rules! rows {
+        ($f:ty) => {{
+            let theta = theta as $f;
+            let inv: Vec<$f> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as $f / head_dim as $f)).collect();
+            let (mut cos, mut sin) = (Vec::with_capacity(u * head_dim), Vec::with_capacity(u * head_dim));
+            for &p in &distinct {
+                for _ in 0..2 {
+                    cos.extend(inv.iter().map(|f| (p as $f * f).cos()));
+                    sin.extend(inv.iter().map(|f| (p as $f * f).sin()));
                 }
             }
-        }
-        (Tensor::from_vec(cos, (n, head_dim), device)?, Tensor::from_vec(sin, (n, head_dim), device)?)
-    } else {
-        let theta = theta as f32;
-        let inv: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
-        let mut cos = Vec::with_capacity(n * head_dim);
-        let mut sin = Vec::with_capacity(n * head_dim);
-        for &p in positions {
-            for _ in 0..2 {
-                for f in &inv {
-                    let a = p as f32 * f;
-                    cos.push(a.cos());
-                    sin.push(a.sin());
-                }
-            }
-        }
-        (Tensor::from_vec(cos, (n, head_dim), device)?, Tensor::from_vec(sin, (n, head_dim), device)?)
-    };
-    Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?))
+            (Tensor::from_vec(cos, (u, head_dim), device)?, Tensor::from_vec(sin, (u, head_dim), device)?)
+        }};
+    }
+    let (cos, sin) = if dtype == DType::F64 { rows!(f64) } else { rows!(f32) };
+    let at = Tensor::from_vec(at, positions.len(), device)?;
+    Ok((cos.index_select(&at, 0)?.to_dtype(dtype)?, sin.index_select(&at, 0)?.to_dtype(dtype)?))
 }
 
 /// `x`: `[.., head_dim]`; `cos`/`sin` broadcastable to it. Nothing is saved: the backward
@@ -146,6 +140,22 @@ mod tests {
         let (cos, sin) = (cos.reshape((1, 3, 1, 4))?, sin.reshape((1, 3, 1, 4))?);
         let dx = backward(&dy, &cos, &sin)?;
         check(|t: &[Tensor]| forward(&t[0], &cos, &sin), &[x], &dy, &[dx])
+    }
+
+    #[test]
+    fn each_tokens_row_is_its_positions_angles() -> Result<()> {
+        // Repeated, unsorted positions: every row is computed from its own position.
+        let positions = [9u32, 0, 3, 9, 0, 4096, 3];
+        let (cos, sin) = tables(&positions, 8, 1e6, DType::F32, &Device::Cpu)?;
+        let (c, s) = (cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
+        let inv: Vec<f32> = (0..4).map(|i| 1.0 / 1e6f32.powf((2 * i) as f32 / 8.0)).collect();
+        for (row, &p) in positions.iter().enumerate() {
+            for col in 0..8 {
+                let a = p as f32 * inv[col % 4];
+                assert_eq!((c[row][col].to_bits(), s[row][col].to_bits()), (a.cos().to_bits(), a.sin().to_bits()));
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! (or over 256) take the composed reference.
 
 use super::{
-    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_views,
+    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_dense_views,
+    with_views,
 };
 use crate::attention::{AttentionKernels, Mask, reference};
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("attention");
@@ -41,11 +44,49 @@ fn row_config(rows: usize) -> LaunchConfig {
 }
 
 /// Whether the flash kernels serve these tensors: bf16 (the MMA's input type), a head size
-/// they are instantiated for, and 16-byte aligned rows (cp.async moves 16 bytes at a time).
+/// they are instantiated for, and 16-byte aligned rows (cp.async moves 16 bytes at a time;
+/// a tensor read in another layout is copied to a fresh, aligned buffer first).
 fn flash<T: Elem>(hd: usize, ts: &[&Tensor]) -> bool {
     T::SUFFIX == "bf16"
         && matches!(hd, 64 | 128)
-        && ts.iter().all(|t| !t.is_contiguous() || t.layout().start_offset().is_multiple_of(8))
+        && ts.iter().all(|t| row_stride(t).is_none() || t.layout().start_offset().is_multiple_of(8))
+}
+
+/// The row stride (elements between consecutive tokens of one head) of a `[B, heads, T, hd]`
+/// tensor the flash kernels can read in place: `hd` when it is contiguous, `heads·hd` when it is
+/// the transpose of a contiguous `[B, T, heads, hd]` (how the projections leave q, k and v and
+/// how the o projection wants the output: no transpose runs on either side of attention).
+fn row_stride(t: &Tensor) -> Option<usize> {
+    let (_, heads, tt, hd) = t.dims4().ok()?;
+    if t.is_contiguous() {
+        return Some(hd);
+    }
+    (t.stride() == [tt * heads * hd, hd, heads * hd, 1]).then_some(heads * hd)
+}
+
+/// `t` laid out with row stride `ld` (one of `row_stride`'s two), copied only if it is not.
+fn with_row_stride(t: &Tensor, ld: usize) -> Result<Tensor> {
+    if row_stride(t) == Some(ld) {
+        return Ok(t.clone());
+    }
+    if ld == t.dim(3)? { t.contiguous() } else { t.transpose(1, 2)?.contiguous()?.transpose(1, 2) }
+}
+
+/// A flash kernel's `[b, heads, t, hd]` output buffer as a tensor with row stride `ld`.
+fn strided_tensor(
+    buf: CudaSlice<half::bf16>,
+    dev: &CudaDevice,
+    (b, heads, t, hd): (usize, usize, usize, usize),
+    ld: usize,
+) -> Result<Tensor> {
+    if ld == hd { Ok(tensor(buf, dev, (b, heads, t, hd))) } else { tensor(buf, dev, (b, t, heads, hd)).transpose(1, 2) }
+}
+
+/// Row strides of the query family (q, out, dout, dq) and the key family (k, v, dk, dv): each
+/// family's first tensor's, when the kernels can read it in place.
+fn row_strides(q: &Tensor, k: &Tensor) -> Result<(usize, usize)> {
+    let hd = q.dim(3)?;
+    Ok((row_stride(q).unwrap_or(hd), row_stride(k).unwrap_or(hd)))
 }
 
 fn flash_config(t: usize, heads: usize, b: usize, shared: u32) -> LaunchConfig {
@@ -79,32 +120,57 @@ pub(crate) fn forward<T: Elem>(
     if !served(hd) {
         return reference::forward(q, k, v, mask, scale);
     }
+    if flash::<T>(hd, &[q, k, v]) {
+        return flash_forward(q, k, v, mask, scale, kernels.key_tile);
+    }
     let kv = k.dim(1)?;
     let dev = device(q)?;
     let starts = starts(mask, q)?;
     let mut out = alloc::<T>(&dev, q.elem_count())?;
     let mut lse = alloc::<f32>(&dev, b * heads * t)?;
-    let tensor_cores = flash::<T>(hd, &[q, k, v]);
     let (h, kvh, tt, hd_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, scale as f32);
     with_views::<T, _, 3>([q, k, v], |[qv, kv_, vv]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
-            if tensor_cores {
-                let tile = kernels.key_tile;
-                let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}_k{tile}"))?;
-                let mut a = kernel.builder();
-                a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
-                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
-                launch(a, flash_config(t, heads, b, 0))
-            } else {
-                let kernel = Kernel::new::<T>(&dev, &MODULE, "attn_fwd")?;
-                let mut a = kernel.builder();
-                a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
-                a.arg(&h).arg(&kvh).arg(&tt).arg(&hd_i).arg(&scale);
-                launch(a, config(t, heads, b))
-            }
+            let kernel = Kernel::new::<T>(&dev, &MODULE, "attn_fwd")?;
+            let mut a = kernel.builder();
+            a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
+            a.arg(&h).arg(&kvh).arg(&tt).arg(&hd_i).arg(&scale);
+            launch(a, config(t, heads, b))
         })
     })?;
     Ok((tensor(out, &dev, q.shape().clone()), tensor(lse, &dev, (b, heads, t))))
+}
+
+/// The tensor-core forward (bf16): q, k and v read where they lie (see `row_stride`), the
+/// output written with q's row stride.
+fn flash_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    scale: f64,
+    key_tile: usize,
+) -> Result<(Tensor, Tensor)> {
+    type T = half::bf16;
+    let (b, heads, t, hd) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let dev = device(q)?;
+    let starts = starts(mask, q)?;
+    let (qld, kld) = row_strides(q, k)?;
+    let (q, k, v) = (with_row_stride(q, qld)?, with_row_stride(k, kld)?, with_row_stride(v, kld)?);
+    let mut out = alloc::<T>(&dev, q.elem_count())?;
+    let mut lse = alloc::<f32>(&dev, b * heads * t)?;
+    let (h, kvh, qld_i, kld_i, tt, scale) = (int(heads)?, int(kv)?, int(qld)?, int(kld)?, int(t)?, scale as f32);
+    let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}_k{key_tile}"))?;
+    with_dense_views::<T, _, 3>([&q, &k, &v], |[qv, kv_, vv]| {
+        with_views::<u32, _, 1>([&starts], |[st]| {
+            let mut a = kernel.builder();
+            a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
+            a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
+            launch(a, flash_config(t, heads, b, 0))
+        })
+    })?;
+    Ok((strided_tensor(out, &dev, (b, heads, t, hd), qld)?, tensor(lse, &dev, (b, heads, t))))
 }
 
 /// `out` is the forward's output: the flash backward takes D = rowsum(dout∘out) from it.
@@ -155,7 +221,9 @@ pub(crate) fn backward<T: Elem>(
 }
 
 /// The tensor-core backward: D, then dQ per query block (or per part of one, added with
-/// atomics, when the selected kernels split it) and dK/dV per key block (bf16 only).
+/// atomics, when the selected kernels split it) and dK/dV per key block (bf16 only). Inputs are
+/// read where they lie (dout and out with q's row stride, v with k's); dq comes back with q's,
+/// dk and dv with k's.
 #[allow(clippy::too_many_arguments)]
 fn flash_backward(
     dout: &Tensor,
@@ -174,11 +242,16 @@ fn flash_backward(
     let dev = device(q)?;
     let starts = starts(mask, q)?;
     let lse = lse.to_dtype(DType::F32)?;
+    let (qld, kld) = row_strides(q, k)?;
+    let [dout, q, out] = [dout, q, out].map(|x| with_row_stride(x, qld));
+    let (dout, q, out) = (dout?, q?, out?);
+    let (k, v) = (with_row_stride(k, kld)?, with_row_stride(v, kld)?);
     let rows = b * heads * t;
     let mut delta = alloc::<f32>(&dev, rows)?;
     let mut dq = alloc::<T>(&dev, q.elem_count())?;
     let (mut dk, mut dv) = (alloc::<T>(&dev, k.elem_count())?, alloc::<T>(&dev, v.elem_count())?);
     let (h, kvh, tt, hd_i, rows_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, int(rows)?, scale as f32);
+    let (qld_i, kld_i) = (int(qld)?, int(kld)?);
     let delta_kernel = Kernel::named(&dev, &FLASH, "attn_bwd_delta_bf16")?;
     let dq_kernel = match splits {
         1 => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?,
@@ -186,23 +259,23 @@ fn flash_backward(
     };
     let dkdv_kernel =
         Kernel::named(&dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?.with_dynamic_shared(dkdv_shared(hd))?;
-    with_views::<T, _, 5>([dout, q, k, v, out], |[dov, qv, kv_, vv, ov]| {
+    with_dense_views::<T, _, 5>([&dout, &q, &k, &v, &out], |[dov, qv, kv_, vv, ov]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             with_views::<f32, _, 1>([&lse], |[l]| {
                 let mut a = delta_kernel.builder();
-                a.arg(&dov).arg(&ov).arg(&mut delta).arg(&rows_i).arg(&hd_i);
+                a.arg(&dov).arg(&ov).arg(&mut delta).arg(&rows_i).arg(&hd_i).arg(&h).arg(&tt).arg(&qld_i);
                 launch(a, row_config(rows))?;
                 if splits == 1 {
                     let mut a = dq_kernel.builder();
                     a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dq);
-                    a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                    a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
                     launch(a, flash_config(t, heads, b, 0))?;
                 } else {
                     let mut sum = dev.alloc_zeros::<f32>(q.elem_count())?;
                     let splits_i = int(splits)?;
                     let mut a = dq_kernel.builder();
                     a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut sum);
-                    a.arg(&splits_i).arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                    a.arg(&splits_i).arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
                     let mut cfg = flash_config(t, heads, b, 0);
                     cfg.grid_dim.0 *= splits as u32;
                     launch(a, cfg)?;
@@ -214,10 +287,15 @@ fn flash_backward(
                 }
                 let mut a = dkdv_kernel.builder();
                 a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
-                a.arg(&h).arg(&kvh).arg(&tt).arg(&scale);
+                a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
                 launch(a, flash_config(t, kv, b, dkdv_shared(hd)))
             })
         })
     })?;
-    Ok((tensor(dq, &dev, q.shape().clone()), tensor(dk, &dev, k.shape().clone()), tensor(dv, &dev, v.shape().clone())))
+    let kdims = (b, kv, t, hd);
+    Ok((
+        strided_tensor(dq, &dev, (b, heads, t, hd), qld)?,
+        strided_tensor(dk, &dev, kdims, kld)?,
+        strided_tensor(dv, &dev, kdims, kld)?,
+    ))
 }

@@ -242,7 +242,9 @@ impl StepCtx<'_> {
     }
 
     /// Everything before attention itself: norm, q/k/v projections, q/k norms and RoPE.
-    /// `q` is `[B, heads, T, hd]`, `k` and `v` `[B, kv_heads, T, hd]`, all contiguous.
+    /// `q` is `[B, heads, T, hd]`, `k` and `v` `[B, kv_heads, T, hd]`: transposed views of the
+    /// projections' `[B, T, heads, hd]`, which the GPU flash kernels read in place (other kernels
+    /// copy them).
     pub(super) fn attention_inputs(
         &self,
         layer: usize,
@@ -258,9 +260,9 @@ impl StepCtx<'_> {
         let v = self.proj_forward(layer, Proj::V, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
         let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(layer, Norm::Q))?, eps)?;
         let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(layer, Norm::K))?, eps)?;
-        let q = rope::forward(&qn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
-        let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?.contiguous()?;
-        let v = v.transpose(1, 2)?.contiguous()?;
+        let q = rope::forward(&qn, &self.cos, &self.sin)?.transpose(1, 2)?;
+        let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?;
+        let v = v.transpose(1, 2)?;
         Ok(AttentionInputs { h1, rstd1, q_pre, rstd_q, k_pre, rstd_k, q, k, v })
     }
 
