@@ -3,6 +3,10 @@
 //! with hipcc into one AMD code object bundle per file, for the targets `scripts/hip-targets`
 //! names (`HIP_TARGETS`, else those of gfx90a gfx940 gfx942 that hipcc accepts). Without either
 //! feature it does nothing, so CPU builds (and CI) never need nvcc or hipcc.
+//!
+//! A file named `*_sm90a.cu` uses Hopper-only instructions (wgmma): it is built for compute_90a,
+//! only when `CUDA_COMPUTE_CAP` is 90, and then the crate is compiled with `cfg(sm90a)` (the
+//! code that loads it also checks the device is sm_90).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -11,6 +15,7 @@ use std::process::Command;
 fn main() {
     println!("cargo::rerun-if-changed=cuda");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo::rustc-check-cfg=cfg(sm90a)");
     let cuda = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
     let hip = std::env::var_os("CARGO_FEATURE_HIP").is_some();
     if !cuda && !hip {
@@ -38,9 +43,18 @@ fn build_ptx(out: &Path, sources: &[PathBuf]) {
         .filter(|p| p.exists())
         .unwrap_or_else(|| "nvcc".into());
     // No fast-math: the f32 kernels are held to f32 rounding against the f64 reference.
-    let mut args: Vec<String> = ["-ptx", "-O3", "-std=c++17", "-lineinfo", "-Icuda"].map(String::from).into();
-    args.push(format!("-arch=compute_{cap}"));
+    let args: Vec<String> = ["-ptx", "-O3", "-std=c++17", "-lineinfo", "-Icuda"].map(String::from).into();
+    let hopper = cap == "90";
+    if hopper {
+        println!("cargo::rustc-cfg=sm90a");
+    }
     for src in sources {
+        let arch = match (stem(src).ends_with("_sm90a"), hopper) {
+            (false, _) => format!("-arch=compute_{cap}"),
+            (true, true) => "-arch=compute_90a".into(),
+            (true, false) => continue,
+        };
+        let args: Vec<String> = args.iter().cloned().chain([arch]).collect();
         compile(nvcc.as_os_str(), &args, &out.join(format!("{}.ptx", stem(src))), src, "scripts/build-gpu");
     }
 }

@@ -14,6 +14,8 @@ use candle_core::{DType, Result, Tensor};
 
 const MODULE: Module = module!("attention");
 const FLASH: Module = module!("flash_attention");
+#[cfg(sm90a)]
+const FLASH_SM90A: Module = module!("flash_attention_sm90a");
 /// Query (forward, dQ) or key (dK/dV) rows per flash block, and its threads.
 const FLASH_ROWS: usize = 64;
 const FLASH_THREADS: u32 = 128;
@@ -97,10 +99,50 @@ fn flash_config(t: usize, heads: usize, b: usize, shared: u32) -> LaunchConfig {
     }
 }
 
-/// Dynamic shared memory of `flash_bwd_dkdv` (`dkdv_smem_bytes` in the source): K and V
-/// tiles of 64 rows, two stages of Q and dO tiles of 32, rows padded by 8 elements.
-fn dkdv_shared(hd: usize) -> u32 {
-    ((2 * 64 + 4 * 32) * (hd + 8) * 2) as u32
+/// Which kernel computes the backward's dK and dV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dkdv {
+    /// `flash_bwd_dkdv` (mma.sync, sm_80+).
+    Mma,
+    /// `flash_bwd_dkdv_wg` (wgmma, sm_90 only; `cuda/flash_attention_sm90a.cu`).
+    Wgmma,
+}
+
+impl Dkdv {
+    /// The kernels this build can run on `dev`, the fastest first.
+    pub(crate) fn available(dev: &CudaDevice) -> Result<Vec<Dkdv>> {
+        let mut all = vec![Dkdv::Mma];
+        #[cfg(sm90a)]
+        {
+            use candle_core::cuda_backend::WrapErr;
+            if dev.cuda_stream().context().compute_capability().w()? == (9, 0) {
+                all.insert(0, Dkdv::Wgmma);
+            }
+        }
+        #[cfg(not(sm90a))]
+        let _ = dev;
+        Ok(all)
+    }
+
+    /// The kernel and its dynamic shared memory (`dkdv_smem_bytes` in each source).
+    fn kernel(self, dev: &CudaDevice, hd: usize) -> Result<(Kernel, u32)> {
+        let (kernel, bytes) = match self {
+            // K and V tiles of 64 rows, two stages of Q and dO tiles of 32, rows padded by 8.
+            Dkdv::Mma => {
+                (Kernel::named(dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?, (2 * 64 + 4 * 32) * (hd + 8) * 2)
+            }
+            // K, V and two stages of Q and dO, 64 swizzled rows each; two stages of 64 rows' lse,
+            // D and first key; 1 KB to align the tiles.
+            #[cfg(sm90a)]
+            Dkdv::Wgmma => (
+                Kernel::named(dev, &FLASH_SM90A, &format!("flash_bwd_dkdv_wg_hd{hd}"))?,
+                6 * 64 * hd * 2 + 2 * 3 * 64 * 4 + 1024,
+            ),
+            #[cfg(not(sm90a))]
+            Dkdv::Wgmma => candle_core::bail!("attention: this build has no sm_90a kernels"),
+        };
+        Ok((kernel.with_dynamic_shared(bytes as u32)?, bytes as u32))
+    }
 }
 
 /// The mask's per-token first visible key, on the device.
@@ -191,7 +233,8 @@ pub(crate) fn backward<T: Elem>(
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
     }
     if flash::<T>(hd, &[dout, q, k, v, out]) {
-        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels.dq_splits);
+        let dkdv = Dkdv::available(&device(q)?)?[0];
+        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels.dq_splits, dkdv);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -225,7 +268,7 @@ pub(crate) fn backward<T: Elem>(
 /// read where they lie (dout and out with q's row stride, v with k's); dq comes back with q's,
 /// dk and dv with k's.
 #[allow(clippy::too_many_arguments)]
-fn flash_backward(
+pub(crate) fn flash_backward(
     dout: &Tensor,
     q: &Tensor,
     k: &Tensor,
@@ -235,6 +278,7 @@ fn flash_backward(
     mask: &Mask,
     scale: f64,
     splits: usize,
+    dkdv: Dkdv,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     type T = half::bf16;
     let (b, heads, t, hd) = q.dims4()?;
@@ -257,8 +301,7 @@ fn flash_backward(
         1 => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?,
         _ => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_split_hd{hd}"))?,
     };
-    let dkdv_kernel =
-        Kernel::named(&dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?.with_dynamic_shared(dkdv_shared(hd))?;
+    let (dkdv_kernel, dkdv_shared) = dkdv.kernel(&dev, hd)?;
     with_dense_views::<T, _, 5>([&dout, &q, &k, &v, &out], |[dov, qv, kv_, vv, ov]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             with_views::<f32, _, 1>([&lse], |[l]| {
@@ -288,7 +331,7 @@ fn flash_backward(
                 let mut a = dkdv_kernel.builder();
                 a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
                 a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
-                launch(a, flash_config(t, kv, b, dkdv_shared(hd)))
+                launch(a, flash_config(t, kv, b, dkdv_shared))
             })
         })
     })?;

@@ -392,6 +392,17 @@ fn attention_case(
         expect_close(&format!("{tag} strided dq"), &dq_t, &dq_ref, tol, inp.seed)?;
         expect_close(&format!("{tag} strided dk"), &dk_t, &dk_ref, tol, inp.seed)?;
     }
+    // `backward` took the device's fastest dK/dV kernel; each other one this build has for the
+    // device is held to the reference too.
+    if in_place {
+        use super::attention::{Dkdv, flash_backward};
+        let splits = cfg.attention().dq_splits;
+        for dkdv in Dkdv::available(&super::device(&q)?)?.into_iter().skip(1) {
+            let (_, dk_o, dv_o) = flash_backward(&dout, &q, &k, &v, &out, &lse, mask, scale, splits, dkdv)?;
+            expect_close(&format!("{tag} {dkdv:?} dk"), &dk_o, &dk_ref, tol, inp.seed)?;
+            expect_close(&format!("{tag} {dkdv:?} dv"), &dv_o, &dv_ref, tol, inp.seed)?;
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,167 @@
+// The flash backward's dK/dV on Hopper (sm_90a): the job of flash_attention.cu's bwd_dkdv, with
+// its four products on wgmma instead of mma.sync.
+//
+// Why: with mma.sync each warp owns 16 keys and reads the whole Q and dO tiles from shared
+// memory through ldmatrix for every product (16 FLOPs per byte read), so the kernel ran at the
+// shared memory's rate, not the tensor cores' (~140 TFLOP/s of 4 products at the 0.6B shape).
+// wgmma reads a B tile once for the warpgroup's 64 rows, straight from shared memory, and takes
+// A (K, V) from shared memory too, which also frees the registers that held their fragments.
+//
+// One block (one warpgroup, 128 threads) per 64 keys of one kv head; query tiles of 64 rows of
+// every head of the group that can see the block, double-buffered with cp.async, each with its
+// rows' lse, D and first visible key. Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (shared × shared),
+// then Pᵀ = exp(Sᵀ·scale − lse) and dSᵀ = Pᵀ∘(dPᵀ − D) in registers (masked as in bwd_dkdv),
+// then dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ and dSᵀ as register A operands. The accumulator of a
+// 64-row wgmma is, per warp, mma.sync's C fragment, so the arithmetic per element is
+// bwd_dkdv's; only the products' summation order differs (a different rounding, still bitwise
+// reproducible). Built only for compute_90a (kernels/build.rs), loaded only on an sm_90 device.
+#include "portable.h"
+
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "flash.h"
+#include "wgmma.h"
+
+namespace {
+
+using namespace flash;
+
+constexpr int BK = 64, BQ = 64;
+
+// Shared memory: K, V and two stages of Q and dO (swizzled 64-row tiles), two stages of
+// (lse, D, first key) for 64 rows, and 1 KB to align the tiles to 1024 bytes.
+template <int HD> constexpr int dkdv_smem_bytes() { return 6 * 64 * HD * 2 + 2 * 3 * 64 * 4 + 1024; }
+
+template <int HD>
+DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
+                  const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int qld, int kld,
+                  int Tn, float scale) {
+  constexpr int TILE = 64 * HD;  // elements
+  extern __shared__ __align__(16) unsigned char dyn[];
+  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16 *sk = base, *sv = base + TILE;
+  auto q_stage = [&](int s) { return base + (2 + 2 * s) * TILE; };
+  auto do_stage = [&](int s) { return base + (3 + 2 * s) * TILE; };
+  float* aux = reinterpret_cast<float*>(base + 6 * TILE);  // per stage: lse[64], D[64], first[64]
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
+  const size_t kvoff = Heads<HD>{KV, kld}.base(b, kh, Tn);
+  const unsigned* st = starts + (size_t)b * Tn;
+  const int kmax = min(kb + BK, Tn) - 1;
+
+  wg::load_sw<BK, HD, THREADS>(sk, k + kvoff, kb, Tn, kld);
+  wg::load_sw<BK, HD, THREADS>(sv, v + kvoff, kb, Tn, kld);
+  cp_commit();
+
+  // Query tiles in order: heads of the group, then rows kb.. while a row may see a key ≤ kmax
+  // (starts never decrease, so the first row that starts after kmax ends the head).
+  auto valid = [&](int qs) { return qs < Tn && (int)st[qs] <= kmax; };
+  auto next = [&](int& hh, int& qs) {
+    qs += BQ;
+    if (!valid(qs)) {
+      ++hh;
+      qs = kb;
+    }
+  };
+  auto stage = [&](int hh, int qs, int s) {
+    const int head = kh * group + hh;
+    const size_t qoff = Heads<HD>{H, qld}.base(b, head, Tn);
+    wg::load_sw<BQ, HD, THREADS>(q_stage(s), q + qoff, qs, Tn, qld);
+    wg::load_sw<BQ, HD, THREADS>(do_stage(s), dout + qoff, qs, Tn, qld);
+    if (threadIdx.x < BQ) {
+      const int r = qs + threadIdx.x;
+      const bool ok = r < Tn;
+      const size_t row = ((size_t)b * H + head) * Tn + (ok ? r : 0);
+      float* a = aux + s * 3 * BQ + threadIdx.x;
+      wg::cp4(a, lse + row, ok);
+      wg::cp4(a + BQ, delta + row, ok);
+      wg::cp4(a + 2 * BQ, st + (ok ? r : 0), ok);
+    }
+    cp_commit();
+  };
+
+  float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};
+  const float c = scale * LOG2E;
+  int key[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) key[i] = kb + w * 16 + g + 8 * i;
+  int hh = 0, qs = kb, s = 0;
+  stage(hh, qs, s);
+  while (hh < group) {
+    int nh = hh, nq = qs;
+    next(nh, nq);
+    const bool more = nh < group;
+    if (more) {
+      stage(nh, nq, s ^ 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    wg::fence_async_smem();
+    BARRIER();
+    const bf16 *tq = q_stage(s), *tdo = do_stage(s);
+    float sc[BQ / 8][4], dp[BQ / 8][4];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss_n64(sc, wg::desc_k<BK>(sk, kk), wg::desc_k<BQ>(tq, kk), kk);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss_n64(dp, wg::desc_k<BK>(sv, kk), wg::desc_k<BQ>(tdo, kk), kk);
+    wg::commit();
+    wg::wait<0>();
+    const float* sl = aux + s * 3 * BQ;
+    const unsigned* sfirst = reinterpret_cast<const unsigned*>(sl + 2 * BQ);
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const int col = nt * 8 + 2 * t4 + e2, qi = qs + col;
+        const bool ok = qi < Tn;
+        const float l2 = sl[col] * LOG2E, dl = sl[BQ + col];
+        const int firstq = ok ? (int)sfirst[col] : Tn;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int e = 2 * i + e2;
+          const bool seen = ok && key[i] <= qi && key[i] >= firstq && key[i] < Tn;
+          const float p = seen ? exp2f(sc[nt][e] * c - l2) : 0.f;
+          sc[nt][e] = p;
+          dp[nt][e] = p * (dp[nt][e] - dl);  // dSᵀ, unscaled
+        }
+      }
+    unsigned pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+      c_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+    }
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dva, pa[kk], wg::desc_mn<BQ>(tdo, kk));
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dka, da[kk], wg::desc_mn<BQ>(tq, kk));
+    wg::commit();
+    wg::wait<0>();
+    BARRIER();  // the stage's buffers are free for the load two tiles on
+    hh = nh;
+    qs = nq;
+    s ^= 1;
+  }
+  const float mk[2] = {scale, scale}, mv[2] = {1.f, 1.f};
+  store_rows<HD>(dk + kvoff, kld, dka, kb + w * 16, Tn, mk);
+  store_rows<HD>(dv + kvoff, kld, dva, kb + w * 16, Tn, mv);
+}
+
+}  // namespace
+
+// grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory; arguments
+// as flash_bwd_dkdv_hd* in flash_attention.cu.
+#define FLASH_DKDV_WG(HD)                                                                           \
+  KERNEL void __launch_bounds__(THREADS)                                                            \
+      flash_bwd_dkdv_wg_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,        \
+                               const unsigned* starts, const float* lse, const float* delta,         \
+                               bf16* dk, bf16* dv, int H, int KV, int qld, int kld, int Tn,          \
+                               float scale) {                                                        \
+    bwd_dkdv<HD>(dout, q, k, v, starts, lse, delta, dk, dv, H, KV, qld, kld, Tn, scale);             \
+  }
+FLASH_DKDV_WG(64)
+FLASH_DKDV_WG(128)
+
+#endif
