@@ -13,6 +13,27 @@ DEV float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
   }
 FOR_DTYPES(SWIGLU_FWD)
 
+// The same in 16-byte chunks when the element count is a multiple of a chunk and the buffers are
+// 16-byte aligned: the element form's 2-byte loads ran at 3.3× the bandwidth floor on a training
+// step's [4096, 12288] (0.25 ms a layer at 8B). The same arithmetic per element.
+#define SWIGLU_FWD_VEC(S, T)                                                                       \
+  KERNEL void swiglu_fwd_vec_##S(const T* gate, const T* up, T* h, size_t chunks) {               \
+    constexpr int V = 16 / sizeof(T);                                                              \
+    for (size_t c = global_index(); c < chunks; c += global_stride()) {                            \
+      const uint4 gv = reinterpret_cast<const uint4*>(gate)[c], uv = reinterpret_cast<const uint4*>(up)[c]; \
+      const T* ge = reinterpret_cast<const T*>(&gv);                                               \
+      const T* ue = reinterpret_cast<const T*>(&uv);                                               \
+      uint4 out;                                                                                   \
+      T* oe = reinterpret_cast<T*>(&out);                                                          \
+      _Pragma("unroll") for (int e = 0; e < V; ++e) {                                              \
+        const float g = to_f(ge[e]);                                                               \
+        oe[e] = from_f<T>(g * sigmoid(g) * to_f(ue[e]));                                           \
+      }                                                                                            \
+      reinterpret_cast<uint4*>(h)[c] = out;                                                        \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_FWD_VEC)
+
 // The same over a packed gate/up projection: row r of gu is [gate (f) | up (f)].
 #define SWIGLU_PACKED_FWD(S, T)                                                                    \
   KERNEL void swiglu_packed_fwd_##S(const T* gu, T* h, size_t n, size_t f) {                      \
@@ -58,6 +79,29 @@ FOR_DTYPES(SWIGLU_PACKED_FWD_VEC)
     }                                                                                              \
   }
 FOR_DTYPES(SWIGLU_BWD)
+
+// The same in 16-byte chunks (as swiglu_fwd_vec).
+#define SWIGLU_BWD_VEC(S, T)                                                                       \
+  KERNEL void swiglu_bwd_vec_##S(const T* dh, const T* gate, const T* up, T* dgate, T* dup,      \
+                                 size_t chunks) {                                                  \
+    constexpr int V = 16 / sizeof(T);                                                              \
+    for (size_t c = global_index(); c < chunks; c += global_stride()) {                            \
+      const uint4 dv = reinterpret_cast<const uint4*>(dh)[c];                                      \
+      const uint4 gv = reinterpret_cast<const uint4*>(gate)[c], uv = reinterpret_cast<const uint4*>(up)[c]; \
+      const T *de = reinterpret_cast<const T*>(&dv), *ge = reinterpret_cast<const T*>(&gv);        \
+      const T* ue = reinterpret_cast<const T*>(&uv);                                               \
+      uint4 dgo, duo;                                                                              \
+      T *dge = reinterpret_cast<T*>(&dgo), *due = reinterpret_cast<T*>(&duo);                      \
+      _Pragma("unroll") for (int e = 0; e < V; ++e) {                                              \
+        const float g = to_f(ge[e]), d = to_f(de[e]), sg = sigmoid(g), silu = g * sg;              \
+        dge[e] = from_f<T>(d * to_f(ue[e]) * (sg + silu * (1.f - sg)));                            \
+        due[e] = from_f<T>(d * silu);                                                              \
+      }                                                                                            \
+      reinterpret_cast<uint4*>(dgate)[c] = dgo;                                                    \
+      reinterpret_cast<uint4*>(dup)[c] = duo;                                                      \
+    }                                                                                              \
+  }
+FOR_DTYPES(SWIGLU_BWD_VEC)
 
 // The same over a packed gate/up projection (row r of gu is [gate (f) | up (f)]), its gradient
 // written in that layout (row r of dgu is [d_gate | d_up]): what the MoE experts' fused

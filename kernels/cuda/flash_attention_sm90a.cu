@@ -1,5 +1,5 @@
-// The flash backward's dK/dV on Hopper (sm_90a): the job of flash_attention.cu's bwd_dkdv, with
-// its four products on wgmma instead of mma.sync.
+// Flash attention on Hopper (sm_90a): the jobs of flash_attention.cu's fwd, bwd_dkdv and bwd_dq
+// (the deterministic one), with their products on wgmma instead of mma.sync.
 //
 // Why: with mma.sync each warp owns 16 keys and reads the whole Q and dO tiles from shared
 // memory through ldmatrix for every product (16 FLOPs per byte read), so the kernel ran at the
@@ -102,9 +102,9 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     float sc[BQ / 8][4], dp[BQ / 8][4];
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss_n64(sc, wg::desc_k<BK>(sk, kk), wg::desc_k<BQ>(tq, kk), kk);
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BK>(sk, kk), wg::desc_k<BQ>(tq, kk), kk);
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss_n64(dp, wg::desc_k<BK>(sv, kk), wg::desc_k<BQ>(tdo, kk), kk);
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(dp, wg::desc_k<BK>(sv, kk), wg::desc_k<BQ>(tdo, kk), kk);
     wg::commit();
     wg::wait<0>();
     const float* sl = aux + s * 3 * BQ;
@@ -121,20 +121,25 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
         for (int i = 0; i < 2; ++i) {
           const int e = 2 * i + e2;
           const bool seen = ok && key[i] <= qi && key[i] >= firstq && key[i] < Tn;
-          const float p = seen ? exp2f(sc[nt][e] * c - l2) : 0.f;
-          sc[nt][e] = p;
-          dp[nt][e] = p * (dp[nt][e] - dl);  // dSᵀ, unscaled
+          sc[nt][e] = seen ? exp2f(sc[nt][e] * c - l2) : 0.f;
+          dp[nt][e] -= dl;
         }
       }
+    // dV's product runs on the tensor cores while dSᵀ = Pᵀ∘(dPᵀ − D) is formed.
     unsigned pa[BQ / 16][4], da[BQ / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-      c_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
-    }
+    for (int kk = 0; kk < BQ / 16; ++kk) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dva, pa[kk], wg::desc_mn<BQ>(tdo, kk));
+    wg::commit();
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nt][e] *= sc[nt][e];  // dSᵀ, unscaled
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) c_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
+    wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dka, da[kk], wg::desc_mn<BQ>(tq, kk));
     wg::commit();
@@ -149,7 +154,199 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   store_rows<HD>(dv + kvoff, kld, dva, kb + w * 16, Tn, mv);
 }
 
+// Forward: one block (one warpgroup) per 64 query rows of one head, over the key tiles of BC (32
+// or 64: the plan's key tile) its rows may see, double-buffered with cp.async. S = Q·Kᵀ with Q and K in shared memory, the online
+// softmax of mma.h on S's accumulator (the same arithmetic as flash_attention.cu's fwd), then
+// O += P·V with P as the register A operand.
+template <int HD, int BC> constexpr int fwd_smem_bytes() { return (64 + 4 * BC) * HD * 2 + 1024; }
+
+template <int HD, int BC>
+DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse, int H,
+             int KV, int qld, int kld, int Tn, float scale) {
+  constexpr int BR = 64;
+  extern __shared__ __align__(16) unsigned char dyn[];
+  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16* sq = base;
+  auto k_stage = [&](int s) { return base + BR * HD + 2 * s * BC * HD; };
+  auto v_stage = [&](int s) { return base + BR * HD + (2 * s + 1) * BC * HD; };
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
+  const size_t qoff = Heads<HD>{H, qld}.base(b, h, Tn), kvoff = Heads<HD>{KV, kld}.base(b, h / (H / KV), Tn);
+  const unsigned* st = starts + (size_t)b * Tn;
+  const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
+
+  wg::load_sw<BR, HD, THREADS>(sq, q + qoff, q0, Tn, qld);
+  auto stage = [&](int kb, int s) {
+    wg::load_sw<BC, HD, THREADS>(k_stage(s), k + kvoff, kb, Tn, kld);
+    wg::load_sw<BC, HD, THREADS>(v_stage(s), v + kvoff, kb, Tn, kld);
+    cp_commit();
+  };
+  stage(kfirst, 0);  // one group with Q
+
+  int row[2], first[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row[i] = q0 + w * 16 + g + 8 * i;
+    first[i] = row[i] < Tn ? (int)st[row[i]] : 0;
+  }
+  const float c = scale * LOG2E;  // scores in log2 units
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+  float o[HD / 8][4] = {};
+  int s = 0;
+  for (int kb = kfirst; kb <= last; kb += BC) {
+    const bool more = kb + BC <= last;
+    if (more) {
+      stage(kb + BC, s ^ 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    wg::fence_async_smem();
+    BARRIER();
+    const bf16 *tk = k_stage(s), *tv = v_stage(s);
+    float sc[BC / 8][4];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BR>(sq, kk), wg::desc_k<BC>(tk, kk), kk);
+    wg::commit();
+    wg::wait<0>();
+    softmax_tile<BC / 8, HD>(sc, m, sum, o, c, [&](int i, int col) {
+      const int key = kb + col;
+      return key <= row[i] && key >= first[i] && key < Tn;
+    });
+    unsigned pa[BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wg::wgmma_rs_t(o, pa[kk], wg::desc_mn<BC>(tv, kk));
+    wg::commit();
+    wg::wait<0>();
+    BARRIER();  // the stage's buffers are free for the load two tiles on
+    s ^= 1;
+  }
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] = quad_sum(sum[i]);
+    inv[i] = 1.f / sum[i];
+    if (t4 == 0 && row[i] < Tn) lse[((size_t)b * H + h) * Tn + row[i]] = (m[i] + log2f(sum[i])) * LN2;
+  }
+  store_rows<HD>(out + qoff, qld, o, q0 + w * 16, Tn, inv);
+}
+
+// dQ: one block (one warpgroup) per 64 query rows of one head, over the key tiles of BC (32 or 64,
+// as the forward) its rows may see, double-buffered with cp.async. Q and dO stay in shared memory as the A operand
+// of S = Q·Kᵀ and dP = dO·Vᵀ; then P = exp(S·scale − lse), dS = P∘(dP − D) in registers (masked
+// as in flash_attention.cu's bwd_dq) and dQ += dS·K with dS as the register A operand. One block
+// a query tile: bitwise reproducible, like the mma.sync kernel it replaces.
+template <int HD, int BC> constexpr int dq_smem_bytes() { return (2 * 64 + 4 * BC) * HD * 2 + 1024; }
+
+template <int HD, int BC>
+DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
+                const float* lse, const float* delta, bf16* dq, int H, int KV, int qld, int kld, int Tn,
+                float scale) {
+  constexpr int BR = 64;
+  extern __shared__ __align__(16) unsigned char dyn[];
+  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16 *sq = base, *sdo = base + BR * HD;
+  auto k_stage = [&](int s) { return base + 2 * BR * HD + 2 * s * BC * HD; };
+  auto v_stage = [&](int s) { return base + 2 * BR * HD + (2 * s + 1) * BC * HD; };
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
+  const size_t qoff = Heads<HD>{H, qld}.base(b, h, Tn), kvoff = Heads<HD>{KV, kld}.base(b, h / (H / KV), Tn);
+  const unsigned* st = starts + (size_t)b * Tn;
+  const int last = min(q0 + BR, Tn) - 1, kfirst = (int)st[q0] / BC * BC;
+
+  wg::load_sw<BR, HD, THREADS>(sq, q + qoff, q0, Tn, qld);
+  wg::load_sw<BR, HD, THREADS>(sdo, dout + qoff, q0, Tn, qld);
+  auto stage = [&](int kb, int s) {
+    wg::load_sw<BC, HD, THREADS>(k_stage(s), k + kvoff, kb, Tn, kld);
+    wg::load_sw<BC, HD, THREADS>(v_stage(s), v + kvoff, kb, Tn, kld);
+    cp_commit();
+  };
+  stage(kfirst, 0);  // one group with Q and dO
+
+  int row[2], first[2];
+  float l2[2], d[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row[i] = q0 + w * 16 + g + 8 * i;
+    const bool ok = row[i] < Tn;
+    first[i] = ok ? (int)st[row[i]] : 0;
+    l2[i] = ok ? lse[((size_t)b * H + h) * Tn + row[i]] * LOG2E : 0.f;
+    d[i] = ok ? delta[((size_t)b * H + h) * Tn + row[i]] : 0.f;
+  }
+  const float c = scale * LOG2E;
+  float acc[HD / 8][4] = {};
+  int s = 0;
+  for (int kb = kfirst; kb <= last; kb += BC) {
+    const bool more = kb + BC <= last;
+    if (more) {
+      stage(kb + BC, s ^ 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    wg::fence_async_smem();
+    BARRIER();
+    const bf16 *tk = k_stage(s), *tv = v_stage(s);
+    float sc[BC / 8][4], dp[BC / 8][4];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BR>(sq, kk), wg::desc_k<BC>(tk, kk), kk);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(dp, wg::desc_k<BR>(sdo, kk), wg::desc_k<BC>(tv, kk), kk);
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = kb + nt * 8 + 2 * t4 + e % 2;
+        const bool seen = key <= row[i] && key >= first[i] && key < Tn;
+        const float p = seen ? exp2f(sc[nt][e] * c - l2[i]) : 0.f;
+        sc[nt][e] = p * (dp[nt][e] - d[i]);  // dS, unscaled
+      }
+    unsigned da[BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) c_to_a(da[kk], sc[2 * kk], sc[2 * kk + 1]);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wg::wgmma_rs_t(acc, da[kk], wg::desc_mn<BC>(tk, kk));
+    wg::commit();
+    wg::wait<0>();
+    BARRIER();  // the stage's buffers are free for the load two tiles on
+    s ^= 1;
+  }
+  const float mul[2] = {scale, scale};
+  store_rows<HD>(dq + qoff, qld, acc, q0 + w * 16, Tn, mul);
+}
+
 }  // namespace
+
+// grid (ceil(T / 64), H, B), 128 threads, fwd_smem_bytes<HD, BC>() dynamic shared memory;
+// arguments as flash_fwd_hd*_k* in flash_attention.cu.
+#define FLASH_FWD_WG(HD, BC)                                                                        \
+  KERNEL void __launch_bounds__(THREADS)                                                            \
+      flash_fwd_wg_hd##HD##_k##BC(const bf16* q, const bf16* k, const bf16* v,                       \
+                                  const unsigned* starts, bf16* out, float* lse, int H, int KV,      \
+                                  int qld, int kld, int Tn, float scale) {                           \
+    fwd<HD, BC>(q, k, v, starts, out, lse, H, KV, qld, kld, Tn, scale);                              \
+  }
+// grid (ceil(T / 64), H, B), 128 threads, dq_smem_bytes<HD, BC>() dynamic shared memory; arguments
+// as flash_bwd_dq_hd* in flash_attention.cu.
+#define FLASH_DQ_WG(HD, BC)                                                                         \
+  KERNEL void __launch_bounds__(THREADS)                                                            \
+      flash_bwd_dq_wg_hd##HD##_k##BC(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,  \
+                                     const unsigned* starts, const float* lse, const float* delta,   \
+                                     bf16* dq, int H, int KV, int qld, int kld, int Tn,              \
+                                     float scale) {                                                  \
+    bwd_dq<HD, BC>(dout, q, k, v, starts, lse, delta, dq, H, KV, qld, kld, Tn, scale);               \
+  }
+#define FLASH_WG(HD) FLASH_FWD_WG(HD, 32) FLASH_FWD_WG(HD, 64) FLASH_DQ_WG(HD, 32) FLASH_DQ_WG(HD, 64)
+FLASH_WG(64)
+FLASH_WG(128)
 
 // grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory; arguments
 // as flash_bwd_dkdv_hd* in flash_attention.cu.

@@ -55,9 +55,9 @@ template <int N> DEV void wait() { asm volatile("wgmma.wait_group.sync.aligned %
 // Shared memory written through the generic proxy (cp.async, st.shared) before wgmma reads it.
 DEV void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// D (+)= A·B, m64n64k16: A and B in shared memory (descriptors), both K-major; `accumulate` 0
-// makes D = A·B.
-DEV void wgmma_ss_n64(float (&d)[8][4], unsigned long long a, unsigned long long b, int accumulate) {
+// D (+)= A·B, m64nNk16 (N = 8 × d's first extent): A and B in shared memory (descriptors), both
+// K-major; `accumulate` 0 makes D = A·B.
+DEV void wgmma_ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -69,6 +69,17 @@ DEV void wgmma_ss_n64(float (&d)[8][4], unsigned long long a, unsigned long long
         "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+DEV void wgmma_ss(float (&d)[4][4], unsigned long long a, unsigned long long b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 

@@ -99,24 +99,27 @@ fn flash_config(t: usize, heads: usize, b: usize, shared: u32) -> LaunchConfig {
     }
 }
 
-/// Which kernel computes the backward's dK and dV.
+/// Which tensor-core instructions the flash kernels use: the forward, the deterministic dQ and
+/// dK/dV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dkdv {
-    /// `flash_bwd_dkdv` (mma.sync, sm_80+).
+pub(crate) enum Flash {
+    /// `flash_fwd_hd*_k{key tile}`, `flash_bwd_dq`, `flash_bwd_dkdv` (mma.sync, sm_80+; the
+    /// plan's key tile picks the forward).
     Mma,
-    /// `flash_bwd_dkdv_wg` (wgmma, sm_90 only; `cuda/flash_attention_sm90a.cu`).
+    /// `flash_fwd_wg`, `flash_bwd_dq_wg`, `flash_bwd_dkdv_wg` (wgmma, sm_90 only, 64-key tiles;
+    /// `cuda/flash_attention_sm90a.cu`).
     Wgmma,
 }
 
-impl Dkdv {
+impl Flash {
     /// The kernels this build can run on `dev`, the fastest first.
-    pub(crate) fn available(dev: &CudaDevice) -> Result<Vec<Dkdv>> {
-        let mut all = vec![Dkdv::Mma];
+    pub(crate) fn available(dev: &CudaDevice) -> Result<Vec<Flash>> {
+        let mut all = vec![Flash::Mma];
         #[cfg(sm90a)]
         {
             use candle_core::cuda_backend::WrapErr;
             if dev.cuda_stream().context().compute_capability().w()? == (9, 0) {
-                all.insert(0, Dkdv::Wgmma);
+                all.insert(0, Flash::Wgmma);
             }
         }
         #[cfg(not(sm90a))]
@@ -124,24 +127,33 @@ impl Dkdv {
         Ok(all)
     }
 
-    /// The kernel and its dynamic shared memory (`dkdv_smem_bytes` in each source).
-    fn kernel(self, dev: &CudaDevice, hd: usize) -> Result<(Kernel, u32)> {
-        let (kernel, bytes) = match self {
+    /// `flash_{name}` of this family (`fwd`, `bwd_dq`, `bwd_dkdv`) and its dynamic shared memory
+    /// (the `*_smem_bytes` of its source). The key tile (32 or 64) picks mma.sync's forward and
+    /// wgmma's forward and dQ.
+    fn kernel(self, dev: &CudaDevice, name: &str, hd: usize, key_tile: usize) -> Result<(Kernel, u32)> {
+        let (module, kernel, bytes) = match (self, name) {
+            (Flash::Mma, "fwd") => (&FLASH, format!("flash_fwd_hd{hd}_k{key_tile}"), 0),
+            (Flash::Mma, "bwd_dq") => (&FLASH, format!("flash_bwd_dq_hd{hd}"), 0),
             // K and V tiles of 64 rows, two stages of Q and dO tiles of 32, rows padded by 8.
-            Dkdv::Mma => {
-                (Kernel::named(dev, &FLASH, &format!("flash_bwd_dkdv_hd{hd}"))?, (2 * 64 + 4 * 32) * (hd + 8) * 2)
-            }
-            // K, V and two stages of Q and dO, 64 swizzled rows each; two stages of 64 rows' lse,
-            // D and first key; 1 KB to align the tiles.
+            (Flash::Mma, _) => (&FLASH, format!("flash_{name}_hd{hd}"), (2 * 64 + 4 * 32) * (hd + 8) * 2),
             #[cfg(sm90a)]
-            Dkdv::Wgmma => (
-                Kernel::named(dev, &FLASH_SM90A, &format!("flash_bwd_dkdv_wg_hd{hd}"))?,
-                6 * 64 * hd * 2 + 2 * 3 * 64 * 4 + 1024,
-            ),
+            (Flash::Wgmma, _) => {
+                let bytes = match name {
+                    // Q and two stages of K and V (swizzled tiles), 1 KB to align them.
+                    "fwd" => (64 + 4 * key_tile) * hd * 2 + 1024,
+                    // Q, dO and two stages of K and V.
+                    "bwd_dq" => (2 * 64 + 4 * key_tile) * hd * 2 + 1024,
+                    // K, V and two stages of Q and dO; two stages of 64 rows' lse, D and first key.
+                    _ => 6 * 64 * hd * 2 + 2 * 3 * 64 * 4 + 1024,
+                };
+                let tile = if name == "bwd_dkdv" { String::new() } else { format!("_k{key_tile}") };
+                (&FLASH_SM90A, format!("flash_{name}_wg_hd{hd}{tile}"), bytes)
+            }
             #[cfg(not(sm90a))]
-            Dkdv::Wgmma => candle_core::bail!("attention: this build has no sm_90a kernels"),
+            (Flash::Wgmma, _) => candle_core::bail!("attention: this build has no sm_90a kernels"),
         };
-        Ok((kernel.with_dynamic_shared(bytes as u32)?, bytes as u32))
+        let kernel = Kernel::named(dev, module, &kernel)?;
+        Ok((if bytes > 0 { kernel.with_dynamic_shared(bytes as u32)? } else { kernel }, bytes as u32))
     }
 }
 
@@ -163,7 +175,7 @@ pub(crate) fn forward<T: Elem>(
         return reference::forward(q, k, v, mask, scale);
     }
     if flash::<T>(hd, &[q, k, v]) {
-        return flash_forward(q, k, v, mask, scale, kernels.key_tile);
+        return flash_forward(q, k, v, mask, scale, kernels.key_tile, Flash::available(&device(q)?)?[0]);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -185,13 +197,15 @@ pub(crate) fn forward<T: Elem>(
 
 /// The tensor-core forward (bf16): q, k and v read where they lie (see `row_stride`), the
 /// output written with q's row stride.
-fn flash_forward(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn flash_forward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Mask,
     scale: f64,
     key_tile: usize,
+    family: Flash,
 ) -> Result<(Tensor, Tensor)> {
     type T = half::bf16;
     let (b, heads, t, hd) = q.dims4()?;
@@ -203,13 +217,13 @@ fn flash_forward(
     let mut out = alloc::<T>(&dev, q.elem_count())?;
     let mut lse = alloc::<f32>(&dev, b * heads * t)?;
     let (h, kvh, qld_i, kld_i, tt, scale) = (int(heads)?, int(kv)?, int(qld)?, int(kld)?, int(t)?, scale as f32);
-    let kernel = Kernel::named(&dev, &FLASH, &format!("flash_fwd_hd{hd}_k{key_tile}"))?;
+    let (kernel, shared) = family.kernel(&dev, "fwd", hd, key_tile)?;
     with_dense_views::<T, _, 3>([&q, &k, &v], |[qv, kv_, vv]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             let mut a = kernel.builder();
             a.arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&mut out).arg(&mut lse);
             a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
-            launch(a, flash_config(t, heads, b, 0))
+            launch(a, flash_config(t, heads, b, shared))
         })
     })?;
     Ok((strided_tensor(out, &dev, (b, heads, t, hd), qld)?, tensor(lse, &dev, (b, heads, t))))
@@ -233,8 +247,8 @@ pub(crate) fn backward<T: Elem>(
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
     }
     if flash::<T>(hd, &[dout, q, k, v, out]) {
-        let dkdv = Dkdv::available(&device(q)?)?[0];
-        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels.dq_splits, dkdv);
+        let family = Flash::available(&device(q)?)?[0];
+        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels, family);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -277,8 +291,8 @@ pub(crate) fn flash_backward(
     lse: &Tensor,
     mask: &Mask,
     scale: f64,
-    splits: usize,
-    dkdv: Dkdv,
+    kernels: AttentionKernels,
+    family: Flash,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     type T = half::bf16;
     let (b, heads, t, hd) = q.dims4()?;
@@ -297,11 +311,13 @@ pub(crate) fn flash_backward(
     let (h, kvh, tt, hd_i, rows_i, scale) = (int(heads)?, int(kv)?, int(t)?, int(hd)?, int(rows)?, scale as f32);
     let (qld_i, kld_i) = (int(qld)?, int(kld)?);
     let delta_kernel = Kernel::named(&dev, &FLASH, "attn_bwd_delta_bf16")?;
-    let dq_kernel = match splits {
-        1 => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_hd{hd}"))?,
-        _ => Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_split_hd{hd}"))?,
+    // The split dQ (atomics) exists for mma.sync only.
+    let splits = kernels.dq_splits;
+    let (dq_kernel, dq_shared) = match splits {
+        1 => family.kernel(&dev, "bwd_dq", hd, kernels.key_tile)?,
+        _ => (Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_split_hd{hd}"))?, 0),
     };
-    let (dkdv_kernel, dkdv_shared) = dkdv.kernel(&dev, hd)?;
+    let (dkdv_kernel, dkdv_shared) = family.kernel(&dev, "bwd_dkdv", hd, 0)?;
     with_dense_views::<T, _, 5>([&dout, &q, &k, &v, &out], |[dov, qv, kv_, vv, ov]| {
         with_views::<u32, _, 1>([&starts], |[st]| {
             with_views::<f32, _, 1>([&lse], |[l]| {
@@ -312,7 +328,7 @@ pub(crate) fn flash_backward(
                     let mut a = dq_kernel.builder();
                     a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dq);
                     a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
-                    launch(a, flash_config(t, heads, b, 0))?;
+                    launch(a, flash_config(t, heads, b, dq_shared))?;
                 } else {
                     let mut sum = dev.alloc_zeros::<f32>(q.elem_count())?;
                     let splits_i = int(splits)?;

@@ -8,15 +8,28 @@ use candle_core::{Result, Tensor};
 const MODULE: Module = module!("elementwise");
 const BLOCK: u32 = 256;
 
+/// `name` (an elementwise kernel over `n` elements of `ts`) or its `_vec` form over 16-byte chunks
+/// when `n` is a whole number of chunks and every input starts 16-byte aligned (fresh outputs do),
+/// with the count it takes.
+fn chunked<T: Elem>(name: &str, n: usize, ts: &[&Tensor]) -> (String, usize) {
+    let per = 16 / std::mem::size_of::<T>();
+    if n.is_multiple_of(per) && ts.iter().all(|t| aligned16(t)) {
+        (format!("{name}_vec"), n / per)
+    } else {
+        (name.to_string(), n)
+    }
+}
+
 pub(crate) fn swiglu_forward<T: Elem>(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let dev = device(gate)?;
     let n = gate.elem_count();
     let mut h = alloc::<T>(&dev, n)?;
-    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_fwd")?;
+    let (name, count) = chunked::<T>("swiglu_fwd", n, &[gate, up]);
+    let k = Kernel::new::<T>(&dev, &MODULE, &name)?;
     with_views::<T, _, 2>([gate, up], |[g, u]| {
         let mut b = k.builder();
-        b.arg(&g).arg(&u).arg(&mut h).arg(&n);
-        launch(b, grid_for(n, BLOCK))
+        b.arg(&g).arg(&u).arg(&mut h).arg(&count);
+        launch(b, grid_for(count, BLOCK))
     })?;
     Ok(tensor(h, &dev, gate.shape().clone()))
 }
@@ -52,11 +65,12 @@ pub(crate) fn swiglu_backward<T: Elem>(dh: &Tensor, gate: &Tensor, up: &Tensor) 
     let dev = device(gate)?;
     let n = gate.elem_count();
     let (mut dg, mut du) = (alloc::<T>(&dev, n)?, alloc::<T>(&dev, n)?);
-    let k = Kernel::new::<T>(&dev, &MODULE, "swiglu_bwd")?;
+    let (name, count) = chunked::<T>("swiglu_bwd", n, &[dh, gate, up]);
+    let k = Kernel::new::<T>(&dev, &MODULE, &name)?;
     with_views::<T, _, 3>([dh, gate, up], |[dh, g, u]| {
         let mut b = k.builder();
-        b.arg(&dh).arg(&g).arg(&u).arg(&mut dg).arg(&mut du).arg(&n);
-        launch(b, grid_for(n, BLOCK))
+        b.arg(&dh).arg(&g).arg(&u).arg(&mut dg).arg(&mut du).arg(&count);
+        launch(b, grid_for(count, BLOCK))
     })?;
     Ok((tensor(dg, &dev, gate.shape().clone()), tensor(du, &dev, gate.shape().clone())))
 }
