@@ -13,23 +13,29 @@ DEV float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
   }
 FOR_DTYPES(SWIGLU_FWD)
 
+// silu(gate)·up for one 16-byte chunk of each, element by element as the element kernels.
+template <typename T> DEV uint4 swiglu_chunk(const uint4& gv, const uint4& uv) {
+  constexpr int V = 16 / sizeof(T);
+  const T* ge = reinterpret_cast<const T*>(&gv);
+  const T* ue = reinterpret_cast<const T*>(&uv);
+  uint4 out;
+  T* oe = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const float g = to_f(ge[e]);
+    oe[e] = from_f<T>(g * sigmoid(g) * to_f(ue[e]));
+  }
+  return out;
+}
+
 // The same in 16-byte chunks when the element count is a multiple of a chunk and the buffers are
 // 16-byte aligned: the element form's 2-byte loads ran at 3.3× the bandwidth floor on a training
 // step's [4096, 12288] (0.25 ms a layer at 8B). The same arithmetic per element.
 #define SWIGLU_FWD_VEC(S, T)                                                                       \
   KERNEL void swiglu_fwd_vec_##S(const T* gate, const T* up, T* h, size_t chunks) {               \
-    constexpr int V = 16 / sizeof(T);                                                              \
     for (size_t c = global_index(); c < chunks; c += global_stride()) {                            \
       const uint4 gv = reinterpret_cast<const uint4*>(gate)[c], uv = reinterpret_cast<const uint4*>(up)[c]; \
-      const T* ge = reinterpret_cast<const T*>(&gv);                                               \
-      const T* ue = reinterpret_cast<const T*>(&uv);                                               \
-      uint4 out;                                                                                   \
-      T* oe = reinterpret_cast<T*>(&out);                                                          \
-      _Pragma("unroll") for (int e = 0; e < V; ++e) {                                              \
-        const float g = to_f(ge[e]);                                                               \
-        oe[e] = from_f<T>(g * sigmoid(g) * to_f(ue[e]));                                           \
-      }                                                                                            \
-      reinterpret_cast<uint4*>(h)[c] = out;                                                        \
+      reinterpret_cast<uint4*>(h)[c] = swiglu_chunk<T>(gv, uv);                                    \
     }                                                                                              \
   }
 FOR_DTYPES(SWIGLU_FWD_VEC)
@@ -50,20 +56,11 @@ FOR_DTYPES(SWIGLU_PACKED_FWD)
 // at ~0.9 TB/s on an 8B prefill step (0.7 ms a layer). The same arithmetic per element.
 #define SWIGLU_PACKED_FWD_VEC(S, T)                                                                \
   KERNEL void swiglu_packed_fwd_vec_##S(const T* gu, T* h, unsigned chunks, unsigned per_row) {    \
-    constexpr int V = 16 / sizeof(T);                                                              \
     const uint4* in = reinterpret_cast<const uint4*>(gu);                                          \
     for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) { \
       const unsigned r = c / per_row, j = c % per_row;                                             \
       const uint4 gv = in[(size_t)r * 2 * per_row + j], uv = in[(size_t)r * 2 * per_row + per_row + j]; \
-      const T* ge = reinterpret_cast<const T*>(&gv);                                               \
-      const T* ue = reinterpret_cast<const T*>(&uv);                                               \
-      uint4 out;                                                                                   \
-      T* oe = reinterpret_cast<T*>(&out);                                                          \
-      _Pragma("unroll") for (int e = 0; e < V; ++e) {                                              \
-        const float g = to_f(ge[e]);                                                               \
-        oe[e] = from_f<T>(g * sigmoid(g) * to_f(ue[e]));                                           \
-      }                                                                                            \
-      reinterpret_cast<uint4*>(h)[c] = out;                                                        \
+      reinterpret_cast<uint4*>(h)[c] = swiglu_chunk<T>(gv, uv);                                    \
     }                                                                                              \
   }
 FOR_DTYPES(SWIGLU_PACKED_FWD_VEC)

@@ -47,4 +47,29 @@ DEV void store_rows(bf16* head, int ld, const float (&acc)[HD / 8][4], int row0,
   }
 }
 
+// The query tiles a dK/dV block of keys kb..kmax meets, in order: the heads of its group, and in
+// each the rows from kb on while a row may see a key ≤ kmax (starts never decrease, so the first
+// row that starts after kmax ends the head).
+struct QueryTiles {
+  const unsigned* starts;  // this batch row's
+  int Tn, kb, kmax, rows;  // rows: the tile's
+  DEV_MEMBER bool valid(int qs) const { return qs < Tn && (int)starts[qs] <= kmax; }
+  // Moves (head, first row) to the next tile; whether there is one among the group's heads.
+  DEV_MEMBER bool next(int& hh, int& qs, int group) const {
+    qs += rows;
+    if (!valid(qs)) {
+      ++hh;
+      qs = kb;
+    }
+    return hh < group;
+  }
+};
+
+// This lane's two rows of its warp's 16 in an accumulator fragment: row0 + lane / 4, and + 8.
+DEV void lane_rows(int (&r)[2], int row0) {
+  const int g = threadIdx.x % 32 / 4;
+  r[0] = row0 + g;
+  r[1] = row0 + g + 8;
+}
+
 }  // namespace flash

@@ -206,7 +206,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   bf16 *sk = dyn, *sv = sk + BK * LD, *sq = sv + BK * LD;  // then sq[2], sdo[2]
   auto q_stage = [&](int s) { return sq + s * BQ * LD; };
   auto do_stage = [&](int s) { return sq + (2 + s) * BQ * LD; };
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int w = threadIdx.x / 32, t4 = threadIdx.x % 4;
   const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
   const size_t kvoff = Heads<HD>{KV, kld}.base(b, kh, Tn);
   const unsigned* st = starts + (size_t)b * Tn;
@@ -216,16 +216,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   load_tile<BK, HD>(sv, v + kvoff, kb, Tn, kld);
   cp_commit();
 
-  // Query tiles in order: heads of the group, then rows kb.. while a row may see a key ≤ kmax
-  // (starts never decrease, so the first row that starts after kmax ends the head).
-  auto valid = [&](int qs) { return qs < Tn && (int)st[qs] <= kmax; };
-  auto next = [&](int& hh, int& qs) {
-    qs += BQ;
-    if (!valid(qs)) {
-      ++hh;
-      qs = kb;
-    }
-  };
+  const QueryTiles tiles{st, Tn, kb, kmax, BQ};
   auto stage = [&](int hh, int qs, int s) {
     const size_t qoff = Heads<HD>{H, qld}.base(b, kh * group + hh, Tn);
     load_tile<BQ, HD>(q_stage(s), q + qoff, qs, Tn, qld);
@@ -236,14 +227,12 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};
   const float c = scale * LOG2E;
   int key[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) key[i] = kb + w * 16 + g + 8 * i;
+  lane_rows(key, kb + w * 16);
   int hh = 0, qs = kb, s = 0;
   stage(hh, qs, s);
   while (hh < group) {
     int nh = hh, nq = qs;
-    next(nh, nq);
-    const bool more = nh < group;
+    const bool more = tiles.next(nh, nq, group);
     if (more) {
       stage(nh, nq, s ^ 1);
       cp_wait<1>();

@@ -1,20 +1,20 @@
 // Flash attention on Hopper (sm_90a): the jobs of flash_attention.cu's fwd, bwd_dkdv and bwd_dq
 // (the deterministic one), with their products on wgmma instead of mma.sync.
 //
-// Why: with mma.sync each warp owns 16 keys and reads the whole Q and dO tiles from shared
-// memory through ldmatrix for every product (16 FLOPs per byte read), so the kernel ran at the
-// shared memory's rate, not the tensor cores' (~140 TFLOP/s of 4 products at the 0.6B shape).
-// wgmma reads a B tile once for the warpgroup's 64 rows, straight from shared memory, and takes
-// A (K, V) from shared memory too, which also frees the registers that held their fragments.
+// Why: with mma.sync each warp owns 16 rows and reads the whole other operand's tile from shared
+// memory through ldmatrix for every product (16 FLOPs per byte read): the dK/dV kernel, whose
+// warps re-read Q and dO for four products, ran at shared memory's rate (~140 TFLOP/s at the 0.6B
+// shape; 285 here). wgmma reads a B tile once for the warpgroup's 64 rows, straight from shared
+// memory, and takes A from shared memory too, which frees the registers that held its fragments.
 //
-// One block (one warpgroup, 128 threads) per 64 keys of one kv head; query tiles of 64 rows of
-// every head of the group that can see the block, double-buffered with cp.async, each with its
-// rows' lse, D and first visible key. Per tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (shared × shared),
-// then Pᵀ = exp(Sᵀ·scale − lse) and dSᵀ = Pᵀ∘(dPᵀ − D) in registers (masked as in bwd_dkdv),
-// then dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ and dSᵀ as register A operands. The accumulator of a
-// 64-row wgmma is, per warp, mma.sync's C fragment, so the arithmetic per element is
-// bwd_dkdv's; only the products' summation order differs (a different rounding, still bitwise
-// reproducible). Built only for compute_90a (kernels/build.rs), loaded only on an sm_90 device.
+// Each kernel is one warpgroup (128 threads) per 64 rows, over tiles double-buffered with
+// cp.async into 128-byte-swizzled shared memory (wgmma.h); per tile the score-like products
+// (shared × shared), the softmax or its backward in registers, then the products with those as
+// register A operands. The accumulator of a 64-row wgmma is, per warp, mma.sync's C fragment, so
+// the arithmetic per element is flash_attention.cu's; only the products' summation order differs
+// (a different rounding, still bitwise reproducible). Not yet FA3's pipelining: a warpgroup waits
+// for each product before its softmax (see docs/benchmarks.md). Built only for compute_90a
+// (kernels/build.rs), loaded only on an sm_90 device (kernels/src/gpu/attention.rs).
 #include "portable.h"
 
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -27,6 +27,61 @@ using namespace flash;
 
 constexpr int BK = 64, BQ = 64;
 
+// The dynamic shared memory, its tiles 1024-byte aligned (the launch asks for 1 KB more).
+DEV bf16* aligned_smem() {
+  extern __shared__ __align__(16) unsigned char dyn[];
+  return reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+}
+
+// Starts loading the next tile (when there is one) and waits for this one: cp.async groups
+// complete in order, so the next one's may stay in flight. Then the tensor cores may read it.
+template <typename Load> DEV void await_tile(bool more, Load load_next) {
+  if (more) {
+    load_next();
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+  wg::fence_async_smem();
+  BARRIER();
+}
+
+// x = A·Bᵀ over HD for swizzled tiles A (M = 64 rows) and B (8·NT rows, x's width), K-major.
+template <int HD, int M, int NT> DEV void issue_scores(float (&x)[NT][4], const bf16* a, const bf16* b) {
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(x, wg::desc_k<M>(a, kk), wg::desc_k<NT * 8>(b, kk), kk);
+}
+
+// x = A₁·B₁ᵀ and y = A₂·B₂ᵀ (each as issue_scores), issued together and waited for.
+template <int HD, int M, int NT>
+DEV void score_pair(float (&x)[NT][4], const bf16* a1, const bf16* b1, float (&y)[NT][4], const bf16* a2,
+                    const bf16* b2) {
+  wg::fence();
+  issue_scores<HD, M>(x, a1, b1);
+  issue_scores<HD, M>(y, a2, b2);
+  wg::commit();
+  wg::wait<0>();
+}
+
+// Issues acc += C·tile: C is this warp's part of a 64 × ROWS product (accumulator fragments),
+// rounded to bf16 as the register A operand; the tile's ROWS rows are K, its 8·NT columns N.
+// The caller waits (ptxas keeps C's registers until the product has read them).
+template <int ROWS, int NT>
+DEV void issue_from_registers(float (&acc)[NT][4], const float (&c)[ROWS / 8][4], const bf16* tile) {
+  unsigned a[ROWS / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < ROWS / 16; ++kk) c_to_a(a[kk], c[2 * kk], c[2 * kk + 1]);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < ROWS / 16; ++kk) wg::wgmma_rs_t(acc, a[kk], wg::desc_mn<ROWS>(tile, kk));
+  wg::commit();
+}
+
+// dK, dV: one block per 64 keys of one kv head; query tiles of 64 rows of every head of the group
+// that can see the block, each staged with its rows' lse, D and first visible key. Per tile:
+// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, then Pᵀ = exp(Sᵀ·scale − lse) (masked as in bwd_dkdv), dV += Pᵀ·dO
+// issued while dSᵀ = Pᵀ∘(dPᵀ − D) is formed, then dK += dSᵀ·Q.
+//
 // Shared memory: K, V and two stages of Q and dO (swizzled 64-row tiles), two stages of
 // (lse, D, first key) for 64 rows, and 1 KB to align the tiles to 1024 bytes.
 template <int HD> constexpr int dkdv_smem_bytes() { return 6 * 64 * HD * 2 + 2 * 3 * 64 * 4 + 1024; }
@@ -36,13 +91,12 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                   const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int qld, int kld,
                   int Tn, float scale) {
   constexpr int TILE = 64 * HD;  // elements
-  extern __shared__ __align__(16) unsigned char dyn[];
-  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16* base = aligned_smem();
   bf16 *sk = base, *sv = base + TILE;
   auto q_stage = [&](int s) { return base + (2 + 2 * s) * TILE; };
   auto do_stage = [&](int s) { return base + (3 + 2 * s) * TILE; };
   float* aux = reinterpret_cast<float*>(base + 6 * TILE);  // per stage: lse[64], D[64], first[64]
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
+  const int w = threadIdx.x / 32, t4 = threadIdx.x % 4;
   const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
   const size_t kvoff = Heads<HD>{KV, kld}.base(b, kh, Tn);
   const unsigned* st = starts + (size_t)b * Tn;
@@ -52,16 +106,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   wg::load_sw<BK, HD, THREADS>(sv, v + kvoff, kb, Tn, kld);
   cp_commit();
 
-  // Query tiles in order: heads of the group, then rows kb.. while a row may see a key ≤ kmax
-  // (starts never decrease, so the first row that starts after kmax ends the head).
-  auto valid = [&](int qs) { return qs < Tn && (int)st[qs] <= kmax; };
-  auto next = [&](int& hh, int& qs) {
-    qs += BQ;
-    if (!valid(qs)) {
-      ++hh;
-      qs = kb;
-    }
-  };
+  const QueryTiles tiles{st, Tn, kb, kmax, BQ};
   auto stage = [&](int hh, int qs, int s) {
     const int head = kh * group + hh;
     const size_t qoff = Heads<HD>{H, qld}.base(b, head, Tn);
@@ -82,31 +127,16 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
   float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};
   const float c = scale * LOG2E;
   int key[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) key[i] = kb + w * 16 + g + 8 * i;
+  lane_rows(key, kb + w * 16);
   int hh = 0, qs = kb, s = 0;
   stage(hh, qs, s);
   while (hh < group) {
     int nh = hh, nq = qs;
-    next(nh, nq);
-    const bool more = nh < group;
-    if (more) {
-      stage(nh, nq, s ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    wg::fence_async_smem();
-    BARRIER();
+    const bool more = tiles.next(nh, nq, group);
+    await_tile(more, [&] { stage(nh, nq, s ^ 1); });
     const bf16 *tq = q_stage(s), *tdo = do_stage(s);
     float sc[BQ / 8][4], dp[BQ / 8][4];
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BK>(sk, kk), wg::desc_k<BQ>(tq, kk), kk);
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(dp, wg::desc_k<BK>(sv, kk), wg::desc_k<BQ>(tdo, kk), kk);
-    wg::commit();
-    wg::wait<0>();
+    score_pair<HD, BK>(sc, sk, tq, dp, sv, tdo);
     const float* sl = aux + s * 3 * BQ;
     const unsigned* sfirst = reinterpret_cast<const unsigned*>(sl + 2 * BQ);
 #pragma unroll
@@ -126,23 +156,12 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
         }
       }
     // dV's product runs on the tensor cores while dSᵀ = Pᵀ∘(dPᵀ − D) is formed.
-    unsigned pa[BQ / 16][4], da[BQ / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dva, pa[kk], wg::desc_mn<BQ>(tdo, kk));
-    wg::commit();
+    issue_from_registers<BQ>(dva, sc, tdo);
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] *= sc[nt][e];  // dSᵀ, unscaled
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) c_to_a(da[kk], dp[2 * kk], dp[2 * kk + 1]);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) wg::wgmma_rs_t(dka, da[kk], wg::desc_mn<BQ>(tq, kk));
-    wg::commit();
+    issue_from_registers<BQ>(dka, dp, tq);
     wg::wait<0>();
     BARRIER();  // the stage's buffers are free for the load two tiles on
     hh = nh;
@@ -164,8 +183,7 @@ template <int HD, int BC>
 DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse, int H,
              int KV, int qld, int kld, int Tn, float scale) {
   constexpr int BR = 64;
-  extern __shared__ __align__(16) unsigned char dyn[];
-  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16* base = aligned_smem();
   bf16* sq = base;
   auto k_stage = [&](int s) { return base + BR * HD + 2 * s * BC * HD; };
   auto v_stage = [&](int s) { return base + BR * HD + (2 * s + 1) * BC * HD; };
@@ -195,32 +213,18 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
   int s = 0;
   for (int kb = kfirst; kb <= last; kb += BC) {
     const bool more = kb + BC <= last;
-    if (more) {
-      stage(kb + BC, s ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    wg::fence_async_smem();
-    BARRIER();
+    await_tile(more, [&] { stage(kb + BC, s ^ 1); });
     const bf16 *tk = k_stage(s), *tv = v_stage(s);
     float sc[BC / 8][4];
     wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BR>(sq, kk), wg::desc_k<BC>(tk, kk), kk);
+    issue_scores<HD, BR>(sc, sq, tk);
     wg::commit();
     wg::wait<0>();
     softmax_tile<BC / 8, HD>(sc, m, sum, o, c, [&](int i, int col) {
       const int key = kb + col;
       return key <= row[i] && key >= first[i] && key < Tn;
     });
-    unsigned pa[BC / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wg::wgmma_rs_t(o, pa[kk], wg::desc_mn<BC>(tv, kk));
-    wg::commit();
+    issue_from_registers<BC>(o, sc, tv);
     wg::wait<0>();
     BARRIER();  // the stage's buffers are free for the load two tiles on
     s ^= 1;
@@ -247,8 +251,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
                 const float* lse, const float* delta, bf16* dq, int H, int KV, int qld, int kld, int Tn,
                 float scale) {
   constexpr int BR = 64;
-  extern __shared__ __align__(16) unsigned char dyn[];
-  bf16* base = reinterpret_cast<bf16*>(dyn + ((1024 - (smem_addr(dyn) & 1023)) & 1023));
+  bf16* base = aligned_smem();
   bf16 *sq = base, *sdo = base + BR * HD;
   auto k_stage = [&](int s) { return base + 2 * BR * HD + 2 * s * BC * HD; };
   auto v_stage = [&](int s) { return base + 2 * BR * HD + (2 * s + 1) * BC * HD; };
@@ -282,23 +285,10 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   int s = 0;
   for (int kb = kfirst; kb <= last; kb += BC) {
     const bool more = kb + BC <= last;
-    if (more) {
-      stage(kb + BC, s ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    wg::fence_async_smem();
-    BARRIER();
+    await_tile(more, [&] { stage(kb + BC, s ^ 1); });
     const bf16 *tk = k_stage(s), *tv = v_stage(s);
     float sc[BC / 8][4], dp[BC / 8][4];
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(sc, wg::desc_k<BR>(sq, kk), wg::desc_k<BC>(tk, kk), kk);
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wg::wgmma_ss(dp, wg::desc_k<BR>(sdo, kk), wg::desc_k<BC>(tv, kk), kk);
-    wg::commit();
-    wg::wait<0>();
+    score_pair<HD, BR>(sc, sq, tk, dp, sdo, tv);
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
@@ -308,13 +298,7 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
         const float p = seen ? exp2f(sc[nt][e] * c - l2[i]) : 0.f;
         sc[nt][e] = p * (dp[nt][e] - d[i]);  // dS, unscaled
       }
-    unsigned da[BC / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) c_to_a(da[kk], sc[2 * kk], sc[2 * kk + 1]);
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wg::wgmma_rs_t(acc, da[kk], wg::desc_mn<BC>(tk, kk));
-    wg::commit();
+    issue_from_registers<BC>(acc, sc, tk);
     wg::wait<0>();
     BARRIER();  // the stage's buffers are free for the load two tiles on
     s ^= 1;
