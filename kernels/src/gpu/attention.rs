@@ -106,25 +106,25 @@ pub(crate) enum Flash {
     /// `flash_fwd_hd*_k{key tile}`, `flash_bwd_dq`, `flash_bwd_dkdv` (mma.sync, sm_80+; the
     /// plan's key tile picks the forward).
     Mma,
-    /// `flash_fwd_wg`, `flash_bwd_dq_wg`, `flash_bwd_dkdv_wg` (wgmma, sm_90 only, 64-key tiles;
-    /// `cuda/flash_attention_sm90a.cu`).
+    /// `flash_fwd_wg`, `flash_bwd_dq_wg`, `flash_bwd_dkdv_wg` (wgmma, sm_90 only;
+    /// `cuda/flash_attention_sm90a.cu`, in builds for `CUDA_COMPUTE_CAP` 90).
+    #[cfg_attr(not(sm90a), allow(dead_code))]
     Wgmma,
 }
 
 impl Flash {
     /// The kernels this build can run on `dev`, the fastest first.
     pub(crate) fn available(dev: &CudaDevice) -> Result<Vec<Flash>> {
-        let mut all = vec![Flash::Mma];
         #[cfg(sm90a)]
         {
             use candle_core::cuda_backend::WrapErr;
             if dev.cuda_stream().context().compute_capability().w()? == (9, 0) {
-                all.insert(0, Flash::Wgmma);
+                return Ok(vec![Flash::Wgmma, Flash::Mma]);
             }
         }
         #[cfg(not(sm90a))]
         let _ = dev;
-        Ok(all)
+        Ok(vec![Flash::Mma])
     }
 
     /// `flash_{name}` of this family (`fwd`, `bwd_dq`, `bwd_dkdv`) and its dynamic shared memory
