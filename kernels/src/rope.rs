@@ -21,21 +21,23 @@ pub fn tables(
         candle_core::bail!("rope: head_dim {head_dim} is odd");
     }
     let half = head_dim / 2;
-    // Positions repeat (each row of a batch, each packed document, restarts at 0): every distinct
-    // one is computed once and the rows are gathered on the device (a 16,384-token batch has
-    // 2,048 distinct positions, so 16× fewer sines and cosines; the values are the same).
+    // Positions repeat (each row of a batch, each packed document, restarts at 0): where that at
+    // least halves the work, every distinct one is computed once and the rows are gathered on the
+    // device (a 16,384-token batch has 2,048 distinct positions, so 16× fewer sines and cosines;
+    // the values are the same). A decode step's streams mostly differ: computed per token.
     let mut distinct = positions.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
-    let at: Vec<u32> = positions.iter().map(|p| distinct.partition_point(|d| d < p) as u32).collect();
-    let u = distinct.len();
+    let gather = 2 * distinct.len() <= positions.len();
+    let rows: &[u32] = if gather { &distinct } else { positions };
+    let u = rows.len();
     // One body for f64 (gradient checks) and f32 (HF's precision).
     macro_rules! rows {
         ($f:ty) => {{
             let theta = theta as $f;
             let inv: Vec<$f> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as $f / head_dim as $f)).collect();
             let (mut cos, mut sin) = (Vec::with_capacity(u * head_dim), Vec::with_capacity(u * head_dim));
-            for &p in &distinct {
+            for &p in rows {
                 for _ in 0..2 {
                     cos.extend(inv.iter().map(|f| (p as $f * f).cos()));
                     sin.extend(inv.iter().map(|f| (p as $f * f).sin()));
@@ -45,6 +47,10 @@ pub fn tables(
         }};
     }
     let (cos, sin) = if dtype == DType::F64 { rows!(f64) } else { rows!(f32) };
+    if !gather {
+        return Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?));
+    }
+    let at: Vec<u32> = positions.iter().map(|p| distinct.partition_point(|d| d < p) as u32).collect();
     let at = Tensor::from_vec(at, positions.len(), device)?;
     Ok((cos.index_select(&at, 0)?.to_dtype(dtype)?, sin.index_select(&at, 0)?.to_dtype(dtype)?))
 }
@@ -144,15 +150,18 @@ mod tests {
 
     #[test]
     fn each_tokens_row_is_its_positions_angles() -> Result<()> {
-        // Repeated, unsorted positions: every row is computed from its own position.
-        let positions = [9u32, 0, 3, 9, 0, 4096, 3];
-        let (cos, sin) = tables(&positions, 8, 1e6, DType::F32, &Device::Cpu)?;
-        let (c, s) = (cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
-        let inv: Vec<f32> = (0..4).map(|i| 1.0 / 1e6f32.powf((2 * i) as f32 / 8.0)).collect();
-        for (row, &p) in positions.iter().enumerate() {
-            for col in 0..8 {
-                let a = p as f32 * inv[col % 4];
-                assert_eq!((c[row][col].to_bits(), s[row][col].to_bits()), (a.cos().to_bits(), a.sin().to_bits()));
+        // Unsorted positions, repeated enough to be gathered (8 tokens, 4 distinct) and not (7, 5):
+        // every row is computed from its own position.
+        for positions in [&[9u32, 0, 3, 9, 0, 4096, 3, 9][..], &[9, 0, 3, 9, 0, 4096, 3]] {
+            let (cos, sin) = tables(positions, 8, 1e6, DType::F32, &Device::Cpu)?;
+            let (c, s) = (cos.to_vec2::<f32>()?, sin.to_vec2::<f32>()?);
+            let inv: Vec<f32> = (0..4).map(|i| 1.0 / 1e6f32.powf((2 * i) as f32 / 8.0)).collect();
+            for (row, &p) in positions.iter().enumerate() {
+                for col in 0..8 {
+                    let a = p as f32 * inv[col % 4];
+                    let want = (a.cos().to_bits(), a.sin().to_bits());
+                    assert_eq!((c[row][col].to_bits(), s[row][col].to_bits()), want);
+                }
             }
         }
         Ok(())
