@@ -223,6 +223,18 @@ fn dense_offsets(layout: &candle_core::Layout) -> Option<(usize, usize)> {
     Some((start, start + layout.shape().elem_count()))
 }
 
+/// `name` (a kernel over `n` elements, or rows `n` wide, of `ts`) or its `_vec` form over 16-byte
+/// chunks when `n` is a whole number of chunks and every input starts 16-byte aligned (fresh
+/// outputs do), with the count of elements or chunks it takes.
+pub(crate) fn chunked<T: Elem>(name: &str, n: usize, ts: &[&Tensor]) -> (String, usize) {
+    let per = 16 / std::mem::size_of::<T>();
+    if n.is_multiple_of(per) && ts.iter().all(|t| aligned16(t)) {
+        (format!("{name}_vec"), n / per)
+    } else {
+        (name.to_string(), n)
+    }
+}
+
 /// Whether `t`'s data starts 16-byte aligned as a kernel will see it: a tensor `with_views`
 /// copies (not contiguous) starts a fresh, aligned allocation.
 pub(crate) fn aligned16(t: &Tensor) -> bool {

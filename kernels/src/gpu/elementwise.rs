@@ -1,24 +1,13 @@
 //! SwiGLU and RoPE on the GPU (`cuda/elementwise.cu`): grid-stride loops, one pass each.
 
 use super::{
-    Elem, Kernel, Module, PushKernelArg, aligned16, alloc, device, grid_for, int, launch, module, tensor, with_views,
+    Elem, Kernel, Module, PushKernelArg, aligned16, alloc, chunked, device, grid_for, int, launch, module, tensor,
+    with_views,
 };
 use candle_core::{Result, Tensor};
 
 const MODULE: Module = module!("elementwise");
 const BLOCK: u32 = 256;
-
-/// `name` (an elementwise kernel over `n` elements of `ts`) or its `_vec` form over 16-byte chunks
-/// when `n` is a whole number of chunks and every input starts 16-byte aligned (fresh outputs do),
-/// with the count it takes.
-fn chunked<T: Elem>(name: &str, n: usize, ts: &[&Tensor]) -> (String, usize) {
-    let per = 16 / std::mem::size_of::<T>();
-    if n.is_multiple_of(per) && ts.iter().all(|t| aligned16(t)) {
-        (format!("{name}_vec"), n / per)
-    } else {
-        (name.to_string(), n)
-    }
-}
 
 pub(crate) fn swiglu_forward<T: Elem>(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let dev = device(gate)?;

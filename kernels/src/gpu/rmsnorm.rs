@@ -3,8 +3,7 @@
 //! worth saving (one value per row).
 
 use super::{
-    Elem, Kernel, LaunchConfig, Module, PushKernelArg, aligned16, alloc, device, int, launch, module, tensor,
-    with_views,
+    Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, chunked, device, int, launch, module, tensor, with_views,
 };
 use candle_core::{DType, Result, Tensor};
 
@@ -109,8 +108,8 @@ pub(crate) fn backward<T: Elem>(
     let rstd = rstd.to_dtype(DType::F32)?;
     let (rows_i, d_i) = (int(rows)?, int(d)?);
     let mut dx = alloc::<T>(&dev, rows * d)?;
-    let chunked = d.is_multiple_of(16 / std::mem::size_of::<T>()) && [dy, x, w].iter().all(|t| aligned16(t));
-    let k = Kernel::new::<T>(&dev, &MODULE, if chunked { "rmsnorm_bwd_vec" } else { "rmsnorm_bwd" })?;
+    let (name, _) = chunked::<T>("rmsnorm_bwd", d, &[dy, x, w]);
+    let k = Kernel::new::<T>(&dev, &MODULE, &name)?;
     with_views::<T, _, 3>([dy, x, w], |[dy, x, w]| {
         with_views::<f32, _, 1>([&rstd], |[r]| {
             let mut b = k.builder();
