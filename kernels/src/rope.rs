@@ -32,7 +32,7 @@ pub fn tables(
     let rows: &[u32] = if gather { &distinct } else { positions };
     let u = rows.len();
     // One body for f64 (gradient checks) and f32 (HF's precision).
-    macro_rules! rows {
+    macro_rules! table {
         ($f:ty) => {{
             let theta = theta as $f;
             let inv: Vec<$f> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as $f / head_dim as $f)).collect();
@@ -46,7 +46,7 @@ pub fn tables(
             (Tensor::from_vec(cos, (u, head_dim), device)?, Tensor::from_vec(sin, (u, head_dim), device)?)
         }};
     }
-    let (cos, sin) = if dtype == DType::F64 { rows!(f64) } else { rows!(f32) };
+    let (cos, sin) = if dtype == DType::F64 { table!(f64) } else { table!(f32) };
     if !gather {
         return Ok((cos.to_dtype(dtype)?, sin.to_dtype(dtype)?));
     }
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn each_tokens_row_is_its_positions_angles() -> Result<()> {
-        // Unsorted positions, repeated enough to be gathered (8 tokens, 4 distinct) and not (7, 5):
+        // Unsorted positions, repeated enough to be gathered (8 tokens, 4 distinct) and not (7 tokens, 4 distinct):
         // every row is computed from its own position.
         for positions in [&[9u32, 0, 3, 9, 0, 4096, 3, 9][..], &[9, 0, 3, 9, 0, 4096, 3]] {
             let (cos, sin) = tables(positions, 8, 1e6, DType::F32, &Device::Cpu)?;
