@@ -6,7 +6,7 @@ use candle_core::{Device, Result};
 /// memory (`MemAvailable` of `/proc/meminfo`) for the CPU.
 pub fn free_bytes(device: &Device) -> Result<u64> {
     match device {
-        Device::Cpu => cpu_available(),
+        Device::Cpu => meminfo("MemAvailable:"),
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => {
             use candle_core::cuda_backend::WrapErr;
@@ -17,6 +17,24 @@ pub fn free_bytes(device: &Device) -> Result<u64> {
         }
         #[allow(unreachable_patterns)]
         other => candle_core::bail!("free memory: {:?} is not supported", other.location()),
+    }
+}
+
+/// Bytes of memory `device` has in all: the CUDA device's total, or the host's (`MemTotal` of
+/// `/proc/meminfo`) for the CPU.
+pub fn total_bytes(device: &Device) -> Result<u64> {
+    match device {
+        Device::Cpu => meminfo("MemTotal:"),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            use candle_core::cuda_backend::WrapErr;
+            use candle_core::cuda_backend::cudarc::driver::result;
+            dev.cuda_stream().context().bind_to_thread().w()?;
+            let (_free, total) = result::mem_get_info().w()?;
+            Ok(total as u64)
+        }
+        #[allow(unreachable_patterns)]
+        other => candle_core::bail!("device memory: {:?} is not supported", other.location()),
     }
 }
 
@@ -81,21 +99,24 @@ pub fn settle(device: &Device) -> Result<()> {
     Ok(())
 }
 
-fn cpu_available() -> Result<u64> {
+/// A `/proc/meminfo` line's value (`MemTotal:`, `MemAvailable:`) in bytes.
+fn meminfo(key: &str) -> Result<u64> {
     let info = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| candle_core::Error::Msg(format!("free memory: /proc/meminfo: {e}")))?;
+        .map_err(|e| candle_core::Error::Msg(format!("host memory: /proc/meminfo: {e}")))?;
     info.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().strip_suffix("kB"))
         .and_then(|kb| kb.trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or_else(|| candle_core::Error::Msg("free memory: /proc/meminfo has no MemAvailable".into()))
+        .ok_or_else(|| candle_core::Error::Msg(format!("host memory: /proc/meminfo has no {key}")))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_host_reports_some_free_memory() {
-        assert!(super::free_bytes(&candle_core::Device::Cpu).unwrap() > 1 << 20);
+    fn the_host_reports_its_memory_and_some_of_it_free() {
+        let cpu = candle_core::Device::Cpu;
+        let (free, total) = (super::free_bytes(&cpu).unwrap(), super::total_bytes(&cpu).unwrap());
+        assert!(free > 1 << 20 && total >= free, "free {free}, total {total}");
     }
 }

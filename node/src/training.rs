@@ -6,10 +6,12 @@
 //!   probed, the run trained and sealed;
 //! * `plan`: measuring a plan and recording `plan.emitted`;
 //! * `seal`: the manifest of a finished run;
+//! * `env`: the recipe's `train.env` in the training process's environment;
 //! * `history`: every run the log knows of, CLI and API alike, with its phase;
 //! * `tensorboard`: scalar event files for TensorBoard.
 
 mod driver;
+pub mod env;
 mod history;
 pub mod launch;
 mod plan;

@@ -51,7 +51,7 @@ pub use objective::{ObjectiveOutput, ObjectiveValue};
 pub use packed::Packing;
 pub use paged::{LayerCache, PagedInputs, RopeTables};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
-pub use preference::{PreferenceLoss, PreferenceOutput, row_sums};
+pub use preference::{DpoForm, PreferenceLoss, PreferenceOutput, row_sums};
 pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
 /// Gradients (or parameters) by HF or PEFT name.
 pub type Grads = std::collections::BTreeMap<String, candle_core::Tensor>;

@@ -27,7 +27,8 @@ mod measure;
 pub mod parallel;
 
 pub use measure::{
-    Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, measure, moe_candidates,
+    Candidate, MeasureError, Measured, Probe, attention_candidates, candidates, gpu_candidates, keeping_checkpointing,
+    measure, moe_candidates,
 };
 pub use parallel::{CollectiveCandidate, CollectiveStage, OpTiming, ParallelPlan};
 
@@ -131,13 +132,17 @@ pub struct GemmTiming {
 
 /// The machine the plan was measured on; a plan replayed elsewhere still runs, but the
 /// run records the mismatch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Machine {
     pub device: String,
     pub cpu: String,
     pub logical_cpus: usize,
     pub os: String,
+    /// The device's memory in GB (10^9 bytes): the GPU's, or the host's for the CPU. Absent in
+    /// older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<f64>,
 }
 
 impl Machine {
@@ -147,6 +152,7 @@ impl Machine {
             cpu: cpu_model().unwrap_or_else(|| "unknown".into()),
             logical_cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+            memory_gb: None,
         }
     }
 }
@@ -187,6 +193,13 @@ pub struct Plan {
     /// for one process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<ParallelPlan>,
+    /// Why nothing was measured, when nothing was (`autotune.enabled: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// What the probe found that the recipe did not expect (a device whose memory differs from
+    /// `hardware.memory_gb`), shown when the plan is made and kept with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -205,6 +218,8 @@ pub enum PlanError {
         "{path}: the plan was measured for recipe {plan} but this recipe is {recipe}: leave --plan out to measure one for this recipe (or `mindxtrain bench RECIPE --out NEW.json`)"
     )]
     WrongRecipe { path: String, plan: String, recipe: String },
+    #[error("{path}: the plan breaks {field}: {message}")]
+    Breaks { path: String, field: &'static str, message: String },
 }
 
 impl Plan {
@@ -231,6 +246,8 @@ impl Plan {
             gemms: Vec::new(),
             env: BTreeMap::new(),
             parallel: None,
+            note: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -290,6 +307,25 @@ impl Plan {
         let recipe = hex(recipe_blake3);
         if self.recipe_blake3 != recipe {
             return Err(PlanError::WrongRecipe { path: path.to_string(), plan: self.recipe_blake3.clone(), recipe });
+        }
+        Ok(())
+    }
+
+    /// Refuses a plan whose choices break a constraint the recipe sets on them (a plan made for
+    /// these recipe bytes by an older build, or edited by hand).
+    pub fn check_constraints(&self, recipe: &crate::recipe::Recipe, path: &str) -> Result<(), PlanError> {
+        if let Some(on) = recipe.train.gradient_checkpointing
+            && self.choices.activation_checkpointing != on
+        {
+            return Err(PlanError::Breaks {
+                path: path.to_string(),
+                field: "train.gradient_checkpointing",
+                message: format!(
+                    "the recipe says {on}, the plan's activation_checkpointing is {}: leave --plan out to measure \
+                     a plan that keeps it",
+                    self.choices.activation_checkpointing
+                ),
+            });
         }
         Ok(())
     }

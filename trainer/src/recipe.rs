@@ -40,6 +40,7 @@
 //!
 //! The schema, field by field, is in docs/recipes.md.
 
+pub mod contract;
 mod de;
 mod env;
 mod error;

@@ -246,6 +246,7 @@ fn run_session(
     observer: &mut (dyn Observer + Send),
 ) -> Result<RunSummary, RunError> {
     spec.plan.check_recipe(&spec.recipe.bytes_blake3, "plan")?;
+    spec.plan.check_constraints(&spec.recipe.recipe, "plan")?;
     effective_env(spec)?;
     let pool = thread_pool(spec.plan.choices.threads)?;
     pool.install(|| Session::open(spec, rank, sink)?.run(sink, observer))

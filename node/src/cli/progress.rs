@@ -190,6 +190,9 @@ impl Hooks for Progress<'_> {
             "{how}: threads {} micro-batch {} checkpointing {} gemm rows {}",
             c.threads, c.micro_batch, c.activation_checkpointing, c.gemm_rows
         ));
+        for line in plan.plan.note.iter().chain(&plan.plan.warnings) {
+            self.say(&format!("  {line}"));
+        }
     }
 
     fn sealing(&mut self) {

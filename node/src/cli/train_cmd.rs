@@ -176,6 +176,8 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         Ok(r) => r,
         Err(code) => return Ok(code),
     };
+    // The probe times what the run will do, in the environment the run will have.
+    training::env::reexec_with(&recipe.loaded.recipe.train.env).context("putting train.env in the environment")?;
     if args.out.exists() {
         let msg = format!("{}: already exists; a plan is never overwritten, choose another --out", args.out.display());
         return Ok(invalid(out, &msg));
@@ -216,7 +218,8 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     let c = plan.choices;
     out.emit(
         &json!({"plan": args.out, "blake3": digest, "choices": c, "seq": seq, "measurements": plan.measurements,
-            "skipped_lines": skipped, "parallel": plan.parallel, "env": plan.env}),
+            "skipped_lines": skipped, "parallel": plan.parallel, "env": plan.env, "note": plan.note,
+            "warnings": plan.warnings}),
         || {
             let mut lines = vec![format!(
                 "plan {} (blake3 {digest}): threads {} micro-batch {} checkpointing {} gemm rows {} — {} candidates in {} ms{}",
@@ -229,6 +232,8 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
                 plan.elapsed_ms,
                 if plan.truncated { " (budget spent before all were timed)" } else { "" }
             )];
+            lines.extend(plan.note.iter().map(|n| format!("  {n}")));
+            lines.extend(plan.warnings.iter().map(|w| format!("  warning: {w}")));
             for m in &plan.measurements {
                 let t = m
                     .step_us
@@ -279,6 +284,7 @@ pub fn train(args: TrainArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         Ok(r) => r,
         Err(code) => return Ok(code),
     };
+    training::env::reexec_with(&recipe.loaded.recipe.train.env).context("putting train.env in the environment")?;
     let r = &recipe.loaded.recipe;
     let out_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&r.meta.run_name));
     let launch = match Launch::resolve(&args.launch.options(), r) {

@@ -25,8 +25,17 @@ pub const PLAN_FILE: &str = "plan.json";
 
 /// What a run writes in its directory (and so what `--force` may remove), besides the
 /// hidden and `.tmp` names of files and directories being written.
-pub const RUN_FILES: [&str; 8] =
-    ["run.json", "dataset.json", "eval.json", PLAN_FILE, "receipt.json", "checkpoints", "final", "tensorboard"];
+pub const RUN_FILES: [&str; 9] = [
+    "run.json",
+    "dataset.json",
+    "eval.json",
+    run::eval::BASELINE_FILE,
+    PLAN_FILE,
+    "receipt.json",
+    "checkpoints",
+    "final",
+    "tensorboard",
+];
 
 fn written_by_a_run(name: &str) -> bool {
     RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp") || archived_plan(name)
@@ -204,6 +213,12 @@ pub fn train_and_seal(
     hooks: &mut dyn Hooks,
 ) -> Result<Trained, TrainError> {
     let loaded = &req.recipe.loaded;
+    // A run in this process needs train.env in it already; a launcher hands it to its ranks.
+    if req.launch.is_none()
+        && let Some(why) = super::env::refusal(&loaded.recipe.train.env)
+    {
+        return Err(TrainError::Refused(why));
+    }
     if !req.resume {
         // A resume finds its base in run.json; the trainer checks it there.
         run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref())?;
@@ -379,6 +394,7 @@ fn choose_plan(
         )));
     }
     plan.check_recipe(&loaded.bytes_blake3, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
+    plan.check_constraints(&loaded.recipe, &shown).map_err(|e| TrainError::Refused(e.to_string()))?;
     check_plan_world(&plan, &shown, launched.map(|(l, _)| l))?;
     match std::fs::read(&kept) {
         // A resume at another world size brings its own plan: the old one is kept beside it.

@@ -44,7 +44,7 @@ impl RecordedPlan {
         let p = &self.plan;
         let data = serde_json::json!({"plan_blake3": digest, "recipe_blake3": p.recipe_blake3, "choices": p.choices,
             "file": self.path.display().to_string(), "elapsed_ms": p.elapsed_ms, "truncated": p.truncated,
-            "parallel": p.parallel, "env": p.env});
+            "parallel": p.parallel, "env": p.env, "note": p.note, "warnings": p.warnings});
         Ok(log.append(AppendRequest::new(PLAN_EMITTED, digest.clone(), data).with_id(format!("plan:{digest}")))?.seq)
     }
 }
@@ -94,6 +94,8 @@ pub fn parallel_plan(
     let op = if matches!(sharding, Sharding::Zero2 | Sharding::Zero3) { "reduce_scatter" } else { "all_reduce" };
     let collective = if launch.world() == 1 {
         CollectiveStage { skipped: Some("one rank: nothing to reduce".into()), ..CollectiveStage::default() }
+    } else if !r.autotune.enabled {
+        CollectiveStage { skipped: Some("autotune.enabled is false".into()), ..CollectiveStage::default() }
     } else {
         let base_env = r.train.env.clone();
         let dtype = match dtype {

@@ -115,12 +115,6 @@ impl Dataset {
                 config.vocab_size
             )));
         }
-        if let Some(t) = data.dedupe.near_threshold {
-            return Err(DataError::Config(format!(
-                "data.dedupe.near_threshold {t}: near-duplicate removal is not implemented; remove the field \
-                 (exact dedupe stays on)"
-            )));
-        }
         let seq_len = data.seq_len as usize;
         if seq_len < 2 {
             return Err(DataError::Config(format!("data.seq_len {seq_len} leaves nothing to predict")));

@@ -1,4 +1,5 @@
-//! Preference losses on a [`PreferenceBatch`]: DPO (sigmoid, with label smoothing) and ORPO.
+//! Preference losses on a [`PreferenceBatch`]: DPO (sigmoid with label smoothing, hinge, IPO)
+//! and ORPO.
 //!
 //! Chosen and rejected rows run as one batch of `2B` rows. Each row's log-probability is the
 //! sum over its target tokens, so the loss reaches the tokens through per-token weights on
@@ -17,14 +18,26 @@ use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
 /// Which preference objective, with its strength.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PreferenceLoss {
-    /// `−(1−ε)·log σ(z) − ε·log σ(−z)`, `z = β·((π_c − ref_c) − (π_r − ref_r))` with sequence
-    /// log-probs summed over response tokens (TRL's sigmoid loss).
-    Dpo { beta: f64, label_smoothing: f64 },
+    /// DPO against a reference policy, in one of TRL's forms ([`DpoForm`]).
+    Dpo { beta: f64, label_smoothing: f64, form: DpoForm },
     /// `nll_c − λ·log σ(log odds(ā_c) − log odds(ā_r))` with `ā` the per-token mean log-prob of
     /// a response and `odds(p) = p / (1 − p)` (TRL's ORPO). `nll_c = −ā_c` is the chosen
     /// response's per-token mean NLL; TRL averages it over the batch's tokens instead, which
     /// weighs long responses more.
     Orpo { lambda: f64 },
+}
+
+/// The forms of the DPO loss, as TRL's `DPOTrainer` computes them (`loss_type`). With
+/// `h = (π_c − ref_c) − (π_r − ref_r)` the margin of sequence log-probs:
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DpoForm {
+    /// `−(1−ε)·log σ(βh) − ε·log σ(−βh)`, log-probs summed over response tokens.
+    Sigmoid,
+    /// `max(0, 1 − βh)` (SLiC's hinge), summed log-probs.
+    Hinge,
+    /// `(h − 1/(2β))²` (Azar et al.'s IPO) with each log-prob averaged over its response's
+    /// tokens, as TRL averages them for IPO.
+    Ipo,
 }
 
 /// The result of one preference micro-batch.
@@ -102,13 +115,37 @@ impl Qwen3 {
             let mut d_logp = vec![0.0; 2 * pairs];
             let mut loss_sum = 0.0;
             match loss {
-                PreferenceLoss::Dpo { beta, label_smoothing: eps } => {
+                PreferenceLoss::Dpo { beta, label_smoothing: eps, form } => {
                     for i in 0..pairs {
-                        let z = beta * ((chosen[i] - refs[i].0) - (rejected[i] - refs[i].1));
-                        loss_sum += -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z);
-                        let dz = -(1.0 - eps) * sigmoid(-z) + eps * sigmoid(z);
-                        d_logp[i] = dz * beta;
-                        d_logp[pairs + i] = -dz * beta;
+                        // IPO compares per-token means: each sum (the reference's too) over its count.
+                        let (nc, nr) = match form {
+                            DpoForm::Ipo => (counts[i] as f64, counts[pairs + i] as f64),
+                            DpoForm::Sigmoid | DpoForm::Hinge => (1.0, 1.0),
+                        };
+                        if nc == 0.0 || nr == 0.0 {
+                            return Err(ModelError::Batch(format!("pair {i} has a response without target tokens")));
+                        }
+                        let h = (chosen[i] - refs[i].0) / nc - (rejected[i] - refs[i].1) / nr;
+                        // d loss / d h.
+                        let dh = match form {
+                            DpoForm::Sigmoid => {
+                                let z = beta * h;
+                                loss_sum += -(1.0 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z);
+                                (-(1.0 - eps) * sigmoid(-z) + eps * sigmoid(z)) * beta
+                            }
+                            DpoForm::Hinge => {
+                                let gap = 1.0 - beta * h;
+                                loss_sum += gap.max(0.0);
+                                if gap > 0.0 { -beta } else { 0.0 }
+                            }
+                            DpoForm::Ipo => {
+                                let off = h - 1.0 / (2.0 * beta);
+                                loss_sum += off * off;
+                                2.0 * off
+                            }
+                        };
+                        d_logp[i] = dh / nc;
+                        d_logp[pairs + i] = -dh / nr;
                     }
                 }
                 PreferenceLoss::Orpo { lambda } => {

@@ -450,7 +450,36 @@ fn preference_gradcheck(loss: PreferenceLoss) {
 
 #[test]
 fn dpo_gradients_match_finite_differences() {
-    preference_gradcheck(PreferenceLoss::Dpo { beta: 0.5, label_smoothing: 0.1 });
+    preference_gradcheck(PreferenceLoss::Dpo { beta: 0.5, label_smoothing: 0.1, form: DpoForm::Sigmoid });
+    preference_gradcheck(PreferenceLoss::Dpo { beta: 0.5, label_smoothing: 0.0, form: DpoForm::Ipo });
+    // Inside the margin (1 − βh > 0, as at these small adapters) the hinge is linear in h.
+    preference_gradcheck(PreferenceLoss::Dpo { beta: 0.5, label_smoothing: 0.0, form: DpoForm::Hinge });
+}
+
+/// At the reference (h = 0) each form has its own value: log 2, 1 and 1/(4β²) per pair, so a
+/// run that read `loss: ipo` or `hinge` as sigmoid would not pass.
+#[test]
+fn each_dpo_loss_form_starts_at_its_own_value_when_the_policy_is_the_reference() {
+    let config = tiny(false);
+    let m = model(&config, DType::F64);
+    let fresh = Adapters::init(&config, &lora(0.0), 1, DType::F64, &Device::Cpu).unwrap();
+    let beta = 0.1;
+    for (form, per_pair) in
+        [(DpoForm::Sigmoid, 2f64.ln()), (DpoForm::Hinge, 1.0), (DpoForm::Ipo, 1.0 / (4.0 * beta * beta))]
+    {
+        let loss = PreferenceLoss::Dpo { beta, label_smoothing: 0.0, form };
+        let out = m
+            .forward_backward_preference(
+                &preference_batch(),
+                loss,
+                None,
+                Trainable::Adapters,
+                Some(&fresh),
+                &StepOptions::default(),
+            )
+            .unwrap();
+        assert!((out.loss_sum - 2.0 * per_pair).abs() < 1e-9, "{form:?}: {}", out.loss_sum);
+    }
 }
 
 #[test]
@@ -463,7 +492,7 @@ fn dpo_starts_at_log_two_when_the_policy_is_the_reference() {
     let config = tiny(false);
     let m = model(&config, DType::F64);
     let fresh = Adapters::init(&config, &lora(0.0), 1, DType::F64, &Device::Cpu).unwrap();
-    let loss = PreferenceLoss::Dpo { beta: 0.1, label_smoothing: 0.0 };
+    let loss = PreferenceLoss::Dpo { beta: 0.1, label_smoothing: 0.0, form: DpoForm::Sigmoid };
     let out = m
         .forward_backward_preference(
             &preference_batch(),

@@ -86,6 +86,15 @@ pub fn gpu_candidates(logical_cpus: usize, per_device: usize) -> Vec<Candidate> 
         .collect()
 }
 
+/// `candidates` without those that break the recipe's `train.gradient_checkpointing`
+/// (`Some(on)`: only candidates that checkpoint exactly when `on`).
+pub fn keeping_checkpointing(candidates: Vec<Candidate>, required: Option<bool>) -> Vec<Candidate> {
+    match required {
+        Some(on) => candidates.into_iter().filter(|c| c.activation_checkpointing == on).collect(),
+        None => candidates,
+    }
+}
+
 /// dQ splits tried when the recipe allows a non-deterministic backward.
 const ATOMIC_DQ_SPLITS: [usize; 2] = [2, 4];
 

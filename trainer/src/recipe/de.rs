@@ -41,11 +41,44 @@ pub(crate) struct Sink {
     above_failed: RefCell<HashSet<FieldPath>>,
     /// Nodes and entries visited, over all passes: what the linearity test bounds.
     pub(crate) work: Cell<u64>,
+    /// When set, every field read and the shape it was read as (the field contract's schema
+    /// walk, `super::contract`); unset (as in every check) it costs one branch per node.
+    pub(crate) shapes: RefCell<Option<Vec<(FieldPath, Shape)>>>,
+}
+
+/// What a field was read as: the schema's own account of itself, collected by
+/// [`Sink::recording`] for the field contract (`super::contract`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    Bool,
+    Int,
+    Number,
+    Text,
+    List,
+    /// A mapping of free keys (`train.env`).
+    Map,
+    /// A mapping of these fields.
+    Section(&'static [&'static str]),
+    /// A scalar naming one of these values.
+    OneOf(&'static [&'static str]),
+    /// A mapping whose `kind` names one of these variants.
+    Tagged(&'static [&'static str]),
 }
 
 impl Sink {
     fn step(&self) {
         self.work.set(self.work.get() + 1);
+    }
+
+    /// A sink that also records the shape of every field read.
+    pub(crate) fn recording() -> Sink {
+        Sink { shapes: RefCell::new(Some(Vec::new())), ..Sink::default() }
+    }
+
+    fn shape(&self, path: &PathStack<'_>, shape: Shape) {
+        if let Some(shapes) = self.shapes.borrow_mut().as_mut() {
+            shapes.push((path.to_path(), shape));
+        }
     }
 
     /// True when `path` or a field around it already has an error.
@@ -287,6 +320,7 @@ impl<'a> De<'a> {
 macro_rules! int_method {
     ($method:ident, $ty:ty, $visit:ident, $wide:ty) => {
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+            self.sink.shape(self.path, Shape::Int);
             let (lo, hi) = (<$ty>::MIN as i128, <$ty>::MAX as i128);
             let i = self.int(lo, hi).unwrap_or_else(|e| {
                 self.tolerate(e);
@@ -317,6 +351,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::Bool);
         let b = match self.resolved() {
             Some(Resolved::Bool(b)) => b,
             _ => {
@@ -342,6 +377,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::Number);
         let x = match self.resolved() {
             Some(Resolved::Float(x)) => x,
             // Integers are exact in f64 up to 2^53, far beyond any recipe number.
@@ -360,6 +396,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::Text);
         let text = match (self.resolved(), &self.node.kind) {
             (Some(Resolved::Str(s)), _) => s,
             // A plain `1` or `true` is not text under YAML 1.2; say how to make it text.
@@ -419,6 +456,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::List);
         let items: &[Node] = match &self.node.kind {
             NodeKind::Seq(items) => items,
             _ => {
@@ -431,6 +469,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_tuple<V: Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::List);
         let r = match &self.node.kind {
             NodeKind::Seq(items) if items.len() == len => {
                 visitor.visit_seq(SeqAcc { items, next: 0, path: self.path, sink: self.sink })
@@ -453,6 +492,7 @@ impl<'de> Deserializer<'de> for De<'_> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::Map);
         let r = match self.mapping() {
             Some(map) => visitor.visit_map(MapAcc::new(map, &self, None)),
             None => Err(self.expected("a mapping")),
@@ -466,6 +506,7 @@ impl<'de> Deserializer<'de> for De<'_> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
+        self.sink.shape(self.path, Shape::Section(fields));
         let r = match self.mapping() {
             Some(map) => visitor.visit_map(MapAcc::new(map, &self, Some(fields))),
             None if fields.is_empty() => Err(self.expected("a mapping")),
@@ -480,7 +521,9 @@ impl<'de> Deserializer<'de> for De<'_> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, DeError> {
-        let r = match (&self.node.kind, name == KIND_TAGGED) {
+        let tagged = name == KIND_TAGGED;
+        self.sink.shape(self.path, if tagged { Shape::Tagged(variants) } else { Shape::OneOf(variants) });
+        let r = match (&self.node.kind, tagged) {
             (NodeKind::Scalar { text, .. }, false) => {
                 // An unknown value is noted and read as the first variant, to go on.
                 let known = variants.contains(&text.as_str()) || variants.is_empty();

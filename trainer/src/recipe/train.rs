@@ -23,8 +23,10 @@ pub struct Train {
     pub batch: Batch,
     #[serde(default)]
     pub precision: Precision,
-    #[serde(default)]
-    pub gradient_checkpointing: bool,
+    /// Activation checkpointing (recompute each block's activations in the backward) as a
+    /// constraint on the plan: `true` always, `false` never; unset lets the probe choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_checkpointing: Option<bool>,
     /// Shard parameters, gradients and optimizer state across the ranks: ZeRO-3, FSDP-style
     /// (the same as `distributed.sharding: zero3`).
     #[serde(default)]

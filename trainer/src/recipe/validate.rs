@@ -111,6 +111,13 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     serve(&mut c, r);
     publish(&mut c, r);
     c.int("quantize.calibration_samples", r.quantize.calibration_samples.into(), 1, 1_000_000);
+    if r.quantize.enabled {
+        c.fail(
+            "quantize.enabled",
+            "quantizing the trained model is not built yet: set enabled: false (the run's final/ is served in \
+             model.dtype)",
+        );
+    }
     let include = &r.receipt.include;
     c.unique("receipt.include", include);
     if !include.contains(&super::schema::ReceiptItem::RecipeHash) {
@@ -151,6 +158,16 @@ fn hardware(c: &mut Checks, r: &Recipe) {
         ),
         _ => {}
     }
+    if hw.name.vendor() == Vendor::Amd && gpus > 0 {
+        c.fail(
+            "hardware.gpus",
+            format!(
+                "{} GPUs have no launch path in this build (its kernels compile for HIP, but nothing runs them on \
+                 an AMD GPU yet): set hardware.gpus: 0 to train on the CPU, or name NVIDIA hardware",
+                name_of(&hw.name)
+            ),
+        );
+    }
     let arch_ok = match hw.name {
         HardwareName::Cpu => ["native", "x86_64", "aarch64"].contains(&hw.arch.as_str()),
         name => hw.arch == name.default_arch(),
@@ -189,8 +206,22 @@ fn hardware(c: &mut Checks, r: &Recipe) {
     }
 }
 
+/// The families this build trains and serves; the others are refused by name.
+pub(crate) const RUNNABLE_FAMILIES: [ModelFamily; 2] = [ModelFamily::Qwen3, ModelFamily::Qwen3Moe];
+
 fn model(c: &mut Checks, r: &Recipe) {
     let m = &r.model;
+    if !RUNNABLE_FAMILIES.contains(&m.family) {
+        let runnable = RUNNABLE_FAMILIES.iter().map(name_of).collect::<Vec<_>>().join(" and ");
+        c.fail(
+            "model.family",
+            format!(
+                "family `{}` has no implementation in this build: nothing could load, train or serve it; \
+                 the families that run today are {runnable}",
+                name_of(&m.family)
+            ),
+        );
+    }
     c.text("model.name", &m.name);
     c.opt_text("model.revision", m.revision.as_ref());
     c.opt_text("model.path", m.path.as_ref());
@@ -230,6 +261,9 @@ fn model(c: &mut Checks, r: &Recipe) {
     c.positive("model.config.rope_theta", cfg.rope_theta);
     c.num("model.config.rms_norm_eps", cfg.rms_norm_eps, 0.0, 1.0, "()");
     match (&cfg.moe, m.family) {
+        (Some(_), family) if family != ModelFamily::Qwen3Moe => {
+            c.fail("model.config.moe", format!("only family qwen3_moe has experts; family is `{}`", name_of(&family)))
+        }
         (Some(moe), _) => {
             c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
             c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
@@ -312,6 +346,10 @@ fn data(c: &mut Checks, r: &Recipe) {
     c.int("data.seq_len", d.seq_len.into(), 16, 1_048_576);
     if let Some(t) = d.dedupe.near_threshold {
         c.num("data.dedupe.near_threshold", t, 0.0, 1.0, "[]");
+        c.fail(
+            "data.dedupe.near_threshold",
+            "near-duplicate removal is not built yet: remove the field (exact dedupe stays on)",
+        );
     }
     let kind = r.train.method.kind();
     let (wanted, why): (&[DataFormat], &str) = match &r.train.method {
@@ -349,19 +387,49 @@ fn eval(c: &mut Checks, r: &Recipe) {
     }
     c.unique("eval.tasks", &e.tasks);
     c.int("eval.fewshot", e.fewshot.into(), 0, 32);
+    if !e.tasks.is_empty() {
+        c.fail(
+            "eval.tasks",
+            "benchmark tasks are not run by this build yet (no task reader or scorer): remove eval.tasks; \
+             the held-out split (eval.holdout) is evaluated",
+        );
+    } else if e.fewshot != 0 {
+        c.fail("eval.fewshot", "few-shot examples are for eval.tasks, which this build does not run: leave it at 0");
+    }
     if e.enabled && e.tasks.is_empty() && e.holdout.fraction == 0.0 {
         c.fail("eval.tasks", "nothing to evaluate: list tasks or keep a holdout fraction above 0");
     }
     if let Some(reg) = &e.regression {
         c.text("eval.regression.baseline", &reg.baseline);
         c.num("eval.regression.threshold_pct", reg.threshold_pct, 0.0, 100.0, "[]");
+        if !e.enabled {
+            c.fail("eval.regression", "a regression gate needs the evaluation it gates: eval.enabled is false");
+        }
+        if reg.baseline != r.model.name && !reg.baseline.ends_with(".json") {
+            c.fail(
+                "eval.regression.baseline",
+                format!(
+                    "`{}` is neither this run's model.name (`{}`: its base, evaluated before the first step) nor \
+                     the path of an earlier run's eval.json; comparing with another model is not built",
+                    reg.baseline, r.model.name
+                ),
+            );
+        }
     }
 }
 
 fn serve(c: &mut Checks, r: &Recipe) {
     let s = &r.serve;
-    if s.host.parse::<IpAddr>().is_err() {
-        c.fail("serve.host", format!("expected an IP address such as 127.0.0.1, found {:?}", s.host));
+    match s.host.parse::<IpAddr>() {
+        Err(_) => c.fail("serve.host", format!("expected an IP address such as 127.0.0.1, found {:?}", s.host)),
+        Ok(ip) if !ip.is_loopback() => c.fail(
+            "serve.host",
+            format!(
+                "{ip} is not a loopback address: the node binds loopback only (127.0.0.0/8 or ::1); put a \
+                 reverse proxy in front of it to serve other hosts"
+            ),
+        ),
+        Ok(_) => {}
     }
     c.int("serve.port", s.port.into(), 1024, 65_535);
     c.int("serve.max_model_len", s.max_model_len.into(), 16, 1_048_576);
@@ -374,23 +442,27 @@ fn serve(c: &mut Checks, r: &Recipe) {
         );
     }
     c.int("serve.max_batch", s.max_batch.into(), 1, 4096);
-    let gpus = r.hardware.gpus.max(1);
-    let tp = s.tensor_parallel;
-    if r.hardware.name.is_mi300_class() && ![1, 8].contains(&tp) {
+    if s.tensor_parallel != 1 {
         c.fail(
             "serve.tensor_parallel",
             format!(
-                "expected 1 or 8 on MI300-class hardware, found {tp}: 2- and 4-GPU groups get \
-                 asymmetric xGMI bandwidth"
+                "expected 1, found {}: the serving engine runs a model on one device (tensor-parallel serving \
+                 is not built)",
+                s.tensor_parallel
             ),
         );
-    } else {
-        c.int("serve.tensor_parallel", tp.into(), 1, gpus.into());
     }
 }
 
 fn publish(c: &mut Checks, r: &Recipe) {
     let p = &r.publish;
+    if p.enabled {
+        c.fail(
+            "publish.enabled",
+            "publishing to the Hugging Face Hub is not built yet (the node never uploads weights): set \
+             enabled: false; `mindxtrain export` writes an HF directory you can upload yourself",
+        );
+    }
     if let Some(hf) = &p.hf {
         let parts: Vec<&str> = hf.repo.split('/').collect();
         if parts.len() != 2 || parts.iter().any(|s| s.is_empty() || s.trim() != *s) {

@@ -14,8 +14,8 @@ use super::microbatch::{accumulate, split};
 use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
 use crate::plan::{
-    Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates, measure,
-    moe_candidates,
+    Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates,
+    keeping_checkpointing, measure, moe_candidates,
 };
 use crate::recipe::LoadedRecipe;
 use candle_core::DType;
@@ -30,9 +30,16 @@ use std::time::{Duration, Instant};
 /// depend on their values); the batch is the first real batch of the recipe's data. A
 /// probe step is the forward/backward of every micro-batch: the optimizer update costs the
 /// same whatever the choices.
+///
+/// With `autotune.enabled: false` nothing is timed: the plan holds the defaults (all host
+/// threads, the whole batch in one micro-batch, checkpointing as the recipe says, the kernels'
+/// default blocking) and says so in its `note`.
 pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions) -> Result<Plan, RunError> {
     let r = &recipe.recipe;
     let device = super::run_device(r)?;
+    if !r.autotune.enabled {
+        return Ok(default_plan(recipe, &device));
+    }
     let config = model_config(r, recipe_dir)?;
     let dtype = crate::checkpoint::model_dtype(r.model.dtype);
     let method = MethodPlan::from_recipe(&r.train.method)?;
@@ -94,10 +101,12 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     let start = Instant::now();
     let deterministic = r.autotune.deterministic;
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let checkpointing = r.train.gradient_checkpointing;
+    let cpu_candidates = keeping_checkpointing(candidates(cpus, per_device), checkpointing);
     let (best, measurements, truncated, gemms) = if device.is_cuda() {
         // Steps are timed with cuBLAS's default algorithms (the choices carry no GEMM table);
         // the GEMM stage picks per shape.
-        let cands = gpu_candidates(cpus, per_device);
+        let cands = keeping_checkpointing(gpu_candidates(cpus, per_device), checkpointing);
         // One untimed step first, outside the budget, like loading the model: the first launch
         // of each kernel module JIT-compiles its PTX (seconds on a cold machine), which no
         // candidate should be charged for. Its error, if any, recurs in the timed step and is
@@ -130,7 +139,7 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     } else if config.moe.is_some() {
         // A mixture-of-experts model: the grouped GEMMs' tile and expert order are timed at the
         // winner of the other choices, with what the first stage left (it gets most of it).
-        let first = measure(&candidates(cpus, per_device), budget.mul_f64(0.7), &mut probe).map_err(failed)?;
+        let first = measure(&cpu_candidates, budget.mul_f64(0.7), &mut probe).map_err(failed)?;
         let moe = measure(&moe_candidates(first.best), budget.saturating_sub(start.elapsed()), &mut probe);
         let (best, more, truncated) = match moe {
             Ok(m) => (m.best, m.measurements, m.truncated),
@@ -141,7 +150,7 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         measurements.extend(more);
         (best, measurements, first.truncated || truncated, Vec::new())
     } else {
-        let m = measure(&candidates(cpus, per_device), budget, &mut probe).map_err(failed)?;
+        let m = measure(&cpu_candidates, budget, &mut probe).map_err(failed)?;
         (m.best, m.measurements, m.truncated, Vec::new())
     };
     let mut plan = Plan::new(
@@ -155,7 +164,59 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     );
     plan.deterministic = deterministic;
     plan.gemms = gemms;
+    describe_memory(&mut plan, r, &device);
     Ok(plan)
+}
+
+/// The plan of a recipe that turns the probe off (`autotune.enabled: false`).
+fn default_plan(recipe: &LoadedRecipe, device: &candle_core::Device) -> Plan {
+    let r = &recipe.recipe;
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let choices = Choices {
+        micro_batch: r.train.batch.per_device as usize,
+        activation_checkpointing: r.train.gradient_checkpointing.unwrap_or(false),
+        ..Choices::unmeasured(cpus)
+    };
+    let mut plan = Plan::new(
+        recipe.bytes_blake3,
+        &super::device_name(device),
+        choices,
+        Vec::new(),
+        r.autotune.budget_seconds,
+        0,
+        false,
+    );
+    plan.deterministic = r.autotune.deterministic;
+    plan.note = Some("autotune.enabled is false: the defaults, nothing measured".into());
+    describe_memory(&mut plan, r, device);
+    plan
+}
+
+/// Notes the device's memory in the plan and warns when it is not what the recipe was sized
+/// for (`hardware.memory_gb`, more than 10% off either way): batch sizes chosen for another
+/// card may not fit, or may leave most of this one idle.
+fn describe_memory(plan: &mut Plan, r: &crate::recipe::Recipe, device: &candle_core::Device) {
+    let gb = mindxtrain_kernels::memory::total_bytes(device).ok().map(|b| b as f64 / 1e9);
+    plan.machine.memory_gb = gb.map(|g| (g * 10.0).round() / 10.0);
+    if let Some(warning) = memory_warning(r.hardware.memory_gb, gb) {
+        plan.warnings.push(warning);
+    }
+}
+
+fn memory_warning(sized_for: Option<u32>, found_gb: Option<f64>) -> Option<String> {
+    let want = f64::from(sized_for?);
+    let Some(found) = found_gb else {
+        return Some(format!(
+            "hardware.memory_gb is {want}, but this device's memory could not be read: the plan does not know \
+             whether the recipe's batches fit"
+        ));
+    };
+    ((found - want).abs() > 0.1 * want).then(|| {
+        format!(
+            "hardware.memory_gb is {want} but this device has {found:.1} GB: the recipe was sized for another \
+             card, so its batches may not fit here (or may leave memory unused)"
+        )
+    })
 }
 
 /// The model shape a recipe trains: `model.config`, else the `config.json` of `model.path`.

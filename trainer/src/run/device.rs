@@ -12,10 +12,16 @@ use candle_core::Device;
 pub fn run_device(recipe: &Recipe) -> Result<Device, RunError> {
     let hw = &recipe.hardware;
     if hw.gpus == 0 {
+        check_host_arch(&hw.arch, std::env::consts::ARCH)?;
         return Ok(Device::Cpu);
     }
     match hw.name.vendor() {
-        Vendor::Nvidia => cuda(hw.gpus),
+        Vendor::Nvidia => {
+            let device = cuda(hw.gpus)?;
+            check_gpu_arch(&device, &hw.arch)?;
+            Ok(device)
+        }
+        // `recipe check` refuses AMD GPUs (no launch path); a recipe built in code may still ask.
         Vendor::Amd => Err(RunError::Recipe(format!(
             "hardware.name `{:?}` asks for AMD GPUs: this build compiles the kernels for HIP \
              (scripts/build-hip) but has no HIP launch path yet; set hardware.gpus: 0 to train on the CPU",
@@ -23,6 +29,43 @@ pub fn run_device(recipe: &Recipe) -> Result<Device, RunError> {
         ))),
         Vendor::Cpu => Ok(Device::Cpu),
     }
+}
+
+/// A CPU run's `hardware.arch`: `native` is whatever this machine is; `x86_64` or `aarch64`
+/// names the machine the recipe (and its plan) was made for, and another one is refused.
+fn check_host_arch(arch: &str, host: &str) -> Result<(), RunError> {
+    if arch == "native" || arch == host {
+        return Ok(());
+    }
+    Err(RunError::Recipe(format!(
+        "hardware.arch is {arch} but this machine is {host}: run the recipe on an {arch} host, or set \
+         hardware.arch: native"
+    )))
+}
+
+/// An NVIDIA run's `hardware.arch` (`sm_90`, `sm_100`) against the GPU's compute capability.
+#[cfg(feature = "cuda")]
+fn check_gpu_arch(device: &Device, arch: &str) -> Result<(), RunError> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+    let Device::Cuda(dev) = device else { return Ok(()) };
+    let ctx = dev.cuda_stream().context().clone();
+    let attr = |a| ctx.attribute(a).map_err(|e| RunError::Recipe(format!("reading the GPU's compute capability: {e}")));
+    let found = format!(
+        "sm_{}{}",
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+    );
+    if found == arch {
+        return Ok(());
+    }
+    Err(RunError::Recipe(format!(
+        "hardware.arch is {arch} but this GPU is {found}: the recipe names other hardware (hardware.name)"
+    )))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check_gpu_arch(_device: &Device, _arch: &str) -> Result<(), RunError> {
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
@@ -89,6 +132,17 @@ mod tests {
         let mut r = Recipe::from_path(&path).unwrap().recipe;
         (r.hardware.name, r.hardware.gpus) = (name, gpus);
         r
+    }
+
+    #[test]
+    fn a_cpu_recipe_for_another_architecture_is_refused() {
+        assert!(check_host_arch("native", "x86_64").is_ok());
+        assert!(check_host_arch("x86_64", "x86_64").is_ok());
+        let other = check_host_arch("aarch64", "x86_64").unwrap_err().to_string();
+        assert!(other.contains("hardware.arch is aarch64") && other.contains("x86_64"), "{other}");
+        let mut r = recipe(HardwareName::Cpu, 0);
+        r.hardware.arch = if std::env::consts::ARCH == "x86_64" { "aarch64" } else { "x86_64" }.into();
+        assert!(run_device(&r).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Held-out evaluation: loss, perplexity and exact-match accuracy on generated answers.
 //!
-//! Written as `eval.json`; a recipe's `eval.regression` compares it with a baseline file
-//! and fails the run when accuracy drops by more than the threshold.
+//! Written as `eval.json`; a recipe's `eval.regression` compares it with a baseline ([`Baseline`]:
+//! the run's own base evaluated before the first step, or an earlier run's `eval.json`) and
+//! fails the run when accuracy drops by more than the threshold.
 
 use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
 use crate::generate::{Limits, Sampling, generate};
@@ -133,15 +134,51 @@ pub fn evaluate(
     })
 }
 
-/// Fails when exact match fell more than `threshold_pct` percent (relative) below the
-/// baseline report at `baseline`.
-pub fn check_regression(report: &EvalReport, baseline: &Path, threshold_pct: f64) -> Result<(), EvalError> {
-    let path = baseline.display().to_string();
-    let bytes =
-        std::fs::read(baseline).map_err(|e| EvalError::Baseline { path: path.clone(), message: e.to_string() })?;
-    let base: EvalReport = serde_json::from_slice(&bytes)
-        .map_err(|e| EvalError::Baseline { path: path.clone(), message: format!("not an eval.json: {e}") })?;
-    let (Some(now), Some(then)) = (report.exact_match, base.exact_match) else {
+/// The file a run keeps its base's evaluation in, when its regression gate compares with it.
+pub const BASELINE_FILE: &str = "eval_baseline.json";
+
+/// What a run's `eval.regression.baseline` names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Baseline {
+    /// The run's own base (`baseline` is its `model.name`), evaluated on the held-out split
+    /// before the first step and kept in the run directory as [`BASELINE_FILE`].
+    Base,
+    /// An earlier run's `eval.json` (a path relative to the recipe), read before the run starts.
+    Report { path: String, report: Box<EvalReport> },
+}
+
+impl Baseline {
+    /// The baseline of `recipe`'s gate, if it has one; a report file is read now, so a missing
+    /// or unreadable one stops the run before it trains.
+    pub fn of(recipe: &crate::recipe::Recipe, recipe_dir: &Path) -> Result<Option<Baseline>, EvalError> {
+        let Some(reg) = &recipe.eval.regression else { return Ok(None) };
+        if reg.baseline == recipe.model.name {
+            return Ok(Some(Baseline::Base));
+        }
+        let path = recipe_dir.join(&reg.baseline);
+        let report = read_report(&path)?;
+        Ok(Some(Baseline::Report { path: path.display().to_string(), report: Box::new(report) }))
+    }
+}
+
+/// An `eval.json` (or [`BASELINE_FILE`]) as a run wrote it.
+pub fn read_report(path: &Path) -> Result<EvalReport, EvalError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| EvalError::Baseline { path: shown.clone(), message: e.to_string() })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| EvalError::Baseline { path: shown, message: format!("not an eval.json: {e}") })
+}
+
+/// Fails when exact match fell more than `threshold_pct` percent (relative) below `baseline`'s
+/// (named `path` in messages).
+pub fn check_regression(
+    report: &EvalReport,
+    baseline: &EvalReport,
+    path: &str,
+    threshold_pct: f64,
+) -> Result<(), EvalError> {
+    let path = path.to_string();
+    let (Some(now), Some(then)) = (report.exact_match, baseline.exact_match) else {
         return Err(EvalError::Baseline { path, message: "no exact-match score to compare".into() });
     };
     let drop_pct = if then > 0.0 { (then - now) / then * 100.0 } else { 0.0 };
@@ -174,16 +211,35 @@ mod tests {
 
     #[test]
     fn regression_threshold_is_relative_to_the_baseline() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("eval.json");
-        std::fs::write(&path, serde_json::to_vec(&report(Some(0.5))).unwrap()).unwrap();
-        assert!(check_regression(&report(Some(0.48)), &path, 5.0).is_ok());
-        let err = check_regression(&report(Some(0.40)), &path, 5.0).unwrap_err();
+        let base = report(Some(0.5));
+        assert!(check_regression(&report(Some(0.48)), &base, "b", 5.0).is_ok());
+        let err = check_regression(&report(Some(0.40)), &base, "b", 5.0).unwrap_err();
         assert!(matches!(err, EvalError::Regression { .. }), "{err}");
         assert!(err.to_string().contains("20.00% lower"), "{err}");
-        assert!(check_regression(&report(None), &path, 5.0).is_err());
-        std::fs::write(&path, b"{}").unwrap();
-        let err = check_regression(&report(Some(0.5)), &path, 5.0).unwrap_err();
-        assert!(err.to_string().contains("not an eval.json"), "{err}");
+        assert!(check_regression(&report(None), &base, "b", 5.0).is_err());
+    }
+
+    #[test]
+    fn a_baseline_report_is_read_before_the_run_and_the_base_named_by_model_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = include_str!("../../../recipes/tiny_cpu_lora.yaml");
+        let with = |baseline: &str| {
+            let gate = format!("eval:\n  regression:\n    baseline: {baseline}\n    threshold_pct: 5\n  holdout:");
+            let text = src.replace("eval:\n  holdout:", &gate);
+            crate::recipe::Recipe::from_str(&text, "r.yaml").unwrap_or_else(|e| panic!("{e}")).recipe
+        };
+        let base = with("mindxtrain/tiny-qwen3");
+        assert_eq!(Baseline::of(&base, dir.path()).unwrap(), Some(Baseline::Base));
+        let missing = Baseline::of(&with("old/eval.json"), dir.path()).unwrap_err();
+        assert!(missing.to_string().contains("old/eval.json"), "{missing}");
+        std::fs::create_dir(dir.path().join("old")).unwrap();
+        std::fs::write(dir.path().join("old/eval.json"), b"{}").unwrap();
+        let bad = Baseline::of(&with("old/eval.json"), dir.path()).unwrap_err();
+        assert!(bad.to_string().contains("not an eval.json"), "{bad}");
+        std::fs::write(dir.path().join("old/eval.json"), serde_json::to_vec(&report(Some(0.5))).unwrap()).unwrap();
+        match Baseline::of(&with("old/eval.json"), dir.path()).unwrap() {
+            Some(Baseline::Report { report, .. }) => assert_eq!(report.exact_match, Some(0.5)),
+            other => panic!("{other:?}"),
+        }
     }
 }

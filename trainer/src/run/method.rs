@@ -1,8 +1,8 @@
 //! What a recipe's `train.method` means for the engine.
 
 use super::RunError;
-use crate::model::{LoraConfig, PreferenceLoss, Trainable};
-use crate::recipe::{Lora, Method, Reward};
+use crate::model::{DpoForm, LoraConfig, PreferenceLoss, Trainable};
+use crate::recipe::{DpoLoss, Lora, Method, Reward};
 use crate::rl::kto::KtoLoss;
 use crate::rl::policy_loss::{PolicyLoss, Ratio};
 
@@ -109,23 +109,15 @@ impl MethodPlan {
             Method::Full => full("full"),
             Method::Cpt => full("cpt"),
             Method::Lora(l) => adapters("lora", l),
-            Method::Qlora(q) => {
-                if q.bits != 4 {
-                    return Err(RunError::Recipe(format!(
-                        "train.method.bits: {} is not supported; QLoRA stores the base in 4-bit NF4",
-                        q.bits
-                    )));
-                }
-                MethodPlan { nf4_base: true, ..adapters("qlora", &q.lora) }
-            }
+            // `recipe check` admits only 4-bit bases.
+            Method::Qlora(q) => MethodPlan { nf4_base: true, ..adapters("qlora", &q.lora) },
             Method::Dpo(d) => {
-                if d.loss != crate::recipe::DpoLoss::Sigmoid {
-                    return Err(RunError::Recipe(format!(
-                        "train.method.loss: {:?} is not supported by the embedded engine; use sigmoid",
-                        d.loss
-                    )));
-                }
-                let loss = PreferenceLoss::Dpo { beta: d.beta, label_smoothing: d.label_smoothing };
+                let form = match d.loss {
+                    DpoLoss::Sigmoid => DpoForm::Sigmoid,
+                    DpoLoss::Hinge => DpoForm::Hinge,
+                    DpoLoss::Ipo => DpoForm::Ipo,
+                };
+                let loss = PreferenceLoss::Dpo { beta: d.beta, label_smoothing: d.label_smoothing, form };
                 MethodPlan { preference: Some(loss), ..either("dpo", d.lora.as_ref()) }
             }
             Method::Orpo(o) => {

@@ -3,7 +3,6 @@
 //! optimizer update, gathering sharded state for a checkpoint or an evaluation).
 
 use super::RunError;
-use super::method::MethodPlan;
 use crate::collective::{Backend, CollectiveError};
 use crate::model::{Grads, Qwen3};
 use crate::optim::{AdamW, grad_sq_sums, norm_of_sums};
@@ -39,27 +38,9 @@ pub(super) struct RankState {
 impl RankState {
     /// The rank's state before the run's record is known; [`RankState::set_batch`] fills in the
     /// layout's batch, [`RankState::shard`] the owners.
-    pub fn new(
-        dist: Distributed,
-        recipe: &Recipe,
-        method: &MethodPlan,
-        device: &Device,
-    ) -> Result<RankState, RunError> {
+    pub fn new(dist: Distributed, recipe: &Recipe, device: &Device) -> Result<RankState, RunError> {
+        // `recipe check` refuses ZeRO-3 for what it does not cover (preference losses, NF4 bases).
         let sharding = recipe.train.distributed.sharding(recipe.train.fsdp);
-        if sharding == Sharding::Zero3 {
-            if method.preference.is_some() {
-                return Err(RunError::Recipe(format!(
-                    "train.distributed.sharding: zero3 does not cover {}: its reference log-prob passes run \
-                     outside the sharded step; use zero2",
-                    method.name
-                )));
-            }
-            if method.nf4_base {
-                return Err(RunError::Recipe(
-                    "train.distributed.sharding: zero3 does not shard a 4-bit NF4 base (qlora); use zero2".into(),
-                ));
-            }
-        }
         let backend = dist.collective.backend();
         let world = dist.collective.world();
         let trace = match std::env::var_os("MINDXTRAIN_TRACE") {

@@ -4,7 +4,7 @@ mod kto_step;
 mod reinforce;
 
 use super::base::{self, BASE_FILE, BaseRecord};
-use super::eval::{EvalReport, check_regression, evaluate};
+use super::eval::{BASELINE_FILE, Baseline, EvalReport, check_regression, evaluate, read_report};
 use super::layout::{OutDir, RunRecord};
 use super::method::{MethodPlan, RlPlan};
 use super::ranks::RankState;
@@ -64,6 +64,9 @@ pub struct Session<'a> {
     pub(super) accum: u64,
     /// The distributed side of a rank of a multi-rank run.
     pub(super) ranks: Option<RankState>,
+    /// What `eval.regression` compares the final evaluation with: a report read before the run
+    /// started, or the base's own (evaluated before the first step, kept as `BASELINE_FILE`).
+    gate: Option<(String, Option<EvalReport>)>,
 }
 
 fn emit(sink: &mut impl EventSink, kind: &str, run_id: &str, data: Value) -> Result<(), RunError> {
@@ -139,6 +142,17 @@ impl<'a> Session<'a> {
                 .map_err(|e| RunError::Io { path: spec.out_dir.display().to_string(), message: e.to_string() })?;
         }
         let method = MethodPlan::from_recipe(&recipe.train.method)?;
+        // A baseline report that is missing or unreadable stops the run here, before it trains.
+        let gate = match Baseline::of(recipe, &spec.recipe_dir)? {
+            Some(Baseline::Report { path, report }) => Some((path, Some(*report))),
+            // The base's own evaluation: kept from the first start, made at step 0 otherwise.
+            Some(Baseline::Base) => {
+                let kept = out.root().join(BASELINE_FILE);
+                let report = if spec.resume && kept.exists() { Some(read_report(&kept)?) } else { None };
+                Some((kept.display().to_string(), report))
+            }
+            None => None,
+        };
         if dist.is_some()
             && let Some(why) = MethodPlan::single_process_only(&recipe.train.method)
         {
@@ -146,7 +160,7 @@ impl<'a> Session<'a> {
         }
         let (device, mut ranks) = match dist {
             Some((d, device)) => {
-                let r = RankState::new(d, recipe, &method, &device)?;
+                let r = RankState::new(d, recipe, &device)?;
                 (device, Some(r))
             }
             None => (super::run_device(recipe)?, None),
@@ -313,6 +327,7 @@ impl<'a> Session<'a> {
             env,
             accum,
             ranks,
+            gate,
         };
         emit(
             sink,
@@ -375,14 +390,19 @@ impl<'a> Session<'a> {
         observer.started(self.step, self.total_steps);
         let eval = &self.spec.recipe.recipe.eval;
         let curve = eval.every_steps.is_some() || self.rollouts.is_some();
-        if self.step == 0 && eval.enabled && curve && self.total_steps > 0 {
+        let base_gate = self.gate.as_ref().is_some_and(|(_, report)| report.is_none());
+        if self.step == 0 && eval.enabled && (curve || base_gate) && self.total_steps > 0 {
             // The curve starts where the run starts: the base (a fresh adapter adds nothing),
             // so the evaluations that follow (an RL run's held-out rewards too) read as what
-            // training changed.
+            // training changed. It is also what a regression gate on the base compares with.
             if let Some(report) = self.evaluate()? {
                 observer.note(&eval_line(&report));
                 observer.evaluated(&report);
                 emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
+                if let Some((kept, baseline @ None)) = self.gate.as_mut() {
+                    self.out.write_json(Path::new(kept.as_str()), &report)?;
+                    *baseline = Some(report);
+                }
             }
         }
         while self.step < self.total_steps {
@@ -447,8 +467,11 @@ impl<'a> Session<'a> {
                 &self.record.run_id,
                 eval_data(&self.record.run_id, &report, Some(&eval_file)),
             )?;
-            if let Some(reg) = &self.spec.recipe.recipe.eval.regression {
-                check_regression(&report, &self.spec.recipe_dir.join(&reg.baseline), reg.threshold_pct)?;
+            if let (Some(reg), Some((path, baseline))) = (&self.spec.recipe.recipe.eval.regression, &self.gate) {
+                let baseline = baseline.as_ref().ok_or_else(|| {
+                    RunError::Recipe(format!("eval.regression: the base's evaluation ({path}) was never made"))
+                })?;
+                check_regression(&report, baseline, path, reg.threshold_pct)?;
             }
             Some(report)
         } else {
@@ -669,20 +692,21 @@ fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
     })
 }
 
-/// Steps in the run: `budget.max_steps`, else `epochs` passes over the training rows (over
-/// `prompts`, GRPO's and GSPO's training prompts, when given) at `global_batch` rows per step.
+/// The run's optimizer steps: `budget.max_steps`, or the steps of `budget.epochs` passes over
+/// the training rows (over `prompts`, GRPO's and GSPO's training prompts, when given) at
+/// `global_batch` rows per step, whichever comes first when both are set.
 fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64, prompts: Option<usize>) -> Result<u64, RunError> {
-    let train = &spec.recipe.recipe.train;
-    if let Some(n) = train.budget.max_steps {
-        return Ok(n);
-    }
-    let epochs = u64::from(train.budget.epochs.unwrap_or(1));
-    let rows_per_step = global_batch;
+    let budget = &spec.recipe.recipe.train.budget;
+    let Some(epochs) = budget.epochs else {
+        // `recipe check` requires one of the two.
+        return Ok(budget.max_steps.unwrap_or(1));
+    };
     let rows = prompts.unwrap_or_else(|| dataset.train_rows_per_epoch()) as u64;
     if rows == 0 {
         return Err(RunError::Recipe("data: no training examples".into()));
     }
-    Ok((epochs * rows).div_ceil(rows_per_step.max(1)))
+    let by_epochs = (u64::from(epochs) * rows).div_ceil(global_batch.max(1));
+    Ok(budget.max_steps.map_or(by_epochs, |n| n.min(by_epochs)))
 }
 
 /// A run id unique to this start: recipe, plan and the clock.

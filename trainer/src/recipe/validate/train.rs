@@ -1,8 +1,9 @@
 //! Rules for the `train` section: method parameters, optimizer, schedule, budget, batch.
 
 use super::{Checks, FieldPath, Recipe};
+use crate::recipe::schema::Dtype;
 use crate::recipe::schema::ModelFamily;
-use crate::recipe::train::{Lora, Method, Precision, ScheduleKind, TargetModule};
+use crate::recipe::train::{DpoLoss, Lora, Method, Precision, ScheduleKind, Sharding, TargetModule};
 
 /// `moe`: the model is a Qwen3-MoE, whose MLP projections are its experts' stacked weights
 /// (`model::ExpertProj`): gate and up are one weight there, and adapters on them take no dropout.
@@ -44,13 +45,28 @@ pub(super) fn method(c: &mut Checks, r: &Recipe) {
         Method::Lora(l) => lora(c, m, l, moe),
         Method::Qlora(q) => {
             lora(c, m, &q.lora, moe);
-            if ![4, 8].contains(&q.bits) {
-                c.fail("train.method.bits", format!("expected 4 or 8, found {}", q.bits));
+            if q.bits != 4 {
+                c.fail(
+                    "train.method.bits",
+                    format!(
+                        "expected 4, found {}: QLoRA holds the base in 4-bit NF4; 8-bit bases are not built",
+                        q.bits
+                    ),
+                );
             }
         }
         Method::Dpo(d) => {
             c.positive("train.method.beta", d.beta);
             c.num("train.method.label_smoothing", d.label_smoothing, 0.0, 0.5, "[)");
+            if d.loss != DpoLoss::Sigmoid && d.label_smoothing != 0.0 {
+                c.fail(
+                    "train.method.label_smoothing",
+                    format!(
+                        "label smoothing belongs to the sigmoid loss (conservative DPO); `loss: {}` has none: set 0",
+                        super::name_of(&d.loss)
+                    ),
+                );
+            }
         }
         Method::Orpo(o) => c.positive("train.method.beta", o.beta),
         Method::Kto(k) => {
@@ -132,8 +148,31 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     c.int("train.batch.per_device", t.batch.per_device.into(), 1, 4096);
     c.int("train.batch.grad_accum", t.batch.grad_accum.into(), 1, 4096);
     let gpus = r.hardware.gpus;
-    if gpus == 0 && t.precision == Precision::Fp8 {
-        c.fail("train.precision", "fp8 needs an accelerator; hardware.gpus is 0 (use bf16 or fp32)");
+    precision(c, r);
+    let sharding = t.distributed.sharding(t.fsdp);
+    if sharding == Sharding::Zero3 {
+        let why = match &t.method {
+            Method::Dpo(_) | Method::Orpo(_) => {
+                Some("its preference loss's reference passes run outside the sharded step")
+            }
+            Method::Qlora(_) => Some("a 4-bit NF4 base is not sharded"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            let at = if t.fsdp { "train.fsdp" } else { "train.distributed.sharding" };
+            c.fail(
+                at,
+                format!(
+                    "ZeRO-3 does not cover `kind: {}`: {why}; use distributed.sharding: zero2",
+                    super::name_of(&t.method.kind())
+                ),
+            );
+        }
+    }
+    if gpus > 1
+        && let Some(why) = crate::run::MethodPlan::single_process_only(&t.method)
+    {
+        c.fail("hardware.gpus", why);
     }
     if t.fsdp && gpus < 2 {
         c.fail("train.fsdp", format!("needs at least 2 GPUs to shard over; hardware.gpus is {gpus}"));
@@ -152,4 +191,33 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     }
     c.int("train.checkpoint.keep_last", t.checkpoint.keep_last.into(), 1, 1000);
     c.int("train.log_every_steps", t.log_every_steps.into(), 1, 1_000_000);
+}
+
+/// `train.precision` is the dtype the run computes in, and the trainer computes in the dtype it
+/// holds the weights in (`model.dtype`): the two must agree. Mixed precision (bf16 compute over
+/// f32 master weights) and FP8 GEMMs are not built, so a precision that differs is refused
+/// rather than silently run in `model.dtype`.
+fn precision(c: &mut Checks, r: &Recipe) {
+    let (precision, dtype) = (r.train.precision, r.model.dtype);
+    let held = match precision {
+        Precision::Bf16 => Dtype::Bf16,
+        Precision::Fp16 => Dtype::Fp16,
+        Precision::Fp32 => Dtype::Fp32,
+        Precision::Fp8 => {
+            c.fail("train.precision", "fp8 training (FP8 GEMMs under bf16 master weights) is not built yet: use bf16");
+            return;
+        }
+    };
+    if held != dtype {
+        c.fail(
+            "train.precision",
+            format!(
+                "`{}` differs from model.dtype `{}`: the trainer computes in the dtype the weights are held in \
+                 (optimizer state and reductions in f32 either way), and mixed precision is not built; set both \
+                 to the same dtype",
+                super::name_of(&precision),
+                super::name_of(&dtype)
+            ),
+        );
+    }
 }
