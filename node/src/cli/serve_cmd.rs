@@ -61,9 +61,10 @@ pub struct ServeArgs {
     /// trained on a GPU is served on one).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceArg>,
-    /// Address to listen on; port 0 picks a free one (printed at start).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// Address to listen on; port 0 picks a free one (printed at start). Default: the recipe's
+    /// serve.host and serve.port; without a recipe, 127.0.0.1:8080. This flag overrides both.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// Serve without charging, even if the recipe sets a price.
     #[arg(long)]
     pub free: bool,
@@ -103,15 +104,34 @@ pub struct ServeArgs {
     pub allowed_hosts: Vec<String>,
 }
 
+/// Where `serve` listens without a recipe or `--listen`.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
+
 impl ServeArgs {
-    /// Where and how the server listens.
-    fn listen(&self) -> Listen {
+    /// Where and how the server listens: `--listen`, else the recipe's `serve.host` and
+    /// `serve.port`, else [`DEFAULT_LISTEN`].
+    fn listen(&self, recipe: Option<&Recipe>) -> Result<Listen> {
+        let addr = match (self.listen, recipe) {
+            (Some(addr), _) => addr,
+            (None, Some(r)) => recipe_address(r)?,
+            (None, None) => DEFAULT_LISTEN,
+        };
         let limits = api::listener::Limits {
             header_read_timeout: Duration::from_secs(self.header_timeout),
             max_connections_per_ip: self.max_connections_per_ip,
         };
-        Listen { addr: self.listen, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) }
+        Ok(Listen { addr, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) })
     }
+}
+
+/// The recipe's `serve.host` and `serve.port` as a socket address.
+fn recipe_address(recipe: &Recipe) -> Result<SocketAddr> {
+    let host: std::net::IpAddr = recipe
+        .serve
+        .host
+        .parse()
+        .with_context(|| format!("serve.host {:?} is not an IP address", recipe.serve.host))?;
+    Ok(SocketAddr::new(host, recipe.serve.port))
 }
 
 /// Where a node server listens, and the limits of its connections.
@@ -131,10 +151,16 @@ impl Listen {
 
 pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
     let model = match (&args.recipe, &args.checkpoint) {
-        (Some(recipe), Some(checkpoint)) => Some(load_model(recipe, checkpoint, &args)?),
-        (Some(_), None) => bail!("--checkpoint DIR is needed to serve a model (the run's final/ directory)"),
-        _ => None,
+        (Some(recipe), checkpoint) => {
+            let loaded = servable_recipe(recipe)?;
+            let checkpoint = checkpoint
+                .as_deref()
+                .context("--checkpoint DIR is needed to serve a model (the run's final/ directory)")?;
+            Some((load_model(&loaded, recipe, checkpoint, &args)?, loaded))
+        }
+        (None, _) => None,
     };
+    let listen = args.listen(model.as_ref().map(|(_, loaded)| &loaded.recipe))?;
     if let Some((_, loaded)) = &model
         && !args.free
     {
@@ -149,7 +175,7 @@ pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitC
             _ => None,
         };
         let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
-        let running = start(node, model.map(|(m, _)| m), sale, args.listen()).await?;
+        let running = start(node, model.map(|(m, _)| m), sale, listen).await?;
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
         let token_file = node_dir.join(api::auth::TOKEN_FILE);
@@ -256,9 +282,21 @@ fn settle_on_the_nodes_chain(args: &mut ServeArgs, loaded: &LoadedRecipe, node_d
     Ok(())
 }
 
-fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
+/// The recipe, checked, if it lets its model be served (`serve.enabled`).
+fn servable_recipe(recipe: &Path) -> Result<LoadedRecipe> {
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
+    if !loaded.recipe.serve.enabled {
+        bail!(
+            "{}: serve.enabled is false, so this recipe's model is not served; set serve.enabled: true \
+             (or run `mindxtrain serve` without a recipe for the operator API alone)",
+            recipe.display()
+        );
+    }
+    Ok(loaded)
+}
+
+fn load_model(loaded: &LoadedRecipe, recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<ServedModel> {
     let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
     let device = match args.device {
         Some(d) => d.open()?,
@@ -266,7 +304,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
             .context("the recipe's hardware (pass --device cpu to serve on the CPU)")?,
     };
     let model = ServedModel::load(&ModelSource {
-        recipe: &loaded,
+        recipe: loaded,
         recipe_dir: &recipe_dir,
         checkpoint,
         base: args.base.as_deref(),
@@ -276,7 +314,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         device: &device,
         adapters: &args.adapters,
     })?;
-    Ok((model, loaded))
+    Ok(model)
 }
 
 fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
@@ -355,8 +393,9 @@ pub async fn start(node: NodeParts, model: Option<ServedModel>, sale: Option<Sal
         }
         None => None,
     };
-    // The limits (body size, time to the response head) and the Host check cover every
-    // route, the model's too.
+    // Unknown paths and methods answer in the routes' error shape; the limits (body size, time
+    // to the response head) and the Host check cover every route, the model's too.
+    let app = api::fallback::with_fallbacks(app);
     let app = api::host::guard(api::with_limits(app), listen.addr.ip(), listen.allowed_hosts);
     let app = api::with_metrics(app, metrics);
     let addr = listen.addr;
