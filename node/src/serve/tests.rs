@@ -20,8 +20,8 @@ use crate::api::fallback::with_fallbacks;
 
 const MODEL: &str = "tiny";
 
-/// A byte-tokenizer recipe with the given `serve` section.
-fn recipe(serve: &str) -> Recipe {
+/// A byte-tokenizer recipe with the given `serve` section, and `model` lines of its own.
+fn recipe(serve: &str, model: &str) -> Recipe {
     let yaml = format!(
         r#"meta: {{project: t, run_name: serve, seed: 3}}
 hardware: {{name: cpu, gpus: 0}}
@@ -33,6 +33,7 @@ model:
   config: {{hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, head_dim: 16, intermediate_size: 128,
             vocab_size: 512, max_position_embeddings: 4096, tie_word_embeddings: true}}
   random_init: true
+{model}
 data: {{source: generated, format: instruction, generator: {{kind: tasks, seed: 3, count: 20}}, seq_len: 64}}
 train:
   method: {{kind: lora, r: 4, alpha: 8, target_modules: [q_proj]}}
@@ -54,14 +55,25 @@ struct Served {
 
 /// Blocking (the log's genesis waits for its sync): call it inside `block_in_place`, as
 /// [`served`] does.
-fn served_blocking(serve: &str) -> Served {
+fn served_blocking(serve: &str, template: Option<&str>) -> Served {
     let dir = tempfile::tempdir().unwrap();
-    crate::node::init(dir.path()).unwrap();
-    let (log, id, _) = crate::node::open(dir.path()).unwrap();
+    let model_lines = match template {
+        Some(source) => {
+            let path = dir.path().join("chat_template.jinja");
+            std::fs::write(&path, source).unwrap();
+            format!("  chat_template: {}", path.display())
+        }
+        None => String::new(),
+    };
+    let recipe = recipe(serve, &model_lines);
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, dir.path()).unwrap();
+    crate::node::init(dir.path().join("node").as_path()).unwrap();
+    let (log, id, _) = crate::node::open(&dir.path().join("node")).unwrap();
     let (log, id) = (Arc::new(log), Arc::new(id));
     let config = Qwen3Config::timing_shape("tiny").unwrap();
-    let model = Qwen3::init_for_timing(&config, DType::F32, &Device::Cpu).unwrap();
-    let model = ServedModel::from_model(recipe(serve), MODEL.into(), model, Tokenizer::byte()).unwrap();
+    // Seeded: two servers of one test serve the same weights.
+    let model = Qwen3::init_random(&config, 5, DType::F32, &Device::Cpu).unwrap();
+    let model = ServedModel::from_model(recipe, MODEL.into(), model, tokenizer).unwrap();
     let rentals = RentalBook::load(log.clone(), id).unwrap();
     let state = AppState::new(model, log, rentals, None);
     let app = with_fallbacks(router(state.clone(), None));
@@ -69,7 +81,15 @@ fn served_blocking(serve: &str) -> Served {
 }
 
 fn served(serve: &str) -> Served {
-    tokio::task::block_in_place(|| served_blocking(serve))
+    tokio::task::block_in_place(|| served_blocking(serve, None))
+}
+
+/// A thinking model's chat template: its generation prompt opens a `<think>` block.
+const THINKING: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+
+fn served_thinking(serve: &str) -> Served {
+    tokio::task::block_in_place(|| served_blocking(serve, Some(THINKING)))
 }
 
 impl Served {
@@ -84,6 +104,28 @@ impl Served {
         let status = resp.status().as_u16();
         let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// The JSON of each `data:` line of a stream, up to `[DONE]`.
+    async fn stream(&self, extra: Value) -> Vec<Value> {
+        let mut body = json!({"model": MODEL, "max_tokens": 6, "temperature": 1, "seed": 11, "stream": true,
+            "messages": [{"role": "user", "content": "Think."}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let req = Request::builder()
+            .method("POST")
+            .uri("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let text = String::from_utf8(to_bytes(resp.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .take_while(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
     }
 
     async fn chat(&self, extra: Value) -> (u16, Value) {
@@ -180,4 +222,31 @@ async fn unknown_routes_and_methods_answer_in_openais_error_shape() {
     assert_eq!((status, body["error"]["code"].as_str()), (405, Some("method_not_allowed")), "{body}");
     let (status, body) = s.send("GET", "/v1/models", None).await;
     assert_eq!((status, body["data"][0]["id"].as_str()), (200, Some(MODEL)), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reasoning_decides_whether_text_inside_think_is_reasoning_content() {
+    // The prompt opens a think block and 6 tokens cannot close it: the whole answer is reasoning.
+    let ask =
+        json!({"max_tokens": 6, "temperature": 1, "seed": 11, "messages": [{"role": "user", "content": "Think."}]});
+    let split = served_thinking("{max_model_len: 256, reasoning: true}");
+    let (status, on) = split.chat(ask.clone()).await;
+    assert_eq!(status, 200, "{on}");
+    let message = &on["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("no reasoning: {on}"));
+    assert!(!reasoning.trim().is_empty(), "{on}");
+    assert_eq!(message["content"], Value::Null, "cut off inside the block: no content: {on}");
+    // Streamed, the same text goes out as reasoning_content deltas.
+    let chunks = split.stream(json!({})).await;
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(streamed, reasoning);
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)));
+
+    // serve.reasoning: false returns the same tokens as generated, as content.
+    let plain = served_thinking("{max_model_len: 256, reasoning: false}");
+    let (status, off) = plain.chat(ask).await;
+    assert_eq!(status, 200, "{off}");
+    assert_eq!(off["choices"][0]["message"]["content"].as_str(), Some(reasoning), "{off}");
+    assert!(off["choices"][0]["message"].get("reasoning_content").is_none(), "{off}");
 }

@@ -90,7 +90,10 @@ impl ChatRequest {
             None | Some(-1 | 0) => 0,
             Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
             Some(k) => {
-                return Err(ApiError::invalid("top_k", format!("top_k {k}: -1 or 0 keep every token, else at least 1")));
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k {k}: -1 or 0 keep every token, else at least 1"),
+                ));
             }
         };
         Ok(ChatRequest {
