@@ -41,7 +41,7 @@ fn string<'a>(v: Option<&'a Json>, at: &str) -> Result<&'a str, ApiError> {
     }
 }
 
-/// Whether the recipe lets the model call tools (`serve.tool_calls`), for the refusals' words.
+/// The refusal of `what` (at `at`) by a model whose recipe does not enable tool calling.
 fn tools_off(at: &str, what: &str) -> ApiError {
     ApiError::unsupported(
         at,
