@@ -193,8 +193,14 @@ fn stream(
                 send(meta.delta_chunk(d))
             })
         };
+        // A client gone is noticed at its next token even while the parser holds text back
+        // (inside a tool-call block nothing is sent until it closes).
         let result = model.complete(&job, |text| {
-            if send_deltas(parser.push(text)) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
+            if send_deltas(parser.push(text)) && !tx.is_closed() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
         });
         match &result {
             Ok(o) => {
