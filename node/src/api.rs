@@ -9,7 +9,8 @@
 //! * [`health`], [`metrics`], [`log_routes`], [`runs`], [`openapi`];
 //! * [`cpu`]: where CPU-bound handlers compute, off the executor and bounded;
 //! * [`listener`]: the accept loop (header read timeout, connections per address);
-//! * [`host`]: the `Host` check that keeps DNS rebinding off a node bound to loopback.
+//! * [`host`]: the `Host` check that keeps DNS rebinding off a node bound to loopback;
+//! * [`fallback`]: unknown paths and methods answered in the same error shape.
 //!
 //! ```no_run
 //! # async fn f(state: std::sync::Arc<mindxtrain_node::api::ApiState>) -> anyhow::Result<()> {
@@ -24,6 +25,7 @@
 
 pub mod auth;
 pub mod cpu;
+pub mod fallback;
 pub mod health;
 pub mod host;
 pub mod listener;

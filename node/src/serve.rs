@@ -4,7 +4,8 @@
 //! * [`model`]: the served checkpoint on the serving engine (`mindxtrain_trainer::infer`:
 //!   batching, text deltas, stop sequences) and one completion on it; [`queue`]: generation
 //!   slots and a bounded fair queue;
-//! * [`openai`]: the wire format; [`chat`]: the model routes;
+//! * [`openai`]: the wire format, every parameter honoured or refused by name; [`chat`]: the
+//!   model routes; [`answer`]: an answer's reasoning, content and tool calls;
 //! * [`rentals`]: the rental book and tokens; [`rental_routes`]: their routes;
 //! * [`payments`]: x402 reports as log events; [`client`]: paying for a call (our client
 //!   side, which `mindxtrain rent` and the demo use).
@@ -17,6 +18,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod answer;
 pub mod chat;
 pub mod client;
 pub mod model;
@@ -223,3 +225,6 @@ pub fn appended(log: &Arc<EventLog>, req: AppendRequest) -> impl std::future::Fu
 
 /// How long a graceful shutdown waits for running completions.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests;

@@ -15,6 +15,12 @@ pub const PRICE: u64 = 10_000;
 
 /// A micro Qwen3 with a LoRA adapter, sold per call on the local chain.
 pub fn recipe_yaml(max_batch: u32) -> String {
+    recipe_with_serve(&format!("{{max_model_len: 160, max_batch: {max_batch}, reasoning: false}}"))
+}
+
+/// [`recipe_yaml`] with another `serve` section (a flow mapping). The model's positions reach
+/// 1024, so a section may give requests more room than the fixture's 160.
+pub fn recipe_with_serve(serve: &str) -> String {
     format!(
         r#"meta: {{project: mindxtrain-tests, run_name: serve, seed: 3}}
 hardware: {{name: cpu, gpus: 0}}
@@ -25,7 +31,7 @@ model:
   tokenizer: byte
   dtype: fp32
   config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, intermediate_size: 64,
-            vocab_size: 512, max_position_embeddings: 160, tie_word_embeddings: true}}
+            vocab_size: 512, max_position_embeddings: 1024, tie_word_embeddings: true}}
   # A serving fixture: the adapter tunes random weights, on purpose.
   random_init: true
 data:
@@ -43,7 +49,7 @@ train:
   precision: fp32
 eval:
   holdout: {{fraction: 0.05, max_samples: 8}}
-serve: {{max_model_len: 160, max_batch: {max_batch}, reasoning: false}}
+serve: {serve}
 publish:
   billing:
     x402:
@@ -88,6 +94,16 @@ pub fn trained(max_batch: u32) -> Trained {
     Trained { _tmp: tmp, root, recipe, checkpoint: out.join("final") }
 }
 
+impl Trained {
+    /// The training recipe with `serve` as its serve section, written beside it as `name`: the
+    /// same model, served under other terms.
+    pub fn recipe_serving(&self, name: &str, serve: &str) -> PathBuf {
+        let path = self.root.join(name);
+        std::fs::write(&path, recipe_with_serve(serve)).unwrap();
+        path
+    }
+}
+
 /// A new node (initialised) beside the trained one.
 pub fn new_node(t: &Trained, name: &str) -> PathBuf {
     let dir = t.root.join(name);
@@ -119,11 +135,25 @@ impl Server {
         Server::run(node, &args)
     }
 
+    /// Serves the trained model under `recipe` (another serve section) from `node`.
+    pub fn start_as(node: &Path, t: &Trained, recipe: &Path, extra: &[&str]) -> Server {
+        let mut args = vec!["serve", s(recipe), "--checkpoint", s(&t.checkpoint)];
+        args.extend_from_slice(extra);
+        Server::run(node, &args)
+    }
+
     /// `mindxtrain --json <args> --listen 127.0.0.1:0` in `node`, once it listens.
     pub fn run(node: &Path, args: &[&str]) -> Server {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--listen", "127.0.0.1:0"]);
+        Server::spawn(node, &all)
+    }
+
+    /// `mindxtrain --json <args>` in `node` as given (where it listens is the args' and the
+    /// recipe's to say), once it listens.
+    pub fn spawn(node: &Path, args: &[&str]) -> Server {
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
-        all.extend_from_slice(&["--listen", "127.0.0.1:0"]);
         let mut child = mindxtrain(node, &all).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();

@@ -84,10 +84,11 @@ async fn walk(http: &reqwest::Client, url: &str, token: &str, doc: &Value) -> us
             } else {
                 assert_ne!(a, 401, "{method} {path} is open");
             }
-            // A 404 is right for an unknown `{id}` (JSON error), never for a missing route.
+            // A 404 is right for an unknown `{id}`, never for a missing route (`unknown_url`).
             // (Other bodies are left unread: a live tail never ends.)
-            let known_resource_missing =
-                t == 404 && serde_json::from_slice::<Value>(&with_token.bytes().await.unwrap()).is_ok();
+            let known_resource_missing = t == 404
+                && serde_json::from_slice::<Value>(&with_token.bytes().await.unwrap())
+                    .is_ok_and(|b| b["error"]["code"].is_string() && b["error"]["code"] != "unknown_url");
             assert!(
                 ![401, 405].contains(&t) && (t != 404 || known_resource_missing),
                 "{method} {path} with the token answered {t}"
@@ -155,9 +156,21 @@ async fn every_documented_route_answers_and_guards_as_documented() {
         .unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none(), "preflight: {:?}", r.headers());
 
-    // Undocumented paths are 404, even with the token.
+    // Undocumented paths are 404, even with the token, in the routes' error shape; a documented
+    // path asked with another method is 405.
     let r = http.get(format!("{}/api/nothing", node.url)).bearer_auth(&node.token).send().await.unwrap();
     assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["error"]["code"].as_str(), &body["error"]["param"]),
+        (Some("unknown_url"), &Value::Null),
+        "{body}"
+    );
+    let r = http.delete(format!("{}/api/runs", node.url)).bearer_auth(&node.token).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.headers().get("allow").is_some_and(|a| a.to_str().unwrap().contains("GET")));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,10 @@
 //! Serving through the `mindxtrain` binary: the official OpenAI Python client against
-//! `serve` (whole and streamed completions, stop sequences, errors), the reference npm
-//! x402 client paying for a completion on anvil, two nodes renting from each other with
-//! `mindxtrain rent`, and a full queue answering 429 with Retry-After.
+//! `serve` (whole and streamed completions, stop sequences, errors, refused parameters, tools),
+//! the recipe's `serve` section carried out (where it listens, `enabled`, `max_model_len`), the
+//! reference npm x402 client paying for a completion on anvil, two nodes renting from each
+//! other with `mindxtrain rent`, and a full queue answering 429 with Retry-After.
 
-use mindxtrain_tests::served::{MODEL, PRICE, Server, key_file, new_node, ok, s, trained};
+use mindxtrain_tests::served::{MODEL, PRICE, Server, key_file, new_node, ok, recipe_with_serve, s, trained};
 use mindxtrain_tests::x402_env::{ANVIL_KEY_1, ANVIL_KEY_2, Chain, run_npm_client};
 use mindxtrain_tests::{mindxtrain, openai_python};
 use mindxtrain_x402::alloy::primitives::{Address, B256};
@@ -58,6 +59,115 @@ fn the_openai_python_client_completes_and_streams() {
         assert_eq!(stop["finish"], "stop");
     }
     assert_eq!(r["wrong_model"], json!({"status": 404, "code": "model_not_found"}));
+}
+
+#[test]
+fn the_openai_python_client_gets_refusals_by_name_and_tools_on_a_tool_calling_recipe() {
+    let python = openai_python().expect("OpenAI client venv");
+    let t = trained(2);
+    let node = new_node(&t, "node");
+    let recipe =
+        t.recipe_serving("tools.yaml", "{max_model_len: 1024, max_batch: 2, reasoning: true, tool_calls: true}");
+    let server = Server::start_as(&node, &t, &recipe, &["--free"]);
+    let out = std::process::Command::new(python)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/openai_contract.py"))
+        .args([&server.url, MODEL])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Each refusal is an openai.BadRequestError naming the parameter.
+    for (name, code) in [
+        ("presence_penalty", "unsupported_parameter"),
+        ("response_format", "unsupported_parameter"),
+        ("logit_bias", "unsupported_parameter"),
+        ("min_p", "unsupported_parameter"),
+        ("frobnicate", "unknown_parameter"),
+        ("tool_choice", "unsupported_parameter"),
+    ] {
+        let refusal = &r["refused"][name];
+        assert_eq!((refusal["status"].as_u64(), refusal["param"].as_str()), (Some(400), Some(name)), "{r}");
+        assert_eq!(refusal["code"], code, "{name}: {refusal}");
+    }
+    assert!(
+        r["refused"]["frobnicate"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Unrecognized request argument supplied: frobnicate")
+    );
+    assert_eq!(r["neutral"]["object"], "chat.completion", "values that change nothing are served: {r}");
+    // The tools reach the chat template, and tool_choice none keeps them out.
+    let tokens = &r["prompt_tokens"];
+    assert!(tokens["tools"].as_u64().unwrap() > tokens["plain"].as_u64().unwrap() + 100, "{tokens}");
+    assert_eq!(tokens["tools_none"], tokens["plain"], "{tokens}");
+    // A call and its result are accepted and rendered; the answer has the message's shape.
+    let answered = &r["answered"];
+    assert_eq!(answered["role"], "assistant");
+    assert!(answered["prompt_tokens"].as_u64().unwrap() > tokens["tools"].as_u64().unwrap() + 40, "{r}");
+    // A micro model on random weights writes no well-formed call: its text is the content, and
+    // the stream is the same answer.
+    assert_eq!(answered["tool_calls"], json!([]), "{answered}");
+    assert!(answered["finish"] == "stop" || answered["finish"] == "length", "{answered}");
+    assert_eq!(r["streamed"]["content"], answered["content"], "{r}");
+    assert_eq!((&r["streamed"]["tool_calls"], &r["streamed"]["finish"]), (&json!([]), &answered["finish"]));
+    assert_eq!(r["unknown_route"], json!({"status": 404, "code": "unknown_url", "param": null}));
+}
+
+/// A loopback port free right now (ports the recipe rules allow are 1024 and up; the
+/// ephemeral range is above that).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len() {
+    let t = trained(1);
+    let node = new_node(&t, "node");
+    let port = free_port();
+    let recipe = t.recipe_serving("here.yaml", &format!("{{host: 127.0.0.1, port: {port}, max_model_len: 160}}"));
+    let checkpoint = s(&t.checkpoint);
+    let here = Server::spawn(&node, &["serve", s(&recipe), "--checkpoint", checkpoint, "--free"]);
+    assert_eq!(here.url, format!("http://127.0.0.1:{port}"), "{}", here.started);
+    // --listen overrides the recipe.
+    let other = new_node(&t, "other");
+    let roomy = t.recipe_serving("roomy.yaml", &format!("{{host: 127.0.0.1, port: {port}, max_model_len: 1024}}"));
+    let elsewhere = Server::start_as(&other, &t, &roomy, &["--free"]);
+    assert_ne!(elsewhere.url, here.url);
+
+    // A prompt over the first recipe's max_model_len (160) fits the second's (1024).
+    let long = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "word ".repeat(60)}]});
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ask = |url: &str| {
+        let url = format!("{url}/v1/chat/completions");
+        rt.block_on(async {
+            let r = reqwest::Client::new().post(url).json(&long).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let (status, body) = ask(&here.url);
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{body}");
+    let (status, body) = ask(&elsewhere.url);
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn a_recipe_with_serve_enabled_false_is_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node");
+    ok(mindxtrain(&node, &["init"]).output().unwrap());
+    let recipe = dir.path().join("private.yaml");
+    // Without its sale: billing needs a served model.
+    let yaml = recipe_with_serve("{enabled: false, max_model_len: 160}");
+    std::fs::write(&recipe, yaml.split("publish:").next().unwrap()).unwrap();
+    let out = mindxtrain(&node, &["serve", s(&recipe), "--checkpoint", s(&dir.path().join("final")), "--free"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("serve.enabled is false"), "{err}");
+    // The operator API alone still runs on that node.
+    let api = Server::run(&node, &["serve"]);
+    assert_eq!(api.started["model"], Value::Null);
 }
 
 #[test]

@@ -13,6 +13,7 @@ mod progress;
 mod rank_cmd;
 mod receipt_cmd;
 mod recipe_cmd;
+mod rent_cmd;
 mod serve_cmd;
 mod train_cmd;
 
@@ -114,7 +115,7 @@ pub enum Command {
     #[command(
         after_help = "Example:\n  mindxtrain rent --from http://127.0.0.1:8080 --model mindxtrain/tiny-qwen3 --calls 10 --key payer.key --max-price 0.05"
     )]
-    Rent(serve_cmd::RentArgs),
+    Rent(rent_cmd::RentArgs),
     /// Write a run's result as a Hugging Face model directory (an adapter merged into its base).
     #[command(
         after_help = "Example:\n  mindxtrain export recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --merge --out hf-model"
@@ -164,7 +165,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Eval(args) => train_cmd::eval(args, &out),
         Command::Export(args) => export_cmd::run(args, &out),
         Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
-        Command::Rent(args) => serve_cmd::rent(args, &cli.node_dir, &out),
+        Command::Rent(args) => rent_cmd::rent(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),
         Command::Rank(cmd) => Ok(rank_cmd::run(cmd)),
     }

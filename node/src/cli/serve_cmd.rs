@@ -1,5 +1,5 @@
-//! `mindxtrain serve` (the trained model behind OpenAI-compatible routes, sold over x402)
-//! and `mindxtrain rent` (buying a rental from another node).
+//! `mindxtrain serve`: the trained model behind OpenAI-compatible routes, sold over x402, as
+//! the recipe's `serve` section says, beside the operator API.
 
 use super::output::Output;
 use anyhow::{Context, Result, bail};
@@ -9,9 +9,8 @@ use mindxtrain_node::anchor::session::SharedChain;
 use mindxtrain_node::api::host::AllowedHosts;
 use mindxtrain_node::api::{self, ApiState, auth::ApiToken};
 use mindxtrain_node::identity::Identity;
-use mindxtrain_node::log::{AppendRequest, EventLog};
+use mindxtrain_node::log::EventLog;
 use mindxtrain_node::node;
-use mindxtrain_node::serve::client::PayingClient;
 use mindxtrain_node::serve::model::{ModelSource, ServedModel};
 use mindxtrain_node::serve::rentals::RentalBook;
 use mindxtrain_node::serve::{self, AppState, Sale};
@@ -61,9 +60,10 @@ pub struct ServeArgs {
     /// trained on a GPU is served on one).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceArg>,
-    /// Address to listen on; port 0 picks a free one (printed at start).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// Address to listen on; port 0 picks a free one (printed at start). Default: the recipe's
+    /// serve.host and serve.port; without a recipe, 127.0.0.1:8080. This flag overrides both.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// Serve without charging, even if the recipe sets a price.
     #[arg(long)]
     pub free: bool,
@@ -103,15 +103,34 @@ pub struct ServeArgs {
     pub allowed_hosts: Vec<String>,
 }
 
+/// Where `serve` listens without a recipe or `--listen`.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
+
 impl ServeArgs {
-    /// Where and how the server listens.
-    fn listen(&self) -> Listen {
+    /// Where and how the server listens: `--listen`, else the recipe's `serve.host` and
+    /// `serve.port`, else [`DEFAULT_LISTEN`].
+    fn listen(&self, recipe: Option<&Recipe>) -> Result<Listen> {
+        let addr = match (self.listen, recipe) {
+            (Some(addr), _) => addr,
+            (None, Some(r)) => recipe_address(r)?,
+            (None, None) => DEFAULT_LISTEN,
+        };
         let limits = api::listener::Limits {
             header_read_timeout: Duration::from_secs(self.header_timeout),
             max_connections_per_ip: self.max_connections_per_ip,
         };
-        Listen { addr: self.listen, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) }
+        Ok(Listen { addr, limits, allowed_hosts: AllowedHosts::new(self.allowed_hosts.clone()) })
     }
+}
+
+/// The recipe's `serve.host` and `serve.port` as a socket address.
+fn recipe_address(recipe: &Recipe) -> Result<SocketAddr> {
+    let host: std::net::IpAddr = recipe
+        .serve
+        .host
+        .parse()
+        .with_context(|| format!("serve.host {:?} is not an IP address", recipe.serve.host))?;
+    Ok(SocketAddr::new(host, recipe.serve.port))
 }
 
 /// Where a node server listens, and the limits of its connections.
@@ -131,10 +150,16 @@ impl Listen {
 
 pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
     let model = match (&args.recipe, &args.checkpoint) {
-        (Some(recipe), Some(checkpoint)) => Some(load_model(recipe, checkpoint, &args)?),
-        (Some(_), None) => bail!("--checkpoint DIR is needed to serve a model (the run's final/ directory)"),
-        _ => None,
+        (Some(recipe), checkpoint) => {
+            let loaded = servable_recipe(recipe)?;
+            let checkpoint = checkpoint
+                .as_deref()
+                .context("--checkpoint DIR is needed to serve a model (the run's final/ directory)")?;
+            Some((load_model(&loaded, recipe, checkpoint, &args)?, loaded))
+        }
+        (None, _) => None,
     };
+    let listen = args.listen(model.as_ref().map(|(_, loaded)| &loaded.recipe))?;
     if let Some((_, loaded)) = &model
         && !args.free
     {
@@ -149,7 +174,7 @@ pub fn serve(mut args: ServeArgs, node_dir: &Path, out: &Output) -> Result<ExitC
             _ => None,
         };
         let node = NodeParts { log: log.clone(), id: Arc::new(id), dir: node_dir.to_path_buf() };
-        let running = start(node, model.map(|(m, _)| m), sale, args.listen()).await?;
+        let running = start(node, model.map(|(m, _)| m), sale, listen).await?;
         let price = running.state.as_ref().and_then(|s| s.rental_prices).map(|p| p.per_call);
         let model_name = running.state.as_ref().map(|s| s.model.name.clone());
         let token_file = node_dir.join(api::auth::TOKEN_FILE);
@@ -256,9 +281,21 @@ fn settle_on_the_nodes_chain(args: &mut ServeArgs, loaded: &LoadedRecipe, node_d
     Ok(())
 }
 
-fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(ServedModel, LoadedRecipe)> {
+/// The recipe, checked, if it lets its model be served (`serve.enabled`).
+fn servable_recipe(recipe: &Path) -> Result<LoadedRecipe> {
     let loaded = Recipe::check_path(recipe)
         .map_err(|errs| anyhow::anyhow!("{}", errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")))?;
+    if !loaded.recipe.serve.enabled {
+        bail!(
+            "{}: serve.enabled is false, so this recipe's model is not served; set serve.enabled: true \
+             (or run `mindxtrain serve` without a recipe for the operator API alone)",
+            recipe.display()
+        );
+    }
+    Ok(loaded)
+}
+
+fn load_model(loaded: &LoadedRecipe, recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<ServedModel> {
     let recipe_dir = recipe.parent().map(Path::to_path_buf).unwrap_or_default();
     let device = match args.device {
         Some(d) => d.open()?,
@@ -266,7 +303,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
             .context("the recipe's hardware (pass --device cpu to serve on the CPU)")?,
     };
     let model = ServedModel::load(&ModelSource {
-        recipe: &loaded,
+        recipe: loaded,
         recipe_dir: &recipe_dir,
         checkpoint,
         base: args.base.as_deref(),
@@ -276,7 +313,7 @@ fn load_model(recipe: &Path, checkpoint: &Path, args: &ServeArgs) -> Result<(Ser
         device: &device,
         adapters: &args.adapters,
     })?;
-    Ok((model, loaded))
+    Ok(model)
 }
 
 fn parse_adapter(s: &str) -> Result<(String, PathBuf), String> {
@@ -355,8 +392,9 @@ pub async fn start(node: NodeParts, model: Option<ServedModel>, sale: Option<Sal
         }
         None => None,
     };
-    // The limits (body size, time to the response head) and the Host check cover every
-    // route, the model's too.
+    // Unknown paths and methods answer in the routes' error shape; the limits (body size, time
+    // to the response head) and the Host check cover every route, the model's too.
+    let app = api::fallback::with_fallbacks(app);
     let app = api::host::guard(api::with_limits(app), listen.addr.ip(), listen.allowed_hosts);
     let app = api::with_metrics(app, metrics);
     let addr = listen.addr;
@@ -459,102 +497,6 @@ fn asset(billing: &publish::X402, network: Network, given: Option<Address>) -> R
             format!("no USDC address is known for {}: give --asset (the TestUSDC you deployed)", network.caip2())
         }),
         (publish::Asset::Eurc, None) => bail!("EURC is not sold yet: give --asset with a USDC-domain token"),
-    }
-}
-
-#[derive(Args, Debug)]
-pub struct RentArgs {
-    /// The selling node's base URL (`http://127.0.0.1:8080`).
-    #[arg(long)]
-    pub from: String,
-    /// The model to rent (as its /v1/models lists it).
-    #[arg(long)]
-    pub model: String,
-    /// Number of calls to buy.
-    #[arg(long, conflicts_with = "seconds", required_unless_present = "seconds")]
-    pub calls: Option<u64>,
-    /// Seconds of use to buy (when the seller rents by time).
-    #[arg(long)]
-    pub seconds: Option<u64>,
-    /// File with the payer's hex private key (mode 0600).
-    #[arg(long)]
-    pub key: PathBuf,
-    /// Refuse to pay more than this (USDC, e.g. "0.05").
-    #[arg(long, default_value = "1")]
-    pub max_price: Usdc,
-    /// Write the rental token to this file (mode 0600) instead of printing it.
-    #[arg(long)]
-    pub token_out: Option<PathBuf>,
-}
-
-pub fn rent(args: RentArgs, node_dir: &Path, out: &Output) -> Result<ExitCode> {
-    let key = SettlerKey::from_file(&args.key)?;
-    let client = PayingClient::new(key.signer().clone(), args.max_price.atomic())?;
-    let url = format!("{}/v1/rentals", args.from.trim_end_matches('/'));
-    let body = match (args.calls, args.seconds) {
-        (Some(n), _) => json!({"model": args.model, "calls": n}),
-        (None, s) => json!({"model": args.model, "seconds": s}),
-    };
-    let rt = tokio::runtime::Runtime::new()?;
-    let paid = rt.block_on(client.post_json(&url, &body))?;
-    if paid.status != 200 {
-        bail!("{url} answered {}: {}", paid.status, paid.body);
-    }
-    let token = paid.body["token"].as_str().context("the rental answer has no token")?.to_string();
-    let tx = paid.settlement.as_ref().map(|s| s.transaction.clone());
-    let record = json!({
-        "from": args.from,
-        "id": paid.body["id"],
-        "model": paid.body["model"],
-        "calls": paid.body["calls"],
-        "expires": paid.body["expires"],
-        "payer": client.address().to_checksum(None),
-        "amount": paid.amount.to_string(),
-        "tx": tx,
-        "token_blake3": blake3::hash(token.as_bytes()).to_hex().to_string(),
-    });
-    let recorded = record_acquisition(node_dir, &paid.body, &record)?;
-    if let Some(path) = &args.token_out {
-        mindxtrain_node::fsutil::write_new_durably(path, token.as_bytes(), 0o600)
-            .with_context(|| format!("writing the token to {}", path.display()))?;
-    }
-    let shown_token = if args.token_out.is_some() { serde_json::Value::Null } else { json!(token) };
-    let mut shown = record.clone();
-    shown["token"] = shown_token;
-    shown["recorded"] = json!(recorded);
-    out.emit(&shown, || {
-        format!(
-            "rented {} from {}: {} for {} USDC (tx {})\nrental {}\n{}",
-            args.model,
-            args.from,
-            args.calls.map_or_else(|| format!("{} s", args.seconds.unwrap_or(0)), |n| format!("{n} calls")),
-            Usdc(paid.amount),
-            tx.as_deref().unwrap_or("-"),
-            paid.body["id"].as_str().unwrap_or("-"),
-            args.token_out.as_ref().map_or(format!("token: {token}"), |p| format!("token written to {}", p.display()))
-        )
-    });
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Writes `rental.acquired` to the renter's own log when `node_dir` is a node. A node that
-/// is serving holds its log: the rental still stands, and the warning says it went
-/// unrecorded.
-fn record_acquisition(node_dir: &Path, rental: &serde_json::Value, record: &serde_json::Value) -> Result<bool> {
-    if !node_dir.join(mindxtrain_node::identity::SECRET_FILE).exists() {
-        return Ok(false);
-    }
-    match node::open(node_dir) {
-        Ok((log, _, _)) => {
-            let subject = rental["id"].as_str().unwrap_or("-");
-            log.append(AppendRequest::new("rental.acquired", subject, record.clone()))?;
-            Ok(true)
-        }
-        Err(node::NodeError::Log(mindxtrain_node::log::OpenError::Locked(dir))) => {
-            eprintln!("warning: {} is in use by a running node; the rental was not recorded in its log", dir.display());
-            Ok(false)
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

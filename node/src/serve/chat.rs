@@ -10,13 +10,16 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use mindxtrain_trainer::generate::Sampling;
+use mindxtrain_trainer::infer::SamplingParams;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::answer::{Answer, AnswerParser, Delta, Format};
 use super::model::{Job, Outcome};
-use super::openai::{ApiError, ChatRequest, Usage, chunk_body, completion_body, usage_chunk_body};
+use super::openai::request::Allowed;
+use super::openai::response::Meta;
+use super::openai::{ApiError, ChatRequest, Usage};
 use super::queue::{Refused, Slot};
 use super::rentals::{RentalError, Reservation};
 use super::{AppState, ChatPrice, unix_now};
@@ -52,22 +55,24 @@ pub fn rental_token(headers: &HeaderMap) -> Option<&str> {
 /// A chat request read once on the paid path (parsed, checked, tokenized), handed to the
 /// handler in the request's extensions so the answer does not read it again.
 #[derive(Clone)]
-pub struct PreparedChat(Arc<(ChatRequest, Job)>);
+pub struct PreparedChat(Arc<Prepared>);
+
+/// A request ready for the engine: what to generate, and how to read the answer.
+pub struct Prepared {
+    req: ChatRequest,
+    job: Job,
+    format: Format,
+}
 
 /// Prices a paid chat request: what it costs, and when it settles (a stream before its first
 /// byte, a whole answer after it is complete). A request this model cannot answer is refused
 /// here, before any payment is asked for.
 pub fn prepare_paid(s: &AppState, price: ChatPrice, body: &[u8]) -> Result<Quote, ApiError> {
-    let req = parse(body)?;
-    let job = prepare(s, &req)?;
-    let settle = if req.stream { SettleWhen::AfterHead } else { SettleWhen::AfterBody };
-    let mut quote = Quote::new(price.amount(job.prompt_ids.len() + job.max_tokens), settle);
-    quote.extensions.insert(PreparedChat(Arc::new((req, job))));
+    let p = prepare(s, body)?;
+    let settle = if p.req.stream { SettleWhen::AfterHead } else { SettleWhen::AfterBody };
+    let mut quote = Quote::new(price.amount(p.job.prompt_ids.len() + p.job.max_tokens), settle);
+    quote.extensions.insert(PreparedChat(Arc::new(p)));
     Ok(quote)
-}
-
-fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", format!("not a chat request: {e}")))
 }
 
 pub async fn completions(
@@ -78,15 +83,16 @@ pub async fn completions(
 ) -> Response {
     let prepared = match prepared {
         Some(Extension(PreparedChat(p))) => Ok(p),
-        None => parse(&body).and_then(|req| prepare(&s, &req).map(|job| Arc::new((req, job)))),
+        None => prepare(&s, &body).map(Arc::new),
     };
     match prepared {
-        Ok(p) => completion(s, &headers, &p.0, p.1.clone()).await.unwrap_or_else(|e| e.into_response()),
+        Ok(p) => completion(s, &headers, &p).await.unwrap_or_else(|e| e.into_response()),
         Err(e) => e.into_response(),
     }
 }
 
-async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, job: Job) -> Result<Response, ApiError> {
+async fn completion(s: Arc<AppState>, headers: &HeaderMap, p: &Prepared) -> Result<Response, ApiError> {
+    let (req, job) = (&p.req, p.job.clone());
     let rental = match rental_token(headers) {
         Some(token) => Some(s.rentals.reserve(token, &req.model, unix_now()).map_err(rental_refusal)?),
         None => None,
@@ -110,8 +116,7 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
     let prompt_tokens = job.prompt_ids.len();
     let meta = Meta { id: completion_id(), created: unix_now(), model: req.model.clone() };
     if req.stream {
-        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(stream(s, job, slot, rental, meta, include_usage));
+        return Ok(stream(s, job, p.format.clone(), slot, rental, meta, req.include_usage));
     }
     let model = s.model.clone();
     let outcome = tokio::task::spawn_blocking(move || {
@@ -125,62 +130,47 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, req: &ChatRequest, jo
     if let Some(r) = rental {
         r.finish(json!(usage)).await.map_err(|e| internal(e.to_string()))?;
     }
-    let body = completion_body(&meta.id, meta.created, &meta.model, &outcome.text, outcome.finish_reason, usage);
-    Ok(Json(body).into_response())
+    let answer = Answer::parse(&p.format, &outcome.text);
+    Ok(Json(meta.completion(&answer, outcome.finish_reason, usage)).into_response())
 }
 
-/// Checks a request against the model and turns it into a [`Job`].
-fn prepare(s: &AppState, req: &ChatRequest) -> Result<Job, ApiError> {
+/// Reads a request and checks it against the model: the engine's [`Job`] and how to read
+/// its answer.
+fn prepare(s: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let serve = &s.model.recipe.serve;
+    let req = ChatRequest::read(body, Allowed { tool_calls: serve.tool_calls })?;
     let adapter = s.model.resolve(&req.model).ok_or_else(|| model_not_found(&req.model))?;
-    req.unsupported()?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "at least one message is required"));
-    }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.iter().enumerate() {
-        let text = match &m.content {
-            Some(c) => c.text(i)?,
-            None => String::new(),
-        };
-        messages.push((m.role.clone(), text));
-    }
-    let sampling = Sampling {
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
+    let sampling = SamplingParams {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
         seed: req.seed.unwrap_or_else(random_seed),
     };
     sampling
         .validate()
         .map_err(|m| ApiError::invalid(if m.starts_with("top_p") { "top_p" } else { "temperature" }, m))?;
-    let prompt_ids = s.model.prompt_ids(&messages).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = s.model.prompt(&req.messages, &req.tools).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let context = s.model.context;
-    if prompt_ids.len() >= context {
+    if prompt.ids.len() >= context {
         return Err(ApiError {
             code: "context_length_exceeded",
             ..ApiError::invalid(
                 "messages",
-                format!("the prompt is {} tokens; this model's context is {context}", prompt_ids.len()),
+                format!("the prompt is {} tokens; this model's context is {context}", prompt.ids.len()),
             )
         });
     }
-    let room = context - prompt_ids.len();
-    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
-        Some(0) => return Err(ApiError::invalid("max_tokens", "must be at least 1")),
-        Some(n) => (n as usize).min(room),
-        None => room,
-    };
-    Ok(Job { prompt_ids, max_tokens, sampling, stops: req.stops()?, adapter })
-}
-
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
+    let room = context - prompt.ids.len();
+    let max_tokens = req.max_tokens.map_or(room, |n| (n as usize).min(room));
+    let format = Format { reasoning: serve.reasoning, think_open: prompt.think_open, tools: req.tool_names.clone() };
+    let job = Job { prompt_ids: prompt.ids, max_tokens, sampling, stops: req.stop.clone(), adapter };
+    Ok(Prepared { req, job, format })
 }
 
 fn stream(
     s: Arc<AppState>,
     job: Job,
+    format: Format,
     slot: Slot,
     rental: Option<Reservation>,
     meta: Meta,
@@ -194,17 +184,30 @@ fn stream(
     let generation = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let send = |v: Value| tx.blocking_send(Ok(Event::default().data(v.to_string()))).is_ok();
-        send(chunk_body(&meta.id, meta.created, &meta.model, json!({"role": "assistant", "content": ""}), None));
+        send(meta.chunk(json!({"role": "assistant", "content": ""}), None));
+        let mut parser = AnswerParser::new(&format);
+        let mut made_calls = false;
+        let mut send_deltas = |deltas: Vec<Delta>| {
+            deltas.iter().all(|d| {
+                made_calls |= matches!(d, Delta::ToolCall(_));
+                send(meta.delta_chunk(d))
+            })
+        };
+        // A client gone is noticed at its next token even while the parser holds text back
+        // (inside a tool-call block nothing is sent until it closes).
         let result = model.complete(&job, |text| {
-            let delta = chunk_body(&meta.id, meta.created, &meta.model, json!({"content": text}), None);
-            if send(delta) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
+            if send_deltas(parser.push(text)) && !tx.is_closed() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
         });
         match &result {
             Ok(o) => {
-                send(chunk_body(&meta.id, meta.created, &meta.model, json!({}), Some(o.finish_reason)));
+                send_deltas(parser.finish());
+                send(meta.finish_chunk(made_calls, o.finish_reason));
                 if include_usage {
-                    let usage = Usage::new(prompt_tokens, o.completion_tokens);
-                    send(usage_chunk_body(&meta.id, meta.created, &meta.model, usage));
+                    send(meta.usage_chunk(Usage::new(prompt_tokens, o.completion_tokens)));
                 }
                 let _ = tx.blocking_send(Ok(Event::default().data("[DONE]")));
             }

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use mindxtrain_trainer::checkpoint;
-use mindxtrain_trainer::data::template::encode_pieces;
-use mindxtrain_trainer::data::{ChatTemplate, Message, Role, Tokenizer};
-use mindxtrain_trainer::generate::Sampling;
+use mindxtrain_trainer::data::template::{Piece, encode_pieces, pieces_to_string};
+use mindxtrain_trainer::data::{ChatTemplate, Json, Message, Tokenizer};
 use mindxtrain_trainer::infer::{
-    Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, Stats,
+    Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, SamplingParams,
+    Stats,
 };
 use mindxtrain_trainer::model::{Adapters, Qwen3, merge_lora};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
@@ -39,10 +39,18 @@ pub enum ServeModelError {
 pub struct Job {
     pub prompt_ids: Vec<u32>,
     pub max_tokens: usize,
-    pub sampling: Sampling,
+    pub sampling: SamplingParams,
     pub stops: Vec<String>,
     /// The served adapter that answers ([`ServedModel::resolve`]); `None`: the weights alone.
     pub adapter: Option<String>,
+}
+
+/// A templated prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    /// The prompt ends inside an open `<think>` block.
+    pub think_open: bool,
 }
 
 /// How a completion ended.
@@ -198,24 +206,12 @@ impl ServedModel {
         self.engine.latencies()
     }
 
-    /// The chat-templated prompt for `messages` (an assistant turn opened at the end).
-    pub fn prompt_ids(&self, messages: &[(String, String)]) -> Result<Vec<u32>, ServeModelError> {
-        let mut turns = Vec::with_capacity(messages.len());
-        for (i, (role, content)) in messages.iter().enumerate() {
-            let role = match role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                other => {
-                    return Err(ServeModelError::Prompt(format!(
-                        "messages[{i}].role {other:?}: expected system, developer, user or assistant"
-                    )));
-                }
-            };
-            turns.push(Message::new(role, content.clone()));
-        }
-        let pieces = self.template.generation_prompt(&turns, &[]);
-        Ok(encode_pieces(&self.tokenizer, &pieces).map_err(|e| ServeModelError::Prompt(e.to_string()))?.ids)
+    /// The chat-templated prompt for `messages` with `tools` offered (an assistant turn
+    /// opened at the end).
+    pub fn prompt(&self, messages: &[Message], tools: &[Json]) -> Result<Prompt, ServeModelError> {
+        let pieces = self.template.generation_prompt(messages, tools);
+        let ids = encode_pieces(&self.tokenizer, &pieces).map_err(|e| ServeModelError::Prompt(e.to_string()))?.ids;
+        Ok(Prompt { ids, think_open: opens_think(&pieces) })
     }
 
     /// Runs `job`, handing each new piece of final text to `on_text`, which may stop it (the
@@ -229,7 +225,7 @@ impl ServedModel {
         let request = Request {
             prompt: job.prompt_ids.clone(),
             max_tokens: job.max_tokens,
-            sampling: job.sampling.into(),
+            sampling: job.sampling,
             adapter: job.adapter.clone(),
             stop: job.stops.clone(),
         };
@@ -262,6 +258,12 @@ impl ServedModel {
     }
 }
 
+/// Whether a generation prompt ends inside `<think>`: a thinking model's template opens the
+/// block itself, and the answer starts with reasoning.
+fn opens_think(pieces: &[Piece]) -> bool {
+    pieces_to_string(pieces).trim_end().ends_with("<think>")
+}
+
 /// The engine for a recipe's `serve` section: `max_batch` sequences at once, `max_model_len`
 /// tokens each. On a GPU the cache takes 90% of the memory the weights left free; on the CPU
 /// exactly what `max_batch` full-length requests need.
@@ -283,5 +285,27 @@ fn engine_config(recipe: &Recipe, context: usize, device: &Device, adapters: usi
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cuda_graphs: true,
         overlap_steps: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mindxtrain_trainer::data::template::{JinjaTemplate, TemplateContext};
+    use mindxtrain_trainer::data::{ChatTemplate, Message, Role};
+
+    use super::opens_think;
+
+    #[test]
+    fn a_prompt_that_opens_a_think_block_is_told_from_one_that_closes_it() {
+        let turn = [Message::new(Role::User, "hi")];
+        // Qwen3 without thinking: an empty block, closed, in the prompt.
+        assert!(!opens_think(&ChatTemplate::QWEN3.generation_prompt(&turn, &[])));
+        assert!(!opens_think(&ChatTemplate::COMPACT.generation_prompt(&turn, &[])));
+        // A thinking model's template ends its prompt inside the block.
+        let source = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+        let thinking = JinjaTemplate::new(source, "thinking.jinja", TemplateContext::default()).unwrap();
+        assert!(opens_think(&ChatTemplate::Jinja(Arc::new(thinking)).generation_prompt(&turn, &[])));
     }
 }

@@ -32,7 +32,7 @@ use mindxtrain_node::log::index::Query;
 use mindxtrain_node::serve::model::ServedModel;
 use mindxtrain_node::serve::rentals::RentalBook;
 use mindxtrain_node::serve::{self, AppState, Sale};
-use mindxtrain_trainer::data::Tokenizer;
+use mindxtrain_trainer::data::{Message, Role, Tokenizer};
 use mindxtrain_trainer::model::{EMBED, LM_HEAD, Qwen3, Qwen3Config};
 use mindxtrain_trainer::recipe::Recipe;
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
@@ -369,11 +369,12 @@ struct Prompts {
 
 impl Prompts {
     fn new(state: &AppState, load: &PaidServing, model: String) -> anyhow::Result<Prompts> {
-        let template = state.model.prompt_ids(&[("user".into(), String::new())])?.len();
+        let user = |text: String| [Message::new(Role::User, text)];
+        let template = state.model.prompt(&user(String::new()), &[])?.ids.len();
         ensure!(load.prompt > template, "--prompt {}: the chat template alone is {template} tokens", load.prompt);
         let prompts = Prompts { model, new_tokens: load.new_tokens, letters: load.prompt - template };
         // The byte tokenizer makes each letter one token; checked rather than assumed.
-        let got = state.model.prompt_ids(&[("user".into(), prompts.text(0, 0))])?.len();
+        let got = state.model.prompt(&user(prompts.text(0, 0)), &[])?.ids.len();
         ensure!(got == load.prompt, "a prompt came out {got} tokens, not {}", load.prompt);
         Ok(prompts)
     }
