@@ -99,9 +99,9 @@ impl Recipe {
     /// ```
     /// use mindxtrain_trainer::recipe::{HardwareName, Recipe};
     ///
-    /// let loaded = Recipe::from_path("../recipes/qwen3_8b_sft_lora.yaml".as_ref()).unwrap();
-    /// assert_eq!(loaded.recipe.hardware.name, HardwareName::Mi300x);
-    /// assert_eq!(loaded.source_name, "../recipes/qwen3_8b_sft_lora.yaml");
+    /// let loaded = Recipe::from_path("../recipes/tiny_cpu_lora.yaml".as_ref()).unwrap();
+    /// assert_eq!(loaded.recipe.hardware.name, HardwareName::Cpu);
+    /// assert_eq!(loaded.source_name, "../recipes/tiny_cpu_lora.yaml");
     /// ```
     pub fn from_path(path: &Path) -> Result<LoadedRecipe, RecipeError> {
         Self::check_path(path).map_err(RecipeError::from)

@@ -15,6 +15,7 @@
 
 mod autotune;
 pub mod base;
+mod budget;
 mod device;
 pub mod eval;
 mod export;
@@ -289,9 +290,16 @@ mod tests {
         }
     }
 
+    /// The tiny CPU recipe on an MI300X board's rules: the mandatory ROCm env keys.
     fn mi300() -> LoadedRecipe {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/qwen3_8b_sft_lora.yaml");
-        Recipe::from_path(&path).unwrap_or_else(|e| panic!("{e}"))
+        tiny_lora(|t| {
+            t.replace("  name: cpu\n", "  name: mi300x\n").replace(
+                "  log_every_steps: 10\n",
+                "  log_every_steps: 10\n  env:\n    HSA_NO_SCRATCH_RECLAIM: \"1\"\n    NVTE_CK_USES_BWD_V3: \"1\"\n    \
+                 NVTE_CK_IS_V3_ATOMIC_FP32: \"1\"\n    PRIMUS_TURBO_ATTN_V3_ATOMIC_FP32: \"1\"\n    \
+                 NCCL_MIN_NCHANNELS: \"112\"\n    HIP_FORCE_DEV_KERNARG: \"1\"\n    PYTORCH_ROCM_ARCH: gfx942\n",
+            )
+        })
     }
 
     #[test]

@@ -16,7 +16,7 @@ fn with_billing(x402: &str) -> String {
 #[test]
 fn display_is_file_line_col_path_message() {
     let broken = [
-        edit("gpus: 1", "gpus: 4"),
+        edit("gpus: 0", "gpus: 4"),
         edit("r: 16", "r: x"),
         edit("kind: lora", "kind: nope"),
         format!("{BASE}: bad\n"),
@@ -94,7 +94,7 @@ fn files_are_read_and_named() {
     assert_eq!(loaded.source_name, path.display().to_string());
     assert_eq!(loaded.bytes_blake3, *blake3::hash(BASE.as_bytes()).as_bytes());
 
-    std::fs::write(&path, edit("gpus: 1", "gpus: 2")).expect("write");
+    std::fs::write(&path, edit("gpus: 0", "gpus: 2")).expect("write");
     let e = Recipe::from_path(&path).unwrap_err();
     assert!(e.to_string().starts_with(&format!("{}:6:3 hardware.gpus: ", path.display())), "{e}");
 

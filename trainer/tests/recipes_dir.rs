@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mindxtrain_trainer::recipe::{HardwareName, MethodKind, Recipe};
+use mindxtrain_trainer::recipe::{ErrorKind, HardwareName, Recipe};
 
 fn recipes_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes")
@@ -19,22 +19,67 @@ fn recipe_files() -> Vec<PathBuf> {
     files
 }
 
-#[test]
-fn every_recipe_in_the_directory_validates() {
-    let files = recipe_files();
-    assert!(files.len() >= 14, "expected the 14 shipped recipes, found {}", files.len());
-    let mut failures = Vec::new();
-    for path in &files {
-        if let Err(errors) = Recipe::check_path(path) {
-            failures.push(errors.to_string());
-        }
-    }
-    assert!(failures.is_empty(), "invalid recipes:\n{}", failures.join("\n"));
+/// What each shipped recipe asks for that this build refuses, by field: a recipe either runs, or
+/// `recipe check` says everything it cannot honour (nothing passes the check and then fails).
+/// A feature that lands empties its rows; a new refusal that a shipped recipe meets shows here.
+const REFUSED: &[(&str, &[&str])] = &[
+    ("instella_3b_lora", &["hardware.gpus", "model.family", "quantize.enabled"]),
+    ("qwen3_30b_a3b_lora", &["hardware.gpus"]),
+    ("qwen3_32b_dpo", &["hardware.gpus", "train.fsdp"]),
+    ("qwen3_32b_full_fsdp", &["hardware.gpus"]),
+    ("qwen3_32b_grpo", &["eval.tasks", "hardware.gpus"]),
+    ("qwen3_32b_orpo", &["hardware.gpus", "train.fsdp"]),
+    ("qwen3_6_27b_lora", &["hardware.gpus", "model.family"]),
+    ("qwen3_6_35b_a3b_lora", &["hardware.gpus", "model.family"]),
+    ("qwen3_8b_cpt", &["hardware.gpus"]),
+    ("qwen3_8b_lora_h100", &["eval.tasks"]),
+    ("qwen3_8b_sft_full", &["eval.tasks", "hardware.gpus", "quantize.enabled"]),
+    (
+        "qwen3_8b_sft_lora",
+        &["data.dedupe.near_threshold", "eval.tasks", "hardware.gpus", "publish.enabled", "quantize.enabled"],
+    ),
+    ("qwen3_vl_8b_sft", &["hardware.gpus", "model.family"]),
+];
+
+fn refused(name: &str) -> &'static [&'static str] {
+    REFUSED.iter().find(|(n, _)| *n == name).map_or(&[], |(_, paths)| paths)
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().unwrap_or_default().to_string_lossy().into_owned()
 }
 
 #[test]
-fn every_recipe_round_trips_through_show_json() {
-    for path in recipe_files() {
+fn every_recipe_runs_or_is_refused_for_exactly_what_is_not_built() {
+    let files = recipe_files();
+    assert!(files.len() >= 14, "expected the 14 shipped recipes, found {}", files.len());
+    let mut wrong = Vec::new();
+    for path in &files {
+        let got: Vec<String> = match Recipe::check_path(path) {
+            Ok(_) => Vec::new(),
+            Err(errors) => {
+                // Refusals only: a schema error or a broken range is a broken recipe.
+                for e in errors.iter().filter(|e| e.kind() != ErrorKind::Invariant) {
+                    wrong.push(format!("{e}"));
+                }
+                let mut paths: Vec<String> = errors.iter().map(|e| e.path().to_owned()).collect();
+                paths.dedup();
+                paths.sort();
+                paths.dedup();
+                paths
+            }
+        };
+        let want: Vec<String> = refused(&stem(path)).iter().map(|p| (*p).to_owned()).collect();
+        if got != want {
+            wrong.push(format!("{}: refused at {got:?}, expected {want:?}", path.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_recipe_that_runs_round_trips_through_show_json() {
+    for path in recipe_files().into_iter().filter(|p| refused(&stem(p)).is_empty()) {
         let loaded = Recipe::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
         let shown = serde_json::to_string_pretty(&loaded.recipe).expect("a recipe serializes");
         let again =
@@ -55,31 +100,31 @@ fn the_digest_is_of_the_exact_bytes() {
     assert_ne!(other.bytes_blake3, loaded.bytes_blake3);
 }
 
+/// The seed recipes as shipped (refused today for what is not built): their method, board and
+/// GPU count, read from the text.
 #[test]
 fn the_seed_recipes_keep_their_intent() {
     let expect = [
-        ("instella_3b_lora", MethodKind::Lora, 1),
-        ("qwen3_8b_sft_lora", MethodKind::Lora, 1),
-        ("qwen3_8b_sft_full", MethodKind::Full, 1),
-        ("qwen3_8b_cpt", MethodKind::Cpt, 8),
-        ("qwen3_30b_a3b_lora", MethodKind::Lora, 8),
-        ("qwen3_32b_full_fsdp", MethodKind::Full, 8),
-        ("qwen3_32b_dpo", MethodKind::Dpo, 8),
-        ("qwen3_32b_orpo", MethodKind::Orpo, 8),
-        ("qwen3_32b_grpo", MethodKind::Grpo, 8),
-        ("qwen3_6_27b_lora", MethodKind::Lora, 8),
-        ("qwen3_6_35b_a3b_lora", MethodKind::Lora, 8),
-        ("qwen3_vl_8b_sft", MethodKind::Lora, 1),
+        ("instella_3b_lora", "lora", 1),
+        ("qwen3_8b_sft_lora", "lora", 1),
+        ("qwen3_8b_sft_full", "full", 1),
+        ("qwen3_8b_cpt", "cpt", 8),
+        ("qwen3_30b_a3b_lora", "lora", 8),
+        ("qwen3_32b_full_fsdp", "full", 8),
+        ("qwen3_32b_dpo", "dpo", 8),
+        ("qwen3_32b_orpo", "orpo", 8),
+        ("qwen3_32b_grpo", "grpo", 8),
+        ("qwen3_6_27b_lora", "lora", 8),
+        ("qwen3_6_35b_a3b_lora", "lora", 8),
+        ("qwen3_vl_8b_sft", "lora", 1),
     ];
     for (name, kind, gpus) in expect {
-        let loaded = Recipe::from_path(&recipes_dir().join(format!("{name}.yaml"))).unwrap_or_else(|e| panic!("{e}"));
-        let r = loaded.recipe;
-        assert_eq!(r.train.method.kind(), kind, "{name}");
-        assert_eq!(r.hardware.name, HardwareName::Mi300x, "{name}");
-        assert_eq!(r.hardware.gpus, gpus, "{name}");
-        if let Some(x402) = &r.publish.billing.x402 {
-            assert!(["eip155:8453", "eip155:84532"].contains(&x402.network.caip2().as_str()), "{name}");
-        }
+        let text = std::fs::read_to_string(recipes_dir().join(format!("{name}.yaml"))).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert!(lines.contains(&format!("kind: {kind}").as_str()), "{name}");
+        assert!(lines.contains(&"name: mi300x"), "{name}");
+        assert!(lines.contains(&format!("gpus: {gpus}").as_str()), "{name}");
+        assert!(!refused(name).is_empty(), "{name} runs now: move it out of this test's table");
     }
 }
 
@@ -101,7 +146,12 @@ fn the_tiny_cpu_recipe_is_self_contained() {
 
 #[test]
 fn the_h100_recipe_matches_its_description() {
-    let r = Recipe::from_path(&recipes_dir().join("qwen3_8b_lora_h100.yaml")).expect("loads").recipe;
+    // Refused today for its benchmark tasks only: read it with them left out.
+    let path = recipes_dir().join("qwen3_8b_lora_h100.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let tasks = text.lines().find(|l| l.trim_start().starts_with("tasks:")).expect("the recipe lists tasks");
+    let text = text.replace(&format!("{tasks}\n"), "");
+    let r = Recipe::from_str(&text, "h100.yaml").unwrap_or_else(|e| panic!("{e}")).recipe;
     assert_eq!(r.hardware.name, HardwareName::H100);
     assert_eq!(r.hardware.arch, "sm_90");
     let lora = r.train.method.adapter().expect("lora");

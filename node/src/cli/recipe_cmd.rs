@@ -1,4 +1,4 @@
-//! `mindxtrain recipe check|show|register`.
+//! `mindxtrain recipe check|show|register|fields`.
 
 use super::EXIT_INVALID_INPUT;
 use super::output::Output;
@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use mindxtrain_node::node;
 use mindxtrain_node::recipes::{self, RegisterError};
-use mindxtrain_trainer::recipe::{Recipe, RecipeError, RecipeErrors};
+use mindxtrain_trainer::recipe::{Recipe, RecipeError, RecipeErrors, contract};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,6 +35,10 @@ pub enum RecipeCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Every field of the schema: its type, what carries it out, and the values `recipe check`
+    /// refuses because nothing honours them yet (the table of docs/recipes.md).
+    #[command(after_help = "Examples:\n  mindxtrain recipe fields\n  mindxtrain recipe fields --json")]
+    Fields,
 }
 
 pub fn run(cmd: RecipeCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
@@ -42,7 +46,28 @@ pub fn run(cmd: RecipeCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
         RecipeCommand::Check { files } => check(&files, out),
         RecipeCommand::Show { file } => show(&file, out),
         RecipeCommand::Register { files } => register(&files, dir, out),
+        RecipeCommand::Fields => fields(out),
     }
+}
+
+fn fields(out: &Output) -> Result<ExitCode> {
+    let types = contract::schema();
+    let list: Vec<Value> = contract::fields()
+        .iter()
+        .map(|f| {
+            json!({
+                "path": f.path,
+                "type": types.get(f.path),
+                "does": f.does,
+                "test": (!f.test.is_empty()).then_some(f.test),
+                "proven_by_a_differential_run": f.differs.is_some(),
+                "refused": f.refused.iter().map(|r| json!({"value": r.value, "says": r.says})).collect::<Vec<_>>(),
+                "inert_unless": f.inert_unless,
+            })
+        })
+        .collect();
+    out.emit(&json!({"fields": list}), contract::markdown);
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn error_json(e: &RecipeError) -> Value {

@@ -104,6 +104,7 @@ pub fn schema() -> BTreeMap<String, String> {
 
 /// The fields every section declares (read or not), as [`schema`] names them: what
 /// [`MAXIMAL`] must write for the walk to be whole.
+#[cfg(test)]
 pub(crate) fn declared() -> Vec<String> {
     let mut out: Vec<String> = walk()
         .into_iter()

@@ -52,7 +52,18 @@ pub(crate) fn is_env_key(key: &str) -> bool {
 /// use std::collections::BTreeMap;
 /// use mindxtrain_trainer::recipe::{apply_plan_env, EnvOverrideError, Recipe};
 ///
-/// let loaded = Recipe::from_path("../recipes/qwen3_8b_sft_lora.yaml".as_ref()).unwrap();
+/// let rocm = "\
+/// meta: {project: p, run_name: r}
+/// hardware: {name: mi300x, gpus: 0}
+/// model: {name: Qwen/Qwen3-8B}
+/// data: {source: hf, hf_id: HuggingFaceH4/ultrachat_200k}
+/// train:
+///   method: {kind: lora}
+///   env: {HSA_NO_SCRATCH_RECLAIM: '1', NVTE_CK_USES_BWD_V3: '1', NVTE_CK_IS_V3_ATOMIC_FP32: '1',
+///         PRIMUS_TURBO_ATTN_V3_ATOMIC_FP32: '1', NCCL_MIN_NCHANNELS: '112', HIP_FORCE_DEV_KERNARG: '1',
+///         PYTORCH_ROCM_ARCH: gfx942}
+/// ";
+/// let loaded = Recipe::from_str(rocm, "rocm.yaml").unwrap();
 /// let retune = BTreeMap::from([("NCCL_MIN_NCHANNELS".to_string(), Some("64".to_string()))]);
 /// let env = apply_plan_env(&loaded.recipe, &retune).unwrap();
 /// assert_eq!(env["NCCL_MIN_NCHANNELS"], "64");

@@ -349,4 +349,101 @@ mod tests {
         assert!(truncated);
         assert!(gemms.iter().all(|g| g.chosen == GemmAlgo::Default && g.timings[0].us.is_none()));
     }
+
+    /// The tiny LoRA recipe on random weights, edited.
+    fn tiny(edit: impl Fn(String) -> String) -> LoadedRecipe {
+        let text = include_str!("../../../recipes/tiny_cpu_lora.yaml")
+            .replace("  tokenizer: byte\n", "  tokenizer: byte\n  random_init: true\n")
+            .replace("    count: 4000\n", "    count: 200\n");
+        crate::recipe::Recipe::from_str(&edit(text), "tiny.yaml").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn recipes_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes")
+    }
+
+    #[test]
+    fn a_device_whose_memory_differs_from_memory_gb_gets_a_plan_warning() {
+        assert_eq!(memory_warning(None, Some(80.0)), None);
+        assert_eq!(memory_warning(Some(80), Some(85.0)), None, "within 10%");
+        let far = memory_warning(Some(192), Some(80.0)).unwrap();
+        assert!(far.contains("hardware.memory_gb is 192") && far.contains("80.0 GB"), "{far}");
+        assert!(memory_warning(Some(80), None).unwrap().contains("could not be read"));
+        // The probe of a recipe sized for a card this host is not.
+        let odd = tiny(|t| {
+            t.replace("  gpus: 0\n", "  gpus: 0\n  memory_gb: 4096\n")
+                .replace("budget_seconds: 10", "budget_seconds: 1")
+        });
+        let plan = measure_plan(&odd, &recipes_dir(), DataOptions::default()).unwrap();
+        assert!(plan.machine.memory_gb.is_some_and(|g| g > 0.0));
+        assert!(plan.warnings.iter().any(|w| w.contains("hardware.memory_gb is 4096")), "{:?}", plan.warnings);
+        let plain = measure_plan(
+            &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 1")),
+            &recipes_dir(),
+            DataOptions::default(),
+        )
+        .unwrap();
+        assert!(plain.warnings.is_empty(), "{:?}", plain.warnings);
+    }
+
+    #[test]
+    fn autotune_off_measures_nothing_and_says_so() {
+        let off = tiny(|t| t.replace("autotune:\n", "autotune:\n  enabled: false\n"));
+        let plan = measure_plan(&off, &recipes_dir(), DataOptions::default()).unwrap();
+        assert!(plan.measurements.is_empty() && plan.elapsed_ms == 0);
+        assert!(plan.note.as_deref().is_some_and(|n| n.contains("autotune.enabled is false")), "{:?}", plan.note);
+        assert_eq!(plan.choices.micro_batch, 8, "the whole batch");
+        let on = measure_plan(
+            &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 1")),
+            &recipes_dir(),
+            DataOptions::default(),
+        )
+        .unwrap();
+        assert!(!on.measurements.is_empty() && on.note.is_none());
+    }
+
+    #[test]
+    fn a_plan_keeps_the_recipe_s_gradient_checkpointing() {
+        for want in [true, false] {
+            let r = tiny(|t| {
+                t.replace("budget_seconds: 10", "budget_seconds: 2")
+                    .replace("  precision: fp32\n", &format!("  precision: fp32\n  gradient_checkpointing: {want}\n"))
+            });
+            let plan = measure_plan(&r, &recipes_dir(), DataOptions::default()).unwrap();
+            assert_eq!(plan.choices.activation_checkpointing, want);
+            assert!(plan.measurements.iter().all(|m| m.choices.activation_checkpointing == want));
+            assert!(plan.check_constraints(&r.recipe, "p").is_ok());
+            let mut other = plan.clone();
+            other.choices.activation_checkpointing = !want;
+            let err = other.check_constraints(&r.recipe, "p").unwrap_err().to_string();
+            assert!(err.contains("train.gradient_checkpointing"), "{err}");
+            let off = tiny(|t| {
+                t.replace("autotune:\n", "autotune:\n  enabled: false\n")
+                    .replace("  precision: fp32\n", &format!("  precision: fp32\n  gradient_checkpointing: {want}\n"))
+            });
+            let defaults = measure_plan(&off, &recipes_dir(), DataOptions::default()).unwrap();
+            assert_eq!(defaults.choices.activation_checkpointing, want);
+        }
+        // Unset: the probe times both.
+        let free = measure_plan(
+            &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 3")),
+            &recipes_dir(),
+            DataOptions::default(),
+        )
+        .unwrap();
+        assert!(free.measurements.iter().any(|m| m.choices.activation_checkpointing));
+        assert!(free.measurements.iter().any(|m| !m.choices.activation_checkpointing));
+    }
+
+    #[test]
+    fn the_probe_keeps_to_the_recipe_s_budget() {
+        for seconds in [1u32, 3] {
+            let r = tiny(|t| t.replace("budget_seconds: 10", &format!("budget_seconds: {seconds}")));
+            let plan = measure_plan(&r, &recipes_dir(), DataOptions::default()).unwrap();
+            assert_eq!(plan.budget_seconds, seconds);
+            // The budget is checked between candidates: one more step may start before it ends.
+            let slowest = plan.measurements.iter().filter_map(|m| m.step_us).max().unwrap_or(0) / 1000;
+            assert!(plan.elapsed_ms <= u64::from(seconds) * 1000 + slowest * 4, "{} ms", plan.elapsed_ms);
+        }
+    }
 }

@@ -147,3 +147,77 @@ impl MethodPlan {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipe::{Dpo, Grpo, Gspo, Kto, Orpo, TargetModule};
+
+    /// Values unlike every default, so a field that did not reach the plan shows.
+    fn lora() -> Lora {
+        Lora { r: 3, alpha: 7, dropout: 0.25, target_modules: vec![TargetModule::VProj], rslora: true }
+    }
+
+    #[test]
+    fn every_method_field_reaches_the_method_plan() {
+        let adapter = Some(LoraConfig::from(&lora()));
+        assert_eq!(
+            LoraConfig::from(&lora()),
+            LoraConfig { r: 3, alpha: 7.0, dropout: 0.25, target_modules: vec![TargetModule::VProj], rslora: true }
+        );
+
+        let dpo = Dpo { beta: 0.3, loss: DpoLoss::Hinge, label_smoothing: 0.0, lora: Some(lora()) };
+        let plan = MethodPlan::from_recipe(&Method::Dpo(dpo)).unwrap();
+        assert_eq!(
+            plan.preference,
+            Some(PreferenceLoss::Dpo { beta: 0.3, label_smoothing: 0.0, form: DpoForm::Hinge })
+        );
+        assert_eq!(plan.lora, adapter);
+        let smooth = Dpo { beta: 0.3, loss: DpoLoss::Sigmoid, label_smoothing: 0.2, lora: None };
+        let plan = MethodPlan::from_recipe(&Method::Dpo(smooth)).unwrap();
+        assert_eq!(
+            plan.preference,
+            Some(PreferenceLoss::Dpo { beta: 0.3, label_smoothing: 0.2, form: DpoForm::Sigmoid })
+        );
+        assert_eq!((plan.lora, plan.trainable), (None, Trainable::Full));
+
+        let plan = MethodPlan::from_recipe(&Method::Orpo(Orpo { beta: 0.4, lora: Some(lora()) })).unwrap();
+        assert_eq!((plan.preference, plan.lora), (Some(PreferenceLoss::Orpo { lambda: 0.4 }), adapter.clone()));
+
+        let kto = Kto { beta: 0.5, desirable_weight: 1.5, undesirable_weight: 0.7, lora: Some(lora()) };
+        let plan = MethodPlan::from_recipe(&Method::Kto(kto)).unwrap();
+        let want = KtoLoss { beta: 0.5, desirable_weight: 1.5, undesirable_weight: 0.7 };
+        assert_eq!((plan.rl, plan.lora), (Some(RlPlan::Kto(want)), adapter.clone()));
+
+        let rewards = vec![Reward::ToolCall, Reward::Length];
+        let grpo = Grpo {
+            num_generations: 6,
+            kl_coef: 0.3,
+            clip_epsilon: 0.15,
+            max_new_tokens: 33,
+            temperature: 0.6,
+            rewards: rewards.clone(),
+            lora: Some(lora()),
+        };
+        let gspo = Gspo {
+            num_generations: 6,
+            kl_coef: 0.3,
+            clip_epsilon: 0.15,
+            max_new_tokens: 33,
+            temperature: 0.6,
+            rewards: rewards.clone(),
+            lora: Some(lora()),
+        };
+        for (method, ratio) in [(Method::Grpo(grpo), Ratio::Token), (Method::Gspo(gspo), Ratio::Sequence)] {
+            let plan = MethodPlan::from_recipe(&method).unwrap();
+            let want = GroupPolicy {
+                loss: PolicyLoss { ratio, clip_epsilon: 0.15, kl_coef: 0.3 },
+                num_generations: 6,
+                max_new_tokens: 33,
+                temperature: 0.6,
+                rewards: rewards.clone(),
+            };
+            assert_eq!((plan.rl, plan.lora), (Some(RlPlan::Policy(want)), adapter.clone()));
+        }
+    }
+}

@@ -692,21 +692,9 @@ fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
     })
 }
 
-/// The run's optimizer steps: `budget.max_steps`, or the steps of `budget.epochs` passes over
-/// the training rows (over `prompts`, GRPO's and GSPO's training prompts, when given) at
-/// `global_batch` rows per step, whichever comes first when both are set.
 fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64, prompts: Option<usize>) -> Result<u64, RunError> {
-    let budget = &spec.recipe.recipe.train.budget;
-    let Some(epochs) = budget.epochs else {
-        // `recipe check` requires one of the two.
-        return Ok(budget.max_steps.unwrap_or(1));
-    };
     let rows = prompts.unwrap_or_else(|| dataset.train_rows_per_epoch()) as u64;
-    if rows == 0 {
-        return Err(RunError::Recipe("data: no training examples".into()));
-    }
-    let by_epochs = (u64::from(epochs) * rows).div_ceil(global_batch.max(1));
-    Ok(budget.max_steps.map_or(by_epochs, |n| n.min(by_epochs)))
+    super::budget::total_steps(&spec.recipe.recipe.train.budget, rows, global_batch)
 }
 
 /// A run id unique to this start: recipe, plan and the clock.

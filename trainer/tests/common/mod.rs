@@ -11,7 +11,7 @@ meta:
   run_name: r
 hardware:
   name: mi300x
-  gpus: 1
+  gpus: 0
 autotune:
   policy: aot_only
 model:

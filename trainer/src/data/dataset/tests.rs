@@ -189,12 +189,6 @@ fn recipe_problems_are_config_errors() {
         Dataset::from_recipe(&no_paths, Path::new("."), &t, DataOptions::default()),
         Err(DataError::Config(_))
     ));
-    let near = recipe(
-        "  source: generated\n  generator: {kind: tasks, seed: 1, count: 10}\n  dedupe: {near_threshold: 0.8}",
-        "",
-    );
-    let err = Dataset::from_recipe(&near, Path::new("."), &t, DataOptions::default()).unwrap_err();
-    assert!(err.to_string().contains("near_threshold"), "{err}");
 }
 
 #[test]

@@ -103,7 +103,7 @@ pub fn fields() -> Vec<Field> {
         field("model.path", "the base weights' directory").test("a_recipe_s_model_path_is_its_base"),
         field("model.tokenizer", "`byte`, or the tokenizer.json used").test("recipe_names_the_tokenizer"),
         field("model.chat_template", "the chat template conversations are rendered with")
-            .test("a_recipe_s_chat_template_replaces_the_tokenizer_s"),
+            .differs(r#"{"model": {"chat_template": "plain.jinja"}}"#),
         field("model.enable_thinking", "passed to the chat template")
             .differs(r#"{"model": {"enable_thinking": true}}"#),
         field("model.dtype", "the dtype weights are held and computed in")
@@ -329,24 +329,24 @@ pub fn fields() -> Vec<Field> {
         field("quantize.per_channel", "per-channel scales").inert_unless("quantize.enabled"),
         field("quantize.calibration_samples", "calibration examples").inert_unless("quantize.enabled"),
         field("serve.enabled", "`false`: `mindxtrain serve` refuses to serve the recipe's model")
-            .test("a_recipe_with_serve_disabled_is_not_served"),
+            .test("a_recipe_with_serve_enabled_false_is_not_served"),
         field("serve.host", "`mindxtrain serve`'s listen address unless --listen")
-            .test("serve_listens_where_the_recipe_says")
+            .test("serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len")
             .refuses(&[no!("not loopback", r#"{"serve": {"host": "0.0.0.0"}}"#, "not a loopback address")]),
         field("serve.port", "`mindxtrain serve`'s listen port unless --listen")
-            .test("serve_listens_where_the_recipe_says"),
-        field("serve.max_model_len", "longest prompt + answer served").test("serve_max_model_len_bounds_requests"),
-        field("serve.max_batch", "requests decoded at once")
-            .test("the_kv_budget_bounds_admitted_work_and_is_given_back"),
+            .test("serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len"),
+        field("serve.max_model_len", "longest prompt + answer served")
+            .test("max_model_len_and_max_batch_shape_the_engine"),
+        field("serve.max_batch", "requests decoded at once").test("max_model_len_and_max_batch_shape_the_engine"),
         field("serve.tensor_parallel", "one device per model").refuses(&[no!(
             "> 1",
             r#"{"serve": {"tensor_parallel": 2}}"#,
             "tensor-parallel serving",
         )]),
         field("serve.reasoning", "splits the think block into `reasoning_content`")
-            .test("reasoning_is_split_into_reasoning_content"),
+            .test("serve_reasoning_decides_whether_text_inside_think_is_reasoning_content"),
         field("serve.tool_calls", "parses tool calls into `tool_calls`; `false` refuses requests with tools")
-            .test("tool_calls_are_parsed_into_tool_calls"),
+            .test("tools_reach_the_template_only_when_the_recipe_allows_them"),
         field("publish.enabled", "").refuses(&[no!(
             "true",
             r#"{"publish": {"enabled": true, "hf": {"repo": "o/n"}}}"#,

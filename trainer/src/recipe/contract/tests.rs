@@ -246,6 +246,10 @@ fn every_training_field_changes_the_run() {
         .map(|i| format!("{{\"instruction\":\"Add {} and 1\",\"output\":\"{}\"}}\n", i % 20, i % 20 + 1))
         .collect();
     std::fs::write(dir.path().join(DUPLICATES), lines).unwrap();
+    // A template of the same turn markers, without ChatML's system turn and think block.
+    let plain = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+                 {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    std::fs::write(dir.path().join("plain.jinja"), plain).unwrap();
     let mut baselines: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     let mut same = Vec::new();
     for (i, f) in fields().into_iter().enumerate() {
