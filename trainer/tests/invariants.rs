@@ -373,6 +373,9 @@ fn qwen3_moe_takes_qlora_under_the_moe_lora_rules() {
     let e = only_error(&moe("    kind: qlora\n    r: 16\n    bits: 3\n"));
     assert_eq!(
         (at(&e), e.message()),
-        ((19, 5, "train.method.bits"), "expected 4, found 3: QLoRA holds the base in 4-bit NF4; 8-bit bases are not built")
+        (
+            (19, 5, "train.method.bits"),
+            "expected 4, found 3: QLoRA holds the base in 4-bit NF4; 8-bit bases are not built"
+        )
     );
 }
