@@ -251,6 +251,18 @@ pub enum Dtype {
     Fp32,
 }
 
+impl Dtype {
+    /// The `train.precision` that computes in this dtype.
+    pub fn precision(self) -> super::train::Precision {
+        use super::train::Precision;
+        match self {
+            Dtype::Bf16 => Precision::Bf16,
+            Dtype::Fp16 => Precision::Fp16,
+            Dtype::Fp32 => Precision::Fp32,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {

@@ -21,8 +21,10 @@ pub struct Train {
     pub budget: Budget,
     #[serde(default)]
     pub batch: Batch,
-    #[serde(default)]
-    pub precision: Precision,
+    /// The dtype the run computes in. Unset: `model.dtype`'s (filled in at load, so a loaded
+    /// recipe always has it); set, it must be that dtype (`recipe check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
     /// Activation checkpointing (recompute each block's activations in the backward) as a
     /// constraint on the plan: `true` always, `false` never; unset lets the probe choose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -585,10 +587,9 @@ impl Default for Distributed {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
-    #[default]
     Bf16,
     Fp16,
     Fp32,

@@ -33,6 +33,9 @@ pub(crate) fn resolve(recipe: &mut Recipe) {
     if recipe.hardware.arch.is_empty() {
         recipe.hardware.arch = recipe.hardware.name.default_arch().to_owned();
     }
+    if recipe.train.precision.is_none() {
+        recipe.train.precision = Some(recipe.model.dtype.precision());
+    }
 }
 
 #[derive(Default)]

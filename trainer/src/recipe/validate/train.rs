@@ -1,7 +1,6 @@
 //! Rules for the `train` section: method parameters, optimizer, schedule, budget, batch.
 
 use super::{Checks, FieldPath, Recipe};
-use crate::recipe::schema::Dtype;
 use crate::recipe::schema::ModelFamily;
 use crate::recipe::train::{DpoLoss, Lora, Method, Precision, ScheduleKind, Sharding, TargetModule};
 
@@ -194,30 +193,26 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
 }
 
 /// `train.precision` is the dtype the run computes in, and the trainer computes in the dtype it
-/// holds the weights in (`model.dtype`): the two must agree. Mixed precision (bf16 compute over
-/// f32 master weights) and FP8 GEMMs are not built, so a precision that differs is refused
-/// rather than silently run in `model.dtype`.
+/// holds the weights in (`model.dtype`): the two must agree (unset, it is `model.dtype`'s).
+/// Mixed precision (bf16 compute over f32 master weights) and FP8 GEMMs are not built, so a
+/// precision that differs is refused rather than silently run in `model.dtype`.
 fn precision(c: &mut Checks, r: &Recipe) {
-    let (precision, dtype) = (r.train.precision, r.model.dtype);
-    let held = match precision {
-        Precision::Bf16 => Dtype::Bf16,
-        Precision::Fp16 => Dtype::Fp16,
-        Precision::Fp32 => Dtype::Fp32,
-        Precision::Fp8 => {
-            c.fail("train.precision", "fp8 training (FP8 GEMMs under bf16 master weights) is not built yet: use bf16");
-            return;
+    let dtype = r.model.dtype;
+    match r.train.precision {
+        None => {}
+        Some(Precision::Fp8) => {
+            c.fail("train.precision", "fp8 training (FP8 GEMMs under bf16 master weights) is not built yet: use bf16")
         }
-    };
-    if held != dtype {
-        c.fail(
+        Some(p) if p != dtype.precision() => c.fail(
             "train.precision",
             format!(
                 "`{}` differs from model.dtype `{}`: the trainer computes in the dtype the weights are held in \
                  (optimizer state and reductions in f32 either way), and mixed precision is not built; set both \
-                 to the same dtype",
-                super::name_of(&precision),
+                 to the same dtype, or leave precision out",
+                super::name_of(&p),
                 super::name_of(&dtype)
             ),
-        );
+        ),
+        Some(_) => {}
     }
 }
