@@ -40,7 +40,7 @@ pub use card::{CardError, DEFAULT_RECEIPT_FILE, MODEL_CARD_FILE};
 pub use device::{device_name, named_device, run_device};
 pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
-pub use layout::{OutDir, RunRecord};
+pub use layout::{OutDir, PLAN_FILE, RUN_FILES, RunRecord};
 pub use method::{GroupPolicy, MethodPlan, RlPlan};
 pub use session::{Session, evaluate_checkpoint};
 pub use threads::{plan_kernels, thread_pool};

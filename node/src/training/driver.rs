@@ -20,13 +20,9 @@ use mindxtrain_trainer::run::{self, Observer, OutDir, RunError, RunSpec, RunSumm
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-/// The plan a run used, as kept in its directory.
-pub const PLAN_FILE: &str = "plan.json";
-
-/// What a run writes in its directory (and so what `--force` may remove), besides the
-/// hidden and `.tmp` names of files and directories being written.
-pub const RUN_FILES: [&str; 8] =
-    ["run.json", "dataset.json", "eval.json", PLAN_FILE, "receipt.json", "checkpoints", "final", "tensorboard"];
+/// The plan a run used, as kept in its directory; what a run writes in its directory (and so
+/// what `--force` may remove), besides the hidden and `.tmp` names of files being written.
+pub use mindxtrain_trainer::run::{PLAN_FILE, RUN_FILES};
 
 fn written_by_a_run(name: &str) -> bool {
     RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp") || archived_plan(name)
