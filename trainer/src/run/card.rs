@@ -238,21 +238,23 @@ fn usage(map: &Map<String, Value>, merged: bool) -> String {
 }
 
 fn verification(receipt: &str, merged: bool) -> String {
+    // `receipt.output` is relative to the run directory, or absolute.
+    let at = if Path::new(receipt).is_absolute() { receipt.to_string() } else { format!("RUN/{receipt}") };
     let scope = if merged {
         "These merged weights are derived from the run's `final/` adapter: the run's manifest covers that \
          adapter (and this card's original), not the merged files. Verify the run's directory:"
     } else {
         "Every file of this directory (this card too) is a subject of the run's signed manifest (an in-toto \
          statement with SLSA provenance, in a DSSE envelope signed by the node that trained it). Its receipt \
-         bundle, `RUN/{receipt}` (`receipt.output`), carries the manifest with the proof that the node's \
+         bundle, `{at}` (`receipt.output`), carries the manifest with the proof that the node's \
          event log records it. Verify without the node:"
     };
     format!(
-        "{}\n\n```sh\nmindxtrain receipt verify RUN/{receipt} --files RUN --config RECIPE.yaml --plan RUN/plan.json\n\
-         python3 tests/python/verify_receipt.py RUN/{receipt} --files RUN   # the independent verifier\n```\n\n\
+        "{}\n\n```sh\nmindxtrain receipt verify {at} --files RUN --config RECIPE.yaml --plan RUN/plan.json\n\
+         python3 tests/python/verify_receipt.py {at} --files RUN   # the independent verifier\n```\n\n\
          `RUN` is the run's directory (the parent of `final/`). After `mindxtrain anchor`, `mindxtrain receipt \
          export RUN` gives the bundle with its on-chain batch proof.\n",
-        scope.replace("{receipt}", receipt)
+        scope.replace("{at}", &at)
     )
 }
 
@@ -316,6 +318,11 @@ mod tests {
         assert!(card.contains("base_model: \"Qwen/Qwen3-0.6B\"\n"), "{card}");
         assert!(card.contains("datasets: [\"org/data\"]\n"), "{card}");
         assert!(card.contains("library_name: \"transformers\"\n") && card.contains("Not evaluated"), "{card}");
+        assert!(card.contains("receipt verify RUN/receipt.json --files RUN"), "{card}");
+        let mut placed = r.clone();
+        placed.receipt.output = Some("/srv/receipts/r.json".into());
+        let card = model_card(&CardFacts { recipe: &placed, ..facts });
+        assert!(card.contains("receipt verify /srv/receipts/r.json --files RUN"), "{card}");
         let random = BaseRecord::RandomInit { seed: 3 };
         let card = model_card(&CardFacts { base: Some(&random), ..facts });
         assert!(!card.contains("base_model:"), "no base to name: {card}");
