@@ -220,7 +220,7 @@ fn build_statement(
                 },
                 byproducts,
                 mindxtrain_hardware: if has(ReceiptItem::Hardware) { facts.hardware.clone() } else { Value::Null },
-                mindxtrain_log: has(ReceiptItem::EventLog).then(|| LogPosition {
+                mindxtrain_log: has(ReceiptItem::EventLog).then_some(LogPosition {
                     origin,
                     first_seq: facts.events.first,
                     last_seq: facts.events.last,
