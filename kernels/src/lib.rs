@@ -13,6 +13,9 @@
 //! gradients (see `shared/notes/gpu.md`). Every op works in f64, and every backward is checked
 //! against central finite differences ([`gradcheck`]).
 
+/// This crate's version, recorded in run manifests.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod adamw;
 pub mod attention;
 mod config;

@@ -8,6 +8,7 @@
 //! * [`node`]: a node directory and what lives in it;
 //! * [`recipes`]: validating and registering recipes;
 //! * [`anchor`]: anchoring checkpoints and digests on chain, every step an event;
+//! * [`energy`]: the energy a run drew, from NVML and RAPL counters;
 //! * [`manifest`]: sealing a run into a signed in-toto/SLSA manifest (DSSE);
 //! * [`receipt`]: the self-contained receipt bundle and its verifier;
 //! * [`serve`]: OpenAI-compatible inference sold over x402, and rentals;
@@ -16,6 +17,7 @@
 pub mod anchor;
 pub mod api;
 pub mod canonical;
+pub mod energy;
 pub mod fsutil;
 pub mod identity;
 pub mod log;

@@ -97,8 +97,9 @@ pub fn witnesses(node_dir: &Path, key: &VerifyingKey) -> Result<Vec<Witness>, (P
             .ok()
             .and_then(|env| env.verify(key).ok())
             .and_then(|payload| parse_statement(&payload).ok())
-            .map(|s| (s.run_id().to_owned(), s.predicate.run_details.mindxtrain_log))
+            .and_then(|s| Some((s.run_id().to_owned(), s.predicate.run_details.mindxtrain_log?)))
         else {
+            // Not ours, or sealed without its log position (`receipt.include` without event_log).
             continue;
         };
         let Ok(cp) = crate::log::checkpoint::Checkpoint::verify(&position.checkpoint, key) else { continue };

@@ -93,6 +93,62 @@ impl Receipt {
     pub fn manifest_digests(&self) -> Digests {
         Digests::of_bytes(&self.manifest.to_canonical())
     }
+
+    /// The run its manifest is of (unchecked: the signature is [`verify`](mod@verify)'s job).
+    pub fn run_id(&self) -> Option<String> {
+        let payload = self.manifest.payload_bytes().ok()?;
+        manifest::parse_statement(&payload).ok().map(|s| s.run_id().to_string())
+    }
+}
+
+/// Why a run's receipt was not written.
+#[derive(Debug, Error)]
+pub enum WriteError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "receipt.output {path} holds {what}: a run never writes its receipt over another's (move it, or give the \
+         recipe another receipt.output)"
+    )]
+    Occupied { path: PathBuf, what: String },
+}
+
+/// What lies at `path` that a receipt of run `run_id` may not replace: `None` when nothing
+/// does, or when it is that run's own receipt (`run_id` `None`: a run whose id is not known
+/// yet, which owns no receipt).
+pub fn occupant(path: &Path, run_id: Option<&str>) -> Result<Option<String>, WriteError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(WriteError::Io { path: path.to_path_buf(), source }),
+    };
+    Ok(match Receipt::from_json(&bytes).ok().and_then(|r| r.run_id()) {
+        Some(id) if Some(id.as_str()) == run_id => None,
+        Some(id) => Some(format!("the receipt of run {id}")),
+        None => Some("a file that is not a receipt".into()),
+    })
+}
+
+/// Writes `receipt` at `path` (its directories created) unless another run's receipt or
+/// another file is there ([`occupant`]).
+pub fn write_for_run(path: &Path, receipt: &Receipt) -> Result<(), WriteError> {
+    if let Some(what) = occupant(path, receipt.run_id().as_deref())? {
+        return Err(WriteError::Occupied { path: path.to_path_buf(), what });
+    }
+    let dir = crate::fsutil::parent_dir(path);
+    std::fs::create_dir_all(dir).map_err(|source| WriteError::Io { path: dir.to_path_buf(), source })?;
+    write(path, receipt).map_err(|source| WriteError::Io { path: path.to_path_buf(), source })
+}
+
+/// Writes `receipt` at `path` through a temporary file and a rename, so a reader never sees
+/// half a receipt.
+pub fn write(path: &Path, receipt: &Receipt) -> std::io::Result<()> {
+    let dir = crate::fsutil::parent_dir(path);
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::fs::write(tmp.path(), receipt.to_json_pretty())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    crate::fsutil::sync_dir(dir)
 }
 
 /// Builds the receipt of `run_id` from a node directory: the sealed manifest, its event

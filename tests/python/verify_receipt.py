@@ -146,6 +146,24 @@ def safe_name(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
+def carries(st: dict, item: str) -> bool:
+    """Whether the statement holds the part of a receipt.include item (docs/formats.md, "Manifest")."""
+    bd, rd = st["predicate"]["buildDefinition"], st["predicate"]["runDetails"]
+    deps = [d.get("name") for d in bd.get("resolvedDependencies", [])]
+    parts = {
+        "recipe_hash": True,
+        "dataset_hashes": "dataset" in deps,
+        "code_version": bool(rd["builder"].get("version")) or "source" in deps,
+        "hardware": rd.get("mindxtrain_hardware") is not None,
+        "plan": bd["internalParameters"].get("plan") is not None,
+        "eval_report": any(b.get("name") == "eval.json" for b in rd.get("byproducts", [])),
+        "energy_kwh": "mindxtrain_energy" in rd,
+        "event_log": "mindxtrain_log" in rd,
+        "checkpoints": any(x["name"].startswith("checkpoints/") for x in st["subject"]),
+    }
+    return parts.get(item, False)
+
+
 def verify(receipt: dict, files, config, plan, trusted_key):
     rep = Report()
     env = receipt["manifest"]
@@ -173,14 +191,33 @@ def verify(receipt: dict, files, config, plan, trusted_key):
         return "run " + st["predicate"]["runDetails"]["metadata"]["invocationId"]
 
     rep.run("manifest.statement", statement)
-    pos = st["predicate"]["runDetails"]["mindxtrain_log"]
+    details = st["predicate"]["runDetails"]
+    items = details.get("mindxtrain_receipt")
+    omitted = items["omitted"] if items else []
+    if items is None:
+        rep.add("manifest.include", "skipped", "sealed before receipt.include was recorded: every item")
+    else:
+
+        def include():
+            carried = [i for i in omitted if carries(st, i)]
+            if carried:
+                raise ValueError("receipt.include left out %s, but the manifest carries it" % ", ".join(carried))
+            if not omitted:
+                return "every item"
+            return "left out by the recipe's receipt.include: " + ", ".join(omitted)
+
+        rep.run("manifest.include", include)
+    pos = details.get("mindxtrain_log")
 
     def sealed_checkpoint():
         _, size, _ = verify_note(pos["checkpoint"], key)
         if not pos["firstSeq"] <= pos["lastSeq"] < size:
             raise ValueError("run events are not inside the checkpoint")
 
-    rep.run("manifest.log_checkpoint", sealed_checkpoint)
+    if pos is None:
+        rep.add("manifest.log_checkpoint", "skipped", "left out by receipt.include (event_log)")
+    else:
+        rep.run("manifest.log_checkpoint", sealed_checkpoint)
 
     if files:
         named = [(s["name"], s["digest"], True) for s in st["subject"]]
@@ -207,7 +244,9 @@ def verify(receipt: dict, files, config, plan, trusted_key):
         ("recipe", bd["externalParameters"]["recipe"], config),
         ("plan", bd["internalParameters"].get("plan"), plan),
     ):
-        if given is None:
+        if param is None and name in omitted:
+            rep.add(name, "skipped", "left out by receipt.include (its file is a subject, checked with --files)")
+        elif given is None:
             rep.add(name, "skipped", "not given")
         elif param is None:
             rep.add(name, "fail", "the manifest records no " + name)

@@ -86,3 +86,33 @@ pub fn torch_python() -> Option<PathBuf> {
     assert!(status.success(), "scripts/setup-torch failed");
     Some(print().expect("venv installed but not usable"))
 }
+
+/// The python of a venv under `tmp` (a test's `CARGO_TARGET_TMPDIR`) with the pinned
+/// requirements of the independent receipt verifier (tests/python/verify_receipt.py), or `None`
+/// when Python/pip is unavailable (the caller skips), unless MINDXTRAIN_REQUIRE_PY is set.
+pub fn receipt_python(tmp: &Path) -> Option<PathBuf> {
+    let venv = tmp.join("receipt-venv");
+    let py = venv.join("bin/python");
+    let reqs = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/receipt-requirements.txt");
+    let stamp = venv.join("requirements.txt");
+    if py.is_file() && std::fs::read(&stamp).ok() == std::fs::read(&reqs).ok() {
+        return Some(py);
+    }
+    let made = Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv).status();
+    let installed = made.is_ok_and(|s| s.success())
+        && Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(&reqs)
+            .status()
+            .is_ok_and(|s| s.success());
+    if installed {
+        std::fs::copy(&reqs, &stamp).expect("stamp the verifier venv");
+        return Some(py);
+    }
+    assert!(
+        std::env::var_os("MINDXTRAIN_REQUIRE_PY").is_none(),
+        "MINDXTRAIN_REQUIRE_PY is set but the verifier venv could not be set up"
+    );
+    eprintln!("skipping: python3 -m venv / pip install of {} failed", reqs.display());
+    None
+}

@@ -324,38 +324,9 @@ fn the_seeds_form_checks_a_bare_manifest_against_its_recipe() {
     assert_eq!(failed(&o), [("recipe".to_string(), "fail".to_string())]);
 }
 
-/// A venv with the pinned verifier requirements, or `None` when Python/pip is unavailable
-/// (then the test is skipped, unless MINDXTRAIN_REQUIRE_PY is set).
-fn python_venv() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("receipt-venv");
-    let py = venv.join("bin/python");
-    let reqs = repo_root().join("tests/python/receipt-requirements.txt");
-    let stamp = venv.join("requirements.txt");
-    if py.is_file() && std::fs::read(&stamp).ok() == std::fs::read(&reqs).ok() {
-        return Some(py);
-    }
-    let made = std::process::Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv).status();
-    let installed = made.is_ok_and(|s| s.success())
-        && std::process::Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(&reqs)
-            .status()
-            .is_ok_and(|s| s.success());
-    if installed {
-        std::fs::copy(&reqs, &stamp).unwrap();
-        return Some(py);
-    }
-    assert!(
-        std::env::var_os("MINDXTRAIN_REQUIRE_PY").is_none(),
-        "MINDXTRAIN_REQUIRE_PY is set but the verifier venv could not be set up"
-    );
-    eprintln!("skipping: python3 -m venv / pip install of {} failed", reqs.display());
-    None
-}
-
 #[test]
 fn the_independent_python_verifier_agrees() {
-    let Some(py) = python_venv() else { return };
+    let Some(py) = mindxtrain_tests::receipt_python(Path::new(env!("CARGO_TARGET_TMPDIR"))) else { return };
     let anvil = LocalAnvil::start(AnvilOptions::default()).unwrap();
     let r = sealed_run(Some(&anvil));
     let c = Clean::from(&r);

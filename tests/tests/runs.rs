@@ -117,6 +117,11 @@ fn an_adapter_keeps_to_the_base_it_was_trained_on() {
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         assert!(names.contains(&f), "{f} in {names:?}");
     }
+    // The run's model card comes along, now for merged full weights.
+    let card = std::fs::read_to_string(hf.join("README.md")).unwrap();
+    let own = std::fs::read_to_string(final_dir.join("README.md")).unwrap();
+    assert!(own.contains("library_name: \"peft\"\n"), "{own}");
+    assert!(card.contains("library_name: \"transformers\"\n") && card.contains("is merged into its base"), "{card}");
     // The merged weights are the base's plus the adapter: the exported model evaluates as
     // the adapter over its base does.
     let merged = ok_json(&node.run(&["eval", s(&lora), "--checkpoint", s(&hf), "--eval-prompts", "1"]));

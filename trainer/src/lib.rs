@@ -21,3 +21,7 @@ pub mod plan;
 pub mod recipe;
 pub mod rl;
 pub mod run;
+
+/// This crate's version and the kernels' it was built with (a manifest's `code_version`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const KERNELS_VERSION: &str = mindxtrain_kernels::VERSION;

@@ -16,6 +16,7 @@
 mod autotune;
 pub mod base;
 mod budget;
+pub mod card;
 mod device;
 pub mod eval;
 mod export;
@@ -36,10 +37,11 @@ mod threads;
 
 pub use autotune::{gradient_buckets, measure_plan};
 pub use base::{BaseRecord, adapter_base, check_base_choice};
+pub use card::{CardError, DEFAULT_RECEIPT_FILE, MODEL_CARD_FILE};
 pub use device::{device_name, named_device, run_device};
 pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
-pub use layout::{OutDir, RunRecord};
+pub use layout::{OutDir, PLAN_FILE, RUN_FILES, RunRecord};
 pub use method::{GroupPolicy, MethodPlan, RlPlan};
 pub use session::{Session, evaluate_checkpoint};
 pub use threads::{plan_kernels, thread_pool};
@@ -191,6 +193,8 @@ pub enum RunError {
     Env(#[from] EnvOverrideError),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    #[error(transparent)]
+    Card(#[from] CardError),
     #[error("recording an event failed, so the run stopped: {0}")]
     Events(String),
     #[error("loss became {value} at step {step}: the run diverged (lower the learning rate?)")]

@@ -5,6 +5,7 @@ use super::output::Output;
 use super::{EXIT_INVALID_INPUT, file_name};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use mindxtrain_node::energy::Energy;
 use mindxtrain_node::log::index::Query;
 use mindxtrain_node::manifest::digest::{self, HashOptions};
 use mindxtrain_node::manifest::statement::ResourceDescriptor;
@@ -123,6 +124,7 @@ pub fn run(cmd: ManifestCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
                 source: source_repo.zip(source_commit).map(|(repository, commit)| SourceRef { repository, commit }),
                 eval_json: eval,
                 hardware,
+                energy: Energy::unmeasured("sealed by `mindxtrain manifest seal`, which did not run the training"),
                 started: time_arg(started.as_deref())?,
                 finished: time_arg(finished.as_deref())?,
                 events,

@@ -108,16 +108,15 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
         run.to_string()
     };
     let r = receipt::export(dir, run)?;
-    let bytes = r.to_json_pretty();
     let Some(file) = file else {
-        print!("{}", String::from_utf8_lossy(&bytes));
+        print!("{}", String::from_utf8_lossy(&r.to_json_pretty()));
         return Ok(ExitCode::SUCCESS);
     };
     if file.exists() && !force {
         eprintln!("error: {} exists; pass --force to replace it", file.display());
         return Ok(ExitCode::from(EXIT_INVALID_INPUT));
     }
-    write_replacing(file, &bytes).with_context(|| format!("writing {}", file.display()))?;
+    receipt::write(file, &r).with_context(|| format!("writing {}", file.display()))?;
     let digest = hex::encode(r.manifest_digests().blake3);
     let anchored = r.anchor.as_ref().map(|a| json!({"chain_id": a.chain_id, "registry": a.registry, "root": hex::encode(a.root), "tx": a.tx, "block": a.block}));
     out.emit(
@@ -140,16 +139,6 @@ fn export(dir: &Path, run: &str, file: Option<&Path>, force: bool, out: &Output)
         },
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes through a temporary file and a rename, so a reader never sees half a receipt.
-fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = mindxtrain_node::fsutil::parent_dir(path);
-    let tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::fs::write(tmp.path(), bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    mindxtrain_node::fsutil::sync_dir(dir)
 }
 
 enum Input {

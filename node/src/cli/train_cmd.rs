@@ -420,8 +420,9 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
             "how": plan_source},
         "outputs": {"dir": out_dir, "final": s.final_dir, "checkpoint": latest, "eval": eval_json.is_file().then_some(&eval_json),
             "run": out_dir.join("run.json"), "dataset": out_dir.join("dataset.json"), "plan": t.plan.path,
-            "tensorboard": tensorboard, "manifest": t.sealed.path},
+            "tensorboard": tensorboard, "manifest": t.sealed.path, "receipt": t.receipt},
         "manifest": {"file": t.sealed.path, "blake3": manifest_b3, "seq": t.sealed.seq},
+        "energy": t.energy,
         "next": {"anchor": anchor_steps, "receipt": format!("mindxtrain receipt export {}", s.run_id)},
     });
     out.emit(&value, || {
@@ -465,8 +466,16 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
             lines.push(format!("  curves    {} (tensorboard --logdir {})", tb.display(), tb.display()));
         }
         lines.push(format!("  manifest  {} (blake3 {manifest_b3})", t.sealed.path.display()));
-        lines
-            .push(format!("next: `mindxtrain receipt export {}` (now); {anchor_hint} to anchor it on chain", s.run_id));
+        lines.push(format!("  receipt   {} (not anchored yet)", t.receipt.display()));
+        lines.push(match (t.energy.kwh, &t.energy.reason) {
+            (Some(kwh), None) => format!("  energy    {kwh:.6} kWh"),
+            (Some(kwh), Some(why)) => format!("  energy    {kwh:.6} kWh (partial: {why})"),
+            (None, why) => format!("  energy    not measured: {}", why.as_deref().unwrap_or("no counter")),
+        });
+        lines.push(format!(
+            "next: {anchor_hint} to anchor it on chain, then `mindxtrain receipt export {}` for the anchored receipt",
+            s.run_id
+        ));
         lines.join("\n")
     });
 }

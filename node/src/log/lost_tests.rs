@@ -183,7 +183,7 @@ fn a_replaced_log_is_refused_and_only_create_writes_a_genesis() {
 #[test]
 fn a_run_manifest_names_its_events_when_they_are_lost() {
     let f = crate::manifest::tests::sealed_run();
-    let position = &f.sealed.statement.predicate.run_details.mindxtrain_log;
+    let position = f.sealed.statement.predicate.run_details.mindxtrain_log.as_ref().unwrap();
     let (first, last) = (position.first_seq, position.last_seq);
     let (node_dir, key) = (f.dir.path().to_path_buf(), f.key.clone());
     drop(f.log);

@@ -6,9 +6,11 @@ use super::dsse::{Envelope, IN_TOTO_PAYLOAD_TYPE};
 use super::statement::*;
 use super::{KIND_SEALED, MANIFEST_DIR, ManifestError, manifest_path};
 use crate::canonical;
+use crate::energy::Energy;
 use crate::identity::Identity;
 use crate::log::checkpoint::{self, Checkpoint};
 use crate::log::{AppendRequest, EventLog};
+use mindxtrain_trainer::recipe::Recipe;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +68,8 @@ pub struct RunFacts {
     pub eval_json: Option<PathBuf>,
     /// Accelerator, driver, host: whatever the trainer reports, as JSON.
     pub hardware: Value,
+    /// What the run drew, measured around its training.
+    pub energy: Energy,
     pub started: SystemTime,
     pub finished: SystemTime,
     pub events: EventRange,
@@ -108,16 +112,19 @@ pub fn seal(
     let path = manifest_path(node_dir, &digests.blake3);
     write_content_addressed(&path, &bytes)?;
     let b3 = hex::encode(digests.blake3);
-    let data = json!({
+    let mut data = json!({
         "run_id": facts.run_id,
         "blake3": b3,
         "sha256": hex::encode(digests.sha256),
         "bytes": bytes.len(),
         "subjects": statement.subject.len(),
         "file": format!("{MANIFEST_DIR}/{b3}.json"),
-        "first_seq": facts.events.first,
-        "last_seq": facts.events.last,
     });
+    // The receipt carries this event: the run's event range goes in only where the manifest's does.
+    if statement.predicate.run_details.mindxtrain_log.is_some() {
+        data["first_seq"] = json!(facts.events.first);
+        data["last_seq"] = json!(facts.events.last);
+    }
     let sealed = log.append(
         AppendRequest::new(KIND_SEALED, facts.run_id.clone(), data).with_id(format!("{KIND_SEALED}:{}", facts.run_id)),
     )?;
@@ -140,9 +147,14 @@ fn build_statement(
             log.len().saturating_sub(1)
         )));
     }
-    let subject = hash_output_dir(&facts.output_dir, opts)?;
-    let recipe = recipe_parameter(&facts.recipe)?;
-    let plan = facts.plan.as_ref().map(plan_parameter);
+    let (recipe, loaded) = recipe_parameter(&facts.recipe)?;
+    let items = ReceiptItems::of(&loaded.receipt.include);
+    let has = |item| items.has(item);
+    // Without `checkpoints`, the step checkpoints are not subjects; final/ and the run's other files are.
+    let subject = hash_output_dir(&facts.output_dir, opts, |name| {
+        has(ReceiptItem::Checkpoints) || !name.starts_with(CHECKPOINTS_PREFIX)
+    })?;
+    let plan = facts.plan.as_ref().filter(|_| has(ReceiptItem::Plan)).map(plan_parameter);
     let mut deps = Vec::new();
     for f in &facts.base_model {
         let d = hash(&f.path, opts)?;
@@ -153,20 +165,36 @@ fn build_statement(
             ..Default::default()
         });
     }
-    deps.extend(facts.dataset.clone());
-    if let Some(src) = &facts.source {
+    deps.extend(facts.dataset.clone().filter(|_| has(ReceiptItem::DatasetHashes)));
+    if let Some(src) = facts.source.as_ref().filter(|_| has(ReceiptItem::CodeVersion)) {
         let mut other = BTreeMap::new();
         other.insert("gitCommit".to_string(), src.commit.clone());
         deps.push(ResourceDescriptor {
-            name: Some("source".into()),
+            name: Some(SOURCE_NAME.into()),
             uri: Some(format!("{}@{}", src.repository, src.commit)),
             digest: Some(DigestSet { other, ..Default::default() }),
             ..Default::default()
         });
     }
-    let byproducts = match &facts.eval_json {
+    let byproducts = match facts.eval_json.as_ref().filter(|_| has(ReceiptItem::EvalReport)) {
         Some(p) => vec![eval_descriptor(p)?],
         None => Vec::new(),
+    };
+    let version = if has(ReceiptItem::CodeVersion) {
+        BTreeMap::from([
+            ("mindxtrain".to_string(), crate::SOFTWARE.to_string()),
+            ("mindxtrain-trainer".to_string(), mindxtrain_trainer::VERSION.to_string()),
+            ("mindxtrain-kernels".to_string(), mindxtrain_trainer::KERNELS_VERSION.to_string()),
+        ])
+    } else {
+        BTreeMap::new()
+    };
+    let meta = &loaded.meta;
+    let meta = ModelMeta {
+        project: meta.project.clone(),
+        run_name: meta.run_name.clone(),
+        license: meta.license.clone(),
+        description: meta.description.clone(),
     };
     let size = log.len();
     let root = log.read(|v| v.root(size)).map_err(|e| ManifestError::Log(e.to_string()))?;
@@ -179,28 +207,27 @@ fn build_statement(
         predicate: Provenance {
             build_definition: BuildDefinition {
                 build_type: BUILD_TYPE.into(),
-                external_parameters: ExternalParameters { recipe },
+                external_parameters: ExternalParameters { recipe, meta: Some(meta) },
                 internal_parameters: InternalParameters { plan },
                 resolved_dependencies: deps,
             },
             run_details: RunDetails {
-                builder: Builder {
-                    id: format!("{BUILDER_ID_PREFIX}{}", hex::encode(key.public_bytes())),
-                    version: BTreeMap::from([("mindxtrain".to_string(), crate::SOFTWARE.to_string())]),
-                },
+                builder: Builder { id: format!("{BUILDER_ID_PREFIX}{}", hex::encode(key.public_bytes())), version },
                 metadata: BuildMetadata {
                     invocation_id: facts.run_id.clone(),
                     started_on: humantime::format_rfc3339_seconds(facts.started).to_string(),
                     finished_on: humantime::format_rfc3339_seconds(facts.finished).to_string(),
                 },
                 byproducts,
-                mindxtrain_hardware: facts.hardware.clone(),
-                mindxtrain_log: LogPosition {
+                mindxtrain_hardware: if has(ReceiptItem::Hardware) { facts.hardware.clone() } else { Value::Null },
+                mindxtrain_log: has(ReceiptItem::EventLog).then_some(LogPosition {
                     origin,
                     first_seq: facts.events.first,
                     last_seq: facts.events.last,
                     checkpoint: note,
-                },
+                }),
+                mindxtrain_energy: has(ReceiptItem::EnergyKwh).then(|| facts.energy.clone()),
+                mindxtrain_receipt: Some(items.clone()),
             },
         },
     })
@@ -219,10 +246,16 @@ fn hash(path: &Path, opts: HashOptions) -> Result<Digests, ManifestError> {
         .map_err(|source| ManifestError::Io { path: path.to_path_buf(), source })
 }
 
-/// Every regular file under `dir`, named by its `/`-separated relative path, sorted.
-pub fn hash_output_dir(dir: &Path, opts: HashOptions) -> Result<Vec<Subject>, ManifestError> {
+/// Every regular file under `dir` whose name `keep` keeps, named by its `/`-separated
+/// relative path, sorted.
+pub fn hash_output_dir(
+    dir: &Path,
+    opts: HashOptions,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<Subject>, ManifestError> {
     let mut files = Vec::new();
     list_files(dir, dir, &mut files)?;
+    files.retain(|name| keep(name));
     files.sort();
     if files.is_empty() {
         return Err(ManifestError::Invalid(format!("{} holds no files to seal", dir.display())));
@@ -262,13 +295,15 @@ fn subject_name(root: &Path, path: &Path) -> Result<String, ManifestError> {
     parts.map(|p| p.join("/")).ok_or_else(|| ManifestError::Invalid(format!("{} is not a UTF-8 name", path.display())))
 }
 
-fn recipe_parameter(recipe: &NamedBytes) -> Result<Parameter, ManifestError> {
+/// The recipe as a parameter, and as parsed (its `receipt` and `meta` shape the statement).
+fn recipe_parameter(recipe: &NamedBytes) -> Result<(Parameter, Recipe), ManifestError> {
     let text = std::str::from_utf8(&recipe.bytes)
         .map_err(|_| ManifestError::Invalid(format!("recipe {} is not UTF-8", recipe.name)))?;
-    let loaded = mindxtrain_trainer::recipe::Recipe::from_str(text, &recipe.name)
-        .map_err(|e| ManifestError::Invalid(format!("recipe: {e}")))?;
-    let content = serde_json::to_value(&loaded.recipe).map_err(|e| ManifestError::Invalid(format!("recipe: {e}")))?;
-    Ok(Parameter { name: recipe.name.clone(), digest: Digests::of_bytes(&recipe.bytes).to_set(), content })
+    let loaded =
+        Recipe::from_str(text, &recipe.name).map_err(|e| ManifestError::Invalid(format!("recipe: {e}")))?.recipe;
+    let content = serde_json::to_value(&loaded).map_err(|e| ManifestError::Invalid(format!("recipe: {e}")))?;
+    let param = Parameter { name: recipe.name.clone(), digest: Digests::of_bytes(&recipe.bytes).to_set(), content };
+    Ok((param, loaded))
 }
 
 /// The plan as JSON if it is JSON, else as text (or base64 if not UTF-8): its digest

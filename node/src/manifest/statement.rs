@@ -5,6 +5,8 @@
 //! unknown fields, as in-toto requires of consumers.
 
 use super::digest::DigestSet;
+use crate::energy::Energy;
+pub use mindxtrain_trainer::recipe::ReceiptItem;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -70,6 +72,20 @@ pub struct BuildDefinition {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExternalParameters {
     pub recipe: Parameter,
+    /// The recipe's `meta` as first-class fields (also in `recipe.content`): what the model is
+    /// and under which license. Absent from manifests sealed before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<ModelMeta>,
+}
+
+/// The recipe's `meta`, as the model card shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelMeta {
+    pub project: String,
+    pub run_name: String,
+    pub license: String,
+    pub description: String,
 }
 
 /// What the node chose: the autotune plan.
@@ -94,11 +110,48 @@ pub struct RunDetails {
     pub metadata: BuildMetadata,
     #[serde(default)]
     pub byproducts: Vec<ResourceDescriptor>,
-    /// The accelerator(s) and host the run used, as reported by the trainer.
-    #[serde(default)]
+    /// The accelerator(s) and host the run used, as reported by the trainer (absent when the
+    /// recipe's `receipt.include` leaves `hardware` out).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub mindxtrain_hardware: Value,
-    /// Where the run's events are in the node's log.
-    pub mindxtrain_log: LogPosition,
+    /// Where the run's events are in the node's log (absent without `event_log`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mindxtrain_log: Option<LogPosition>,
+    /// The energy the run drew, or why it is not known (absent without `energy_kwh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mindxtrain_energy: Option<Energy>,
+    /// The recipe's `receipt.include`, and what it left out of this statement. Absent from
+    /// manifests sealed before it was recorded (they carry every item).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mindxtrain_receipt: Option<ReceiptItems>,
+}
+
+/// What the recipe's `receipt.include` asked the manifest to carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReceiptItems {
+    pub include: Vec<ReceiptItem>,
+    /// The items the statement does not carry (docs/formats.md, "Manifest": what each is).
+    pub omitted: Vec<ReceiptItem>,
+}
+
+impl ReceiptItems {
+    /// The include list as asked, with everything else omitted.
+    pub fn of(include: &[ReceiptItem]) -> ReceiptItems {
+        let omitted = ReceiptItem::all().into_iter().filter(|i| !include.contains(i)).collect();
+        ReceiptItems { include: include.to_vec(), omitted }
+    }
+
+    pub fn has(&self, item: ReceiptItem) -> bool {
+        self.include.contains(&item)
+    }
+}
+
+/// An item's name as recipes write it (`event_log`).
+pub fn item_name(item: ReceiptItem) -> String {
+    match serde_json::to_value(item) {
+        Ok(Value::String(s)) => s,
+        _ => format!("{item:?}"),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,6 +191,30 @@ impl Statement {
         &self.predicate.run_details.metadata.invocation_id
     }
 
+    /// The items the recipe's `receipt.include` left out (none for manifests sealed before
+    /// the list was recorded).
+    pub fn omitted(&self) -> &[ReceiptItem] {
+        self.predicate.run_details.mindxtrain_receipt.as_ref().map_or(&[], |r| r.omitted.as_slice())
+    }
+
+    /// Whether the statement holds `item`'s part (docs/formats.md, "Manifest"): what
+    /// `receipt.include` decides. A run may lack a part it was asked for (no evaluation).
+    pub fn carries(&self, item: ReceiptItem) -> bool {
+        let (b, r) = (&self.predicate.build_definition, &self.predicate.run_details);
+        let dep = |name: &str| b.resolved_dependencies.iter().any(|d| d.name.as_deref() == Some(name));
+        match item {
+            ReceiptItem::RecipeHash => true,
+            ReceiptItem::DatasetHashes => dep(DATASET_NAME),
+            ReceiptItem::CodeVersion => !r.builder.version.is_empty() || dep(SOURCE_NAME),
+            ReceiptItem::Hardware => !r.mindxtrain_hardware.is_null(),
+            ReceiptItem::Plan => b.internal_parameters.plan.is_some(),
+            ReceiptItem::EvalReport => self.eval().is_some(),
+            ReceiptItem::EnergyKwh => r.mindxtrain_energy.is_some(),
+            ReceiptItem::EventLog => r.mindxtrain_log.is_some(),
+            ReceiptItem::Checkpoints => self.subject.iter().any(|s| s.name.starts_with(CHECKPOINTS_PREFIX)),
+        }
+    }
+
     /// The byproduct holding the eval report, if the run had one.
     pub fn eval(&self) -> Option<&ResourceDescriptor> {
         self.predicate.run_details.byproducts.iter().find(|b| b.name.as_deref() == Some(EVAL_NAME))
@@ -146,3 +223,8 @@ impl Statement {
 
 /// Name of the eval report among the byproducts (and in the run's output directory).
 pub const EVAL_NAME: &str = "eval.json";
+/// Names of the dataset manifest's and the source's resolved dependencies.
+pub const DATASET_NAME: &str = "dataset";
+pub const SOURCE_NAME: &str = "source";
+/// Where the step checkpoints lie among the subjects (`checkpoints/step-NNNNNNNN/…`).
+pub const CHECKPOINTS_PREFIX: &str = "checkpoints/";

@@ -4,6 +4,8 @@
 //!
 //! Runs are bitwise deterministic for a recipe, plan and seed on one machine; on another
 //! CPU the GEMM kernels may sum in another order, and the check says so when it fails.
+//! The model card (`final/README.md`) is not compared: it holds the run's evaluation, which
+//! the replay runs on one prompt only (the weights do not depend on it).
 
 use super::verify::{Report, Status};
 use crate::manifest::statement::Statement;
@@ -13,7 +15,7 @@ use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::events::Discard;
 use mindxtrain_trainer::plan::Plan;
 use mindxtrain_trainer::recipe::Recipe;
-use mindxtrain_trainer::run::{self, RunSpec};
+use mindxtrain_trainer::run::{self, MODEL_CARD_FILE, RunSpec};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -55,6 +57,7 @@ fn replay(
         .subject
         .iter()
         .filter_map(|s| s.name.strip_prefix(FINAL).map(|n| (n, s.digest.blake3.as_deref())))
+        .filter(|(n, _)| *n != MODEL_CARD_FILE)
         .collect();
     if claimed.is_empty() {
         return Err("the manifest names no final/ files to reproduce".into());
@@ -80,7 +83,8 @@ fn replay(
     };
     let summary = run::train(&spec, &mut Discard, &mut run::Quiet).map_err(|e| format!("the replay failed: {e}"))?;
     let files = relocated_files(&statement, &summary)?;
-    let got: BTreeMap<&str, &str> = files.iter().map(|f| (f.path.as_str(), f.blake3.as_str())).collect();
+    let got: BTreeMap<&str, &str> =
+        files.iter().filter(|f| f.path != MODEL_CARD_FILE).map(|f| (f.path.as_str(), f.blake3.as_str())).collect();
     for (name, want) in &claimed {
         match (got.get(name), want) {
             (Some(g), Some(w)) if g == w => {}

@@ -2,7 +2,7 @@
 
 use super::verify::{Outcome, Status, VerifyInputs, verify_receipt};
 use super::*;
-use crate::manifest::tests::{Fixture, sealed_run};
+use crate::manifest::tests::{Fixture, recipe_hash_only, sealed_run, sealed_run_of};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use mindxtrain_chain::batch::{AnchorPlace, Batch};
@@ -209,7 +209,13 @@ fn verification_needs_nothing_from_the_node() {
     let elsewhere = tempfile::tempdir().unwrap();
     let files = elsewhere.path().join("files");
     std::fs::create_dir_all(files.join("adapter")).unwrap();
-    for name in ["adapter/adapter_model.safetensors", "adapter/adapter_config.json", "eval.json"] {
+    std::fs::create_dir_all(files.join("checkpoints/step-00000010")).unwrap();
+    for name in [
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+        "checkpoints/step-00000010/adapter_config.json",
+        "eval.json",
+    ] {
         std::fs::copy(f.out().join(name), files.join(name)).unwrap();
     }
     let recipe = elsewhere.path().join("run.yaml");
@@ -263,4 +269,62 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+#[test]
+fn a_receipt_whose_manifest_leaves_items_out_verifies_and_names_them() {
+    let f = sealed_run_of(&recipe_hash_only());
+    let r = export(f.node(), "run-1").unwrap();
+    let report = run_checks(&f, &r, Some(f.key.verifying_key()));
+    assert!(report.ok(), "{:#?}", report.checks);
+    let line = |name: &str| report.checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let include = line("manifest.include");
+    assert_eq!(include.status, Status::Pass);
+    for item in
+        ["dataset_hashes", "code_version", "hardware", "plan", "eval_report", "energy_kwh", "event_log", "checkpoints"]
+    {
+        assert!(include.detail.contains(item), "{item} not named: {}", include.detail);
+    }
+    let (log, plan) = (line("manifest.log_checkpoint"), line("plan"));
+    assert!(log.status == Status::Skipped && log.detail.contains("event_log"), "{log:?}");
+    assert!(plan.status == Status::Skipped && plan.detail.contains("receipt.include"), "{plan:?}");
+    // The files it still binds are checked: eval.json is a subject, not a byproduct now.
+    assert_eq!(line("file:eval.json").status, Status::Pass);
+    assert!(report.checks.iter().all(|c| !c.name.starts_with("file:checkpoints/")), "no step checkpoint is a subject");
+
+    // A full manifest says so; one that carries what it claims to leave out is refused.
+    let full = sealed_run();
+    let report = run_checks(&full, &export(full.node(), "run-1").unwrap(), Some(full.key.verifying_key()));
+    let include = report.checks.iter().find(|c| c.name == "manifest.include").unwrap();
+    assert!(include.status == Status::Pass && include.detail.contains("every item"), "{include:?}");
+}
+
+/// `r` as a receipt of run `id` (its statement edited, its signature no longer valid: the
+/// writer reads the run id, it does not verify).
+fn receipt_of(r: &Receipt, id: &str) -> Receipt {
+    let mut statement: serde_json::Value = serde_json::from_slice(&r.manifest.payload_bytes().unwrap()).unwrap();
+    statement["predicate"]["runDetails"]["metadata"]["invocationId"] = id.into();
+    let mut other = r.clone();
+    other.manifest.payload = B64.encode(serde_json::to_vec(&statement).unwrap());
+    other
+}
+
+#[test]
+fn a_runs_receipt_replaces_its_own_and_never_another_runs() {
+    let f = sealed_run();
+    let r = export(f.node(), "run-1").unwrap();
+    let path = f.node().join("sub/r.json");
+    write_for_run(&path, &r).unwrap();
+    assert_eq!(Receipt::from_json(&std::fs::read(&path).unwrap()).unwrap(), r);
+    write_for_run(&path, &r).unwrap();
+    assert_eq!(occupant(&path, Some("run-1")).unwrap(), None);
+
+    let other = receipt_of(&r, "run-2");
+    std::fs::write(&path, other.to_json_pretty()).unwrap();
+    let e = write_for_run(&path, &r).unwrap_err().to_string();
+    assert!(e.contains("the receipt of run run-2") && e.contains("receipt.output"), "{e}");
+    assert_eq!(Receipt::from_json(&std::fs::read(&path).unwrap()).unwrap(), other, "left as it was");
+    std::fs::write(&path, b"my notes").unwrap();
+    assert!(write_for_run(&path, &r).unwrap_err().to_string().contains("not a receipt"));
+    assert_eq!(occupant(&path, None).unwrap().as_deref(), Some("a file that is not a receipt"));
 }

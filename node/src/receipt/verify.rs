@@ -7,7 +7,7 @@ use crate::identity;
 use crate::log::checkpoint::{self, Checkpoint};
 use crate::log::record::{Envelope as EventEnvelope, SIGNATURE_CONTEXT};
 use crate::manifest::digest::{self, Digests, HashOptions, parse_hex32};
-use crate::manifest::statement::{Parameter, Statement};
+use crate::manifest::statement::{Parameter, ReceiptItem, Statement, item_name};
 use crate::manifest::{self, Envelope, KIND_SEALED};
 use ed25519_dalek::VerifyingKey;
 use mindxtrain_chain::batch::BatchProof;
@@ -184,17 +184,54 @@ fn check_manifest(envelope: &Envelope, inputs: &VerifyInputs, report: &mut Repor
             return key;
         }
     };
+    check_include(&statement, report);
     check_sealed_checkpoint(&statement, key.as_ref(), report);
     check_files(&statement, inputs.files, report);
     let params = &statement.predicate.build_definition;
     check_parameter("recipe", Some(&params.external_parameters.recipe), inputs.recipe, "--config", report);
-    check_parameter("plan", params.internal_parameters.plan.as_ref(), inputs.plan, "--plan", report);
+    if statement.omitted().contains(&ReceiptItem::Plan) && params.internal_parameters.plan.is_none() {
+        report.push(
+            "plan",
+            Status::Skipped,
+            "left out by the recipe's receipt.include: the plan is not compared (the run's plan.json, a subject, \
+             is checked with --files)",
+        );
+    } else {
+        check_parameter("plan", params.internal_parameters.plan.as_ref(), inputs.plan, "--plan", report);
+    }
     key
+}
+
+/// `manifest.include`: what the recipe's `receipt.include` left out of the statement, named, and
+/// none of it carried all the same.
+fn check_include(s: &Statement, report: &mut Report) {
+    const NAME: &str = "manifest.include";
+    let Some(items) = &s.predicate.run_details.mindxtrain_receipt else {
+        report.push(NAME, Status::Skipped, "sealed before receipt.include was recorded: it carries every item");
+        return;
+    };
+    let names = |items: &[ReceiptItem]| items.iter().map(|i| item_name(*i)).collect::<Vec<_>>().join(", ");
+    let carried: Vec<ReceiptItem> = items.omitted.iter().copied().filter(|i| s.carries(*i)).collect();
+    let r = if !carried.is_empty() {
+        Err(format!("receipt.include left out {}, but the manifest carries it", names(&carried)))
+    } else if items.omitted.is_empty() {
+        Ok("every item (receipt.include lists them all)".to_string())
+    } else {
+        Ok(format!("left out by the recipe's receipt.include: {}", names(&items.omitted)))
+    };
+    report.result(NAME, r);
 }
 
 fn check_sealed_checkpoint(s: &Statement, key: Option<&VerifyingKey>, report: &mut Report) {
     let Some(key) = key else { return };
-    let pos = &s.predicate.run_details.mindxtrain_log;
+    let Some(pos) = &s.predicate.run_details.mindxtrain_log else {
+        report.push(
+            "manifest.log_checkpoint",
+            Status::Skipped,
+            "left out by the recipe's receipt.include (event_log): the manifest names no event range",
+        );
+        return;
+    };
     let r = Checkpoint::verify(&pos.checkpoint, key).map_err(|e| e.to_string()).and_then(|cp| {
         if cp.origin != checkpoint::origin_for(&key.to_bytes()) {
             return Err(format!("origin {} is not the signer's log", cp.origin));

@@ -9,33 +9,22 @@
 
 use super::launch::{self, Job, Launch, RankCommand, TrainJob, Work};
 use super::{FinishedRun, PlanError, seal_run};
+use crate::energy::{Energy, Meter};
 use crate::identity::Identity;
 use crate::log::{AppendError, EventLog};
 use crate::manifest::{ManifestError, NamedBytes, Sealed};
+use crate::receipt::{ExportError, WriteError};
 use mindxtrain_trainer::collective::CollectiveError;
 use mindxtrain_trainer::data::DataOptions;
 use mindxtrain_trainer::plan::Plan;
-use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors};
+use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe, RecipeErrors, Vendor};
 use mindxtrain_trainer::run::{self, Observer, OutDir, RunError, RunSpec, RunSummary};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-/// The plan a run used, as kept in its directory.
-pub const PLAN_FILE: &str = "plan.json";
-
-/// What a run writes in its directory (and so what `--force` may remove), besides the
-/// hidden and `.tmp` names of files and directories being written.
-pub const RUN_FILES: [&str; 9] = [
-    "run.json",
-    "dataset.json",
-    "eval.json",
-    run::eval::BASELINE_FILE,
-    PLAN_FILE,
-    "receipt.json",
-    "checkpoints",
-    "final",
-    "tensorboard",
-];
+/// The plan a run used, as kept in its directory; what a run writes in its directory (and so
+/// what `--force` may remove), besides the hidden and `.tmp` names of files being written.
+pub use mindxtrain_trainer::run::{PLAN_FILE, RUN_FILES};
 
 fn written_by_a_run(name: &str) -> bool {
     RUN_FILES.contains(&name) || name.starts_with('.') || name.ends_with(".tmp") || archived_plan(name)
@@ -169,6 +158,10 @@ pub struct Trained {
     pub plan: UsedPlan,
     /// Where the node keeps the recipe's bytes.
     pub recipe_file: PathBuf,
+    /// What the training drew (as sealed, whether or not `receipt.include` asks for it).
+    pub energy: Energy,
+    /// The run's receipt bundle as sealed (not anchored yet), at the recipe's `receipt.output`.
+    pub receipt: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +177,10 @@ pub enum TrainError {
     Log(#[from] AppendError),
     #[error("sealing the run's manifest: {0}")]
     Seal(#[from] ManifestError),
+    #[error("exporting the run's receipt: {0}")]
+    ReceiptExport(#[from] ExportError),
+    #[error("the run is sealed, but its receipt was not written: {0}")]
+    ReceiptWrite(#[from] WriteError),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -224,6 +221,12 @@ pub fn train_and_seal(
         run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref())?;
     }
     prepare_out_dir(&req.out_dir, req.resume, req.force)?;
+    let receipt_path = receipt_output(&req.out_dir, &loaded.recipe);
+    // Refused before training: a resume may replace its own receipt, a new run none.
+    let resumed = if req.resume { OutDir::new(&req.out_dir).read_record().ok().flatten() } else { None };
+    if let Some(what) = crate::receipt::occupant(&receipt_path, resumed.as_ref().map(|r| r.run_id.as_str()))? {
+        return Err(TrainError::Refused(WriteError::Occupied { path: receipt_path, what }.to_string()));
+    }
     let recipe_file = crate::recipes::store(node_dir, &loaded.bytes_blake3, &req.recipe.text)
         .map_err(io(&crate::recipes::stored_path(node_dir, &loaded.bytes_blake3)))?;
     crate::recipes::record(log, &req.recipe.name, &req.recipe.text, loaded.clone())?;
@@ -264,10 +267,15 @@ pub fn train_and_seal(
         eval_prompts: req.eval_prompts,
         context,
     };
+    let meter = Meter::start(&run_gpus(&loaded.recipe, req.launch.as_ref()));
     let summary = match launched {
         None => run::train(&spec, &mut super::LogSink::new(log), hooks)?,
         Some((l, cmd)) => train_ranks(log, &spec, &plan, req, l, cmd, hooks)?,
     };
+    let mut energy = meter.finish();
+    if let Some(l) = req.launch.as_ref().filter(|l| l.nnodes > 1) {
+        energy.not_counted(format!("the other {} node(s) of the run are not counted (only node 0's)", l.nnodes - 1));
+    }
     let mut hardware = serde_json::to_value(&plan.plan.machine).unwrap_or(Value::Null);
     if let (Some(layout), Value::Object(h)) = (&summary.parallel, &mut hardware) {
         // World size, topology and the collective settings the ranks ran with.
@@ -281,9 +289,12 @@ pub fn train_and_seal(
         plan: Some(NamedBytes { name: PLAN_FILE.into(), bytes: plan.bytes.clone() }),
         out_dir: &req.out_dir,
         hardware,
+        energy: energy.clone(),
     };
     let sealed = seal_run(log, key, node_dir, finished)?;
-    Ok(Trained { summary, sealed, plan, recipe_file })
+    let receipt = crate::receipt::export(node_dir, &summary.run_id)?;
+    crate::receipt::write_for_run(&receipt_path, &receipt)?;
+    Ok(Trained { summary, sealed, plan, recipe_file, energy, receipt: receipt_path })
 }
 
 /// Trains `spec` on the ranks of `launch`: rank 0's events into `log`, its progress to `hooks`.
@@ -321,6 +332,25 @@ fn train_ranks(
         Ok(other) => Err(TrainError::Refused(format!("the ranks answered a training job with {other:?}"))),
         Err(reason) => Err(RunError::Collective(CollectiveError::Aborted { reason }).into()),
     }
+}
+
+/// Where the run's receipt goes: the recipe's `receipt.output` (relative to the run
+/// directory), else `OUT/receipt.json`.
+pub fn receipt_output(out_dir: &Path, recipe: &mindxtrain_trainer::recipe::Recipe) -> PathBuf {
+    out_dir.join(recipe.receipt.output.as_deref().unwrap_or(run::DEFAULT_RECEIPT_FILE))
+}
+
+/// The CUDA devices a run trains on, whose energy counters it is measured by: each local
+/// rank's (`cuda:N`) in a launch, else device 0 of an NVIDIA recipe, else none.
+fn run_gpus(recipe: &mindxtrain_trainer::recipe::Recipe, launch: Option<&Launch>) -> Vec<usize> {
+    let mut gpus: Vec<usize> = match launch {
+        Some(l) => l.devices.iter().filter_map(|d| d.strip_prefix("cuda:")?.parse().ok()).collect(),
+        None if recipe.hardware.gpus > 0 && recipe.hardware.name.vendor() == Vendor::Nvidia => vec![0],
+        None => Vec::new(),
+    };
+    gpus.sort_unstable();
+    gpus.dedup();
+    gpus
 }
 
 fn origin_json(origin: &Origin) -> Value {

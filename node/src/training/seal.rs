@@ -1,10 +1,11 @@
 //! Sealing a finished run: its signed manifest, `manifest.sealed` and the anchoring request.
 
+use crate::energy::Energy;
 use crate::identity::Identity;
 use crate::log::EventLog;
 use crate::log::index::Query;
 use crate::manifest::digest::DigestSet;
-use crate::manifest::statement::ResourceDescriptor;
+use crate::manifest::statement::{DATASET_NAME, ResourceDescriptor};
 use crate::manifest::{self, EventRange, HashOptions, ManifestError, NamedBytes, NamedFile, RunFacts, Sealed};
 use mindxtrain_trainer::run::{BaseRecord, RunSummary};
 use serde_json::Value;
@@ -22,6 +23,8 @@ pub struct FinishedRun<'a> {
     pub out_dir: &'a Path,
     /// The machine the plan was measured on.
     pub hardware: Value,
+    /// What the training drew (the node measures around it).
+    pub energy: Energy,
 }
 
 /// Seals a finished run: the signed in-toto/SLSA manifest, its `manifest.sealed` event and
@@ -45,7 +48,7 @@ pub fn seal_run(log: &EventLog, key: &Identity, node_dir: &Path, run: FinishedRu
         BaseRecord::RandomInit { .. } => Vec::new(),
     };
     let digest = DigestSet { blake3: Some(s.dataset_digest.clone()), ..Default::default() };
-    let dataset = ResourceDescriptor { name: Some("dataset".into()), digest: Some(digest), ..Default::default() };
+    let dataset = ResourceDescriptor { name: Some(DATASET_NAME.into()), digest: Some(digest), ..Default::default() };
     let eval = run.out_dir.join("eval.json");
     let finished = SystemTime::now();
     let facts = RunFacts {
@@ -59,6 +62,7 @@ pub fn seal_run(log: &EventLog, key: &Identity, node_dir: &Path, run: FinishedRu
         source: None,
         eval_json: eval.is_file().then_some(eval),
         hardware: run.hardware,
+        energy: run.energy,
         started: finished.checked_sub(Duration::from_secs_f64(s.seconds.max(0.0))).unwrap_or(finished),
         finished,
         events: EventRange { first, last },

@@ -15,6 +15,7 @@ use super::schema::{DataFormat, DataSource, Generator, HardwareName, ModelFamily
 use super::train::Method;
 use crate::data::{Families, TaskParams};
 
+mod receipt;
 mod train;
 
 pub(crate) type Issue = (FieldPath, String);
@@ -127,6 +128,7 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
         c.fail("receipt.include", "must include recipe_hash: the receipt is what binds a run to its recipe");
     }
     c.opt_text("receipt.output", r.receipt.output.as_ref());
+    receipt::output(&mut c, r);
     c.0
 }
 

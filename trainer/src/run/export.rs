@@ -2,13 +2,16 @@
 //! full weights (an adapter merged into the base it was trained on), `config.json`, the
 //! tokenizer with its chat template, and `generation_config.json` naming the tokens that
 //! end an answer, so `AutoModelForCausalLM.from_pretrained(dir)` and
-//! `AutoTokenizer.from_pretrained(dir)` need nothing else.
+//! `AutoTokenizer.from_pretrained(dir)` need nothing else. The checkpoint's model card comes
+//! along ([`super::card`]): the run's own card, marked merged when an adapter was folded in.
 
 use std::path::Path;
 
 use serde_json::json;
 
 use super::RunError;
+use super::base::{self, BaseRecord};
+use super::card::{self, CardFacts, MODEL_CARD_FILE};
 use super::session::save_model;
 use crate::checkpoint::{FileDigest, StagedDir};
 use crate::data::{Special, Tokenizer};
@@ -30,11 +33,13 @@ pub fn export_hf(
     let tokenizer = Tokenizer::from_recipe(&recipe.model, recipe_dir)?;
     let (mut model, adapters) =
         crate::checkpoint::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir, &candle_core::Device::Cpu)?;
+    let card = carried_card(recipe, recipe_dir, checkpoint_dir, base, adapters.is_some())?;
     if let Some(adapters) = adapters {
         let merged = merge_lora(model.params(), model.config(), &adapters)?;
         *model.params_mut() = merged;
     }
     let mut dir = StagedDir::create(out)?;
+    dir.write_file(MODEL_CARD_FILE, card.as_bytes())?;
     save_model(&mut dir, &model)?;
     write_tokenizer(&mut dir, &tokenizer, recipe.serve.max_model_len as usize)?;
     let ends: Vec<u32> = [Special::ImEnd, Special::EndOfText].iter().filter_map(|&s| tokenizer.special(s)).collect();
@@ -56,4 +61,35 @@ pub(super) fn write_tokenizer(dir: &mut StagedDir, tokenizer: &Tokenizer, max_le
         dir.write_file(name, &bytes)?;
     }
     Ok(())
+}
+
+/// The checkpoint's model card for the export: as it is for full weights, marked merged for an
+/// adapter folded into `base`; a checkpoint without one (an intermediate step) gets a card from
+/// the recipe and the base, without evaluation results.
+fn carried_card(
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    checkpoint_dir: &Path,
+    base: Option<&Path>,
+    merged: bool,
+) -> Result<String, RunError> {
+    let path = checkpoint_dir.join(MODEL_CARD_FILE);
+    let own = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(RunError::Io { path: path.display().to_string(), message: e.to_string() }),
+    };
+    let recorded = match (BaseRecord::read(checkpoint_dir)?, base) {
+        (Some(r), _) => Some(r),
+        (None, Some(dir)) => {
+            Some(BaseRecord::Weights { path: base::absolute(dir).display().to_string(), files: vec![] })
+        }
+        (None, None) => None,
+    };
+    let facts = CardFacts { recipe, recipe_dir, base: recorded.as_ref(), adapter: false, eval: None };
+    match (own, merged) {
+        (Some(text), false) => Ok(text),
+        (own, true) => Ok(card::merged_card(own.as_deref(), &facts, &path.display().to_string())?),
+        (None, false) => Ok(card::model_card(&facts)),
+    }
 }

@@ -17,6 +17,25 @@ use std::path::{Path, PathBuf};
 
 const CHECKPOINTS: &str = "checkpoints";
 
+/// The plan a run used, kept in its directory by the node, so a resume needs no `--plan`.
+pub const PLAN_FILE: &str = "plan.json";
+
+/// What a run writes in its directory, trainer and node together: what `train --force` may
+/// remove, and what the recipe's `receipt.output` may not name (the receipt would replace a
+/// file of the run). Hidden and `.tmp` names of files being written come on top.
+pub const RUN_FILES: [&str; 10] = [
+    "run.json",
+    "dataset.json",
+    "eval.json",
+    super::eval::BASELINE_FILE,
+    PLAN_FILE,
+    super::session::RL_JSON,
+    super::card::DEFAULT_RECEIPT_FILE,
+    CHECKPOINTS,
+    "final",
+    "tensorboard",
+];
+
 /// `OUT/run.json`: what identifies a run across resumes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -456,8 +456,9 @@ impl<'a> Session<'a> {
             }
         }
         self.save_checkpoint(sink)?;
-        let files = self.save_final()?;
+        // Evaluated before final/ is written: its model card carries the results.
         let report = if self.spec.recipe.recipe.eval.enabled { self.evaluate()? } else { None };
+        let files = self.save_final(report.as_ref())?;
         let eval = if let Some(report) = report {
             observer.evaluated(&report);
             let eval_file = self.write_eval(&report)?;
@@ -564,9 +565,14 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Whether checkpoints and final/ hold a PEFT adapter (else full weights).
+    fn saves_adapter(&self) -> bool {
+        self.adapters.is_some() && self.spec.recipe.recipe.train.method.adapter().is_some()
+    }
+
     /// Adapters are whole on every rank; full weights may be sharded (ZeRO-3).
     fn checkpoint_weights(&self) -> Result<Option<std::borrow::Cow<'_, crate::model::Params>>, RunError> {
-        if self.adapters.is_some() && self.spec.recipe.recipe.train.method.adapter().is_some() {
+        if self.saves_adapter() {
             return Ok(self.writes().then(|| std::borrow::Cow::Borrowed(self.model.params())));
         }
         self.whole_weights()
@@ -616,8 +622,9 @@ impl<'a> Session<'a> {
         )
     }
 
-    /// The final weights (rank 0 writes them; the others take part in gathering sharded ones).
-    fn save_final(&self) -> Result<Vec<SavedFile>, RunError> {
+    /// The final weights with their model card (rank 0 writes them; the others take part in
+    /// gathering sharded ones).
+    fn save_final(&self, eval: Option<&EvalReport>) -> Result<Vec<SavedFile>, RunError> {
         let Some(weights) = self.checkpoint_weights()? else { return Ok(Vec::new()) };
         let dir = self.out.final_dir();
         if dir.exists() {
@@ -630,6 +637,14 @@ impl<'a> Session<'a> {
         // transformers (and PEFT) with the ids and prompts it was trained on.
         let max_len = self.spec.recipe.recipe.serve.max_model_len as usize;
         super::export::write_tokenizer(&mut staged, &self.tokenizer, max_len)?;
+        let card = super::card::model_card(&super::card::CardFacts {
+            recipe: &self.spec.recipe.recipe,
+            recipe_dir: &self.spec.recipe_dir,
+            base: Some(&self.base),
+            adapter: self.saves_adapter(),
+            eval,
+        });
+        staged.write_file(super::card::MODEL_CARD_FILE, card.as_bytes())?;
         Ok(staged.commit()?)
     }
 

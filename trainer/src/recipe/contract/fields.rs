@@ -53,15 +53,15 @@ const LORA_FIELDS: [(&str, &str, &str); 5] = [
 pub fn fields() -> Vec<Field> {
     let mut out = vec![
         field("meta.project", "recorded in `recipe.registered`, the manifest and the model card")
-            .test("the_recipe_s_meta_reaches_the_manifest_and_the_model_card"),
+            .test("meta_license_reaches_the_manifest_and_the_model_card_and_energy_is_null_with_its_reason"),
         field("meta.run_name", "names the run's directory (`runs/<run_name>` when `train --out` is not given)")
             .test("train_without_out_writes_runs_run_name"),
         field("meta.seed", "seeds initial weights, adapters, dropout, data order and sampling")
             .differs(r#"{"meta": {"seed": 8}}"#),
         field("meta.license", "the manifest and the model card's `license`")
-            .test("the_recipe_s_meta_reaches_the_manifest_and_the_model_card"),
+            .test("meta_license_reaches_the_manifest_and_the_model_card_and_energy_is_null_with_its_reason"),
         field("meta.description", "the manifest and the model card")
-            .test("the_recipe_s_meta_reaches_the_manifest_and_the_model_card"),
+            .test("meta_license_reaches_the_manifest_and_the_model_card_and_energy_is_null_with_its_reason"),
         field("hardware.name", "the device: `cpu` the host, NVIDIA names one CUDA GPU per rank")
             .test("gpus_this_build_cannot_use_are_refused_with_what_to_do"),
         field("hardware.gpus", "0: the host CPU; N ≥ 1 on NVIDIA: one rank process per GPU")
@@ -371,9 +371,14 @@ pub fn fields() -> Vec<Field> {
         field("publish.billing.x402.rental.max_hours", "longest rental")
             .test("quotes_calls_and_time_and_names_bad_requests"),
         field("receipt.output", "where the sealed run's receipt is written")
-            .test("receipt_output_is_where_the_receipt_goes"),
-        field("receipt.include", "what the manifest and receipt carry")
-            .test("a_receipt_carries_only_what_include_lists"),
+            .test("receipt_output_is_where_the_sealed_run_writes_its_receipt_and_never_over_another_runs")
+            .refuses(&[no!(
+                "inside the run's own files",
+                r#"{"receipt": {"output": "final/r.json"}}"#,
+                "is inside the run's own",
+            )]),
+        field("receipt.include", "what the sealed manifest and the receipt carry (energy measured where there is a counter)")
+            .test("receipt_include_recipe_hash_only_seals_that_alone_and_both_verifiers_name_what_is_left_out"),
     ]);
     out
 }
