@@ -3,8 +3,9 @@
 //!
 //! [`Dataset::from_recipe`] is the entry point: it streams the recipe's files (JSONL,
 //! Parquet, Arrow IPC; or the seeded task generator's output) block by block, removes exact
-//! duplicates and (`data.dedupe.near_threshold`) near duplicates, splits off the holdout, renders every example with the model's chat template
-//! and tokenizes it, and records a [`DatasetManifest`]. [`Dataset::batches`] then yields
+//! duplicates and (`data.dedupe.near_threshold`, [`near_dedupe`]) near duplicates, splits off
+//! the holdout, renders every example with the model's chat template and tokenizes it, and
+//! records a [`DatasetManifest`]. [`Dataset::batches`] then yields
 //! [`crate::batch::PackedBatch`]es from a resumable [`DataCursor`], reading blocks again
 //! through a bounded cache when the data does not fit in memory.
 

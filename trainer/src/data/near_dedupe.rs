@@ -56,7 +56,7 @@ pub struct NearDedupeParams {
 }
 
 /// An example's shingles and the keys of its signature's bands.
-pub struct Sketch {
+struct Sketch {
     shingles: Vec<u64>,
     keys: Vec<u32>,
 }
