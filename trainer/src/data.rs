@@ -3,8 +3,9 @@
 //!
 //! [`Dataset::from_recipe`] is the entry point: it streams the recipe's files (JSONL,
 //! Parquet, Arrow IPC; or the seeded task generator's output) block by block, removes exact
-//! duplicates, splits off the holdout, renders every example with the model's chat template
-//! and tokenizes it, and records a [`DatasetManifest`]. [`Dataset::batches`] then yields
+//! duplicates and (`data.dedupe.near_threshold`, [`near_dedupe`]) near duplicates, splits off
+//! the holdout, renders every example with the model's chat template and tokenizes it, and
+//! records a [`DatasetManifest`]. [`Dataset::batches`] then yields
 //! [`crate::batch::PackedBatch`]es from a resumable [`DataCursor`], reading blocks again
 //! through a bounded cache when the data does not fit in memory.
 
@@ -16,6 +17,7 @@ pub mod generator;
 pub mod json;
 pub mod jsonl;
 mod manifest;
+pub mod near_dedupe;
 mod pack;
 mod record;
 pub mod score;
@@ -32,6 +34,7 @@ pub use generator::{Answer, Families, GENERATOR_VERSION, Task, TaskFamily, TaskP
 pub use json::Json;
 pub use jsonl::{FileDigest, SkippedLine};
 pub use manifest::{DatasetManifest, GeneratorInfo, MANIFEST_VERSION};
+pub use near_dedupe::{NearDedupe, NearDedupeParams};
 pub use pack::{plan_rows, push_row};
 pub use score::answers_match;
 pub use store::{CACHE_TOKENS, DocRef};

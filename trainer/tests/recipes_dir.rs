@@ -36,7 +36,7 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("qwen3_8b_sft_full", &["eval.tasks", "hardware.gpus", "quantize.enabled"]),
     (
         "qwen3_8b_sft_lora",
-        &["data.dedupe.near_threshold", "eval.tasks", "hardware.gpus", "publish.enabled", "quantize.enabled"],
+        &["eval.tasks", "hardware.gpus", "publish.enabled", "quantize.enabled"],
     ),
     ("qwen3_vl_8b_sft", &["hardware.gpus", "model.family"]),
 ];

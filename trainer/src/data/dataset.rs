@@ -2,9 +2,11 @@
 //! manifest.
 //!
 //! One streaming pass reads every block of every input once: each record is checked,
-//! hashed for exact dedupe, rendered with the chat template and tokenized. What stays in
-//! memory per example is small and fixed: during the pass a 16-byte digest (dedupe) and a
-//! 32-byte candidate (block, row, lengths, holdout rank); afterwards a 12-byte [`DocRef`]
+//! hashed for exact dedupe, sketched for near dedupe when the recipe asks for it
+//! ([`super::near_dedupe`]), rendered with the chat template and tokenized. What stays in
+//! memory per example is small and fixed: during the pass a 16-byte digest (dedupe), a
+//! 32-byte candidate (block, row, lengths, holdout rank) and, with near dedupe, its band
+//! entries (about 20 bytes per band); afterwards a 12-byte [`DocRef`]
 //! (block, row, length) and its place in the epoch's row plan. Tokens live in a bounded
 //! cache of whole blocks ([`super::store::CACHE_TOKENS`]); a block that was evicted (or never
 //! fitted) is read again from its file and tokenized again when a batch needs it. A dataset
@@ -22,6 +24,7 @@ use super::example::{Example, Message, Role};
 use super::generator::{Families, GENERATOR_VERSION, TaskFamily, TaskParams, generate_jsonl};
 use super::jsonl::{FileDigest, MAX_REPORTED_SKIPS, SkippedLine};
 use super::manifest::{DatasetManifest, GeneratorInfo, MANIFEST_VERSION};
+use super::near_dedupe::NearDedupe;
 use super::pack::learned_tokens;
 use super::source::{Locate, Source, files};
 use super::store::{CACHE_TOKENS, Doc, DocCache, DocRef, DocStore, Encoder, Part};
@@ -87,6 +90,8 @@ struct Candidate {
 #[derive(Default)]
 struct Pass {
     seen: HashSet<[u8; 16]>,
+    /// With `data.dedupe.near_threshold`.
+    near: Option<NearDedupe>,
     candidates: Vec<Candidate>,
     read: u64,
     duplicates: u64,
@@ -168,13 +173,18 @@ impl Dataset {
             learn_all,
             preference: data.format == DataFormat::Preference,
         };
-        let mut pass = Pass::default();
+        let near = match data.dedupe.near_threshold {
+            Some(t) if (0.0..=1.0).contains(&t) => Some(NearDedupe::new(t)),
+            Some(t) => return Err(DataError::Config(format!("data.dedupe.near_threshold {t} is not in [0, 1]"))),
+            None => None,
+        };
+        let mut pass = Pass { near, ..Pass::default() };
         let max = data.max_samples.unwrap_or(u64::MAX);
         let mut cache = DocCache::new(options.cache_tokens);
         let digests = {
             let mut visit =
                 |block: usize, rows: Vec<super::source::Row>, locate: Locate<'_>| -> Result<(), DataError> {
-                    let mut kept = Vec::new();
+                    let mut unique = Vec::new();
                     for (r, row) in rows.into_iter().enumerate() {
                         match row {
                             Ok(Some(example)) => {
@@ -183,14 +193,26 @@ impl Dataset {
                                 let short: [u8; 16] = digest[..16].try_into().unwrap_or_default();
                                 if data.dedupe.exact && !pass.seen.insert(short) {
                                     pass.duplicates += 1;
-                                } else if (pass.candidates.len() + kept.len()) as u64 >= max {
-                                    pass.over_max += 1;
                                 } else {
-                                    kept.push((r, example, digest));
+                                    unique.push((r, example, digest));
                                 }
                             }
                             Ok(None) => {}
                             Err(e) => pass.skip(e, options.skip_bad)?,
+                        }
+                    }
+                    // Dedupe (exact, then near) comes before the cap: `max_samples` counts
+                    // examples that are neither.
+                    let not_near = match &mut pass.near {
+                        Some(near) => near.filter(&unique.iter().map(|u| &u.1).collect::<Vec<_>>())?,
+                        None => vec![true; unique.len()],
+                    };
+                    let mut kept = Vec::new();
+                    for (example, _) in unique.into_iter().zip(not_near).filter(|(_, keep)| *keep) {
+                        if (pass.candidates.len() + kept.len()) as u64 >= max {
+                            pass.over_max += 1;
+                        } else {
+                            kept.push(example);
                         }
                     }
                     let encoded: Vec<_> = kept.par_iter().map(|(_, example, _)| encoder.encode(example)).collect();
@@ -456,6 +478,8 @@ fn split_and_describe(
         skipped_lines: pass.skipped,
         skipped: pass.skipped_lines,
         duplicates_removed: pass.duplicates,
+        near_duplicates_removed: pass.near.as_ref().map(NearDedupe::removed),
+        near_dedupe: pass.near.as_ref().map(NearDedupe::params),
         over_max_samples: pass.over_max,
         train_examples: train.examples,
         holdout_examples: hold.examples,

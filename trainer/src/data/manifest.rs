@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::jsonl::{FileDigest, SkippedLine};
+use super::near_dedupe::NearDedupeParams;
 use super::template::TemplateInfo;
 use crate::recipe::{DataFormat, DataSource, GeneratorKind};
 
@@ -40,6 +41,13 @@ pub struct DatasetManifest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<SkippedLine>,
     pub duplicates_removed: u64,
+    /// Examples dropped as near duplicates of an earlier kept one (`data.dedupe.near_threshold`);
+    /// absent when near dedupe is off, so the manifests of runs without it stay as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_duplicates_removed: Option<u64>,
+    /// How near duplicates were found (threshold, shingles, bands × rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_dedupe: Option<NearDedupeParams>,
     /// Examples beyond `data.max_samples`.
     pub over_max_samples: u64,
     pub train_examples: u64,

@@ -351,10 +351,6 @@ fn data(c: &mut Checks, r: &Recipe) {
     c.int("data.seq_len", d.seq_len.into(), 16, 1_048_576);
     if let Some(t) = d.dedupe.near_threshold {
         c.num("data.dedupe.near_threshold", t, 0.0, 1.0, "[]");
-        c.fail(
-            "data.dedupe.near_threshold",
-            "near-duplicate removal is not built yet: remove the field (exact dedupe stays on)",
-        );
     }
     let kind = r.train.method.kind();
     let (wanted, why): (&[DataFormat], &str) = match &r.train.method {

@@ -189,6 +189,13 @@ fn recipe_problems_are_config_errors() {
         Dataset::from_recipe(&no_paths, Path::new("."), &t, DataOptions::default()),
         Err(DataError::Config(_))
     ));
+    let mut near = recipe(
+        "  source: generated\n  generator: {kind: tasks, seed: 1, count: 10}\n  dedupe: {near_threshold: 0.8}",
+        "",
+    );
+    near.data.dedupe.near_threshold = Some(1.5);
+    let err = Dataset::from_recipe(&near, Path::new("."), &t, DataOptions::default()).unwrap_err();
+    assert!(matches!(err, DataError::Config(_)) && err.to_string().contains("near_threshold"), "{err}");
 }
 
 #[test]
@@ -202,4 +209,123 @@ fn max_samples_caps_after_dedupe() {
     assert_eq!(m.train_examples + m.holdout_examples, 100);
     assert_eq!(m.holdout_examples, 10);
     assert_eq!(m.over_max_samples, 500 - m.duplicates_removed - 100);
+}
+
+/// `n` unrelated instruction records of 100 words, then a copy of each of the first `copies`
+/// with one word changed (Jaccard similarity ~0.9 to its original), then one exact copy.
+fn near_duplicate_lines(n: usize, copies: usize) -> Vec<String> {
+    let line = |i: usize, changed: bool| {
+        let words: Vec<String> = (0..100)
+            .map(|j| if changed && j == 50 { "changed".to_owned() } else { format!("w{}", i * 1000 + j) })
+            .collect();
+        format!(r#"{{"instruction":"{}","output":"answer {i}"}}"#, words.join(" "))
+    };
+    let mut lines: Vec<String> = (0..n).map(|i| line(i, false)).collect();
+    lines.extend((0..copies).map(|i| line(i, true)));
+    lines.push(line(n - 1, false));
+    lines
+}
+
+#[test]
+fn near_dedupe_drops_before_the_split_and_the_manifest_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("near.jsonl"), near_duplicate_lines(10, 4).join("\n")).unwrap();
+    let data = |dedupe: &str| {
+        format!("  source: jsonl\n  format: instruction\n  paths: [near.jsonl]\n  seq_len: 1024{dedupe}")
+    };
+    let t = Tokenizer::byte();
+    let eval = "eval: {holdout: {fraction: 0.2}}";
+
+    let near = Dataset::from_recipe(
+        &recipe(&data("\n  dedupe: {near_threshold: 0.8}"), eval),
+        dir.path(),
+        &t,
+        DataOptions::default(),
+    )
+    .unwrap();
+    let m = &near.manifest;
+    assert_eq!((m.read_examples, m.duplicates_removed, m.near_duplicates_removed), (15, 1, Some(4)));
+    assert_eq!((m.train_examples, m.holdout_examples), (8, 2), "the split is of the 10 left");
+    let params = m.near_dedupe.as_ref().unwrap();
+    assert_eq!((params.threshold, params.bands, params.rows, params.permutations), (0.8, 16, 6, 96));
+    let json = m.to_json();
+    assert_eq!(json["manifest"]["near_duplicates_removed"], 4);
+    assert_eq!(json["manifest"]["near_dedupe"]["shingle"], crate::data::near_dedupe::SHINGLE);
+
+    let exact = Dataset::from_recipe(&recipe(&data(""), eval), dir.path(), &t, DataOptions::default()).unwrap();
+    let m = &exact.manifest;
+    assert_eq!((m.duplicates_removed, m.train_examples + m.holdout_examples), (1, 14));
+    let json = m.to_json();
+    assert!(json["manifest"].get("near_duplicates_removed").is_none() && json["manifest"].get("near_dedupe").is_none());
+}
+
+/// Blocks are cut at file ends (and every 1,024 lines): the same lines as one file or as three
+/// keep the same examples.
+#[test]
+fn near_dedupe_keeps_the_same_examples_however_the_files_are_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = near_duplicate_lines(12, 6);
+    std::fs::write(dir.path().join("all.jsonl"), lines.join("\n")).unwrap();
+    for (name, part) in [("a.jsonl", &lines[..5]), ("b.jsonl", &lines[5..13]), ("c.jsonl", &lines[13..])] {
+        std::fs::write(dir.path().join(name), part.join("\n")).unwrap();
+    }
+    let t = Tokenizer::byte();
+    let examples = |paths: &str| {
+        let data = format!(
+            "  source: jsonl\n  format: instruction\n  paths: [{paths}]\n  seq_len: 1024\n  dedupe: {{near_threshold: 0.8}}"
+        );
+        let ds = Dataset::from_recipe(
+            &recipe(&data, "eval: {holdout: {fraction: 0.25}}"),
+            dir.path(),
+            &t,
+            DataOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ds.manifest.near_duplicates_removed, Some(6));
+        let train: Vec<Example> = (0..ds.train_len()).map(|i| ds.store.example(Part::Train, i).unwrap()).collect();
+        let holdout: Vec<Example> = (0..ds.holdout_len()).map(|i| ds.holdout_example(i).unwrap()).collect();
+        (train, holdout)
+    };
+    assert_eq!(examples("all.jsonl"), examples("a.jsonl, b.jsonl, c.jsonl"));
+}
+
+/// The recipe's threshold reaches the run: the same JSONL trains on fewer examples (one step
+/// each here) with `near_threshold: 0.8` than without, and the run's dataset.json says why.
+#[test]
+fn near_duplicates_are_dropped_at_the_recipe_s_threshold() {
+    use crate::plan::{Choices, Plan};
+    use crate::run::{Quiet, RunSpec};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("near.jsonl"), near_duplicate_lines(6, 3).join("\n")).unwrap();
+    let train = |dedupe: &str, name: &str| {
+        let src = format!(
+            "meta: {{project: near, run_name: {name}, seed: 5}}\nhardware: {{name: cpu, gpus: 0}}\n\
+             model:\n  name: near-micro\n  family: qwen3\n  tokenizer: byte\n  dtype: fp32\n  random_init: true\n  \
+             config: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, head_dim: 16, \
+             intermediate_size: 64, vocab_size: 512, max_position_embeddings: 1024, tie_word_embeddings: true}}\n\
+             data:\n  source: jsonl\n  format: instruction\n  paths: [near.jsonl]\n  seq_len: 1024\n  packing: false\n{dedupe}\
+             train:\n  method: {{kind: lora, r: 4, alpha: 8}}\n  budget: {{epochs: 1}}\n  batch: {{per_device: 1}}\n  \
+             precision: fp32\n\
+             eval: {{enabled: false}}\nserve: {{max_model_len: 1024}}\n"
+        );
+        let loaded = Recipe::from_str(&src, "near.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let plan = Plan::new(loaded.bytes_blake3, "cpu", Choices::unmeasured(1), vec![], 0, 0, false);
+        let out = dir.path().join(name);
+        let summary =
+            crate::run::train(&RunSpec::new(loaded, dir.path(), plan, &out), &mut crate::events::Discard, &mut Quiet)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
+        (summary, written)
+    };
+    let (all, all_json) = train("", "without");
+    let (near, near_json) = train("  dedupe: {near_threshold: 0.8}\n", "near");
+    assert_eq!((all.dataset.train_examples, all.steps), (9, 9), "one exact copy removed, one example per step");
+    assert_eq!((near.dataset.train_examples, near.steps), (6, 6), "the three changed copies are dropped too");
+    assert!(near.tokens < all.tokens);
+    assert_eq!(near_json["manifest"]["near_duplicates_removed"], 3);
+    assert_eq!(near_json["manifest"]["near_dedupe"]["threshold"], 0.8);
+    assert!(all_json["manifest"].get("near_duplicates_removed").is_none());
+    assert_ne!(all.dataset_digest, near.dataset_digest);
 }

@@ -171,11 +171,11 @@ pub fn fields() -> Vec<Field> {
             r#"{"data": {"source": "jsonl", "paths": ["dup.jsonl"], "generator": null}}"#,
             r#"{"data": {"dedupe": {"exact": false}}}"#,
         ),
-        field("data.dedupe.near_threshold", "").refuses(&[no!(
-            "any",
-            r#"{"data": {"dedupe": {"near_threshold": 0.9}}}"#,
-            "near-duplicate removal is not built yet",
-        )]),
+        field(
+            "data.dedupe.near_threshold",
+            "drops an example whose word 5-gram Jaccard similarity to an earlier kept one reaches it",
+        )
+        .test("near_duplicates_are_dropped_at_the_recipe_s_threshold"),
         field("train.method.kind", "the method").test("wrong_method_kind"),
     ]);
     for (kind, base) in [("lora", "{}"), ("qlora", r#"{"train": {"method": {"kind": "qlora"}}}"#)] {

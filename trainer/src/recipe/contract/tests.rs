@@ -71,11 +71,10 @@ fn every_field_is_proven_carried_out_refused_or_switched_off() {
 #[test]
 fn every_refused_value_is_refused_by_the_check_at_its_field() {
     for f in fields() {
-        let at = f.path.replace(|c| c == '[', "\u{0}").split('\u{0}').next().unwrap_or_default().to_owned();
         // `train.method[qlora].bits` is written `train.method.bits`.
-        let written = match f.path.split_once(']') {
-            Some((_, rest)) => format!("{at}{rest}"),
-            None => f.path.to_owned(),
+        let written = match (f.path.split_once('['), f.path.split_once(']')) {
+            (Some((at, _)), Some((_, rest))) => format!("{at}{rest}"),
+            _ => f.path.to_owned(),
         };
         for r in f.refused {
             let mut recipe = base_recipe();
