@@ -9,6 +9,8 @@ mod adafactor;
 mod adamw;
 mod clip;
 mod error;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 mod lion;
 mod optimizer;
 mod schedule;

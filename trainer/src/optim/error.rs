@@ -10,8 +10,9 @@ pub enum OptimError {
     State(String),
     #[error("schedule: {0}")]
     Schedule(String),
-    #[error("train.optimizer.name: {0} is not built; use adamw, lion, adafactor or sgd")]
-    NotBuilt(String),
+    /// Refused at check time too; a recipe that skipped the check gets this.
+    #[error("train.optimizer.name: adamw_8bit is not built; use adamw, lion, adafactor or sgd")]
+    AdamW8bitNotBuilt,
     /// A checkpoint's optimizer state read by another optimizer would be misread (Lion's
     /// `exp_avg` is not AdamW's), so a resume must keep the optimizer.
     #[error(

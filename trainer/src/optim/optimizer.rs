@@ -30,14 +30,6 @@ macro_rules! each {
     };
 }
 
-/// A name as recipes write it (`adamw`, `adamw_8bit`, ...).
-fn written(name: OptimizerName) -> String {
-    match serde_json::to_value(name) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => format!("{name:?}"),
-    }
-}
-
 impl Optimizer {
     /// A fresh optimizer as `train.optimizer` describes it.
     pub fn from_recipe(recipe: &OptimizerRecipe) -> Result<Self, OptimError> {
@@ -46,7 +38,7 @@ impl Optimizer {
             OptimizerName::Sgd => Optimizer::Sgd(Sgd::new(SgdConfig::from_recipe(recipe))),
             OptimizerName::Lion => Optimizer::Lion(Lion::new(LionConfig::from_recipe(recipe))),
             OptimizerName::Adafactor => Optimizer::Adafactor(Adafactor::new(AdafactorConfig::from_recipe(recipe))),
-            OptimizerName::AdamW8bit => return Err(OptimError::NotBuilt(written(recipe.name))),
+            OptimizerName::AdamW8bit => return Err(OptimError::AdamW8bitNotBuilt),
         })
     }
 
