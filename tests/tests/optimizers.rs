@@ -140,6 +140,11 @@ fn zero_1_2_3_keep_each_rank_s_adafactor_state_and_end_on_the_bytes_of_data_para
         let run =
             ok_json(&node.run(&["train", s(&r), "--out", s(&out), "--eval-prompts", "1", "--nproc-per-node", "2"]));
         assert_eq!(run["steps"], STEPS, "{run}");
+        // The run really was two ranks with this sharding (else every run is the same one).
+        let started = node.events("run.started");
+        let ev = started.iter().find(|e| e["data"]["run_id"] == run["run_id"]).expect("the run's run.started");
+        let layout = &ev["data"]["parallel"];
+        assert_eq!((layout["world_size"].as_u64(), layout["sharding"].as_str()), (Some(2), Some(sharding)), "{layout}");
         let weights: Vec<Value> = run["files"]
             .as_array()
             .unwrap()
