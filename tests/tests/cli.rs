@@ -130,10 +130,20 @@ fn recipes_check_register_and_report_locations() {
         .filter(|p| p.ends_with(".yaml"))
         .collect();
     assert!(all.len() >= 14);
-    let mut args = vec!["recipe", "check"];
+    let mut args = vec!["recipe", "check", "--json"];
     args.extend(all.iter().map(String::as_str));
     let o = run(&dir, &args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // The seed recipes ask for what this build does not carry out yet (trainer/tests/recipes_dir.rs
+    // lists each refusal): they are refused by name; the tiny ones run.
+    assert_eq!(o.status.code(), Some(4), "{}", String::from_utf8_lossy(&o.stdout));
+    for f in json(&o)["files"].as_array().unwrap() {
+        let name = f["file"].as_str().unwrap();
+        if name.contains("/tiny_") {
+            assert_eq!(f["ok"], true, "{f}");
+        } else if f["ok"] == false {
+            assert!(!f["errors"].as_array().unwrap().is_empty(), "{f}");
+        }
+    }
 
     let good = repo_root().join("recipes/tiny_cpu_lora.yaml");
     let src = std::fs::read_to_string(&good).unwrap();

@@ -34,10 +34,7 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("qwen3_8b_cpt", &["hardware.gpus"]),
     ("qwen3_8b_lora_h100", &["eval.tasks"]),
     ("qwen3_8b_sft_full", &["eval.tasks", "hardware.gpus", "quantize.enabled"]),
-    (
-        "qwen3_8b_sft_lora",
-        &["eval.tasks", "hardware.gpus", "publish.enabled", "quantize.enabled"],
-    ),
+    ("qwen3_8b_sft_lora", &["eval.tasks", "hardware.gpus", "publish.enabled", "quantize.enabled"]),
     ("qwen3_vl_8b_sft", &["hardware.gpus", "model.family"]),
 ];
 

@@ -66,9 +66,17 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     let (log, id, _) = node::open(&dir)?;
     let log = std::sync::Arc::new(log);
 
-    say(format!("[2/6] registering {} embedded recipes", EMBEDDED_RECIPES.len()));
+    say(format!("[2/6] checking {} embedded recipes, registering those this build runs", EMBEDDED_RECIPES.len()));
     let mut registered = Vec::new();
     for (name, src) in EMBEDDED_RECIPES {
+        // A recipe that asks for what this build does not carry out is refused by name, never
+        // registered and then ignored (docs/recipes.md, "The field contract").
+        if let Err(errors) = mindxtrain_trainer::recipe::Recipe::check_str(src, name) {
+            let mut fields: Vec<&str> = errors.iter().map(|e| e.path()).collect();
+            fields.dedup();
+            say(format!("      refused  {name:<28} not built: {}", fields.join(", ")));
+            continue;
+        }
         let r = recipes::register(&log, name, src).with_context(|| format!("registering embedded recipe {name}"))?;
         say(format!("      seq {:>3}  {name:<28} blake3 {}", r.seq, &hex::encode(r.loaded.bytes_blake3)[..16]));
         registered.push((name.to_string(), r.seq));

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
-use mindxtrain_trainer::optim::{AdamW, AdamWConfig};
-use mindxtrain_trainer::recipe::{Recipe, TargetModule};
+use mindxtrain_trainer::optim::Optimizer;
+use mindxtrain_trainer::recipe::{Optimizer as OptimizerRecipe, OptimizerName, Recipe, TargetModule};
 use mindxtrain_trainer::run::thread_pool;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -79,7 +79,14 @@ fn ours(cfg: &TrainBench, threads: usize) -> Result<f64> {
             rslora: false,
         };
         let mut adapters = Adapters::init(&config, &lora, 2, DType::F32, &Device::Cpu)?;
-        let mut adam = AdamW::new(AdamWConfig { betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.01 });
+        // The trainer's optimizer as a recipe builds it, set as the peer's torch AdamW.
+        let mut adam = Optimizer::from_recipe(&OptimizerRecipe {
+            name: OptimizerName::AdamW,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.01,
+            ..OptimizerRecipe::default()
+        })?;
         let b = batch(cfg.batch, cfg.seq, config.vocab_size);
         let opts = StepOptions::default();
         let mut step = || -> Result<()> {

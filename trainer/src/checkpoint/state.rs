@@ -20,7 +20,10 @@ const FORMAT: &str = "mindxtrain.trainer_state.v1";
 pub struct TrainingState {
     /// Optimizer updates taken.
     pub step: u64,
-    /// The optimizer's state tensors (e.g. `optim::AdamW::state_tensors`), stored as given.
+    /// The recipe's name of the optimizer whose state `optimizer` holds (`adamw`, `lion`, ...):
+    /// a resume refuses another optimizer, which would misread it.
+    pub optimizer_name: String,
+    /// The optimizer's state tensors (`optim::Optimizer::state_tensors`), stored as given.
     pub optimizer: BTreeMap<String, Tensor>,
     /// The caller's RNG state, opaque here.
     pub rng: Vec<u8>,
@@ -38,6 +41,9 @@ pub struct TrainingState {
 struct StateFile {
     format: String,
     step: u64,
+    /// Absent in checkpoints saved before runs could choose their optimizer: all AdamW's.
+    #[serde(default = "adamw")]
+    optimizer: String,
     recipe_hash: String,
     plan_hash: String,
     /// Lowercase hex.
@@ -46,6 +52,10 @@ struct StateFile {
     /// Absent for one process (and in checkpoints saved before runs had ranks).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     world_size: u64,
+}
+
+fn adamw() -> String {
+    "adamw".into()
 }
 
 fn one() -> u64 {
@@ -61,6 +71,7 @@ pub fn save_training_state(dir: &mut StagedDir, state: &TrainingState) -> Result
     let file = StateFile {
         format: FORMAT.into(),
         step: state.step,
+        optimizer: state.optimizer_name.clone(),
         recipe_hash: state.recipe_hash.clone(),
         plan_hash: state.plan_hash.clone(),
         rng: state.rng.iter().map(|b| format!("{b:02x}")).collect(),
@@ -88,6 +99,7 @@ pub fn load_training_state(dir: &Path) -> Result<TrainingState, CheckpointError>
     let optimizer = read_safetensors(&dir.join(OPTIMIZER_FILE), None, &Device::Cpu)?;
     Ok(TrainingState {
         step: file.step,
+        optimizer_name: file.optimizer,
         optimizer,
         rng,
         data_cursor: file.data_cursor,
@@ -116,6 +128,7 @@ mod tests {
     fn state() -> TrainingState {
         TrainingState {
             step: 42,
+            optimizer_name: "lion".into(),
             optimizer: BTreeMap::from([
                 ("exp_avg.w".to_string(), Tensor::new(&[0.5f32, -1.0], &Device::Cpu).unwrap()),
                 ("step".to_string(), Tensor::new(42i64, &Device::Cpu).unwrap()),
@@ -139,8 +152,22 @@ mod tests {
         assert_eq!((back.step, &back.rng, &back.data_cursor), (want.step, &want.rng, &want.data_cursor));
         assert_eq!((back.recipe_hash, back.plan_hash), (want.recipe_hash, want.plan_hash));
         assert_eq!(back.world_size, 3);
+        assert_eq!(back.optimizer_name, "lion");
         assert_eq!(back.optimizer["exp_avg.w"].to_vec1::<f32>().unwrap(), [0.5, -1.0]);
         assert_eq!(back.optimizer["step"].to_scalar::<i64>().unwrap(), 42);
+    }
+
+    #[test]
+    fn a_checkpoint_that_names_no_optimizer_is_adamw_s() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = StagedDir::create(&root.path().join("s")).unwrap();
+        save_training_state(&mut dir, &state()).unwrap();
+        dir.commit().unwrap();
+        let path = root.path().join("s").join(STATE_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"optimizer\": \"lion\""), "{text}");
+        std::fs::write(&path, text.replace("  \"optimizer\": \"lion\",\n", "")).unwrap();
+        assert_eq!(load_training_state(&root.path().join("s")).unwrap().optimizer_name, "adamw");
     }
 
     #[test]

@@ -10,6 +10,16 @@ pub enum OptimError {
     State(String),
     #[error("schedule: {0}")]
     Schedule(String),
+    /// Refused at check time too; a recipe that skipped the check gets this.
+    #[error("train.optimizer.name: adamw_8bit is not built; use adamw, lion, adafactor or sgd")]
+    AdamW8bitNotBuilt,
+    /// A checkpoint's optimizer state read by another optimizer would be misread (Lion's
+    /// `exp_avg` is not AdamW's), so a resume must keep the optimizer.
+    #[error(
+        "the checkpoint holds optimizer state of {saved}, but the recipe's train.optimizer.name is {recipe}: \
+         resume with train.optimizer.name: {saved}, or start a new run"
+    )]
+    OtherOptimizer { saved: String, recipe: String },
     #[error(transparent)]
     Tensor(#[from] candle_core::Error),
 }

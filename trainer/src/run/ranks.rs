@@ -5,7 +5,7 @@
 use super::RunError;
 use crate::collective::{Backend, CollectiveError};
 use crate::model::{Grads, Qwen3};
-use crate::optim::{AdamW, grad_sq_sums, norm_of_sums};
+use crate::optim::{Optimizer, grad_sq_sums, norm_of_sums, state_parameter};
 use crate::parallel::{self, Comm, Distributed, Keep, Layout, Owners, Sharding, Trace, gather_owned};
 use crate::recipe::Recipe;
 use candle_core::{DType, Device, Tensor};
@@ -144,13 +144,7 @@ impl RankState {
 
     /// The optimizer state this rank keeps, out of a whole checkpoint's.
     pub fn own_optimizer_state(&self, state: BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
-        state
-            .into_iter()
-            .filter(|(k, _)| {
-                let name = k.strip_prefix("exp_avg_sq.").or_else(|| k.strip_prefix("exp_avg.")).unwrap_or(k);
-                k == "step" || self.updates(name)
-            })
-            .collect()
+        state.into_iter().filter(|(k, _)| state_parameter(k).is_none_or(|name| self.updates(name))).collect()
     }
 
     /// The gradient norm over every rank's share (ZeRO-2/3, where each holds the gradients of
@@ -181,7 +175,7 @@ impl RankState {
     /// tensors are ZeRO-3 weights (kept by their owners only).
     pub fn update(
         &self,
-        optimizer: &mut AdamW,
+        optimizer: &mut Optimizer,
         target: &mut BTreeMap<String, Tensor>,
         grads: &Grads,
         lr: f64,
@@ -236,20 +230,15 @@ impl RankState {
 
     /// The whole optimizer state, as one process would have it, on rank 0's host (empty on the
     /// others); as it is without sharding.
-    pub fn gather_optimizer(&self, optimizer: &AdamW) -> Result<BTreeMap<String, Tensor>, RunError> {
+    pub fn gather_optimizer(&self, optimizer: &Optimizer) -> Result<BTreeMap<String, Tensor>, RunError> {
         let local = optimizer.state_tensors()?;
         if self.sharding() == Sharding::None || optimizer.step_count() == 0 {
             return Ok(local);
         }
-        let mut names = Vec::with_capacity(2 * self.trained.len());
-        for (n, dims) in &self.trained {
-            names.push((format!("exp_avg.{n}"), dims.clone()));
-            names.push((format!("exp_avg_sq.{n}"), dims.clone()));
-        }
-        let owner = |k: &str| {
-            let n = k.strip_prefix("exp_avg_sq.").or_else(|| k.strip_prefix("exp_avg.")).unwrap_or(k);
-            self.owner_of(n)
-        };
+        // Every rank has stepped every tensor it owns, so each owner holds all of its state.
+        let names: Vec<(String, Vec<usize>)> =
+            self.trained.iter().flat_map(|(n, dims)| optimizer.state_shapes(n, dims)).collect();
+        let owner = |k: &str| state_parameter(k).map_or(0, |n| self.owner_of(n));
         let mut all = gather_owned(
             &self.comm,
             owner,

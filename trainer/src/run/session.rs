@@ -13,7 +13,7 @@ use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState}
 use crate::data::{DataCursor, Dataset, Tokenizer};
 use crate::events::{EventSink, TrainerEvent};
 use crate::model::{Adapters, Qwen3};
-use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+use crate::optim::{LrSchedule, OptimError, Optimizer};
 use crate::parallel::Distributed;
 use crate::recipe::Recipe;
 use candle_core::{DType, Device};
@@ -44,7 +44,7 @@ pub struct Session<'a> {
     pub(super) dataset: Dataset,
     pub(super) model: Qwen3,
     pub(super) adapters: Option<Adapters>,
-    pub(super) optimizer: AdamW,
+    pub(super) optimizer: Optimizer,
     pub(super) schedule: LrSchedule,
     pub(super) step: u64,
     total_steps: u64,
@@ -258,11 +258,22 @@ impl<'a> Session<'a> {
         };
         let total_steps = total_steps(spec, &dataset, global_batch, rollouts.as_ref().map(|r| r.prompts.len()))?;
         let schedule = LrSchedule::from_recipe(&recipe.train.optimizer, &recipe.train.schedule, total_steps)?;
-        let adam = AdamWConfig::from_recipe(&recipe.train.optimizer);
-        let mut optimizer = AdamW::new(adam);
+        let mut optimizer = Optimizer::from_recipe(&recipe.train.optimizer)?;
         let (mut step, mut cursor) = (0, DataCursor::default());
         if let Some(dir) = &resume_from {
             let state = checkpoint::load_training_state(dir)?;
+            // Checked before the recipe's hash, which another optimizer changes too: this error
+            // says what changed. A sharded rank keeps its own share of the state: filtered once
+            // the owners are known.
+            optimizer =
+                Optimizer::restore(&recipe.train.optimizer, &state.optimizer_name, &state.optimizer).map_err(|e| {
+                    match e {
+                        OptimError::OtherOptimizer { .. } => {
+                            RunError::Recipe(format!("--resume from {}: {e}", dir.display()))
+                        }
+                        e => e.into(),
+                    }
+                })?;
             let same_world = state.world_size == world;
             if state.recipe_hash != hex(&spec.recipe.bytes_blake3)
                 || (same_world && state.plan_hash != hex(&spec.plan_blake3))
@@ -274,8 +285,6 @@ impl<'a> Session<'a> {
                     state.plan_hash
                 )));
             }
-            // A sharded rank keeps its own share of the moments: filtered once the owners are known.
-            optimizer = AdamW::from_state_tensors(adam, &state.optimizer)?;
             step = state.step;
             cursor = serde_json::from_value(state.data_cursor)
                 .map_err(|e| RunError::Io { path: dir.display().to_string(), message: format!("data cursor: {e}") })?;
@@ -297,7 +306,7 @@ impl<'a> Session<'a> {
             };
             r.shard(&mut model, &trained)?;
             if r.sharding() != crate::parallel::Sharding::None {
-                optimizer = AdamW::from_state_tensors(adam, &r.own_optimizer_state(optimizer.state_tensors()?))?;
+                optimizer = optimizer.with_state(&r.own_optimizer_state(optimizer.state_tensors()?))?;
             }
         }
         if writer {
@@ -595,6 +604,7 @@ impl<'a> Session<'a> {
         let Some(weights) = self.checkpoint_weights()? else { return Ok(()) };
         let state = TrainingState {
             step: self.step,
+            optimizer_name: self.optimizer.name().to_string(),
             optimizer,
             // Every random draw derives from (seed, step) or (seed, epoch): the seed is the
             // whole RNG state.

@@ -1,3 +1,7 @@
+use std::collections::BTreeMap;
+
+use candle_core::Device;
+
 use super::*;
 
 fn cpu(v: &[f32], shape: &[usize]) -> Tensor {

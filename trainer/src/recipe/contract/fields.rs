@@ -233,11 +233,28 @@ pub fn fields() -> Vec<Field> {
         }
     }
     out.extend([
-        field("train.optimizer.name", "the optimizer").test("each_optimizer_trains_differently"),
+        field("train.optimizer.name", "the optimizer: AdamW, SGD, Lion or Adafactor")
+            .test("each_optimizer_trains_its_own_adapter_and_checkpoints_its_own_state")
+            .refuses(&[no!(
+                "adamw_8bit",
+                r#"{"train": {"optimizer": {"name": "adamw_8bit"}}}"#,
+                "adamw_8bit is not built"
+            )]),
         field("train.optimizer.lr", "peak learning rate").differs(r#"{"train": {"optimizer": {"lr": 0.003}}}"#),
-        field("train.optimizer.betas", "moment decay rates")
-            .differs(r#"{"train": {"optimizer": {"betas": [0.5, 0.9]}}}"#),
-        field("train.optimizer.eps", "the denominator's ε").differs(r#"{"train": {"optimizer": {"eps": 0.01}}}"#),
+        field("train.optimizer.betas", "moment decay rates (SGD: betas[0] is the momentum)")
+            .differs(r#"{"train": {"optimizer": {"betas": [0.5, 0.9]}}}"#)
+            .refuses(&[no!(
+                "betas[1] with sgd or adafactor",
+                r#"{"train": {"optimizer": {"name": "sgd", "betas": [0.9, 0.5]}}}"#,
+                "sgd takes no betas[1]",
+            )]),
+        field("train.optimizer.eps", "AdamW's and Adafactor's ε")
+            .differs(r#"{"train": {"optimizer": {"eps": 0.01}}}"#)
+            .refuses(&[no!(
+                "with lion or sgd",
+                r#"{"train": {"optimizer": {"name": "lion", "eps": 0.01}}}"#,
+                "lion takes no eps",
+            )]),
         field("train.optimizer.weight_decay", "decoupled weight decay of matrices")
             .differs(r#"{"train": {"optimizer": {"weight_decay": 0.5}}}"#),
         field("train.optimizer.grad_clip", "global gradient-norm clip (0: off)")
@@ -377,8 +394,11 @@ pub fn fields() -> Vec<Field> {
                 r#"{"receipt": {"output": "final/r.json"}}"#,
                 "is inside the run's own",
             )]),
-        field("receipt.include", "what the sealed manifest and the receipt carry (energy measured where there is a counter)")
-            .test("receipt_include_recipe_hash_only_seals_that_alone_and_both_verifiers_name_what_is_left_out"),
+        field(
+            "receipt.include",
+            "what the sealed manifest and the receipt carry (energy measured where there is a counter)",
+        )
+        .test("receipt_include_recipe_hash_only_seals_that_alone_and_both_verifiers_name_what_is_left_out"),
     ]);
     out
 }

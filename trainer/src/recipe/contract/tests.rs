@@ -84,7 +84,10 @@ fn every_refused_value_is_refused_by_the_check_at_its_field() {
                 Err(e) => e,
             };
             assert!(
-                errors.iter().any(|e| e.path() == written && e.message().contains(r.says)),
+                errors.iter().any(|e| {
+                    let at = e.path() == written || e.path().starts_with(&format!("{written}["));
+                    at && e.message().contains(r.says)
+                }),
                 "{} = {}: no error at {written} saying {:?}; got:\n{errors}",
                 f.path,
                 r.value,

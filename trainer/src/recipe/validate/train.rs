@@ -2,7 +2,9 @@
 
 use super::{Checks, FieldPath, Recipe};
 use crate::recipe::schema::ModelFamily;
-use crate::recipe::train::{DpoLoss, Lora, Method, Precision, ScheduleKind, Sharding, TargetModule};
+use crate::recipe::train::{
+    DpoLoss, Lora, Method, Optimizer, OptimizerName, Precision, ScheduleKind, Sharding, TargetModule,
+};
 
 /// `moe`: the model is a Qwen3-MoE, whose MLP projections are its experts' stacked weights
 /// (`model::ExpertProj`): gate and up are one weight there, and adapters on them take no dropout.
@@ -109,6 +111,41 @@ fn rl(c: &mut Checks, [generations, new_tokens]: [u32; 2], [kl, clip, temperatur
     }
 }
 
+/// What each optimizer reads of `train.optimizer` (the rest of the optimizer is fixed by
+/// `optim`): every one reads `lr` (the schedule's peak), `weight_decay` and `grad_clip` (the
+/// gradients are clipped before any update); `adamw` reads all of `betas` and `eps`, `lion` both
+/// `betas` but no `eps`, `sgd` only `betas[0]` (its momentum), `adafactor` `betas[0]` (its β1,
+/// 0 for none) and `eps` (added to g²) but no `betas[1]` (its second-moment decay is
+/// `1 − step^−0.8`). A field an optimizer does not read, written with another value than its
+/// default, would be ignored: it is refused. `adamw_8bit` is not built.
+fn optimizer_reads(c: &mut Checks, o: &Optimizer) {
+    let name = super::name_of(&o.name);
+    let (reads_eps, reads_beta2) = match o.name {
+        OptimizerName::AdamW => (true, true),
+        OptimizerName::Lion => (false, true),
+        OptimizerName::Sgd => (false, false),
+        OptimizerName::Adafactor => (true, false),
+        OptimizerName::AdamW8bit => {
+            c.fail("train.optimizer.name", format!("{name} is not built; use adamw, lion, adafactor or sgd"));
+            return;
+        }
+    };
+    let default = Optimizer::default();
+    if !reads_eps && o.eps != default.eps {
+        c.fail("train.optimizer.eps", format!("{name} takes no eps; leave it out"));
+    }
+    if !reads_beta2 && o.betas[1] != default.betas[1] {
+        let why = match o.name {
+            OptimizerName::Sgd => "betas[0] is its momentum",
+            _ => "its second-moment decay is 1 - step^-0.8",
+        };
+        c.0.push((
+            FieldPath::keys("train.optimizer.betas").index(1),
+            format!("{name} takes no betas[1] ({why}); leave it at {} or leave betas out", default.betas[1]),
+        ));
+    }
+}
+
 pub(super) fn train(c: &mut Checks, r: &Recipe) {
     let t = &r.train;
     let o = &t.optimizer;
@@ -126,6 +163,7 @@ pub(super) fn train(c: &mut Checks, r: &Recipe) {
     c.positive("train.optimizer.eps", o.eps);
     c.non_negative("train.optimizer.weight_decay", o.weight_decay);
     c.non_negative("train.optimizer.grad_clip", o.grad_clip);
+    optimizer_reads(c, o);
     let s = &t.schedule;
     c.num("train.schedule.warmup_ratio", s.warmup_ratio, 0.0, 1.0, "[]");
     c.num("train.schedule.min_lr_ratio", s.min_lr_ratio, 0.0, 1.0, "[]");
@@ -214,5 +252,82 @@ fn precision(c: &mut Checks, r: &Recipe) {
             ),
         ),
         Some(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod optimizer_tests {
+    use crate::recipe::Recipe;
+
+    const BASE: &str = include_str!("../../../../recipes/tiny_cpu_lora.yaml");
+
+    /// The line of `name: adamw` in [`BASE`] (1-based): what replaces it starts there.
+    fn name_line() -> usize {
+        BASE.lines().position(|l| l == "    name: adamw").expect("tiny_cpu_lora.yaml names adamw") + 1
+    }
+
+    /// The shipped LoRA recipe with `lines` in place of `name: adamw`.
+    fn with(lines: &str) -> String {
+        assert!(BASE.contains("  optimizer:\n    name: adamw\n"), "tiny_cpu_lora.yaml changed shape");
+        BASE.replacen("    name: adamw\n", lines, 1)
+    }
+
+    /// The errors as `(line, path, message)`; none when the recipe is accepted.
+    fn errors(src: &str) -> Vec<(usize, String, String)> {
+        match Recipe::check_str(src, "x.yaml") {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .iter()
+                .map(|e| (e.location().map_or(0, |l| l.line), e.path().to_string(), e.message().to_string()))
+                .collect(),
+        }
+    }
+
+    fn one(line: usize, path: &str, message: &str) -> Vec<(usize, String, String)> {
+        vec![(line, path.to_string(), message.to_string())]
+    }
+
+    #[test]
+    fn each_optimizer_takes_the_fields_it_reads() {
+        for name in ["adamw", "lion", "sgd", "adafactor"] {
+            // Defaults everywhere, then every field it reads set to a value of its own.
+            assert_eq!(errors(&with(&format!("    name: {name}\n"))), [], "{name}");
+            let reads = match name {
+                "adamw" => "    betas: [0.8, 0.99]\n    eps: 1.0e-6\n",
+                "lion" => "    betas: [0.8, 0.99]\n",
+                "sgd" => "    betas: [0.5, 0.95]\n",
+                _ => "    betas: [0.0, 0.95]\n    eps: 1.0e-30\n",
+            };
+            assert_eq!(errors(&with(&format!("    name: {name}\n{reads}"))), [], "{name}");
+        }
+        // A default written out is not a change.
+        assert_eq!(errors(&with("    name: lion\n    eps: 1.0e-8\n")), []);
+    }
+
+    #[test]
+    fn lion_and_sgd_refuse_eps() {
+        for name in ["lion", "sgd"] {
+            let src = with(&format!("    name: {name}\n    eps: 1.0e-6\n"));
+            assert_eq!(
+                errors(&src),
+                one(name_line() + 1, "train.optimizer.eps", &format!("{name} takes no eps; leave it out"))
+            );
+        }
+    }
+
+    #[test]
+    fn sgd_and_adafactor_refuse_a_second_beta() {
+        let src = with("    name: sgd\n    betas: [0.9, 0.999]\n");
+        let want = "sgd takes no betas[1] (betas[0] is its momentum); leave it at 0.95 or leave betas out";
+        assert_eq!(errors(&src), one(name_line() + 1, "train.optimizer.betas[1]", want));
+        let src = with("    name: adafactor\n    betas: [0.9, 0.999]\n");
+        let want = "adafactor takes no betas[1] (its second-moment decay is 1 - step^-0.8); leave it at 0.95 or leave betas out";
+        assert_eq!(errors(&src), one(name_line() + 1, "train.optimizer.betas[1]", want));
+    }
+
+    #[test]
+    fn adamw_8bit_is_refused_naming_what_works() {
+        let want = "adamw_8bit is not built; use adamw, lion, adafactor or sgd";
+        assert_eq!(errors(&with("    name: adamw_8bit\n")), one(name_line(), "train.optimizer.name", want));
     }
 }
