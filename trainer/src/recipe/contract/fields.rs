@@ -285,14 +285,14 @@ pub fn fields() -> Vec<Field> {
             ]),
         field("train.gradient_checkpointing", "a constraint on the plan: true always recomputes, false never")
             .test("a_plan_keeps_the_recipe_s_gradient_checkpointing"),
-        field("train.fsdp", "ZeRO-3 sharding over the ranks").test("fsdp_reads_as_zero3_in_the_run_layout").refuses(&[
-            no!(
+        field("train.fsdp", "ZeRO-3 sharding over the ranks")
+            .test("fsdp_is_zero3_and_the_distributed_knobs_have_ranges")
+            .refuses(&[no!(
                 "with dpo, orpo or qlora",
                 r#"{"hardware": {"name": "h100", "gpus": 2, "arch": "sm_90"}, "model": {"dtype": "bf16"},
                "train": {"precision": "bf16", "fsdp": true, "method": {"kind": "qlora"}}}"#,
                 "ZeRO-3 does not cover",
-            ),
-        ]),
+            )]),
         field("train.distributed.sharding", "what each rank keeps (none, ZeRO-1/2/3)")
             .test("zero_1_2_3_end_on_the_bytes_of_unsharded_data_parallel"),
         field("train.distributed.bucket_mb", "gradient bucket size")
