@@ -11,7 +11,7 @@
 use super::RunError;
 use super::method::MethodPlan;
 use super::microbatch::{accumulate, split};
-use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
+use crate::data::{DataCursor, DataOptions, Dataset};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
 use crate::plan::{
     Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates, measure,
@@ -29,11 +29,18 @@ use std::time::{Duration, Instant};
 /// and returns the plan. The model is the recipe's shape (random weights: speed does not
 /// depend on their values); the batch is the first real batch of the recipe's data. A
 /// probe step is the forward/backward of every micro-batch: the optimizer update costs the
-/// same whatever the choices.
-pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions) -> Result<Plan, RunError> {
+/// same whatever the choices. The shape, tokenizer and chat template are those of the run's
+/// base (`init_from`, else the recipe's: [`super::base::base_dir`]).
+pub fn measure_plan(
+    recipe: &LoadedRecipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    data: DataOptions,
+) -> Result<Plan, RunError> {
     let r = &recipe.recipe;
     let device = super::run_device(r)?;
-    let config = model_config(r, recipe_dir)?;
+    let base = super::base::base_dir(r, recipe_dir, init_from)?.map(|b| b.dir);
+    let config = model_config(r, base.as_deref())?;
     let dtype = crate::checkpoint::model_dtype(r.model.dtype);
     let method = MethodPlan::from_recipe(&r.train.method)?;
     // A QLoRA recipe is timed on the NF4 base it trains on (its products expand each weight
@@ -53,7 +60,7 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         Some(l) => Some(Adapters::init(&config, l, r.meta.seed, model.dtype(), &device)?),
         None => None,
     };
-    let tokenizer = Tokenizer::from_recipe(&r.model, recipe_dir)?;
+    let tokenizer = super::base::tokenizer(r, recipe_dir, base.as_deref())?;
     let dataset = Dataset::from_recipe(r, recipe_dir, &tokenizer, data)?;
     let per_device = r.train.batch.per_device as usize;
     // Preference recipes are timed on their chosen rows: the same shapes, half the rows.
@@ -158,26 +165,32 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
     Ok(plan)
 }
 
-/// The model shape a recipe trains: `model.config`, else the `config.json` of `model.path`.
-fn model_config(r: &crate::recipe::Recipe, recipe_dir: &Path) -> Result<Qwen3Config, RunError> {
-    match (&r.model.config, &r.model.path) {
-        (Some(c), _) => Ok(Qwen3Config::from(c)),
-        (None, Some(p)) => {
-            let path = recipe_dir.join(p).join("config.json");
+/// The model shape a run trains: the `config.json` of its base directory, else `model.config`
+/// (a run's [`super::base::check_base_choice`] refuses a `model.config` that says another shape).
+fn model_config(r: &crate::recipe::Recipe, base: Option<&Path>) -> Result<Qwen3Config, RunError> {
+    match (base, &r.model.config) {
+        (Some(dir), _) => {
+            let path = dir.join(crate::checkpoint::CONFIG_FILE);
             let bytes = std::fs::read_to_string(&path)
                 .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
             Ok(Qwen3Config::from_hf_json(&bytes)?)
         }
-        (None, None) => Err(RunError::Recipe("model: give model.path or model.config".into())),
+        (None, Some(c)) => Ok(Qwen3Config::from(c)),
+        (None, None) => Err(crate::checkpoint::LoadError::NoModel.into()),
     }
 }
 
 /// The gradient buckets a run of `recipe` sends each step (bytes, in the order the backward
 /// completes them) and the dtype they travel in: what the probe's collective stage times.
-pub fn gradient_buckets(recipe: &LoadedRecipe, recipe_dir: &Path) -> Result<(Vec<u64>, DType), RunError> {
+pub fn gradient_buckets(
+    recipe: &LoadedRecipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+) -> Result<(Vec<u64>, DType), RunError> {
     use crate::model::{Stage, stage_of};
     let r = &recipe.recipe;
-    let config = model_config(r, recipe_dir)?;
+    let base = super::base::base_dir(r, recipe_dir, init_from)?.map(|b| b.dir);
+    let config = model_config(r, base.as_deref())?;
     let method = MethodPlan::from_recipe(&r.train.method)?;
     let shapes = match &method.lora {
         Some(l) => l.shapes(&config),

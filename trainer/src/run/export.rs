@@ -27,9 +27,9 @@ pub fn export_hf(
     base: Option<&Path>,
     out: &Path,
 ) -> Result<Vec<FileDigest>, RunError> {
-    let tokenizer = Tokenizer::from_recipe(&recipe.model, recipe_dir)?;
+    let tokenizer = super::base::tokenizer(recipe, recipe_dir, base)?;
     let (mut model, adapters) =
-        crate::checkpoint::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir, &candle_core::Device::Cpu)?;
+        crate::checkpoint::load_checkpoint(recipe, base, checkpoint_dir, &candle_core::Device::Cpu)?;
     if let Some(adapters) = adapters {
         let merged = merge_lora(model.params(), model.config(), &adapters)?;
         *model.params_mut() = merged;
