@@ -144,6 +144,34 @@ fn a_recipe_of_hub_ids_alone_trains_from_the_cache_and_records_the_commits() {
 }
 
 #[test]
+fn an_adapter_on_a_hub_base_finds_it_again_by_commit_when_the_cache_moves() {
+    let cache = Cache::new();
+    let node = Node::new();
+    let out = node.path("run");
+    let text = recipe(&hub_model(""), &hub_data(""));
+    ok_json(&train(&node, cache.root(), &text, &out, &[]));
+    let recipe_file = node.recipe("again", &text);
+    let adapter = out.join("final");
+    let eval = |at: &Path| {
+        let args = ["eval", s(&recipe_file), "--checkpoint", s(&adapter), "--eval-prompts", "1"];
+        run_with_cache(&node, at, &args)
+    };
+    let here = ok_json(&eval(cache.root()));
+    // The cache as a whole elsewhere (its links are relative): the recorded path is gone, the
+    // commit is found there, and the same base gives the same loss.
+    let moved = cache.root().with_file_name("moved");
+    std::fs::rename(cache.root(), &moved).unwrap();
+    let there = ok_json(&eval(&moved));
+    assert_eq!(there["loss"], here["loss"]);
+    assert!(there["base"].as_str().unwrap().starts_with(s(&moved)), "{}", there["base"]);
+    // Without it, the error says how to get it back.
+    let o = eval(&moved.with_file_name("empty"));
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let e = error_of(&o);
+    assert!(e.contains(&format!("mindxtrain fetch {MODEL} --revision {}", cache.model_main)), "{e}");
+}
+
+#[test]
 fn a_pinned_revision_picks_that_snapshot() {
     let cache = Cache::new();
     let node = Node::new();

@@ -60,6 +60,20 @@ impl BaseRecord {
         }
     }
 
+    /// Where the recorded base lies now: its directory, or, when that is gone and the base is a
+    /// hub snapshot, the snapshot of its commit in this machine's cache (a cache that moved, or
+    /// another machine's). `None` for random weights.
+    pub fn locate(&self) -> Result<Option<PathBuf>, RunError> {
+        let BaseRecord::Weights { path, hub, .. } = self else { return Ok(None) };
+        let dir = PathBuf::from(path);
+        Ok(Some(match hub {
+            Some(h) if !dir.join(checkpoint::CONFIG_FILE).is_file() => {
+                hub::resolve(&h.repo, RepoKind::Model, Some(&h.commit))?.dir
+            }
+            _ => dir,
+        }))
+    }
+
     /// What PEFT's `base_model_name_or_path` says: the directory, or nothing for random
     /// weights (there is no file a loader could find).
     pub fn name_or_path(&self) -> Option<String> {
@@ -251,21 +265,18 @@ pub fn adapter_base(
     let adapter = checkpoint_dir.display();
     let candidate = match (given, &recorded) {
         (Some(dir), _) => dir.to_path_buf(),
-        (None, BaseRecord::Weights { path, hub, .. }) => {
-            let dir = PathBuf::from(path);
-            match hub {
-                _ if dir.join(checkpoint::CONFIG_FILE).is_file() => dir,
-                Some(h) => hub::resolve(&h.repo, RepoKind::Model, Some(&h.commit))?.dir,
-                None => {
-                    return Err(RunError::Base(format!(
-                        "{adapter} is an adapter trained on {path}, which is no longer an HF model directory: \
-                         give the same base at its new place with --base DIR"
-                    )));
-                }
+        (None, BaseRecord::Weights { path, .. }) => {
+            let dir = recorded.locate()?.unwrap_or_default();
+            if !dir.join(checkpoint::CONFIG_FILE).is_file() {
+                return Err(RunError::Base(format!(
+                    "{adapter} is an adapter trained on {path}, which is no longer an HF model directory: \
+                     give the same base at its new place with --base DIR"
+                )));
             }
+            dir
         }
         (None, BaseRecord::RandomInit { .. }) => {
-            if let Some(b) = base_dir(recipe, recipe_dir, None)? {
+            if !force && let Some(b) = base_dir(recipe, recipe_dir, None)? {
                 return Err(RunError::Base(format!(
                     "{adapter} is an adapter trained on {}, but the recipe names base weights ({}): use the \
                      recipe it was trained with",

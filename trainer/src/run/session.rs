@@ -160,8 +160,11 @@ impl<'a> Session<'a> {
         // A resume continues on the base the run recorded, unless told otherwise.
         let recorded = existing.as_ref().filter(|_| spec.resume).and_then(|r| r.base.clone());
         let on_recorded = spec.init_from.is_none() && recorded.as_ref().is_some_and(|b| b.path().is_some());
-        let init_from =
-            spec.init_from.clone().or_else(|| recorded.as_ref().and_then(|b| b.path().map(Path::to_path_buf)));
+        let init_from = match (&spec.init_from, &recorded) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, Some(r)) => r.locate()?,
+            (None, None) => None,
+        };
         let base_dir = base::check_base_choice(recipe, &spec.recipe_dir, init_from.as_deref())?;
         let tokenizer = base::tokenizer(recipe, &spec.recipe_dir, base_dir.as_ref().map(|b| b.dir.as_path()))?;
         let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
@@ -186,9 +189,13 @@ impl<'a> Session<'a> {
                 base.path().map_or_else(|| base.describe(), |p| p.display().to_string())
             )));
         }
-        // Resumed on the recorded base: its record stands, with the hub snapshot it was found as.
-        if let Some(recorded) = recorded.filter(|r| on_recorded && base::difference(r, &base).is_none()) {
-            base = recorded;
+        // Resumed on the recorded base: it is still the hub snapshot it was found as.
+        if on_recorded
+            && recorded.as_ref().is_some_and(|r| base::difference(r, &base).is_none())
+            && let (BaseRecord::Weights { hub, .. }, Some(BaseRecord::Weights { hub: was, .. })) =
+                (&mut base, &recorded)
+        {
+            hub.clone_from(was);
         }
         model.set_kernels(super::plan_kernels(&spec.plan)?);
         if let Some(r) = &ranks {
