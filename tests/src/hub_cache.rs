@@ -49,7 +49,8 @@ pub fn commit_id(label: &str) -> String {
 }
 
 /// The shape of the tiny model: a micro Qwen3 the byte tokenizer fits (vocabulary 512) and that
-/// trains a step in milliseconds.
+/// trains a step in milliseconds, with room for the shipped recipes' lengths (`seq_len` 4096,
+/// `serve.max_model_len` 8192).
 pub fn tiny_config() -> Qwen3Config {
     Qwen3Config {
         vocab_size: 512,
@@ -62,7 +63,7 @@ pub fn tiny_config() -> Qwen3Config {
         rms_norm_eps: 1e-6,
         rope_theta: 1_000_000.0,
         tie_word_embeddings: true,
-        max_position_embeddings: 4096,
+        max_position_embeddings: 8192,
         moe: None,
     }
 }
