@@ -23,7 +23,7 @@ pub use driver::{
     UsedPlan, prepare_out_dir, train_and_seal,
 };
 pub use history::{Phase, RunInfo, run_history};
-pub use plan::{PlanError, RecordedPlan, measure_and_record_plan, parallel_plan};
+pub use plan::{PlanError, ProbeInput, RecordedPlan, measure_and_record_plan, parallel_plan};
 pub use seal::{FinishedRun, seal_run};
 
 use crate::log::{AppendError, AppendRequest, EventLog};

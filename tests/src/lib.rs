@@ -33,6 +33,9 @@ pub mod bench {
     }
 }
 
+/// A Hugging Face hub cache holding a tiny model and chat dataset under hub names.
+pub mod hub_cache;
+
 /// The micro recipe and node the training tests share.
 pub mod micro;
 

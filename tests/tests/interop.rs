@@ -354,7 +354,7 @@ fn a_trained_adapter_and_its_merged_export_load_in_peft_and_transformers_with_ou
 
     let loaded = RecipeFile::from_path(&lora_recipe).unwrap();
     let recipe = &loaded.recipe;
-    let tokenizer = Tokenizer::from_recipe(&recipe.model, &node.dir).unwrap();
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, &node.dir, None).unwrap();
     let pieces = ChatTemplate::for_tokenizer(&tokenizer).generation_prompt(&[Message::new(Role::User, question)], &[]);
     let ids = encode_pieces(&tokenizer, &pieces).unwrap().ids;
     for side in ["adapter_ids", "merged_ids"] {
@@ -367,7 +367,6 @@ fn a_trained_adapter_and_its_merged_export_load_in_peft_and_transformers_with_ou
     }
     let (model, adapters) = mindxtrain_trainer::checkpoint::load_checkpoint(
         recipe,
-        &node.dir,
         Some(&base_final),
         &lora.join("final"),
         &candle_core::Device::Cpu,

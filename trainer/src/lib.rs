@@ -5,7 +5,8 @@
 //! * [`events`]: the [`events::EventSink`] trait through which the trainer reports to
 //!   whoever embeds it (the node writes those reports into its signed log).
 //! * [`data`], [`model`], [`optim`], [`checkpoint`], [`plan`]: what a run is made of;
-//!   [`run`] drives it; [`infer`] serves a model; [`rl`] learns from rewards through it.
+//!   [`run`] drives it; [`infer`] serves a model; [`rl`] learns from rewards through it;
+//!   [`hub`] finds models and datasets named by hub id in the Hugging Face cache.
 
 pub mod batch;
 pub mod checkpoint;
@@ -13,6 +14,7 @@ pub mod collective;
 pub mod data;
 pub mod events;
 pub mod generate;
+pub mod hub;
 pub mod infer;
 pub mod model;
 pub mod optim;

@@ -36,7 +36,7 @@ mod step;
 mod threads;
 
 pub use autotune::{gradient_buckets, measure_plan};
-pub use base::{BaseRecord, adapter_base, check_base_choice};
+pub use base::{BaseDir, BaseRecord, adapter_base, check_base_choice};
 pub use card::{CardError, DEFAULT_RECEIPT_FILE, MODEL_CARD_FILE};
 pub use device::{device_name, named_device, run_device};
 pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
@@ -199,9 +199,21 @@ pub enum RunError {
     Events(String),
     #[error("loss became {value} at step {step}: the run diverged (lower the learning rate?)")]
     Diverged { step: u64, value: f64 },
-    /// The base weights: missing for an adapter, or not the ones recorded.
+    /// The base weights: not the ones recorded, contradicted by `model.config`, or none at all.
     #[error("{0}")]
     Base(String),
+    /// An adapter would train on random weights the recipe did not ask for.
+    #[error(
+        "train.method trains an adapter, but its base would be random weights (no model.path, and no base given \
+         with --init-from or --base): give the base DIR (an HF model directory, such as the final/ of a \
+         tiny_cpu_pretrain.yaml run), or set model.random_init: true in the recipe to train on random weights on \
+         purpose"
+    )]
+    RandomBase,
+    /// A model or dataset named by hub id that the Hugging Face cache does not hold (boxed
+    /// for the same reason as `Load`).
+    #[error(transparent)]
+    Hub(Box<crate::hub::HubError>),
     #[error("cancelled after step {step} (checkpointed: resume continues from there)")]
     Cancelled { step: u64 },
     /// Another rank failed, hung or went away, or the ranks disagree.
@@ -209,9 +221,23 @@ pub enum RunError {
     Collective(crate::collective::CollectiveError),
 }
 
+impl RunError {
+    /// Whether the run was refused for what it was given (its base, model or dataset), before
+    /// it trained: bad input rather than a failure.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, RunError::Base(_) | RunError::RandomBase | RunError::Hub(_) | RunError::Data(DataError::Hub(_)))
+    }
+}
+
 impl From<crate::rl::rollout::RolloutError> for RunError {
     fn from(e: crate::rl::rollout::RolloutError) -> Self {
         RunError::Rollout(Box::new(e))
+    }
+}
+
+impl From<crate::hub::HubError> for RunError {
+    fn from(e: crate::hub::HubError) -> Self {
+        RunError::Hub(Box::new(e))
     }
 }
 
@@ -369,7 +395,7 @@ mod tests {
         let out = dir.path().join("out");
         let s = spec(tiny_lora(|t| t), &[], &out);
         let err = train(&s, &mut Discard, &mut Quiet).unwrap_err();
-        assert!(matches!(err, RunError::Base(_)), "{err}");
+        assert!(matches!(err, RunError::RandomBase), "{err}");
         assert!(err.to_string().contains("model.random_init: true"), "{err}");
         assert!(!out.exists(), "refused before anything is written");
 

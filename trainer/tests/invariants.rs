@@ -279,6 +279,28 @@ fn data_source_rules() {
 }
 
 #[test]
+fn hub_data_needs_an_id_or_paths_and_revisions_need_something_to_pick_from() {
+    // `source: hf` reads data.hf_id from the Hugging Face cache (BASE), or data.paths.
+    let paths = edit("  hf_id: HuggingFaceH4/ultrachat_200k\n", "  paths: [ds]\n");
+    Recipe::from_str(&paths, "x").unwrap_or_else(|e| panic!("{e}"));
+    let e = only_error(&edit("  hf_id: HuggingFaceH4/ultrachat_200k\n", ""));
+    assert_eq!(e.path(), "data.hf_id");
+    assert!(e.message().contains("mindxtrain fetch") && e.message().contains("data.paths"), "{e}");
+    // A revision picks a snapshot of the hub id; with nothing to pick from it would be ignored.
+    let pinned =
+        edit("  hf_id: HuggingFaceH4/ultrachat_200k\n", "  hf_id: HuggingFaceH4/ultrachat_200k\n  revision: v1\n")
+            .replace("  name: Qwen/Qwen3-8B\n", "  name: Qwen/Qwen3-8B\n  revision: main\n");
+    Recipe::from_str(&pinned, "x").unwrap_or_else(|e| panic!("{e}"));
+    let e = only_error(&paths.replace("  paths: [ds]\n", "  paths: [ds]\n  revision: v1\n"));
+    assert_eq!(e.path(), "data.revision");
+    for model in ["  name: local-model\n  revision: main\n", "  name: Qwen/Qwen3-8B\n  revision: main\n  path: w\n"] {
+        let e = only_error(&edit("  name: Qwen/Qwen3-8B\n", model));
+        assert_eq!(e.path(), "model.revision", "{model}");
+        assert!(e.message().contains("Hugging Face cache"), "{e}");
+    }
+}
+
+#[test]
 fn tensor_parallel_serving_is_refused() {
     for n in [2, 4, 8] {
         let e = only_error(&format!("{BASE}serve:\n  tensor_parallel: {n}\n"));

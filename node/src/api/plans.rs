@@ -50,8 +50,8 @@ pub async fn measure(State(s): State<Arc<ApiState>>, Json(req): Json<RecipeRef>)
         let kept = crate::recipes::store(&dir, &loaded.bytes_blake3, &src).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir.join("plans")).map_err(|e| e.to_string())?;
         let recipe_dir = crate::fsutil::parent_dir(&kept);
-        training::measure_and_record_plan(&log, &loaded, recipe_dir, Default::default(), &file, None, None)
-            .map_err(|e| e.to_string())
+        let input = training::ProbeInput { loaded: &loaded, recipe_dir, init_from: None, data: Default::default() };
+        training::measure_and_record_plan(&log, input, &file, None, None).map_err(|e| e.to_string())
     });
     let Ok(measured) = tokio::time::timeout(limit, probe).await else {
         return super::timed_out(limit);

@@ -196,11 +196,16 @@ async fn launch_run(s: &Arc<ApiState>, req: LaunchRequest) -> Result<RunInfo, Re
         None => None,
     };
     let recipe_dir = s.node_dir.join("recipes");
-    if run::check_base_choice(&loaded.recipe, &recipe_dir, init_from.as_deref()).is_err() {
-        let message = "train.method trains an adapter, but its base would be random weights (no model.path and no \
-            \"base\"): give \"base\": the id of a finished run of this node (its final/ weights) or an HF model \
-            directory on the node, or set model.random_init: true in the recipe to train on random weights on purpose";
-        return Err(ApiError::invalid("base", message).into_response());
+    match run::check_base_choice(&loaded.recipe, &recipe_dir, init_from.as_deref()) {
+        Ok(_) => {}
+        Err(RunError::RandomBase) => {
+            let message = "train.method trains an adapter, but its base would be random weights (no model.path \
+                and no \"base\"): give \"base\": the id of a finished run of this node (its final/ weights) or an \
+                HF model directory on the node, or set model.random_init: true in the recipe to train on random \
+                weights on purpose";
+            return Err(ApiError::invalid("base", message).into_response());
+        }
+        Err(e) => return Err(ApiError::invalid("base", e.to_string()).into_response()),
     }
     let mut random = [0u8; 6];
     if getrandom::fill(&mut random).is_err() {

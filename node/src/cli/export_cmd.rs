@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use mindxtrain_node::training::RecipeInput;
 use mindxtrain_trainer::checkpoint::ADAPTER_CONFIG_FILE;
-use mindxtrain_trainer::run::{self, RunError};
+use mindxtrain_trainer::run;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -63,7 +63,7 @@ pub fn run(args: ExportArgs, out: &Output) -> Result<ExitCode> {
     let r = &recipe.loaded.recipe;
     let base = match run::adapter_base(r, &recipe.dir, &args.checkpoint, args.base.as_deref(), args.force_base) {
         Ok(b) => b,
-        Err(e @ RunError::Base(_)) => return refuse(e.to_string()),
+        Err(e) if e.is_refusal() => return refuse(e.to_string()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", args.checkpoint.display())),
     };
     // An empty directory is replaced: the export appears complete or not at all.

@@ -120,6 +120,7 @@ pub fn run(cmd: ManifestCommand, dir: &Path, out: &Output) -> Result<ExitCode> {
                 output_dir,
                 base_model: base_model.iter().map(|p| NamedFile { name: file_name(p), path: p.clone() }).collect(),
                 base_model_uri,
+                base_model_annotations: None,
                 dataset,
                 source: source_repo.zip(source_commit).map(|(repository, commit)| SourceRef { repository, commit }),
                 eval_json: eval,

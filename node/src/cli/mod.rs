@@ -4,6 +4,7 @@ mod anchor_cmd;
 mod chain_cmd;
 mod demo;
 mod export_cmd;
+mod fetch_cmd;
 mod interrupt;
 mod log_cmd;
 mod manifest_cmd;
@@ -121,6 +122,11 @@ pub enum Command {
         after_help = "Example:\n  mindxtrain export recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --merge --out hf-model"
     )]
     Export(export_cmd::ExportArgs),
+    /// Download a model or dataset of the Hugging Face hub into the local hub cache, where runs find it.
+    #[command(
+        after_help = "Runs never download: a recipe's model.name (owner/name, no model.path or model.config) and\ndata.hf_id are read from the cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)\nat model.revision / data.revision. HF_TOKEN (or the token `hf auth login` saved) is sent, never printed.\n\nExamples:\n  mindxtrain fetch Qwen/Qwen3-8B\n  mindxtrain fetch HuggingFaceH4/ultrachat_200k --dataset\n  mindxtrain fetch Qwen/Qwen3-8B --revision <commit id> --json"
+    )]
+    Fetch(fetch_cmd::FetchArgs),
     /// Run the whole flow on embedded defaults in a temporary node.
     #[command(after_help = "Example:\n  mindxtrain demo\n  mindxtrain demo --keep ./demo-node")]
     Demo(demo::DemoArgs),
@@ -164,6 +170,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Train(args) => train_cmd::train(args, &cli.node_dir, &out),
         Command::Eval(args) => train_cmd::eval(args, &out),
         Command::Export(args) => export_cmd::run(args, &out),
+        Command::Fetch(args) => fetch_cmd::run(args, &out),
         Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
         Command::Rent(args) => rent_cmd::rent(args, &cli.node_dir, &out),
         Command::Demo(args) => demo::run(args, &out),

@@ -13,7 +13,7 @@ use mindxtrain_node::training::launch::{self, Launch, RankCommand};
 use mindxtrain_node::training::{
     self, Origin, PlanSource, RecipeInput, RecipeInputError, RecordedPlan, TrainError, TrainRequest, Trained,
 };
-use mindxtrain_trainer::data::{DataOptions, Dataset, Tokenizer};
+use mindxtrain_trainer::data::{DataOptions, Dataset};
 use mindxtrain_trainer::plan::Plan;
 use mindxtrain_trainer::run::{self, BaseRecord, RunError, RunSpec};
 use serde_json::{Value, json};
@@ -188,11 +188,12 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
         Err(e) => return Ok(invalid(out, &e)),
     };
     let spinner = spinner(out, &format!("measuring within {} s", recipe.loaded.recipe.autotune.budget_seconds));
-    let mut plan = run::measure_plan(&recipe.loaded, &recipe.dir, data)
+    let mut plan = run::measure_plan(&recipe.loaded, &recipe.dir, None, data)
         .with_context(|| format!("autotune of {}", args.recipe.display()))?;
     if let Some(l) = &launch {
         let cmd = RankCommand::current(node_dir.to_path_buf(), args.recipe.clone(), recipe.dir.clone())?;
-        let parallel = training::parallel_plan(&recipe.loaded, &recipe.dir, l, &cmd, None)
+        let input = training::ProbeInput { loaded: &recipe.loaded, recipe_dir: &recipe.dir, init_from: None, data };
+        let parallel = training::parallel_plan(input, l, &cmd, None)
             .with_context(|| format!("collective stage of {}", args.recipe.display()))?;
         plan.env.extend(parallel.collective.chosen.iter().map(|(k, v)| (k.clone(), Some(v.clone()))));
         plan.parallel = Some(parallel);
@@ -209,7 +210,7 @@ pub fn bench(args: BenchArgs, node_dir: &Path, out: &Output) -> Result<ExitCode>
     // What --skip-bad left out of the data the plan was measured on.
     let skipped = if args.skip_bad {
         let r = &recipe.loaded.recipe;
-        let tokenizer = Tokenizer::from_recipe(&r.model, &recipe.dir)?;
+        let tokenizer = run::base::tokenizer(r, &recipe.dir, None)?;
         Some(Dataset::from_recipe(r, &recipe.dir, &tokenizer, data)?.manifest.skipped_lines)
     } else {
         None
@@ -415,7 +416,8 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
         "held_out_loss": held_out, "tokens": s.tokens, "seconds": s.seconds, "final_dir": s.final_dir,
         "files": s.files, "eval": s.eval, "dataset_blake3": s.dataset_digest, "base": s.base,
         "data": {"read_examples": d.read_examples, "train_examples": d.train_examples,
-            "holdout_examples": d.holdout_examples, "skipped_lines": d.skipped_lines, "skipped": d.skipped},
+            "holdout_examples": d.holdout_examples, "skipped_lines": d.skipped_lines, "skipped": d.skipped,
+            "hub": d.hub_source()},
         "plan": {"file": t.plan.path, "blake3": hex::encode(t.plan.blake3), "choices": t.plan.plan.choices,
             "how": plan_source},
         "outputs": {"dir": out_dir, "final": s.final_dir, "checkpoint": latest, "eval": eval_json.is_file().then_some(&eval_json),
@@ -509,7 +511,7 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
         args.force_base,
     ) {
         Ok(b) => b,
-        Err(e @ RunError::Base(_)) => return Ok(invalid(out, &e.to_string())),
+        Err(e) if e.is_refusal() => return Ok(invalid(out, &e.to_string())),
         Err(e) => return Err(e).with_context(|| format!("reading {}", args.checkpoint.display())),
     };
     let spec = RunSpec {
@@ -529,7 +531,7 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
     let spinner = spinner(out, "evaluating");
     let report = match run::evaluate_checkpoint(&spec, &args.checkpoint) {
         Ok(r) => r,
-        Err(e @ RunError::Base(_)) => return Ok(invalid(out, &e.to_string())),
+        Err(e) if e.is_refusal() => return Ok(invalid(out, &e.to_string())),
         Err(e) => return Err(e).with_context(|| format!("evaluating {}", args.checkpoint.display())),
     };
     spinner.finish_and_clear();

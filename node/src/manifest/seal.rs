@@ -61,6 +61,9 @@ pub struct RunFacts {
     /// `hf://Qwen/Qwen3-8B@<revision>`).
     pub base_model: Vec<NamedFile>,
     pub base_model_uri: Option<String>,
+    /// What else is known of the base, on each of its descriptors (a base found in the hub
+    /// cache: its repository, the revision asked and the commit).
+    pub base_model_annotations: Option<Value>,
     /// The dataset manifest, as a descriptor with its digest (the trainer's BLAKE3).
     pub dataset: Option<ResourceDescriptor>,
     pub source: Option<SourceRef>,
@@ -162,6 +165,7 @@ fn build_statement(
             name: Some(format!("base/{}", f.name)),
             uri: facts.base_model_uri.clone(),
             digest: Some(d.to_set()),
+            annotations: facts.base_model_annotations.clone(),
             ..Default::default()
         });
     }

@@ -73,6 +73,7 @@ pub(crate) fn sealed_run_of(recipe_text: &str) -> Fixture {
         output_dir: out.clone(),
         base_model: vec![NamedFile { name: "model.safetensors".into(), path: base }],
         base_model_uri: Some("hf://example/tiny".into()),
+        base_model_annotations: Some(json!({"hf_commit": "c".repeat(40)})),
         dataset: Some(statement::ResourceDescriptor {
             name: Some("dataset".into()),
             digest: Some(Digests::of_bytes(b"dataset manifest").to_set()),
@@ -121,6 +122,8 @@ fn sealing_signs_every_file_and_records_the_digest() {
     assert_eq!(plan.content["attention"], "sdpa");
     let deps = &st.predicate.build_definition.resolved_dependencies;
     assert_eq!(deps.len(), 3);
+    // What is known of the base beyond its files (its hub commit) travels on its descriptor.
+    assert_eq!(deps[0].annotations.as_ref().unwrap()["hf_commit"], "c".repeat(40));
     assert_eq!(deps[2].digest.as_ref().unwrap().other["gitCommit"], "ab".repeat(20));
     let eval = st.eval().unwrap();
     assert_eq!(eval.annotations.as_ref().unwrap()["summary"], json!({"loss": 1.25, "accuracy": 0.5}));
@@ -148,6 +151,7 @@ fn bad_facts_are_refused_with_reasons() {
         output_dir: f.out(),
         base_model: vec![],
         base_model_uri: None,
+        base_model_annotations: None,
         dataset: None,
         source: None,
         eval_json: None,

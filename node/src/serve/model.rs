@@ -104,12 +104,11 @@ impl ServedModel {
     pub fn load(src: &ModelSource<'_>) -> Result<ServedModel, ServeModelError> {
         let recipe = src.recipe.recipe.clone();
         let err = |e: &dyn std::fmt::Display| ServeModelError::Load(e.to_string());
-        let tokenizer = Tokenizer::from_recipe(&recipe.model, src.recipe_dir).map_err(|e| err(&e))?;
         let base = run::adapter_base(&recipe, src.recipe_dir, src.checkpoint, src.base, src.force_base)
             .map_err(|e| err(&e))?;
+        let tokenizer = run::base::tokenizer(&recipe, src.recipe_dir, base.as_deref()).map_err(|e| err(&e))?;
         let (mut model, mut adapters) =
-            checkpoint::load_checkpoint(&recipe, src.recipe_dir, base.as_deref(), src.checkpoint, src.device)
-                .map_err(|e| err(&e))?;
+            checkpoint::load_checkpoint(&recipe, base.as_deref(), src.checkpoint, src.device).map_err(|e| err(&e))?;
         if src.merge
             && let Some(ad) = adapters.take()
         {

@@ -66,7 +66,7 @@ fn served_blocking(serve: &str, template: Option<&str>) -> Served {
         None => String::new(),
     };
     let recipe = recipe(serve, &model_lines);
-    let tokenizer = Tokenizer::from_recipe(&recipe.model, dir.path()).unwrap();
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, dir.path(), None).unwrap();
     crate::node::init(dir.path().join("node").as_path()).unwrap();
     let (log, id, _) = crate::node::open(&dir.path().join("node")).unwrap();
     let (log, id) = (Arc::new(log), Arc::new(id));

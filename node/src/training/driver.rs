@@ -188,10 +188,8 @@ pub enum TrainError {
 impl TrainError {
     /// Bad input (exit 4 on the command line, 400 over the API) rather than a failure.
     pub fn is_invalid_input(&self) -> bool {
-        matches!(
-            self,
-            TrainError::Refused(_) | TrainError::Run(RunError::Base(_) | RunError::Plan(_) | RunError::Env(_))
-        )
+        matches!(self, TrainError::Refused(_) | TrainError::Run(RunError::Plan(_) | RunError::Env(_)))
+            || matches!(self, TrainError::Run(e) if e.is_refusal())
     }
 }
 
@@ -220,6 +218,8 @@ pub fn train_and_seal(
         // A resume finds its base in run.json; the trainer checks it there.
         run::check_base_choice(&loaded.recipe, &req.recipe.dir, req.init_from.as_deref())?;
     }
+    // A dataset named by hub id is in the cache, or the run is refused before anything is recorded.
+    mindxtrain_trainer::data::source::files::hub_snapshot(&loaded.recipe.data).map_err(RunError::from)?;
     prepare_out_dir(&req.out_dir, req.resume, req.force)?;
     let receipt_path = receipt_output(&req.out_dir, &loaded.recipe);
     // Refused before training: a resume may replace its own receipt, a new run none.
@@ -377,9 +377,9 @@ fn choose_plan(
         (true, Ok(Some(r))) => r.global_batch,
         _ => None,
     };
-    let measure = |path: &Path| {
-        super::measure_and_record_plan(log, loaded, &req.recipe.dir, req.data, path, launched, global_batch)
-    };
+    let input =
+        super::ProbeInput { loaded, recipe_dir: &req.recipe.dir, init_from: req.init_from.as_deref(), data: req.data };
+    let measure = |path: &Path| super::measure_and_record_plan(log, input, path, launched, global_batch);
     let (bytes, source) = match given {
         Some(path) if path.exists() || req.plan.is_some() => {
             let bytes = std::fs::read(&path).map_err(|e| TrainError::Refused(format!("{}: {e}", path.display())))?;

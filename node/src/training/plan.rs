@@ -49,23 +49,30 @@ impl RecordedPlan {
     }
 }
 
-/// Measures the AOT plan of `loaded` (whose relative paths are under `recipe_dir`), writes
-/// it to `path` and records `plan.emitted`: what a run given no plan does first. A run on
-/// several ranks (`launched`) also gets the collective stage: its layout (with `global_batch`,
-/// a resumed run's, else the recipe's at this world size) and the collective environment that
-/// won, written into the plan's `env`.
+/// What a plan is measured for: the recipe (its relative paths under `recipe_dir`), the base
+/// the run is given (`--init-from`; `None` takes the recipe's own) and the data options.
+#[derive(Clone, Copy)]
+pub struct ProbeInput<'a> {
+    pub loaded: &'a LoadedRecipe,
+    pub recipe_dir: &'a Path,
+    pub init_from: Option<&'a Path>,
+    pub data: DataOptions,
+}
+
+/// Measures the AOT plan of `input`, writes it to `path` and records `plan.emitted`: what a
+/// run given no plan does first. A run on several ranks (`launched`) also gets the collective
+/// stage: its layout (with `global_batch`, a resumed run's, else the recipe's at this world
+/// size) and the collective environment that won, written into the plan's `env`.
 pub fn measure_and_record_plan(
     log: &EventLog,
-    loaded: &LoadedRecipe,
-    recipe_dir: &Path,
-    data: DataOptions,
+    input: ProbeInput<'_>,
     path: &Path,
     launched: Option<(&Launch, &RankCommand)>,
     global_batch: Option<u64>,
 ) -> Result<RecordedPlan, PlanError> {
-    let mut plan = mindxtrain_trainer::run::measure_plan(loaded, recipe_dir, data)?;
+    let mut plan = mindxtrain_trainer::run::measure_plan(input.loaded, input.recipe_dir, input.init_from, input.data)?;
     if let Some((launch, cmd)) = launched {
-        plan.parallel = Some(parallel_plan(loaded, recipe_dir, launch, cmd, global_batch)?);
+        plan.parallel = Some(parallel_plan(input, launch, cmd, global_batch)?);
         let chosen = plan.parallel.as_ref().map(|p| p.collective.chosen.clone()).unwrap_or_default();
         plan.env.extend(chosen.into_iter().map(|(k, v)| (k, Some(v))));
     }
@@ -77,20 +84,19 @@ pub fn measure_and_record_plan(
 /// The layout of a run on the ranks of `launch` and its collective stage (a recorded no-op at
 /// one rank).
 pub fn parallel_plan(
-    loaded: &LoadedRecipe,
-    recipe_dir: &Path,
+    input: ProbeInput<'_>,
     launch: &Launch,
     cmd: &RankCommand,
     global_batch: Option<u64>,
 ) -> Result<ParallelPlan, PlanError> {
-    let r = &loaded.recipe;
+    let r = &input.loaded.recipe;
     let world = launch.world() as u64;
     let per_device = u64::from(r.train.batch.per_device);
     let global_batch = global_batch.unwrap_or(per_device * u64::from(r.train.batch.grad_accum) * world);
     let grad_accum = mindxtrain_trainer::parallel::accumulation(global_batch, per_device, launch.world())
         .map_err(|e| PlanError::Measure(RunError::Recipe(e)))?;
     let sharding = r.train.distributed.sharding(r.train.fsdp);
-    let (buckets, dtype) = mindxtrain_trainer::run::gradient_buckets(loaded, recipe_dir)?;
+    let (buckets, dtype) = mindxtrain_trainer::run::gradient_buckets(input.loaded, input.recipe_dir, input.init_from)?;
     let op = if matches!(sharding, Sharding::Zero2 | Sharding::Zero3) { "reduce_scatter" } else { "all_reduce" };
     let collective = if launch.world() == 1 {
         CollectiveStage { skipped: Some("one rank: nothing to reduce".into()), ..CollectiveStage::default() }
@@ -104,7 +110,16 @@ pub fn parallel_plan(
             _ => "f32",
         };
         let budget = Duration::from_secs(u64::from(r.autotune.budget_seconds));
-        launch::collective_stage(launch, cmd, &hex::encode(loaded.bytes_blake3), &base_env, &buckets, dtype, op, budget)
+        launch::collective_stage(
+            launch,
+            cmd,
+            &hex::encode(input.loaded.bytes_blake3),
+            &base_env,
+            &buckets,
+            dtype,
+            op,
+            budget,
+        )
     };
     Ok(ParallelPlan {
         world_size: launch.world(),

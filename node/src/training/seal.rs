@@ -7,8 +7,9 @@ use crate::log::index::Query;
 use crate::manifest::digest::DigestSet;
 use crate::manifest::statement::{DATASET_NAME, ResourceDescriptor};
 use crate::manifest::{self, EventRange, HashOptions, ManifestError, NamedBytes, NamedFile, RunFacts, Sealed};
+use mindxtrain_trainer::hub::RepoKind;
 use mindxtrain_trainer::run::{BaseRecord, RunSummary};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -42,13 +43,27 @@ pub fn seal_run(log: &EventLog, key: &Identity, node_dir: &Path, run: FinishedRu
     };
     let base_dir = s.base.path();
     let base_model = match &s.base {
-        BaseRecord::Weights { path, files } => {
+        BaseRecord::Weights { path, files, .. } => {
             files.iter().map(|f| NamedFile { name: f.path.clone(), path: Path::new(path).join(&f.path) }).collect()
         }
         BaseRecord::RandomInit { .. } => Vec::new(),
     };
+    // A base or dataset found in the hub cache is named by repository and commit, so the
+    // manifest says what to fetch to check it. The base keeps its directory as its URI: a
+    // replay relocates the adapter's record of it from there.
+    let base_model_annotations = match &s.base {
+        BaseRecord::Weights { hub: Some(h), .. } => Some(
+            json!({"hf_repo": h.repo, "hf_revision": h.revision, "hf_commit": h.commit, "hf_uri": h.uri(RepoKind::Model)}),
+        ),
+        _ => None,
+    };
     let digest = DigestSet { blake3: Some(s.dataset_digest.clone()), ..Default::default() };
-    let dataset = ResourceDescriptor { name: Some(DATASET_NAME.into()), digest: Some(digest), ..Default::default() };
+    let dataset = ResourceDescriptor {
+        name: Some(DATASET_NAME.into()),
+        uri: s.dataset.hub_source().map(|h| h.uri(RepoKind::Dataset)),
+        digest: Some(digest),
+        ..Default::default()
+    };
     let eval = run.out_dir.join("eval.json");
     let finished = SystemTime::now();
     let facts = RunFacts {
@@ -58,6 +73,7 @@ pub fn seal_run(log: &EventLog, key: &Identity, node_dir: &Path, run: FinishedRu
         output_dir: run.out_dir.to_path_buf(),
         base_model,
         base_model_uri: base_dir.map(|d| format!("file://{}", d.display())),
+        base_model_annotations,
         dataset: Some(dataset),
         source: None,
         eval_json: eval.is_file().then_some(eval),

@@ -76,7 +76,7 @@ fn ours(cfg: &DataBench, dir: &Path) -> Result<Measured> {
     let pool = thread_pool(cfg.threads)?;
     pool.install(|| -> Result<Measured> {
         let (start, cpu) = (Instant::now(), cpu_seconds());
-        let tokenizer = Tokenizer::from_recipe(&recipe.model, dir)?;
+        let tokenizer = Tokenizer::from_recipe(&recipe.model, dir, None)?;
         let data = Dataset::from_recipe(&recipe, dir, &tokenizer, DataOptions::default())?;
         let per_device = 64;
         let rows = data.train_rows_per_epoch();

@@ -255,7 +255,7 @@ fn served_model(load: &PaidServing) -> anyhow::Result<(ServedModel, String)> {
     let mut recipe = Recipe::check_str(src, RECIPE).map_err(|e| anyhow::anyhow!("{RECIPE}: {e}"))?.recipe;
     recipe.serve.max_batch = u32::try_from(load.streams)?;
     recipe.serve.max_model_len = u32::try_from(load.prompt + load.new_tokens)?;
-    let tokenizer = Tokenizer::from_recipe(&recipe.model, Path::new("."))?;
+    let tokenizer = Tokenizer::from_recipe(&recipe.model, Path::new("."), None)?;
     // `cuda` alone is the first GPU, as `serve --device` reads it.
     let device = mindxtrain_trainer::run::named_device(if load.device == "cuda" { "cuda:0" } else { &load.device })?;
     let config = Qwen3Config::timing_shape(&load.shape)

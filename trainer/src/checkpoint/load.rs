@@ -1,5 +1,5 @@
 //! Loading a model for use, onto the device the caller names: an HF model directory, a
-//! recipe's base (its `model.path`, an `--init-from` directory, or the seeded random init), and
+//! recipe's base (the directory `run::base::base_dir` settles, or the seeded random init), and
 //! a trained checkpoint as a run left it (full weights, or a PEFT adapter over the base).
 //!
 //! A training run, `mindxtrain eval` and the inference server all load through here, so the
@@ -22,7 +22,7 @@ pub enum LoadError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("model: give model.path (HF checkpoint) or model.config (random init)")]
+    #[error("model: no base weights and no model.config to draw random weights for")]
     NoModel,
     #[error("{path}: {reason}")]
     Adapter { path: String, reason: String },
@@ -51,18 +51,12 @@ pub fn load_hf_model(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3
     Ok((Qwen3::new(config, params, device)?, files))
 }
 
-/// A recipe's base model on `device`: `init_from`, else `model.path` (relative to
-/// `recipe_dir`), else the random init from `meta.seed`.
-pub fn load_base(
-    recipe: &Recipe,
-    recipe_dir: &Path,
-    init_from: Option<&Path>,
-    device: &Device,
-) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
+/// A recipe's base model on `device`: the HF directory `base` (which `run::base::base_dir`
+/// settles), else the random init of `model.config` from `meta.seed`.
+pub fn load_base(recipe: &Recipe, base: Option<&Path>, device: &Device) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
     let dtype = model_dtype(recipe.model.dtype);
-    let dir = init_from.map(Path::to_path_buf).or_else(|| recipe.model.path.as_ref().map(|p| recipe_dir.join(p)));
-    match dir {
-        Some(dir) => load_hf_model(&dir, dtype, device),
+    match base {
+        Some(dir) => load_hf_model(dir, dtype, device),
         None => {
             let config = recipe.model.config.as_ref().ok_or(LoadError::NoModel)?;
             Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
@@ -71,11 +65,10 @@ pub fn load_base(
 }
 
 /// A trained model as a run left it, on `device`: `checkpoint_dir` holds full HF weights, or a
-/// PEFT adapter applied over the recipe's base ([`load_base`]).
+/// PEFT adapter applied over `base` ([`load_base`]; `run::adapter_base` settles it).
 pub fn load_checkpoint(
     recipe: &Recipe,
-    recipe_dir: &Path,
-    init_from: Option<&Path>,
+    base: Option<&Path>,
     checkpoint_dir: &Path,
     device: &Device,
 ) -> Result<(Qwen3, Option<Adapters>), LoadError> {
@@ -83,7 +76,7 @@ pub fn load_checkpoint(
     if !is_adapter(checkpoint_dir) {
         return Ok((load_hf_model(checkpoint_dir, dtype, device)?.0, None));
     }
-    let (model, _) = load_base(recipe, recipe_dir, init_from, device)?;
+    let (model, _) = load_base(recipe, base, device)?;
     let adapters = load_adapter(checkpoint_dir, model.config(), dtype, device)?;
     Ok((model, Some(adapters)))
 }

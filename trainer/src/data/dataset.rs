@@ -129,19 +129,22 @@ impl Dataset {
         // Generated pre-training text is the rendered task conversations, every token learned.
         let learn_all = data.format == DataFormat::Text && data.source == DataSource::Generated;
         let record_format = if learn_all { DataFormat::Chat } else { data.format };
+        let snapshot = files::hub_snapshot(data)?;
         let mut source = match data.source {
             DataSource::Jsonl | DataSource::Hf => {
-                if data.paths.is_empty() {
-                    let what = match (&data.source, &data.hf_id) {
-                        (DataSource::Hf, Some(id)) => {
-                            format!("a local copy of `{id}` (Parquet, Arrow or JSONL; nothing is downloaded)")
-                        }
-                        _ => "files".to_owned(),
-                    };
-                    return Err(DataError::Config(format!("data.paths must list {what}")));
-                }
+                let inputs = match &snapshot {
+                    Some(snapshot) => files::resolve_snapshot(snapshot, &data.split)?,
+                    None if data.paths.is_empty() => {
+                        return Err(DataError::Config(
+                            "data.paths must list files (or, with `source: hf`, data.hf_id name a dataset in the \
+                             Hugging Face cache)"
+                                .into(),
+                        ));
+                    }
+                    None => files::resolve(&data.paths, &data.split, base_dir)?,
+                };
                 let columns: Vec<(String, String)> = data.columns.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                Source::files(files::resolve(&data.paths, &data.split, base_dir)?, data.format, &columns)?
+                Source::files(inputs, data.format, &columns)?
             }
             DataSource::Generated => {
                 let g = data.generator.as_ref().ok_or_else(|| {
@@ -244,7 +247,12 @@ impl Dataset {
             source.index(&mut visit)?
         };
         let store = DocStore::new(source, encoder, cache);
-        let (manifest, store) = split_and_describe(recipe, pass, store, digests, generator, &template, tokenizer)?;
+        let (mut manifest, store) = split_and_describe(recipe, pass, store, digests, generator, &template, tokenizer)?;
+        // Which hub dataset the files are: the snapshot read (with the commit it resolved to),
+        // or the one `data.paths` is a local copy of.
+        manifest.hf_id = data.hf_id.clone();
+        manifest.revision = snapshot.as_ref().map(|s| s.source.revision.clone()).or_else(|| data.revision.clone());
+        manifest.commit = snapshot.map(|s| s.source.commit);
         let layout = Layout {
             seq_len,
             packing: data.packing,
@@ -469,6 +477,9 @@ fn split_and_describe(
         files,
         generator,
         split: hf.then(|| data.split.clone()),
+        hf_id: None,
+        revision: None,
+        commit: None,
         columns: data.columns.clone(),
         tokenizer: tokenizer.identity().to_owned(),
         template: template.info(),

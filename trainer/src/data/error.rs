@@ -31,9 +31,19 @@ pub enum DataError {
     Config(String),
     #[error("data: {0}")]
     Empty(String),
+    /// A dataset named by hub id (`data.hf_id`) that the Hugging Face cache does not hold
+    /// (boxed: it is large, and rare).
+    #[error(transparent)]
+    Hub(Box<crate::hub::HubError>),
     /// A saved data cursor that does not point into this dataset.
     #[error("data cursor epoch {epoch} position {position}: {reason}")]
     BadCursor { epoch: u64, position: u64, reason: String },
+}
+
+impl From<crate::hub::HubError> for DataError {
+    fn from(e: crate::hub::HubError) -> Self {
+        DataError::Hub(Box::new(e))
+    }
 }
 
 /// A problem with a Parquet or Arrow file: where it is, as precisely as known (the row group or

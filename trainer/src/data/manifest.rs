@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::jsonl::{FileDigest, SkippedLine};
 use super::near_dedupe::NearDedupeParams;
 use super::template::TemplateInfo;
+use crate::hub::HubSource;
 use crate::recipe::{DataFormat, DataSource, GeneratorKind};
 
 /// Bumped when a field's meaning changes.
@@ -25,6 +26,16 @@ pub struct DatasetManifest {
     /// The split that picked the files of directories (`hf` source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<String>,
+    /// `data.hf_id`: the hub dataset the files are, read from its snapshot in the Hugging Face
+    /// cache or (with `data.paths`) a local copy of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_id: Option<String>,
+    /// The revision asked for: `data.revision`, `main` when the cache was read without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The commit the revision resolved to in the cache (unknown for a local copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     /// `data.columns`: record field → table column, where a column has another name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub columns: BTreeMap<String, String>,
@@ -82,6 +93,11 @@ impl DatasetManifest {
     pub fn digest(&self) -> String {
         let bytes = serde_json::to_vec(self).unwrap_or_default();
         blake3::hash(&bytes).to_hex().to_string()
+    }
+
+    /// The hub snapshot the data was read from, when it was found in the cache.
+    pub fn hub_source(&self) -> Option<HubSource> {
+        Some(HubSource { repo: self.hf_id.clone()?, revision: self.revision.clone()?, commit: self.commit.clone()? })
     }
 
     /// The manifest with its digest, as written beside a run.

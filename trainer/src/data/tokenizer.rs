@@ -150,29 +150,31 @@ impl Tokenizer {
     }
 
     /// The tokenizer a recipe names: `byte`, a `tokenizer.json` path (or a directory holding
-    /// one), or, unset, the one stored beside the weights in `model.path`. Relative paths are
-    /// taken from `base_dir`.
-    pub fn from_recipe(model: &Model, base_dir: &Path) -> Result<Tokenizer, DataError> {
-        let spec = match (&model.tokenizer, &model.path) {
+    /// one), relative to `recipe_dir`; or, unset, the `tokenizer.json` in `weights`, the
+    /// directory of the base weights (`run::base::tokenizer` settles it). `model.chat_template`
+    /// is taken from `recipe_dir` too.
+    pub fn from_recipe(model: &Model, recipe_dir: &Path, weights: Option<&Path>) -> Result<Tokenizer, DataError> {
+        let mut path: PathBuf = match (&model.tokenizer, weights) {
             (Some(t), _) if t == "byte" => {
                 let mut tokenizer = Tokenizer::byte();
-                tokenizer.apply_model_settings(model, base_dir)?;
+                tokenizer.apply_model_settings(model, recipe_dir)?;
                 return Ok(tokenizer);
             }
-            (Some(t), _) => t.clone(),
-            (None, Some(weights)) => weights.clone(),
+            (Some(t), _) => recipe_dir.join(t),
+            (None, Some(dir)) => dir.to_path_buf(),
             (None, None) => {
                 return Err(DataError::Config(
-                    "model.tokenizer is unset and there is no model.path to find tokenizer.json in".into(),
+                    "model.tokenizer is unset and the run has no base weights to find tokenizer.json beside \
+                     (model.path, --init-from, or a hub model.name in the Hugging Face cache)"
+                        .into(),
                 ));
             }
         };
-        let mut path: PathBuf = base_dir.join(spec);
         if path.is_dir() {
             path = path.join("tokenizer.json");
         }
         let mut tokenizer = Tokenizer::from_file(&path)?;
-        tokenizer.apply_model_settings(model, base_dir)?;
+        tokenizer.apply_model_settings(model, recipe_dir)?;
         Ok(tokenizer)
     }
 

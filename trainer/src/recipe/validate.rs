@@ -231,6 +231,13 @@ fn model(c: &mut Checks, r: &Recipe) {
     c.opt_text("model.revision", m.revision.as_ref());
     c.opt_text("model.path", m.path.as_ref());
     c.opt_text("model.tokenizer", m.tokenizer.as_ref());
+    if m.revision.is_some() && (m.path.is_some() || m.config.is_some() || !crate::hub::is_repo_id(&m.name)) {
+        c.fail(
+            "model.revision",
+            "picks the snapshot of model.name in the Hugging Face cache, which is read only for a hub id \
+             (owner/name) without model.path and model.config: drop it",
+        );
+    }
     if m.random_init && m.path.is_some() {
         c.fail("model.random_init", "random weights and model.path exclude each other: drop one");
     }
@@ -304,8 +311,10 @@ fn data(c: &mut Checks, r: &Recipe) {
     }
     match (&d.hf_id, source) {
         (None, DataSource::Hf) if d.paths.is_empty() => c.fail(
-            "data.paths",
-            "required with `source: hf` (Parquet, Arrow or JSONL files or directories; nothing is downloaded)",
+            "data.hf_id",
+            "`source: hf` needs data.hf_id (a dataset in the Hugging Face cache, fetched with `mindxtrain fetch \
+             ID --dataset`; nothing is downloaded at run time) or data.paths (Parquet, Arrow or JSONL files or \
+             directories)",
         ),
         (Some(id), DataSource::Hf) if !id.contains('/') || id.trim() != id => {
             c.fail("data.hf_id", format!("expected `owner/name`, found {id:?}"));
@@ -315,6 +324,8 @@ fn data(c: &mut Checks, r: &Recipe) {
     }
     if d.revision.is_some() && source != DataSource::Hf {
         only_for(c, "revision", DataSource::Hf);
+    } else if d.revision.is_some() && d.hf_id.is_none() {
+        c.fail("data.revision", "is the revision of data.hf_id, which is not given: drop it or name the dataset");
     }
     match (&d.generator, source) {
         (None, DataSource::Generated) => c.fail("data.generator", "required with `source: generated`"),

@@ -11,7 +11,7 @@
 use super::RunError;
 use super::method::MethodPlan;
 use super::microbatch::{accumulate, split};
-use crate::data::{DataCursor, DataOptions, Dataset, Tokenizer};
+use crate::data::{DataCursor, DataOptions, Dataset};
 use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
 use crate::plan::{
     Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates,
@@ -29,18 +29,25 @@ use std::time::{Duration, Instant};
 /// and returns the plan. The model is the recipe's shape (random weights: speed does not
 /// depend on their values); the batch is the first real batch of the recipe's data. A
 /// probe step is the forward/backward of every micro-batch: the optimizer update costs the
-/// same whatever the choices.
+/// same whatever the choices. The shape, tokenizer and chat template are those of the run's
+/// base (`init_from`, else the recipe's: [`super::base::base_dir`]).
 ///
 /// With `autotune.enabled: false` nothing is timed: the plan holds the defaults (all host
 /// threads, the whole batch in one micro-batch, checkpointing as the recipe says, the kernels'
 /// default blocking) and says so in its `note`.
-pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions) -> Result<Plan, RunError> {
+pub fn measure_plan(
+    recipe: &LoadedRecipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+    data: DataOptions,
+) -> Result<Plan, RunError> {
     let r = &recipe.recipe;
     let device = super::run_device(r)?;
     if !r.autotune.enabled {
         return Ok(default_plan(recipe, &device));
     }
-    let config = model_config(r, recipe_dir)?;
+    let base = super::base::base_dir(r, recipe_dir, init_from)?.map(|b| b.dir);
+    let config = model_config(r, base.as_deref())?;
     let dtype = crate::checkpoint::model_dtype(r.model.dtype);
     let method = MethodPlan::from_recipe(&r.train.method)?;
     // A QLoRA recipe is timed on the NF4 base it trains on (its products expand each weight
@@ -60,7 +67,7 @@ pub fn measure_plan(recipe: &LoadedRecipe, recipe_dir: &Path, data: DataOptions)
         Some(l) => Some(Adapters::init(&config, l, r.meta.seed, model.dtype(), &device)?),
         None => None,
     };
-    let tokenizer = Tokenizer::from_recipe(&r.model, recipe_dir)?;
+    let tokenizer = super::base::tokenizer(r, recipe_dir, base.as_deref())?;
     let dataset = Dataset::from_recipe(r, recipe_dir, &tokenizer, data)?;
     let per_device = r.train.batch.per_device as usize;
     // Preference recipes are timed on their chosen rows: the same shapes, half the rows.
@@ -219,26 +226,32 @@ fn memory_warning(sized_for: Option<u32>, found_gb: Option<f64>) -> Option<Strin
     })
 }
 
-/// The model shape a recipe trains: `model.config`, else the `config.json` of `model.path`.
-fn model_config(r: &crate::recipe::Recipe, recipe_dir: &Path) -> Result<Qwen3Config, RunError> {
-    match (&r.model.config, &r.model.path) {
-        (Some(c), _) => Ok(Qwen3Config::from(c)),
-        (None, Some(p)) => {
-            let path = recipe_dir.join(p).join("config.json");
+/// The model shape a run trains: the `config.json` of its base directory, else `model.config`
+/// (a run's [`super::base::check_base_choice`] refuses a `model.config` that says another shape).
+fn model_config(r: &crate::recipe::Recipe, base: Option<&Path>) -> Result<Qwen3Config, RunError> {
+    match (base, &r.model.config) {
+        (Some(dir), _) => {
+            let path = dir.join(crate::checkpoint::CONFIG_FILE);
             let bytes = std::fs::read_to_string(&path)
                 .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
             Ok(Qwen3Config::from_hf_json(&bytes)?)
         }
-        (None, None) => Err(RunError::Recipe("model: give model.path or model.config".into())),
+        (None, Some(c)) => Ok(Qwen3Config::from(c)),
+        (None, None) => Err(crate::checkpoint::LoadError::NoModel.into()),
     }
 }
 
 /// The gradient buckets a run of `recipe` sends each step (bytes, in the order the backward
 /// completes them) and the dtype they travel in: what the probe's collective stage times.
-pub fn gradient_buckets(recipe: &LoadedRecipe, recipe_dir: &Path) -> Result<(Vec<u64>, DType), RunError> {
+pub fn gradient_buckets(
+    recipe: &LoadedRecipe,
+    recipe_dir: &Path,
+    init_from: Option<&Path>,
+) -> Result<(Vec<u64>, DType), RunError> {
     use crate::model::{Stage, stage_of};
     let r = &recipe.recipe;
-    let config = model_config(r, recipe_dir)?;
+    let base = super::base::base_dir(r, recipe_dir, init_from)?.map(|b| b.dir);
+    let config = model_config(r, base.as_deref())?;
     let method = MethodPlan::from_recipe(&r.train.method)?;
     let shapes = match &method.lora {
         Some(l) => l.shapes(&config),
@@ -374,12 +387,13 @@ mod tests {
             t.replace("  gpus: 0\n", "  gpus: 0\n  memory_gb: 4096\n")
                 .replace("budget_seconds: 10", "budget_seconds: 1")
         });
-        let plan = measure_plan(&odd, &recipes_dir(), DataOptions::default()).unwrap();
+        let plan = measure_plan(&odd, &recipes_dir(), None, DataOptions::default()).unwrap();
         assert!(plan.machine.memory_gb.is_some_and(|g| g > 0.0));
         assert!(plan.warnings.iter().any(|w| w.contains("hardware.memory_gb is 4096")), "{:?}", plan.warnings);
         let plain = measure_plan(
             &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 1")),
             &recipes_dir(),
+            None,
             DataOptions::default(),
         )
         .unwrap();
@@ -389,13 +403,14 @@ mod tests {
     #[test]
     fn autotune_off_measures_nothing_and_says_so() {
         let off = tiny(|t| t.replace("autotune:\n", "autotune:\n  enabled: false\n"));
-        let plan = measure_plan(&off, &recipes_dir(), DataOptions::default()).unwrap();
+        let plan = measure_plan(&off, &recipes_dir(), None, DataOptions::default()).unwrap();
         assert!(plan.measurements.is_empty() && plan.elapsed_ms == 0);
         assert!(plan.note.as_deref().is_some_and(|n| n.contains("autotune.enabled is false")), "{:?}", plan.note);
         assert_eq!(plan.choices.micro_batch, 8, "the whole batch");
         let on = measure_plan(
             &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 1")),
             &recipes_dir(),
+            None,
             DataOptions::default(),
         )
         .unwrap();
@@ -409,7 +424,7 @@ mod tests {
                 t.replace("budget_seconds: 10", "budget_seconds: 2")
                     .replace("  precision: fp32\n", &format!("  precision: fp32\n  gradient_checkpointing: {want}\n"))
             });
-            let plan = measure_plan(&r, &recipes_dir(), DataOptions::default()).unwrap();
+            let plan = measure_plan(&r, &recipes_dir(), None, DataOptions::default()).unwrap();
             assert_eq!(plan.choices.activation_checkpointing, want);
             assert!(plan.measurements.iter().all(|m| m.choices.activation_checkpointing == want));
             assert!(plan.check_constraints(&r.recipe, "p").is_ok());
@@ -421,13 +436,14 @@ mod tests {
                 t.replace("autotune:\n", "autotune:\n  enabled: false\n")
                     .replace("  precision: fp32\n", &format!("  precision: fp32\n  gradient_checkpointing: {want}\n"))
             });
-            let defaults = measure_plan(&off, &recipes_dir(), DataOptions::default()).unwrap();
+            let defaults = measure_plan(&off, &recipes_dir(), None, DataOptions::default()).unwrap();
             assert_eq!(defaults.choices.activation_checkpointing, want);
         }
         // Unset: the probe times both.
         let free = measure_plan(
             &tiny(|t| t.replace("budget_seconds: 10", "budget_seconds: 3")),
             &recipes_dir(),
+            None,
             DataOptions::default(),
         )
         .unwrap();
@@ -439,7 +455,7 @@ mod tests {
     fn the_probe_keeps_to_the_recipe_s_budget() {
         for seconds in [1u32, 3] {
             let r = tiny(|t| t.replace("budget_seconds: 10", &format!("budget_seconds: {seconds}")));
-            let plan = measure_plan(&r, &recipes_dir(), DataOptions::default()).unwrap();
+            let plan = measure_plan(&r, &recipes_dir(), None, DataOptions::default()).unwrap();
             assert_eq!(plan.budget_seconds, seconds);
             // The budget is checked between candidates: one more step may start before it ends.
             let slowest = plan.measurements.iter().filter_map(|m| m.step_us).max().unwrap_or(0) / 1000;

@@ -97,11 +97,15 @@ fn front_matter(f: &CardFacts) -> Map<String, Value> {
     m
 }
 
-/// The hub id the recipe names when the run started from the recipe's own `model.path`;
-/// else the directory it started from; nothing for random weights.
+/// The hub id of a base found in the hub cache, or the one the recipe names when the run started
+/// from the recipe's own `model.path`; else the directory it started from; nothing for random
+/// weights.
 fn base_model(recipe: &Recipe, recipe_dir: &Path, record: &BaseRecord) -> Option<String> {
+    if let BaseRecord::Weights { hub: Some(hub), .. } = record {
+        return Some(hub.repo.clone());
+    }
     let path = record.path()?;
-    let named = base::base_dir(recipe, recipe_dir, None).map(|d| base::absolute(&d));
+    let named = base::base_dir(recipe, recipe_dir, None).ok().flatten().map(|d| base::absolute(&d.dir));
     Some(if named.as_deref() == Some(path) { recipe.model.name.clone() } else { path.display().to_string() })
 }
 
@@ -282,7 +286,7 @@ mod tests {
         let mut r = recipe("");
         r.meta.license = "mit".into();
         r.meta.description = "A \"quoted\" description: with a colon".into();
-        let base = BaseRecord::Weights { path: "/models/base".into(), files: vec![] };
+        let base = BaseRecord::Weights { path: "/models/base".into(), files: vec![], hub: None };
         let report = eval();
         let facts =
             CardFacts { recipe: &r, recipe_dir: Path::new("."), base: Some(&base), adapter: true, eval: Some(&report) };
@@ -312,7 +316,7 @@ mod tests {
         r.data.source = DataSource::Hf;
         r.data.hf_id = Some("org/data".into());
         let path = base::absolute(&dir.path().join("weights")).display().to_string();
-        let base = BaseRecord::Weights { path, files: vec![] };
+        let base = BaseRecord::Weights { path, files: vec![], hub: None };
         let facts = CardFacts { recipe: &r, recipe_dir: dir.path(), base: Some(&base), adapter: false, eval: None };
         let card = model_card(&facts);
         assert!(card.contains("base_model: \"Qwen/Qwen3-0.6B\"\n"), "{card}");
@@ -323,6 +327,12 @@ mod tests {
         placed.receipt.output = Some("/srv/receipts/r.json".into());
         let card = model_card(&CardFacts { recipe: &placed, ..facts });
         assert!(card.contains("receipt verify /srv/receipts/r.json --files RUN"), "{card}");
+        // A base found in the hub cache is named by its repository, wherever the cache lies.
+        let hub =
+            crate::hub::HubSource { repo: "Qwen/Qwen3-8B".into(), revision: "main".into(), commit: "c".repeat(40) };
+        let cached = BaseRecord::Weights { path: "/cache/snapshots/c".into(), files: vec![], hub: Some(hub) };
+        let card = model_card(&CardFacts { base: Some(&cached), ..facts });
+        assert!(card.contains("base_model: \"Qwen/Qwen3-8B\"\n"), "{card}");
         let random = BaseRecord::RandomInit { seed: 3 };
         let card = model_card(&CardFacts { base: Some(&random), ..facts });
         assert!(!card.contains("base_model:"), "no base to name: {card}");

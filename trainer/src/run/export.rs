@@ -30,9 +30,9 @@ pub fn export_hf(
     base: Option<&Path>,
     out: &Path,
 ) -> Result<Vec<FileDigest>, RunError> {
-    let tokenizer = Tokenizer::from_recipe(&recipe.model, recipe_dir)?;
+    let tokenizer = super::base::tokenizer(recipe, recipe_dir, base)?;
     let (mut model, adapters) =
-        crate::checkpoint::load_checkpoint(recipe, recipe_dir, base, checkpoint_dir, &candle_core::Device::Cpu)?;
+        crate::checkpoint::load_checkpoint(recipe, base, checkpoint_dir, &candle_core::Device::Cpu)?;
     let card = carried_card(recipe, recipe_dir, checkpoint_dir, base, adapters.is_some())?;
     if let Some(adapters) = adapters {
         let merged = merge_lora(model.params(), model.config(), &adapters)?;
@@ -82,7 +82,7 @@ fn carried_card(
     let recorded = match (BaseRecord::read(checkpoint_dir)?, base) {
         (Some(r), _) => Some(r),
         (None, Some(dir)) => {
-            Some(BaseRecord::Weights { path: base::absolute(dir).display().to_string(), files: vec![] })
+            Some(BaseRecord::Weights { path: base::absolute(dir).display().to_string(), files: vec![], hub: None })
         }
         (None, None) => None,
     };

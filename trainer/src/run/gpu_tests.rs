@@ -56,7 +56,7 @@ fn print_plan(plan: &Plan) {
 fn the_gpu_plan_replayed_twice_gives_identical_checkpoints() {
     let (recipe, dir) = demo_on_gpu();
     let t0 = Instant::now();
-    let plan = measure_plan(&recipe, &dir, DataOptions::default()).unwrap();
+    let plan = measure_plan(&recipe, &dir, None, DataOptions::default()).unwrap();
     println!(
         "probe on {}: {} candidates in {:.1} s, chose {:?}",
         plan.machine.device,
@@ -98,7 +98,7 @@ fn the_gpu_plan_replayed_twice_gives_identical_checkpoints() {
 fn the_probe_at_the_8b_shape_fits_in_a_minute() {
     let (recipe, dir) = recipe("qwen3_8b_shape_lora_h100.yaml", |text| text);
     let t0 = Instant::now();
-    let plan = measure_plan(&recipe, &dir, DataOptions::default()).unwrap();
+    let plan = measure_plan(&recipe, &dir, None, DataOptions::default()).unwrap();
     let secs = t0.elapsed().as_secs_f64();
     print_plan(&plan);
     println!("8B-shape probe: {secs:.1} s in all ({} ms timing)", plan.elapsed_ms);

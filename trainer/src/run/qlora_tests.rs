@@ -69,7 +69,7 @@ fn a_qwen3_moe_qlora_recipe_trains_adapters_over_nf4_experts_and_exports_merged(
     let out = dir.path().join("export");
     export_hf(&spec.recipe.recipe, &recipe_dir, &summary.final_dir, None, &out).unwrap();
     let (exported, _) = crate::checkpoint::load_hf_model(&out, DType::F32, &Device::Cpu).unwrap();
-    let (base, _) = crate::checkpoint::load_base(&spec.recipe.recipe, &recipe_dir, None, &Device::Cpu).unwrap();
+    let (base, _) = crate::checkpoint::load_base(&spec.recipe.recipe, None, &Device::Cpu).unwrap();
     let adapters =
         crate::checkpoint::load_adapter(&summary.final_dir, base.config(), DType::F32, &Device::Cpu).unwrap();
     let merged = merge_lora(base.params(), base.config(), &adapters).unwrap();

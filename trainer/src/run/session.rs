@@ -78,18 +78,16 @@ fn hex(b: &[u8; 32]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Loads the base model: `init_from`, else `model.path`, else random init from the seed
-/// (refused for an adapter unless the recipe asks for it: [`base::check_base_choice`]).
+/// Loads the base model from `base` ([`base::check_base_choice`] settled it), else draws it
+/// from the seed, with the record of what was loaded.
 fn load_base_model(
     recipe: &Recipe,
-    recipe_dir: &Path,
-    init_from: Option<&Path>,
+    base: Option<&base::BaseDir>,
     device: &Device,
 ) -> Result<(Qwen3, BaseRecord), RunError> {
-    base::check_base_choice(recipe, recipe_dir, init_from)?;
-    let (model, files) = checkpoint::load_base(recipe, recipe_dir, init_from, device)?;
-    let record = match base::base_dir(recipe, recipe_dir, init_from) {
-        Some(dir) => BaseRecord::Weights { path: base::absolute(&dir).display().to_string(), files },
+    let (model, files) = checkpoint::load_base(recipe, base.map(|b| b.dir.as_path()), device)?;
+    let record = match base {
+        Some(b) => b.record(files),
         None => BaseRecord::RandomInit { seed: recipe.meta.seed },
     };
     Ok((model, record))
@@ -165,11 +163,6 @@ impl<'a> Session<'a> {
             }
             None => (super::run_device(recipe)?, None),
         };
-        let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
-        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
-        if writer {
-            out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
-        }
         // Rank 0 reads the run directory; the others take its word (they may be on another node).
         let mut existing = if writer { out.read_record()? } else { None };
         if let Some(r) = &ranks {
@@ -177,16 +170,28 @@ impl<'a> Session<'a> {
             existing = serde_json::from_slice(&r.rank0_value(&bytes)?)
                 .map_err(|e| RunError::Recipe(format!("rank 0's run record: {e}")))?;
             r.agree("plan", &hex(&spec.plan_blake3))?;
-            r.agree("dataset", &dataset.manifest.digest())?;
         }
         // A resume continues on the base the run recorded, unless told otherwise.
         let recorded = existing.as_ref().filter(|_| spec.resume).and_then(|r| r.base.clone());
-        let init_from =
-            spec.init_from.clone().or_else(|| recorded.as_ref().and_then(|b| b.path().map(Path::to_path_buf)));
+        let on_recorded = spec.init_from.is_none() && recorded.as_ref().is_some_and(|b| b.path().is_some());
+        let init_from = match (&spec.init_from, &recorded) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, Some(r)) => r.locate()?,
+            (None, None) => None,
+        };
+        let base_dir = base::check_base_choice(recipe, &spec.recipe_dir, init_from.as_deref())?;
+        let tokenizer = base::tokenizer(recipe, &spec.recipe_dir, base_dir.as_ref().map(|b| b.dir.as_path()))?;
+        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
+        if writer {
+            out.write_json(&out.dataset_json(), &dataset.manifest.to_json())?;
+        }
+        if let Some(r) = &ranks {
+            r.agree("dataset", &dataset.manifest.digest())?;
+        }
         // QLoRA's base is read on the host and quantised onto the device (below): its dense form
         // need not fit there.
         let load_on = if method.nf4_base { Device::Cpu } else { device.clone() };
-        let (mut model, base) = load_base_model(recipe, &spec.recipe_dir, init_from.as_deref(), &load_on)?;
+        let (mut model, mut base) = load_base_model(recipe, base_dir.as_ref(), &load_on)?;
         if let Some(recorded) = &recorded
             && let Some(why) = base::difference(recorded, &base)
             && !spec.force_base
@@ -197,6 +202,14 @@ impl<'a> Session<'a> {
                 recorded.describe(),
                 base.path().map_or_else(|| base.describe(), |p| p.display().to_string())
             )));
+        }
+        // Resumed on the recorded base: it is still the hub snapshot it was found as.
+        if on_recorded
+            && recorded.as_ref().is_some_and(|r| base::difference(r, &base).is_none())
+            && let (BaseRecord::Weights { hub, .. }, Some(BaseRecord::Weights { hub: was, .. })) =
+                (&mut base, &recorded)
+        {
+            hub.clone_from(was);
         }
         model.set_kernels(super::plan_kernels(&spec.plan)?);
         if let Some(r) = &ranks {
@@ -740,12 +753,11 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
     let pool = super::thread_pool(spec.plan.choices.threads)?;
     pool.install(|| {
         let recipe = &spec.recipe.recipe;
-        let tokenizer = Tokenizer::from_recipe(&recipe.model, &spec.recipe_dir)?;
-        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
         let base =
             super::adapter_base(recipe, &spec.recipe_dir, checkpoint_dir, spec.init_from.as_deref(), spec.force_base)?;
-        let (mut model, adapters) =
-            checkpoint::load_checkpoint(recipe, &spec.recipe_dir, base.as_deref(), checkpoint_dir, &Device::Cpu)?;
+        let tokenizer = base::tokenizer(recipe, &spec.recipe_dir, base.as_deref())?;
+        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
+        let (mut model, adapters) = checkpoint::load_checkpoint(recipe, base.as_deref(), checkpoint_dir, &Device::Cpu)?;
         model.set_kernels(kernels);
         let per_device = recipe.train.batch.per_device as usize;
         Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)

@@ -1,13 +1,17 @@
-//! Which files `data.paths` names: files as given, and directories in the layouts datasets
-//! come in: the hub's (`data/train-00000-of-00003.parquet`, `train/0000.parquet`,
-//! `train.jsonl`), picked by `data.split`, and `datasets.save_to_disk`'s (`dataset_dict.json`
-//! naming the splits, each split a directory whose `state.json` lists its Arrow files in order).
+//! Which files a recipe's data is: those `data.paths` names, as given, and directories in the
+//! layouts datasets come in: the hub's (`data/train-00000-of-00003.parquet`,
+//! `train/0000.parquet`, `train.jsonl`), picked by `data.split`, and `datasets.save_to_disk`'s
+//! (`dataset_dict.json` naming the splits, each split a directory whose `state.json` lists its
+//! Arrow files in order); or, with `data.hf_id` and no `data.paths`, the dataset's snapshot in
+//! the Hugging Face cache, a directory in the hub's layout.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::data::error::DataError;
+use crate::hub::{self, HubError, RepoKind, Snapshot};
+use crate::recipe::{Data, DataSource};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
@@ -29,6 +33,23 @@ pub struct InputFile {
 }
 
 const DATA_EXTENSIONS: [&str; 6] = ["parquet", "arrow", "ipc", "feather", "jsonl", "json"];
+
+/// The cached snapshot a recipe's data reads: `source: hf` with `hf_id` and no `paths` names
+/// the dataset `hf_id` at `revision` (default `main`) in the hub cache. `None` for data read
+/// from `paths` or generated.
+pub fn hub_snapshot(data: &Data) -> Result<Option<Snapshot>, HubError> {
+    match (&data.source, &data.hf_id) {
+        (DataSource::Hf, Some(id)) if data.paths.is_empty() => {
+            Ok(Some(hub::resolve(id, RepoKind::Dataset, data.revision.as_deref())?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The files of a snapshot of the hub cache for `split`, named `hf_id/<path in the repository>`.
+pub fn resolve_snapshot(snapshot: &Snapshot, split: &str) -> Result<Vec<InputFile>, DataError> {
+    resolve_dir(&snapshot.dir, &snapshot.source.repo, split)
+}
 
 /// The files of `paths` (relative to `base_dir`) for `split`, in reading order: the paths in
 /// the order given, each directory's files sorted by their path inside it.

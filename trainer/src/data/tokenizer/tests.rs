@@ -132,16 +132,16 @@ fn recipe_names_the_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("weights")).unwrap();
     std::fs::write(dir.path().join("weights/tokenizer.json"), tiny_tokenizer_json(true)).unwrap();
+    let weights = dir.path().join("weights");
     let mut model: Model = serde_json::from_value(serde_json::json!({"name": "m", "tokenizer": "byte"})).unwrap();
-    assert_eq!(Tokenizer::from_recipe(&model, dir.path()).unwrap().identity(), "byte-v1");
+    assert_eq!(Tokenizer::from_recipe(&model, dir.path(), Some(&weights)).unwrap().identity(), "byte-v1");
     model.tokenizer = None;
-    model.path = Some("weights".into());
-    assert_eq!(Tokenizer::from_recipe(&model, dir.path()).unwrap().eos_id(), 257);
+    // Unset: the one beside the base's weights, wherever they lie.
+    assert_eq!(Tokenizer::from_recipe(&model, Path::new("/elsewhere"), Some(&weights)).unwrap().eos_id(), 257);
     model.tokenizer = Some("weights/tokenizer.json".into());
-    assert_eq!(Tokenizer::from_recipe(&model, dir.path()).unwrap().im_end_id(), 259);
+    assert_eq!(Tokenizer::from_recipe(&model, dir.path(), None).unwrap().im_end_id(), 259);
     model.tokenizer = Some("missing.json".into());
-    assert!(matches!(Tokenizer::from_recipe(&model, dir.path()), Err(DataError::Io { .. })));
+    assert!(matches!(Tokenizer::from_recipe(&model, dir.path(), Some(&weights)), Err(DataError::Io { .. })));
     model.tokenizer = None;
-    model.path = None;
-    assert!(matches!(Tokenizer::from_recipe(&model, dir.path()), Err(DataError::Config(_))));
+    assert!(matches!(Tokenizer::from_recipe(&model, dir.path(), None), Err(DataError::Config(_))));
 }

@@ -90,7 +90,7 @@ pub fn fields() -> Vec<Field> {
         field("autotune.deterministic", "`false` lets the GPU probe time the atomic split-dQ attention backward")
             .test("attention_candidates_keep_the_base_and_respect_determinism"),
         field("model.name", "the hub id resolved in the Hugging Face cache when there is no path or config; recorded")
-            .test("a_recipe_naming_hub_ids_trains_from_the_hf_cache"),
+            .test("a_recipe_of_hub_ids_alone_trains_from_the_cache_and_records_the_commits"),
         field("model.family", "which architecture loads, trains and serves the weights")
             .test("the_tiny_moe_recipe_plans_and_trains_on_the_cpu")
             .refuses(&[
@@ -99,7 +99,12 @@ pub fn fields() -> Vec<Field> {
                 no!("instella", r#"{"model": {"family": "instella"}}"#, "has no implementation in this build"),
             ]),
         field("model.revision", "the hub revision resolved in the cache, recorded by commit")
-            .test("a_pinned_revision_picks_that_snapshot"),
+            .test("a_pinned_revision_picks_that_snapshot")
+            .refuses(&[no!(
+                "without a hub base",
+                r#"{"model": {"revision": "main"}}"#,
+                "picks the snapshot of model.name in the Hugging Face cache",
+            )]),
         field("model.path", "the base weights' directory").test("a_recipe_s_model_path_is_its_base"),
         field("model.tokenizer", "`byte`, or the tokenizer.json used").test("recipe_names_the_tokenizer"),
         field("model.chat_template", "the chat template conversations are rendered with")
@@ -150,7 +155,7 @@ pub fn fields() -> Vec<Field> {
         field("data.format", "how records are read and rendered").differs(r#"{"data": {"format": "chat"}}"#),
         field("data.paths", "the files read").test("jsonl_files_are_hashed_deduped_and_bad_lines_named"),
         field("data.hf_id", "the hub dataset resolved in the cache when there are no paths; recorded")
-            .test("a_recipe_naming_hub_ids_trains_from_the_hf_cache"),
+            .test("a_recipe_of_hub_ids_alone_trains_from_the_cache_and_records_the_commits"),
         field("data.revision", "the dataset revision resolved in the cache, recorded by commit")
             .test("a_pinned_revision_picks_that_snapshot"),
         field("data.split", "which files of a directory are read").test("hub_split_rule"),
