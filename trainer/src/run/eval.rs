@@ -179,7 +179,12 @@ pub fn check_regression(
 ) -> Result<(), EvalError> {
     let path = path.to_string();
     let (Some(now), Some(then)) = (report.exact_match, baseline.exact_match) else {
-        return Err(EvalError::Baseline { path, message: "no exact-match score to compare".into() });
+        return Err(EvalError::Baseline {
+            path,
+            message: "no exact-match score to compare: no held-out prompt was scored (the held-out split is empty, \
+                      see eval.holdout, or the run scores none: --eval-prompts)"
+                .into(),
+        });
     };
     let drop_pct = if then > 0.0 { (then - now) / then * 100.0 } else { 0.0 };
     if drop_pct > threshold_pct {
