@@ -1,9 +1,17 @@
 """The HF peers of bench/run.sh, one per process: HF transformers + PEFT (`peft`) and the same with
 Liger kernels 0.8.5 (`liger`: RoPE, RMSNorm, SwiGLU and the fused linear cross-entropy, patched in
 before the model is built; on Qwen3-MoE shapes also Liger's fused MoE experts). SDPA, bf16,
-random-init Qwen3 shapes (Qwen3-MoE: transformers' default `grouped_mm` experts), LoRA r=16 alpha=32
+random-init Qwen3 shapes (bench/qwen3_shapes.py; Qwen3-MoE: transformers' default `grouped_mm`
+experts) or Instella shapes (bench/instella_shapes.py: our modeling file of the published
+architecture; Liger has none, so the `liger` peer prints error rows saying so), LoRA r=16 alpha=32
 on all seven projections (on Qwen3-MoE, PEFT maps the MLP ones to the experts), torch AdamW on the
-adapters.
+adapters. Training forwards pass use_cache=False: with the config's use_cache=True transformers
+makes a KV cache and then does not recognise packed rows (masking_utils; the packed rows of the
+runs before 2026-12 attended across documents).
+
+Environment: HF_PEER_GRAD_CKPT=1 turns on transformers' gradient checkpointing (non-reentrant), as
+a recipe's `train.gradient_checkpointing: true`; HF_PEER_TARGETS=q_proj,v_proj,... sets the LoRA
+targets (default all seven). Each row records both.
 
     python3 bench/hf_peer.py PEER SHAPE BATCH SEQ WARMUP STEPS [PACKING]
 
@@ -33,7 +41,9 @@ import time
 
 import torch
 
-from qwen3_shapes import MOE, random_model
+import instella_shapes
+import qwen3_shapes
+from qwen3_shapes import MOE
 
 DEVICE = os.environ.get("HF_PEER_DEVICE", "cuda")
 
@@ -49,6 +59,12 @@ def used_gib():
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[0]) / 1024
+
+
+def random_model(shape, device):
+    if shape in instella_shapes.SHAPES:
+        return instella_shapes.random_model(shape, device)
+    return qwen3_shapes.random_model(shape, device)
 
 
 def documents(b, t, packing):
@@ -74,8 +90,8 @@ def packing_check(model, vocab):
     with torch.no_grad():
         ids = torch.randint(0, vocab, (1, 160), device=DEVICE)
         pos = torch.cat([torch.arange(64), torch.arange(96)]).unsqueeze(0).to(DEVICE)
-        packed = model(input_ids=ids, position_ids=pos).logits[0, 64:].float()
-        alone = model(input_ids=ids[:, 64:], position_ids=pos[:, 64:]).logits[0].float()
+        packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, 64:].float()
+        alone = model(input_ids=ids[:, 64:], position_ids=pos[:, 64:], use_cache=False).logits[0].float()
         return round((packed - alone).abs().max().item(), 4), round(alone.abs().max().item(), 4)
 
 
@@ -83,6 +99,10 @@ def main():
     peer, shape = sys.argv[1], sys.argv[2]
     b, t, warmup, steps = map(int, sys.argv[3:7])
     packing = sys.argv[7] if len(sys.argv) > 7 else None
+    if peer == "liger" and shape in instella_shapes.SHAPES:
+        for kind in ("uniform",) + (("packed",) if packing else ()):
+            print(json.dumps({"who": peer, "shape": shape, "kind": kind, "error": instella_shapes.NO_LIGER}))
+        return
     if peer == "liger":
         # Qwen3-MoE: Liger's fused MoE experts too (its `swiglu` patch for transformers 5).
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
@@ -96,9 +116,11 @@ def main():
     vocab = model.config.vocab_size
     # On a Qwen3-MoE, PEFT maps the MLP targets to the experts' stacked weights (target_parameters:
     # gate_up_proj at rank 2r, down_proj at r), as ours adapts them.
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    model = get_peft_model(model, lora)
+    targets = os.environ.get("HF_PEER_TARGETS", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj").split(",")
+    grad_ckpt = os.environ.get("HF_PEER_GRAD_CKPT", "0") == "1"
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets))
     init_s = time.perf_counter() - t0
     import importlib.metadata as md
     versions = {name: md.version(name) for name in ("torch", "transformers", "peft")
@@ -124,7 +146,7 @@ def main():
             t0 = time.perf_counter()
             # The uniform kind passes no position ids, as a plain causal batch (HF's fastest path).
             extra = {"position_ids": pos} if kind == "packed" else {}
-            loss = model(input_ids=ids, labels=labels, **extra).loss
+            loss = model(input_ids=ids, labels=labels, use_cache=False, **extra).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -139,7 +161,8 @@ def main():
                "documents": sum(map(len, docs)), "s_per_step": round(s, 4), "tok_per_s": round(b * t / s),
                "peak_gib": round(peak, 1),
                "torch_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
-               "init_s": round(init_s, 1), "versions": versions}
+               "init_s": round(init_s, 1), "versions": versions, "gradient_checkpointing": grad_ckpt,
+               "lora_targets": targets}
         if check is not None:
             row["packing_check"] = check
         print(json.dumps(row), flush=True)

@@ -17,6 +17,7 @@
 #   run(command="COMMIT=<hash> bench/run.sh", carry=["target-gpu/carry-train", ".whl"], timeout_s=600)
 # The Qwen3-30B-A3B MoE shape (issue 21; ~61 GB of bf16 weights: an H200, so needs_h200) is its own call, its lines
 # in moe.jsonl: SHAPES="30B-A3B:2:2048" JSONL=moe bench/run.sh
+# Instella-3B (bench/instella_shapes.py) is bench/instella.sh, which calls this script.
 # Settings (environment): SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048", PEERS="ours peft liger unsloth",
 # STEPS=5 (timed steps per batch kind; ours warms up 2, the peers PEER_WARMUP=3), PACKED=1,
 # BUDGET_S=480 (the whole bench; a process gets what is left, at most RUN_S=170, and a process that
@@ -103,7 +104,8 @@ PY
       peft)
         side peft "$shape" env PYTHONUNBUFFERED=1 python3 bench/hf_peer.py peft "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}" ;;
       liger)
-        if [[ -n $LIGER_PATH ]]; then
+        # On Instella shapes hf_peer.py runs without the wheel: its rows say why Liger has none.
+        if [[ -n $LIGER_PATH || $shape == instella* ]]; then
           side liger "$shape" env PYTHONUNBUFFERED=1 PYTHONPATH="$LIGER_PATH${PYTHONPATH:+:$PYTHONPATH}" \
             python3 bench/hf_peer.py liger "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}"
         else fail liger "$shape" "liger-kernel not installed: no .whl/liger_kernel-*.whl carried"; fi ;;

@@ -50,7 +50,8 @@ def main():
                 for side, r in (("ours", o), ("peer", p)):
                     if "error" in r:
                         line[f"{side}_error"] = r["error"]
-                for key in ("documents", "packing_check", "versions", "torch_allocated_gib"):
+                for key in ("documents", "packing_check", "versions", "torch_allocated_gib", "gradient_checkpointing",
+                            "lora_targets"):
                     if key in p and metric == "train_tok_per_s":
                         line[f"peer_{key}"] = p[key]
                 if metric == "train_tok_per_s" and "documents" in o:
