@@ -67,7 +67,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
     let log = std::sync::Arc::new(log);
 
     say(format!("[2/6] checking {} embedded recipes, registering those this build runs", EMBEDDED_RECIPES.len()));
-    let mut registered = Vec::new();
+    let (mut registered, mut refused) = (Vec::new(), Vec::new());
     for (name, src) in EMBEDDED_RECIPES {
         // A recipe that asks for what this build does not carry out is refused by name, never
         // registered and then ignored (docs/recipes.md, "The field contract").
@@ -75,6 +75,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
             let mut fields: Vec<&str> = errors.iter().map(|e| e.path()).collect();
             fields.dedup();
             say(format!("      refused  {name:<28} not built: {}", fields.join(", ")));
+            refused.push(json!({"recipe": name, "fields": fields}));
             continue;
         }
         let r = recipes::register(&log, name, src).with_context(|| format!("registering embedded recipe {name}"))?;
@@ -137,6 +138,7 @@ pub fn run(args: DemoArgs, out: &Output) -> Result<ExitCode> {
         "kept": args.keep.is_some(),
         "public_key": hex::encode(id.public_bytes()),
         "recipes_registered": registered.len(),
+        "recipes_refused": refused,
         "events": report.events,
         "syncs": stats.syncs,
         "root": report.root,

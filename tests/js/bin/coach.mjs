@@ -54,7 +54,8 @@ try {
   await page.click("#launch-embedded");
   await page.waitForURL(/#\/run\//);
   seen.run = page.url();
-  await page.waitForFunction(() => Number(document.querySelector("#chart-loss")?.dataset.points) >= 3, null, { timeout: 300_000 });
+  await page.waitForFunction(() => Number(document.querySelector("#chart-loss")?.dataset.points) >= 3
+    && document.querySelector("#run-stats")?.dataset.phase !== "planning", null, { timeout: 300_000 });
   seen.points_while_training = Number(await page.getAttribute("#chart-loss", "data-points"));
   seen.phase_while_training = await page.getAttribute("#run-stats", "data-phase");
   await shot("run-live");

@@ -275,6 +275,8 @@ async function runPage(page, id) {
   events.addEventListener("train.progress", (m) => {
     const d = JSON.parse(m.data).data;
     charts.loss.push(d.step, d.loss); charts.lr.push(d.step, d.lr); charts.tps.push(d.step, d.tokens_per_s);
+    // A step's progress proves the plan is done: show it now, not at the next 1.5 s poll.
+    if (stats.dataset.phase === "planning") refresh().catch(() => {});
   });
   for (const kind of ["checkpoint.saved", "eval.completed", "manifest.sealed", "run.cancelled", "run.finished"]) {
     events.addEventListener(kind, () => refresh().catch(() => {}));
