@@ -317,6 +317,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     bwd_dkdv<HD>(dout, q, k, v, starts, lse, delta, dk, dv, H, KV, qld, kld, Tn, scale);           \
   }
 FLASH(64)
+FLASH(80)  // Instella-3B
 FLASH(128)
 
 // The split dQ's f32 sums rounded to bf16.

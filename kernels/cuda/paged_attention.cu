@@ -334,14 +334,15 @@ FOR_DTYPES(PAGED_REDUCE)
 FOR_DTYPES(KV_WRITE)
 
 // What a block does between its projections and attention, for every row n in one pass: q and k
-// heads RMS-normalised (gains qw, kw) and rotated (RoPE, rotate_half convention, tables cos/sin
-// [N, hd]); q written to q_out, k and v into their cache slots. The input is the packed q/k/v
+// heads RMS-normalised (gains qw, kw; `norm` 0 leaves them as they are: an architecture whose q/k
+// norms span the whole projection normalised them before) and rotated (RoPE, rotate_half
+// convention, tables cos/sin [N, hd]); q written to q_out, k and v into their cache slots. The input is the packed q/k/v
 // projection, a row of heads + 2·kvh heads of hd (the q heads, the k heads, the v heads). One
 // warp per (row, head), heads counted in that order; hd ≤ 256.
 template <typename T>
 DEV void prepare_unit(const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* q_out, T* kc,
                       T* vc, const unsigned* slots, unsigned capacity, int n, int heads, int kvh, int hd,
-                      float eps, float* stash) {
+                      float eps, int norm, float* stash) {
   const int per_row = heads + 2 * kvh;
   const int lane = threadIdx.x % WARP;
   const int unit = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -364,10 +365,10 @@ DEV void prepare_unit(const T* qkv, const T* qw, const T* kw, const T* cos, cons
     const float xv = to_f(x[e]);
     ss += xv * xv;
   }
-  const float r = rsqrtf(warp_sum(ss) / hd + eps);
+  const float r = norm ? rsqrtf(warp_sum(ss) / hd + eps) : 1.f;
   // The normalised row, rounded to T as the unfused ops would store it, goes through the
   // warp's own stash so each lane can read its rotation partner.
-  for (int e = lane; e < hd; e += WARP) stash[e] = to_f(from_f<T>(to_f(x[e]) * r * to_f(w[e])));
+  for (int e = lane; e < hd; e += WARP) stash[e] = to_f(from_f<T>(to_f(x[e]) * r * (norm ? to_f(w[e]) : 1.f)));
 #if !defined(__HIPCC__)
   __syncwarp();
 #endif
@@ -389,7 +390,8 @@ DEV void prepare_unit(const T* qkv, const T* qw, const T* kw, const T* cos, cons
 // ~0.7 TB/s). The same arithmetic per element; the sum of squares adds in another order.
 template <typename T, int E>
 DEV void prepare_unit_vec(const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* q_out, T* kc,
-                          T* vc, const unsigned* slots, unsigned capacity, int n, int heads, int kvh, float eps) {
+                          T* vc, const unsigned* slots, unsigned capacity, int n, int heads, int kvh, float eps,
+                          int norm) {
   constexpr int HD = 32 * E;
   const int per_row = heads + 2 * kvh;
   const int lane = threadIdx.x % WARP;
@@ -407,11 +409,16 @@ DEV void prepare_unit_vec(const T* qkv, const T* qw, const T* kw, const T* cos, 
   const bool is_q = j < heads;
   const int h = is_q ? j : j - heads;
   float w[E], c[E], sn[E];
-  load_floats<T, E>((is_q ? qw : kw) + lane * E, w);
+  if (norm) {
+    load_floats<T, E>((is_q ? qw : kw) + lane * E, w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) w[e] = 1.f;
+  }
   float ss = 0.f;
 #pragma unroll
   for (int e = 0; e < E; ++e) ss += x[e] * x[e];
-  const float r = rsqrtf(warp_sum(ss) / HD + eps);
+  const float r = norm ? rsqrtf(warp_sum(ss) / HD + eps) : 1.f;
   // The normalised row, rounded to T as the unfused ops would store it.
   float nv[E], partner[E];
 #pragma unroll
@@ -432,8 +439,8 @@ DEV void prepare_unit_vec(const T* qkv, const T* qw, const T* kw, const T* cos, 
   KERNEL void paged_prepare_vec##E##_##S(const T* qkv, const T* qw, const T* kw, const T* cos,      \
                                          const T* sin, T* q_out, T* kc, T* vc, const unsigned* slots, \
                                          unsigned capacity, int n, int heads, int kvh, int hd,      \
-                                         float eps) {                                               \
-    prepare_unit_vec<T, E>(qkv, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, eps); \
+                                         float eps, int norm) {                                     \
+    prepare_unit_vec<T, E>(qkv, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, eps, norm); \
   }
 #define PAGED_PREPARE_VEC_ALL(S, T) PAGED_PREPARE_VEC(S, T, 2) PAGED_PREPARE_VEC(S, T, 4) PAGED_PREPARE_VEC(S, T, 8)
 #if !defined(__HIPCC__)  // 32 lanes a warp (an AMD wavefront has 64)
@@ -443,9 +450,9 @@ FOR_DTYPES(PAGED_PREPARE_VEC_ALL)
 #define PAGED_PREPARE(S, T)                                                                         \
   KERNEL void paged_prepare_##S(const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, \
                                 T* q_out, T* kc, T* vc, const unsigned* slots, unsigned capacity,   \
-                                int n, int heads, int kvh, int hd, float eps) {                     \
+                                int n, int heads, int kvh, int hd, float eps, int norm) {           \
     __shared__ float stash[THREADS / WARP][256];                                                    \
     prepare_unit<T>(qkv, qw, kw, cos, sin, q_out, kc, vc, slots, capacity, n, heads, kvh, hd, eps,  \
-                    stash[threadIdx.x / WARP]);                                                     \
+                    norm, stash[threadIdx.x / WARP]);                                               \
   }
 FOR_DTYPES(PAGED_PREPARE)

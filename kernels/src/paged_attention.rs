@@ -366,14 +366,15 @@ fn contiguous_mut<'a, T>(data: &'a mut [T], l: &candle_core::Layout) -> Result<&
 
 /// What a block does between its projections and attention. `qkv` `[N, (heads + 2·kv)·hd]` is
 /// the packed q/k/v projection (each row: the q heads, then the k heads, then the v heads; `kv`
-/// and `hd` are the caches'); q and k are normalised per head (gains `q_norm`, `k_norm` `[hd]`)
-/// and rotated by `cos`/`sin` `[N, hd]`; the rotated keys and v go into the caches at `slots`.
-/// Returns q `[N, heads, hd]`.
+/// and `hd` are the caches'); q and k are normalised per head (`norms`: gains `q_norm`, `k_norm`
+/// `[hd]` and eps; `None` leaves them as given, for norms over the whole projection that the
+/// caller applied) and rotated by `cos`/`sin` `[N, hd]`; the rotated keys and v go into the
+/// caches at `slots`. Returns q `[N, heads, hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     qkv: &Tensor,
     heads: usize,
-    norms: (&Tensor, &Tensor, f64),
+    norms: Option<(&Tensor, &Tensor, f64)>,
     cos: &Tensor,
     sin: &Tensor,
     caches: (&Tensor, &Tensor),
@@ -388,7 +389,7 @@ pub fn prepare(
     #[cfg(feature = "cuda")]
     use crate::gpu::paged::prepare as gpu;
     on_gpu_or!(
-        [qkv, norms.0, norms.1, cos, sin],
+        [qkv, cos, sin],
         gpu(qkv, heads, norms, cos, sin, caches, slots),
         reference::prepare(qkv, heads, norms, cos, sin, caches, slots)
     )
@@ -462,7 +463,7 @@ pub mod reference {
     pub fn prepare(
         qkv: &Tensor,
         heads: usize,
-        (q_norm, k_norm, eps): (&Tensor, &Tensor, f64),
+        norms: Option<(&Tensor, &Tensor, f64)>,
         cos: &Tensor,
         sin: &Tensor,
         (k_cache, v_cache): (&Tensor, &Tensor),
@@ -473,8 +474,14 @@ pub mod reference {
         let part = |first: usize, count: usize| qkv.narrow(1, first * hd, count * hd)?.reshape((n, count, hd));
         let (q_pre, k_pre, v) = (part(0, heads)?, part(heads, kv)?, part(heads + kv, kv)?);
         let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
-        let q = rope::forward(&rmsnorm::forward(&q_pre, q_norm, eps)?.0, &cos, &sin)?;
-        let k = rope::forward(&rmsnorm::forward(&k_pre, k_norm, eps)?.0, &cos, &sin)?;
+        let (q_pre, k_pre) = match norms {
+            Some((q_norm, k_norm, eps)) => {
+                (rmsnorm::forward(&q_pre, q_norm, eps)?.0, rmsnorm::forward(&k_pre, k_norm, eps)?.0)
+            }
+            None => (q_pre, k_pre),
+        };
+        let q = rope::forward(&q_pre, &cos, &sin)?;
+        let k = rope::forward(&k_pre, &cos, &sin)?;
         super::write_kv(k_cache, v_cache, &k, &v, slots)?;
         Ok(q)
     }

@@ -19,7 +19,7 @@ use arrow_schema::{DataType, Field, Fields};
 use candle_core::{DType, Device};
 use mindxtrain_trainer::checkpoint::{self, StagedDir};
 use mindxtrain_trainer::data::Tokenizer;
-use mindxtrain_trainer::model::{Qwen3, Qwen3Config};
+use mindxtrain_trainer::model::{CausalLm, LmConfig};
 use sha2::{Digest, Sha256};
 
 /// The kind of hub repository, as the cache names its folders.
@@ -51,8 +51,9 @@ pub fn commit_id(label: &str) -> String {
 /// The shape of the tiny model: a micro Qwen3 the byte tokenizer fits (vocabulary 512) and that
 /// trains a step in milliseconds, with room for the shipped recipes' lengths (`seq_len` 4096,
 /// `serve.max_model_len` 8192).
-pub fn tiny_config() -> Qwen3Config {
-    Qwen3Config {
+pub fn tiny_config() -> LmConfig {
+    LmConfig {
+        arch: mindxtrain_trainer::model::Arch::Qwen3,
         vocab_size: 512,
         hidden_size: 32,
         intermediate_size: 64,
@@ -71,10 +72,10 @@ pub fn tiny_config() -> Qwen3Config {
 /// The files of an HF model directory holding `config` with weights drawn from `seed`:
 /// `config.json`, the safetensors weights, and `tokenizer.json` with `tokenizer_config.json`
 /// carrying the chat template (the byte tokenizer, as `mindxtrain export` writes it).
-pub fn model_files(config: &Qwen3Config, seed: u64) -> Result<Vec<(String, Vec<u8>)>> {
+pub fn model_files(config: &LmConfig, seed: u64) -> Result<Vec<(String, Vec<u8>)>> {
     let staging = tempfile::tempdir()?;
     let dir = staging.path().join("model");
-    let model = Qwen3::init_random(config, seed, DType::F32, &Device::Cpu)?;
+    let model = CausalLm::init_random(config, seed, DType::F32, &Device::Cpu)?;
     let mut staged = StagedDir::create(&dir)?;
     let json: serde_json::Value = serde_json::from_str(&config.to_hf_json("float32"))?;
     checkpoint::save_hf_model(&mut staged, &json, model.params(), DType::F32, checkpoint::DEFAULT_MAX_SHARD_BYTES)?;
@@ -174,14 +175,7 @@ impl HubFixture {
     }
 
     /// The tiny model of `config` with weights from `seed` as the snapshot `commit` of `repo`.
-    pub fn add_model(
-        &self,
-        repo: &str,
-        commit: &str,
-        refs: &[&str],
-        config: &Qwen3Config,
-        seed: u64,
-    ) -> Result<PathBuf> {
+    pub fn add_model(&self, repo: &str, commit: &str, refs: &[&str], config: &LmConfig, seed: u64) -> Result<PathBuf> {
         self.add_snapshot(Kind::Model, repo, commit, refs, &model_files(config, seed)?)
     }
 

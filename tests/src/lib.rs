@@ -36,6 +36,9 @@ pub mod bench {
 /// A Hugging Face hub cache holding a tiny model and chat dataset under hub names.
 pub mod hub_cache;
 
+/// Our model and transformers/PEFT side by side on tiny random models of each architecture.
+pub mod interop;
+
 /// The micro recipe and node the training tests share.
 pub mod micro;
 

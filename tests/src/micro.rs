@@ -9,6 +9,12 @@ use std::process::Output;
 /// A micro Qwen3 on generated tasks: `method` is the YAML of `train.method` (indented four
 /// spaces), `extra_model` extra lines of `model:` (indented two).
 pub fn recipe(run_name: &str, seed: u64, method: &str, steps: u64, extra_model: &str) -> String {
+    recipe_of("qwen3", run_name, seed, method, steps, extra_model)
+}
+
+/// [`recipe`] for another `model.family` of the same shape (`instella`: two heads of 16 tile
+/// its hidden size of 32, as Instella's attention requires).
+pub fn recipe_of(family: &str, run_name: &str, seed: u64, method: &str, steps: u64, extra_model: &str) -> String {
     format!(
         r#"meta:
   project: mindxtrain-tests
@@ -20,8 +26,8 @@ hardware:
 autotune:
   budget_seconds: 5
 model:
-  name: mindxtrain/micro-qwen3
-  family: qwen3
+  name: mindxtrain/micro-{family}
+  family: {family}
   tokenizer: byte
   dtype: fp32
 {extra_model}  config:

@@ -1,6 +1,6 @@
 //! Training runs through the `mindxtrain` binary: determinism across runs and kill -9 +
 //! `--resume` continuing bit for bit, for full training (weights, AdamW state, data
-//! cursor) and for LoRA with dropout (the dropout RNG stream as well).
+//! cursor) and for LoRA with dropout (the dropout RNG stream as well), on Qwen3 and Instella.
 
 use mindxtrain_tests::{micro, mindxtrain};
 use serde_json::Value;
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 const STEPS: u64 = 120;
 
-/// The shared micro Qwen3, run for [`STEPS`].
-fn recipe(run_name: &str, method: &str) -> String {
-    micro::recipe(run_name, 5, method, STEPS, "")
+/// The shared micro model of `family`, run for [`STEPS`].
+fn recipe(family: &str, run_name: &str, method: &str) -> String {
+    micro::recipe_of(family, run_name, 5, method, STEPS, "")
 }
 
 struct Node {
@@ -35,9 +35,9 @@ impl Node {
     }
 
     /// Writes the recipe and measures its plan once; every run of this node reuses both.
-    fn prepare(&self, name: &str, method: &str) -> (String, String) {
+    fn prepare(&self, family: &str, name: &str, method: &str) -> (String, String) {
         let recipe_path = self.path(&format!("{name}.yaml"));
-        std::fs::write(&recipe_path, recipe(name, method)).unwrap();
+        std::fs::write(&recipe_path, recipe(family, name, method)).unwrap();
         // A bare file name for --out (relative to the working directory) must work too.
         let plan_name = format!("{name}.plan.json");
         let plan_path = self.path(&plan_name);
@@ -116,8 +116,8 @@ fn s(p: &Path) -> &str {
 
 /// Runs the recipe twice from scratch and once killed then resumed; all three must end on
 /// the same bytes.
-fn deterministic_and_resumable(node: &Node, name: &str, method: &str, extra: &[&str]) {
-    let (recipe, plan) = node.prepare(name, method);
+fn deterministic_and_resumable(node: &Node, family: &str, name: &str, method: &str, extra: &[&str]) {
+    let (recipe, plan) = node.prepare(family, name, method);
     let a = node.train(&recipe, &plan, &node.path(&format!("{name}-a")), extra);
     let b = node.train(&recipe, &plan, &node.path(&format!("{name}-b")), extra);
     assert_eq!(a, b, "{name}: two runs of one recipe, plan and seed differ");
@@ -158,18 +158,28 @@ fn deterministic_and_resumable(node: &Node, name: &str, method: &str, extra: &[&
 #[test]
 fn full_training_is_deterministic_and_resumes_bitwise_after_kill_9() {
     let node = Node::new();
-    deterministic_and_resumable(&node, "micro_full", micro::FULL, &[]);
+    deterministic_and_resumable(&node, "qwen3", "micro_full", micro::FULL, &[]);
 }
 
 #[test]
 fn lora_with_dropout_is_deterministic_and_resumes_bitwise_after_kill_9() {
+    lora_on_a_trained_base("qwen3");
+}
+
+/// The same for Instella, through the model seam: another architecture's base, names and norms.
+#[test]
+fn instella_lora_is_deterministic_and_resumes_bitwise_after_kill_9() {
+    lora_on_a_trained_base("instella");
+}
+
+/// The base: a short full run, then LoRA with dropout on top of it, twice and killed/resumed.
+fn lora_on_a_trained_base(family: &str) {
     let node = Node::new();
-    // The base: a short full run, then LoRA with dropout on top of it.
-    let (recipe, plan) = node.prepare("micro_base", micro::FULL);
+    let (recipe, plan) = node.prepare(family, "micro_base", micro::FULL);
     let base = node.path("micro_base-a");
     node.train(&recipe, &plan, &base, &[]);
     let init = base.join("final");
-    deterministic_and_resumable(&node, "micro_lora", micro::LORA, &["--init-from", s(&init)]);
+    deterministic_and_resumable(&node, family, "micro_lora", micro::LORA, &["--init-from", s(&init)]);
 }
 
 /// The shipped tiny Qwen3-MoE recipe plans and trains on the CPU: `bench` measures a plan for it

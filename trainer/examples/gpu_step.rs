@@ -1,11 +1,11 @@
-//! LoRA training steps of our engine on the GPU at a Qwen3 shape, timed: random-init base in
+//! LoRA training steps of our engine on the GPU at a Qwen3 or Instella shape, timed: random-init base in
 //! bf16, LoRA r16 α32 on all seven projections, labels = inputs shifted, AdamW on the adapters
 //! (the fused `kernels::adamw` update, moments on the device). Prints one JSON line per batch
 //! kind (tok/s as the median of the steps after two warm-ups, peak memory from the driver, model
 //! FLOPs per step and the bf16 GEMM ceiling measured here, for MFU) for bench/run.sh, which runs
 //! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
-//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, 30B-A3B (Qwen3-MoE:
+//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3B, 30B-A3B (Qwen3-MoE:
 //! LoRA on attention and on every expert's weights, as PEFT adapts them): STEPS steps of
 //! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
 //! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
@@ -19,42 +19,35 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::adamw::{self, Coefficients};
 use mindxtrain_kernels::profile;
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
-use mindxtrain_trainer::model::{Adapters, LoraConfig, MoeShape, Qwen3, Qwen3Config, StepOptions, Trainable};
+use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, MoeShape, StepOptions, Trainable};
 use mindxtrain_trainer::recipe::TargetModule;
 
-fn config(shape: &str) -> Qwen3Config {
-    // hidden, layers, heads, KV heads, FFN (dense), experts (count, per token, expert FFN)
-    let (hidden, layers, heads, kv, ffn, moe) = match shape {
-        "0.6B" => (1024, 28, 16, 8, 3072, None),
-        "1.7B" => (2048, 28, 16, 8, 6144, None),
-        "8B" => (4096, 36, 32, 8, 12288, None),
-        "30B-A3B" => (2048, 48, 32, 4, 6144, Some((128, 8, 768))),
-        other => panic!("unknown shape {other} (0.6B, 1.7B, 8B, 30B-A3B)"),
-    };
-    Qwen3Config {
-        vocab_size: 151_936,
-        hidden_size: hidden,
-        intermediate_size: ffn,
-        num_hidden_layers: layers,
-        num_attention_heads: heads,
-        num_key_value_heads: kv,
-        head_dim: 128,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1e6,
-        tie_word_embeddings: !matches!(shape, "8B" | "30B-A3B"),
-        max_position_embeddings: 40_960,
-        // Qwen3-30B-A3B's: every layer sparse, top-8 renormalised, no balance loss in the
-        // objective (its config leaves `output_router_logits` off).
-        moe: moe.map(|(experts, k, f)| MoeShape {
-            num_experts: experts,
-            num_experts_per_tok: k,
-            moe_intermediate_size: f,
-            norm_topk_prob: true,
-            decoder_sparse_step: 1,
-            mlp_only_layers: vec![],
-            router_aux_loss_coef: 0.0,
-        }),
+/// The benchmarks' shape table ([`LmConfig::timing_shape`]), plus Qwen3-30B-A3B: every layer
+/// sparse, top-8 renormalised, no balance loss in the objective (its config leaves
+/// `output_router_logits` off).
+fn config(shape: &str) -> LmConfig {
+    if shape == "30B-A3B" {
+        return LmConfig {
+            hidden_size: 2048,
+            num_hidden_layers: 48,
+            num_attention_heads: 32,
+            num_key_value_heads: 4,
+            intermediate_size: 6144,
+            tie_word_embeddings: false,
+            moe: Some(MoeShape {
+                num_experts: 128,
+                num_experts_per_tok: 8,
+                moe_intermediate_size: 768,
+                norm_topk_prob: true,
+                decoder_sparse_step: 1,
+                mlp_only_layers: vec![],
+                router_aux_loss_coef: 0.0,
+            }),
+            ..LmConfig::timing_shape("8B").expect("the 8B shape")
+        };
     }
+    LmConfig::timing_shape(shape)
+        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3B, 30B-A3B)"))
 }
 
 /// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to
@@ -108,7 +101,7 @@ fn used_gib() -> f64 {
 /// Model FLOPs of one LoRA step (no recomputation counted, the adapters' small GEMMs left out):
 /// every base GEMM forward and its input gradient (4·active params per token, the lm_head included),
 /// causal attention forward (2 GEMMs over half the T×T scores) and backward (2.5× forward).
-fn step_flops(c: &Qwen3Config, b: usize, t: usize) -> f64 {
+fn step_flops(c: &LmConfig, b: usize, t: usize) -> f64 {
     let (h, f, hd) = (c.hidden_size as f64, c.intermediate_size as f64, c.head_dim as f64);
     let (heads, kv) = (c.num_attention_heads as f64, c.num_key_value_heads as f64);
     // A sparse layer's MLP counts the experts a token visits (and the router): MFU on the
@@ -147,7 +140,7 @@ type Moments = BTreeMap<String, (Tensor, Tensor)>;
 /// `steps` timed steps on the rows `docs`, the first two untimed; returns the median seconds per
 /// step and the driver's peak memory. With MINDXTRAIN_PROFILE, prints the last step's ops.
 fn measure(
-    model: &Qwen3,
+    model: &CausalLm,
     ad: &mut Adapters,
     moments: &mut Moments,
     docs: &[Vec<usize>],
@@ -226,7 +219,7 @@ fn main() -> candle_core::Result<()> {
     let cfg = config(shape);
     let err = |e: mindxtrain_trainer::model::ModelError| candle_core::Error::Msg(e.to_string());
     let t0 = Instant::now();
-    let model = Qwen3::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
+    let model = CausalLm::init_random(&cfg, 1, DType::BF16, &dev).map_err(err)?;
     // The pool still has its default release threshold here, so the draws' f64 scratch (5 GB
     // for the 8B embedding) goes back to the driver at this sync and never counts as peak.
     dev.synchronize()?;

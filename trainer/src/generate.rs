@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 use candle_core::DType;
 
 use crate::model::rng::SplitMix64;
-use crate::model::{Adapters, KvCache, ModelError, Qwen3};
+use crate::model::{Adapters, CausalLm, KvCache, ModelError};
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,7 +61,7 @@ pub struct Limits<'a> {
 
 /// Generates up to `limits.max_tokens` tokens after `prompt`, calling `on_token` with each.
 pub fn generate(
-    model: &Qwen3,
+    model: &CausalLm,
     adapters: Option<&Adapters>,
     prompt: &[u32],
     limits: Limits<'_>,

@@ -1,29 +1,36 @@
-//! Qwen3 with an explicit forward/backward per layer, LoRA and full fine-tuning.
+//! The decoder models (Qwen3, Qwen3-MoE, Instella) with an explicit forward/backward per layer,
+//! LoRA and full fine-tuning.
 //!
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
-//! in f64); this module wires them into the Qwen3 architecture with HF/PEFT tensor names.
+//! in f64); this module wires them into one decoder engine with HF/PEFT tensor names, and each
+//! architecture is a folder (`qwen3/`, `instella/`) and an arm of [`Arch`] saying what sets it
+//! apart ([`arch`]).
 //!
-//! * [`Qwen3Config`]: the shape, from and to HF `config.json`; with [`MoeShape`] Qwen3-MoE,
-//!   whose sparse layers' MLP is [`moe`] (router, top-k experts, load-balancing loss).
-//! * [`Qwen3`]: parameters by HF name, [`Qwen3::forward_backward`] (one micro-batch: summed
-//!   token loss and gradients), [`Qwen3::logits`];
-//!   [`Qwen3::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]);
-//!   [`Qwen3::forward_paged`] runs a serving step (many sequences, a paged cache, an
+//! * [`LmConfig`]: the shape and [`Arch`], from and to HF `config.json`; with [`MoeShape`]
+//!   Qwen3-MoE, whose sparse layers' MLP is [`moe`] (router, top-k experts, load-balancing loss).
+//! * [`CausalLm`]: parameters by HF name, [`CausalLm::forward_backward`] (one micro-batch: summed
+//!   token loss and gradients), [`CausalLm::logits`];
+//!   [`CausalLm::decode`] runs new tokens over a [`KvCache`] (generation: [`crate::generate`]);
+//!   [`CausalLm::forward_paged`] runs a serving step (many sequences, a paged cache, an
 //!   [`AdapterStack`] mixing adapters row by row: [`crate::infer`]).
 //! * [`Adapters`]: LoRA with PEFT names and init; [`merge_lora`].
 //! * [`preference`]: DPO and ORPO on a [`crate::batch::PreferenceBatch`];
-//!   [`Qwen3::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
+//!   [`CausalLm::forward_backward_logps`]: any objective of per-token log-probs (they and RL's
 //!   losses in [`crate::rl`] are written that way).
 //! * [`Nf4Tensor`]: QLoRA's 4-bit quantiser; the base weights it makes (projections, and on a
 //!   Qwen3-MoE model the experts' stacked weights) stay in NF4 on the model's device.
 
 mod adapter_stack;
+mod arch;
 mod block;
+mod cache_spec;
+mod causal_lm;
 mod config;
 mod decode;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 mod hooks;
+mod instella;
 mod lora;
 pub mod moe;
 #[cfg(test)]
@@ -42,7 +49,10 @@ pub(crate) mod rng;
 mod tests;
 
 pub use adapter_stack::AdapterStack;
-pub use config::{MoeShape, Qwen3Config};
+pub use arch::{Arch, QkNorm};
+pub use cache_spec::{CacheSpec, LayerSpec};
+pub use causal_lm::{CausalLm, StepOptions, StepOutput, Trainable};
+pub use config::{LmConfig, MoeShape};
 pub use decode::KvCache;
 pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
 pub use lora::{Adapters, ExpertProj, LoraConfig, adapter_name, expert_adapter_name, merge_lora};
@@ -52,7 +62,6 @@ pub use packed::Packing;
 pub use paged::{LayerCache, PagedInputs, RopeTables};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{DpoForm, PreferenceLoss, PreferenceOutput, row_sums};
-pub use qwen3::{Qwen3, StepOptions, StepOutput, Trainable};
 /// Gradients (or parameters) by HF or PEFT name.
 pub type Grads = std::collections::BTreeMap<String, candle_core::Tensor>;
 

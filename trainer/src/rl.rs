@@ -12,7 +12,7 @@
 //! * [`prompts`]: which prompts a step takes, from a resumable cursor.
 //!
 //! Losses are plain functions of per-token log-probabilities on the host (f64): the model's
-//! [`crate::model::Qwen3::forward_backward_logps`] runs the forward and backward around them.
+//! [`crate::model::CausalLm::forward_backward_logps`] runs the forward and backward around them.
 //!
 //! ```
 //! use mindxtrain_trainer::rl::advantage::group_advantages;

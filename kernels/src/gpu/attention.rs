@@ -1,7 +1,8 @@
-//! Causal GQA attention on the GPU, no T×T matrix: bf16 with head size 64 or 128 runs the
-//! tensor-core flash kernels (`cuda/flash_attention.cu`); f32 and other head sizes run the
-//! warp-per-row kernels (`cuda/attention.cu`); head sizes that are not a multiple of the warp
-//! (or over 256) take the composed reference.
+//! Causal GQA attention on the GPU, no T×T matrix: bf16 with head size 64, 80 (Instella) or 128
+//! runs the tensor-core flash kernels (`cuda/flash_attention.cu`; Hopper's wgmma family for 64
+//! and 128); f32 and other head sizes run the warp-per-row kernels (`cuda/attention.cu`); head
+//! sizes that are neither and not a multiple of the warp (or over 256) take the composed
+//! reference.
 
 use super::{
     Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, int, launch, module, tensor, with_dense_views,
@@ -45,12 +46,18 @@ fn row_config(rows: usize) -> LaunchConfig {
     }
 }
 
+/// Head sizes the mma.sync flash kernels are instantiated for (`FLASH(..)` in the source).
+const FLASH_HEADS: [usize; 3] = [64, 80, 128];
+/// Those the Hopper wgmma kernels are: their 128-byte swizzled tiles need rows of 64 or 128.
+#[cfg(sm90a)]
+const WGMMA_HEADS: [usize; 2] = [64, 128];
+
 /// Whether the flash kernels serve these tensors: bf16 (the MMA's input type), a head size
 /// they are instantiated for, and 16-byte aligned rows (cp.async moves 16 bytes at a time;
 /// a tensor read in another layout is copied to a fresh, aligned buffer first).
 fn flash<T: Elem>(hd: usize, ts: &[&Tensor]) -> bool {
     T::SUFFIX == "bf16"
-        && matches!(hd, 64 | 128)
+        && FLASH_HEADS.contains(&hd)
         && ts.iter().all(|t| row_stride(t).is_none() || t.layout().start_offset().is_multiple_of(8))
 }
 
@@ -113,17 +120,17 @@ pub(crate) enum Flash {
 }
 
 impl Flash {
-    /// The kernels this build can run on `dev`, the fastest first.
-    pub(crate) fn available(dev: &CudaDevice) -> Result<Vec<Flash>> {
+    /// The kernels this build can run on `dev` at head size `hd`, the fastest first.
+    pub(crate) fn available(dev: &CudaDevice, hd: usize) -> Result<Vec<Flash>> {
         #[cfg(sm90a)]
         {
             use candle_core::cuda_backend::WrapErr;
-            if dev.cuda_stream().context().compute_capability().w()? == (9, 0) {
+            if WGMMA_HEADS.contains(&hd) && dev.cuda_stream().context().compute_capability().w()? == (9, 0) {
                 return Ok(vec![Flash::Wgmma, Flash::Mma]);
             }
         }
         #[cfg(not(sm90a))]
-        let _ = dev;
+        let _ = (dev, hd);
         Ok(vec![Flash::Mma])
     }
 
@@ -171,11 +178,11 @@ pub(crate) fn forward<T: Elem>(
     kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor)> {
     let (b, heads, t, hd) = q.dims4()?;
+    if flash::<T>(hd, &[q, k, v]) {
+        return flash_forward(q, k, v, mask, scale, kernels.key_tile, Flash::available(&device(q)?, hd)?[0]);
+    }
     if !served(hd) {
         return reference::forward(q, k, v, mask, scale);
-    }
-    if flash::<T>(hd, &[q, k, v]) {
-        return flash_forward(q, k, v, mask, scale, kernels.key_tile, Flash::available(&device(q)?)?[0]);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;
@@ -243,12 +250,12 @@ pub(crate) fn backward<T: Elem>(
     kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, heads, t, hd) = q.dims4()?;
+    if flash::<T>(hd, &[dout, q, k, v, out]) {
+        let family = Flash::available(&device(q)?, hd)?[0];
+        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels, family);
+    }
     if !served(hd) {
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
-    }
-    if flash::<T>(hd, &[dout, q, k, v, out]) {
-        let family = Flash::available(&device(q)?)?[0];
-        return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels, family);
     }
     let kv = k.dim(1)?;
     let dev = device(q)?;

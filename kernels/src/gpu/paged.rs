@@ -193,7 +193,7 @@ fn on_tensor_cores(q: &Tensor, kc: &Tensor, vc: &Tensor) -> bool {
 pub(crate) fn prepare<T: Elem>(
     qkv: &Tensor,
     heads: usize,
-    (qn, kn, eps): (&Tensor, &Tensor, f64),
+    norms: Option<(&Tensor, &Tensor, f64)>,
     cos: &Tensor,
     sin: &Tensor,
     (kc, vc): (&Tensor, &Tensor),
@@ -210,8 +210,13 @@ pub(crate) fn prepare<T: Elem>(
         && slots.dims1()? == n
         && cos.dims() == [n, hd];
     if !fits {
-        return reference::prepare(qkv, heads, (qn, kn, eps), cos, sin, (kc, vc), slots);
+        return reference::prepare(qkv, heads, norms, cos, sin, (kc, vc), slots);
     }
+    // Without norms the gain pointers are never read: the kernel gets the input's in their place.
+    let (qn, kn, eps, norm) = match norms {
+        Some((qn, kn, eps)) => (qn, kn, eps, 1i32),
+        None => (qkv, qkv, 0.0, 0i32),
+    };
     let dev = device(qkv)?;
     let mut q = alloc::<T>(&dev, n * heads * hd)?;
     // Head sizes of 32·E with aligned rows: a lane's E elements whole (`prepare_unit_vec`).
@@ -231,6 +236,7 @@ pub(crate) fn prepare<T: Elem>(
             let mut a = kernel.builder();
             a.arg(&xv).arg(&qw).arg(&kw).arg(&cv).arg(&sv).arg(&mut q);
             a.arg(&kc_ptr).arg(&vc_ptr).arg(&slv).arg(&capacity).arg(&n_i).arg(&h).arg(&kvh).arg(&hd_i).arg(&eps);
+            a.arg(&norm);
             let units = n * (heads + 2 * kv);
             let per_block = THREADS as usize / WARP;
             let cfg = LaunchConfig {

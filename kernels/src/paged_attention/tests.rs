@@ -101,10 +101,10 @@ fn prepare_normalises_rotates_and_stores_the_keys() -> Result<()> {
         (Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?, Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?);
     let slots = Tensor::new(&[0u32, 5, 6], &dev)?;
     let qkv = Tensor::cat(&[&q, &k, &v], 1)?.reshape((n, (heads + 2 * kv) * hd))?;
-    let got = prepare(&qkv, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &slots)?;
+    let got = prepare(&qkv, heads, Some((&qn, &kn, 1e-6)), &cos, &sin, (&kc, &vc), &slots)?;
     // A packed row of the wrong width is refused, not read past.
     assert!(
-        prepare(&qkv.narrow(1, 0, (heads + kv) * hd)?, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &slots)
+        prepare(&qkv.narrow(1, 0, (heads + kv) * hd)?, heads, Some((&qn, &kn, 1e-6)), &cos, &sin, (&kc, &vc), &slots)
             .is_err()
     );
     let rot = |x: &Tensor, w: &Tensor| {
@@ -115,6 +115,14 @@ fn prepare_normalises_rotates_and_stores_the_keys() -> Result<()> {
     let stored = kc.reshape((8, kv, hd))?.index_select(&slots, 0)?;
     assert_close(&stored, &rot(&k, &kn)?, 1e-12)?;
     assert_close(&vc.reshape((8, kv, hd))?.index_select(&slots, 0)?, &v, 0.0)?;
+    // Without norms (q and k normalised already, over the whole projection) only the rotation.
+    let (kc, vc) =
+        (Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?, Tensor::zeros((2, BS, kv, hd), DType::F64, &dev)?);
+    let got = prepare(&qkv, heads, None, &cos, &sin, (&kc, &vc), &slots)?;
+    let (c, s) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
+    assert_close(&got, &rope::reference::forward(&q, &c, &s)?, 1e-12)?;
+    let stored = kc.reshape((8, kv, hd))?.index_select(&slots, 0)?;
+    assert_close(&stored, &rope::reference::forward(&k, &c, &s)?, 1e-12)?;
     Ok(())
 }
 

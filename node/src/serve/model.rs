@@ -16,7 +16,7 @@ use mindxtrain_trainer::infer::{
     Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, SamplingParams,
     Stats,
 };
-use mindxtrain_trainer::model::{Adapters, Qwen3, merge_lora};
+use mindxtrain_trainer::model::{Adapters, CausalLm, merge_lora};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
 use mindxtrain_trainer::run;
 use thiserror::Error;
@@ -136,7 +136,7 @@ impl ServedModel {
     pub fn from_model(
         recipe: Recipe,
         name: String,
-        model: Qwen3,
+        model: CausalLm,
         tokenizer: Tokenizer,
     ) -> Result<ServedModel, ServeModelError> {
         ServedModel::serve(recipe, name, model, tokenizer, None, Vec::new())
@@ -147,7 +147,7 @@ impl ServedModel {
     fn serve(
         recipe: Recipe,
         name: String,
-        model: Qwen3,
+        model: CausalLm,
         tokenizer: Tokenizer,
         own: Option<Adapters>,
         extra: Vec<(String, Adapters)>,

@@ -8,7 +8,7 @@ use axum::body::{Body, to_bytes};
 use axum::http::Request;
 use candle_core::{DType, Device};
 use mindxtrain_trainer::data::Tokenizer;
-use mindxtrain_trainer::model::{Qwen3, Qwen3Config};
+use mindxtrain_trainer::model::{CausalLm, LmConfig};
 use mindxtrain_trainer::recipe::Recipe;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -70,9 +70,9 @@ fn served_blocking(serve: &str, template: Option<&str>) -> Served {
     crate::node::init(dir.path().join("node").as_path()).unwrap();
     let (log, id, _) = crate::node::open(&dir.path().join("node")).unwrap();
     let (log, id) = (Arc::new(log), Arc::new(id));
-    let config = Qwen3Config::timing_shape("tiny").unwrap();
+    let config = LmConfig::timing_shape("tiny").unwrap();
     // Seeded: two servers of one test serve the same weights.
-    let model = Qwen3::init_random(&config, 5, DType::F32, &Device::Cpu).unwrap();
+    let model = CausalLm::init_random(&config, 5, DType::F32, &Device::Cpu).unwrap();
     let model = ServedModel::from_model(recipe, MODEL.into(), model, tokenizer).unwrap();
     let rentals = RentalBook::load(log.clone(), id).unwrap();
     let state = AppState::new(model, log, rentals, None);

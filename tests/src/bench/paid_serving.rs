@@ -33,7 +33,7 @@ use mindxtrain_node::serve::model::ServedModel;
 use mindxtrain_node::serve::rentals::RentalBook;
 use mindxtrain_node::serve::{self, AppState, Sale};
 use mindxtrain_trainer::data::{Message, Role, Tokenizer};
-use mindxtrain_trainer::model::{EMBED, LM_HEAD, Qwen3, Qwen3Config};
+use mindxtrain_trainer::model::{CausalLm, EMBED, LM_HEAD, LmConfig};
 use mindxtrain_trainer::recipe::Recipe;
 use mindxtrain_x402::alloy::signers::local::PrivateKeySigner;
 use mindxtrain_x402::wire::PaymentRequirements;
@@ -48,7 +48,7 @@ use crate::x402_env::{Chain, TempNode, payment_required_for, signed_payment};
 pub struct PaidServing {
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
-    /// A [`Qwen3Config::timing_shape`] name: `tiny`, `0.6B`, `1.7B`, `8B`.
+    /// A [`LmConfig::timing_shape`] name: `tiny`, `0.6B`, `1.7B`, `8B`.
     pub shape: String,
     /// Requests sent at once per load.
     pub streams: usize,
@@ -258,17 +258,17 @@ fn served_model(load: &PaidServing) -> anyhow::Result<(ServedModel, String)> {
     let tokenizer = Tokenizer::from_recipe(&recipe.model, Path::new("."), None)?;
     // `cuda` alone is the first GPU, as `serve --device` reads it.
     let device = mindxtrain_trainer::run::named_device(if load.device == "cuda" { "cuda:0" } else { &load.device })?;
-    let config = Qwen3Config::timing_shape(&load.shape)
+    let config = LmConfig::timing_shape(&load.shape)
         .with_context(|| format!("shape {:?}: expected tiny, 0.6B, 1.7B or 8B", load.shape))?;
     let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
-    let mut model = Qwen3::init_for_timing(&config, dtype, &device)?;
+    let mut model = CausalLm::init_for_timing(&config, dtype, &device)?;
     ascii_only_head(&mut model, tokenizer.vocab_size().min(config.vocab_size))?;
     let served = ServedModel::from_model(recipe, format!("bench-qwen3-{}", load.shape), model, tokenizer)?;
     Ok((served, mindxtrain_trainer::run::device_name(&device)))
 }
 
 /// Zeroes the head's rows `ASCII..vocab` (the module's doc says why).
-fn ascii_only_head(model: &mut Qwen3, vocab: usize) -> anyhow::Result<()> {
+fn ascii_only_head(model: &mut CausalLm, vocab: usize) -> anyhow::Result<()> {
     ensure!(vocab > ASCII, "a vocabulary of {vocab} has nothing to zero beyond ASCII");
     let name = if model.config().tie_word_embeddings { EMBED } else { LM_HEAD };
     let (hidden, dtype, device) = (model.config().hidden_size, model.dtype(), model.device().clone());

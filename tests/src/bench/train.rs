@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
-use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config, StepOptions, Trainable};
+use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable};
 use mindxtrain_trainer::optim::Optimizer;
 use mindxtrain_trainer::recipe::{Optimizer as OptimizerRecipe, OptimizerName, Recipe, TargetModule};
 use mindxtrain_trainer::run::thread_pool;
@@ -30,7 +30,7 @@ pub struct TrainBench<'a> {
 }
 
 /// The model of `recipes/tiny_cpu_lora.yaml` (as embedded in the node).
-fn tiny() -> Result<Qwen3Config> {
+fn tiny() -> Result<LmConfig> {
     const NAME: &str = "tiny_cpu_lora.yaml";
     let src = mindxtrain_node::recipes::EMBEDDED_RECIPES
         .iter()
@@ -39,7 +39,8 @@ fn tiny() -> Result<Qwen3Config> {
         .with_context(|| format!("embedded recipe {NAME} missing"))?;
     let loaded = Recipe::check_str(src, NAME).map_err(|e| anyhow::anyhow!("{NAME}: {e}"))?;
     let config = loaded.recipe.model.config.as_ref().with_context(|| format!("{NAME} has no model.config"))?;
-    Ok(Qwen3Config::from(config))
+    LmConfig::from_recipe(config, loaded.recipe.model.family)
+        .with_context(|| format!("{NAME}: a family the engine runs"))
 }
 
 const LORA_R: usize = 16;
@@ -70,7 +71,7 @@ fn ours(cfg: &TrainBench, threads: usize) -> Result<f64> {
     let config = tiny()?;
     let pool = thread_pool(threads)?;
     pool.install(|| -> Result<f64> {
-        let mut model = Qwen3::init_random(&config, 1, DType::F32, &Device::Cpu)?;
+        let mut model = CausalLm::init_random(&config, 1, DType::F32, &Device::Cpu)?;
         let lora = LoraConfig {
             r: LORA_R,
             alpha: LORA_ALPHA,

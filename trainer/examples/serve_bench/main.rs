@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_trainer::infer::{Engine, EngineConfig, Event, KvBlocks, Request, RequestId};
-use mindxtrain_trainer::model::{Adapters, LoraConfig, Qwen3, Qwen3Config};
+use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig};
 use mindxtrain_trainer::recipe::TargetModule;
 use serde_json::{Value, json};
 
@@ -168,7 +168,7 @@ fn drive(engine: &mut Engine, reqs: Vec<Request>, arrivals: &[f64], deadline: In
     Ok(Load { out_tok_s: produced as f64 / start.elapsed().as_secs_f64(), ttft, itl, tokens })
 }
 
-fn lora_adapters(config: &Qwen3Config, n: usize, dtype: DType, d: &Device) -> Res<Vec<Adapters>> {
+fn lora_adapters(config: &LmConfig, n: usize, dtype: DType, d: &Device) -> Res<Vec<Adapters>> {
     let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
     (0..n)
         .map(|i| {
@@ -198,8 +198,7 @@ fn main() -> Res<()> {
         _ => Device::new_cuda(0)?,
     };
     let shape = args.get("shape", "8B");
-    let config =
-        Qwen3Config::timing_shape(&shape).ok_or(format!("shape {shape:?}: expected tiny, 0.6B, 1.7B or 8B"))?;
+    let config = LmConfig::timing_shape(&shape).ok_or(format!("shape {shape:?}: expected tiny, 0.6B, 1.7B or 8B"))?;
     let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
     let (prompt_len, new_tokens) = (args.num("prompt", 512), args.num("gen", 256));
     let streams: Vec<usize> = args.get("streams", "1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
@@ -230,7 +229,7 @@ fn main() -> Res<()> {
     let t = Instant::now();
     let model = match args.0.get("weights") {
         Some(dir) => mindxtrain_trainer::checkpoint::load_hf_model(&PathBuf::from(dir), dtype, &device)?.0,
-        None => Qwen3::init_for_timing(&config, dtype, &device)?,
+        None => CausalLm::init_for_timing(&config, dtype, &device)?,
     };
     sync(&device)?;
     let config = model.config().clone();

@@ -9,7 +9,7 @@ use candle_core::Device;
 use mindxtrain_kernels::sampling::RowSampling;
 use mindxtrain_trainer::infer::runner::{Runner, RunnerConfig, StepSeq};
 use mindxtrain_trainer::infer::sampler;
-use mindxtrain_trainer::model::Qwen3;
+use mindxtrain_trainer::model::CausalLm;
 use serde_json::{Value, json};
 
 use super::{Res, percentile, sync, tokens};
@@ -19,7 +19,7 @@ use super::{Res, percentile, sync, tokens};
 /// against the whole step (sampled, so waited for). Launch ≈ step means the host is the bound;
 /// a step near `(weight + cache bytes) / bandwidth` means the device's memory is. With
 /// `MINDXTRAIN_PROFILE` set, the ops' table too (each op then waits for the device).
-pub(super) fn decode_probe(model: &Qwen3, probe: &Probe, ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+pub(super) fn decode_probe(model: &CausalLm, probe: &Probe, ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
     let batches = &probe.batches;
     let (block, dev, c) = (16usize, model.device().clone(), model.config().clone());
     let per_seq = (ctx + 1).div_ceil(block);
@@ -180,7 +180,7 @@ fn probe_batch(
 /// GEMM axis chooses from), and what the best would save a step (layer shapes run once a layer,
 /// the output head once).
 #[cfg(feature = "cuda")]
-pub(super) fn gemm_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
+pub(super) fn gemm_probe(model: &CausalLm, batches: &[usize], ctx: usize, emit: &mut impl FnMut(Value)) -> Res<()> {
     let (block, c) = (16usize, model.config().clone());
     let per_seq = (ctx + 1).div_ceil(block);
     for &b in batches.iter().filter(|&&b| b > 8) {
@@ -223,7 +223,7 @@ pub(super) fn gemm_probe(model: &Qwen3, batches: &[usize], ctx: usize, emit: &mu
 /// CUDA-core one, then again with the engine's memory settings, in this process; with
 /// `MINDXTRAIN_PROFILE` set the ops' table of each.
 pub(super) fn prefill_probe(
-    model: &Qwen3,
+    model: &CausalLm,
     (seqs, len): (usize, usize),
     probe: &Probe,
     emit: &mut impl FnMut(Value),

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::error::io;
 use super::{ADAPTER_CONFIG_FILE, AdapterConfig, CONFIG_FILE, CheckpointError, FileDigest, WeightFiles};
-use crate::model::{Adapters, LoraConfig, ModelError, Qwen3, Qwen3Config};
+use crate::model::{Adapters, CausalLm, LmConfig, LoraConfig, ModelError};
 use crate::recipe::{Dtype, Recipe, TargetModule};
 
 /// Why a model could not be loaded.
@@ -39,27 +39,32 @@ pub fn model_dtype(d: Dtype) -> DType {
 
 /// An HF model directory (`config.json` and its weights) on `device`, with the digests of its
 /// files.
-pub fn load_hf_model(dir: &Path, dtype: DType, device: &Device) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
+pub fn load_hf_model(dir: &Path, dtype: DType, device: &Device) -> Result<(CausalLm, Vec<FileDigest>), LoadError> {
     let config_path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-    let config = Qwen3Config::from_hf_json(&text)?;
+    let config = LmConfig::from_hf_json(&text)?;
     let params = super::load_hf_weights(dir, dtype, device)?;
     let mut files = vec![digest_file(&config_path, dir)?];
     for f in WeightFiles::open(dir)?.files() {
         files.push(digest_file(&f, dir)?);
     }
-    Ok((Qwen3::new(config, params, device)?, files))
+    Ok((CausalLm::new(config, params, device)?, files))
 }
 
 /// A recipe's base model on `device`: the HF directory `base` (which `run::base::base_dir`
 /// settles), else the random init of `model.config` from `meta.seed`.
-pub fn load_base(recipe: &Recipe, base: Option<&Path>, device: &Device) -> Result<(Qwen3, Vec<FileDigest>), LoadError> {
+pub fn load_base(
+    recipe: &Recipe,
+    base: Option<&Path>,
+    device: &Device,
+) -> Result<(CausalLm, Vec<FileDigest>), LoadError> {
     let dtype = model_dtype(recipe.model.dtype);
     match base {
         Some(dir) => load_hf_model(dir, dtype, device),
         None => {
             let config = recipe.model.config.as_ref().ok_or(LoadError::NoModel)?;
-            Ok((Qwen3::init_random(&Qwen3Config::from(config), recipe.meta.seed, dtype, device)?, vec![]))
+            let shape = LmConfig::from_recipe(config, recipe.model.family).ok_or(LoadError::NoModel)?;
+            Ok((CausalLm::init_random(&shape, recipe.meta.seed, dtype, device)?, vec![]))
         }
     }
 }
@@ -71,7 +76,7 @@ pub fn load_checkpoint(
     base: Option<&Path>,
     checkpoint_dir: &Path,
     device: &Device,
-) -> Result<(Qwen3, Option<Adapters>), LoadError> {
+) -> Result<(CausalLm, Option<Adapters>), LoadError> {
     let dtype = model_dtype(recipe.model.dtype);
     if !is_adapter(checkpoint_dir) {
         return Ok((load_hf_model(checkpoint_dir, dtype, device)?.0, None));
@@ -89,7 +94,7 @@ pub fn is_adapter(dir: &Path) -> bool {
 /// A PEFT adapter directory as [`Adapters`] for a model of `config`, in `dtype` on `device`.
 /// Its rank, scaling and targets come from its own `adapter_config.json`, so adapters trained by
 /// different recipes can be served over one base.
-pub fn load_adapter(dir: &Path, config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Adapters, LoadError> {
+pub fn load_adapter(dir: &Path, config: &LmConfig, dtype: DType, device: &Device) -> Result<Adapters, LoadError> {
     let (peft, tensors) = super::load_peft_adapter(dir, device)?;
     let lora = lora_config(&peft).map_err(|reason| LoadError::Adapter { path: dir.display().to_string(), reason })?;
     Ok(Adapters::new(config, lora, in_dtype(tensors, dtype)?)?)
@@ -168,8 +173,9 @@ mod tests {
     use crate::checkpoint::{StagedDir, save_hf_model, save_peft_adapter};
     use crate::recipe::Lora;
 
-    fn tiny() -> Qwen3Config {
-        Qwen3Config {
+    fn tiny() -> LmConfig {
+        LmConfig {
+            arch: crate::model::Arch::Qwen3,
             vocab_size: 32,
             hidden_size: 16,
             intermediate_size: 24,
@@ -189,7 +195,7 @@ mod tests {
     fn an_adapter_loads_with_its_own_config_and_a_full_checkpoint_on_the_device_asked() {
         let root = tempfile::tempdir().unwrap();
         let config = tiny();
-        let model = Qwen3::init_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
+        let model = CausalLm::init_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
         let hf = root.path().join("full");
         let mut dir = StagedDir::create(&hf).unwrap();
         let json: serde_json::Value = serde_json::from_str(&config.to_hf_json("float32")).unwrap();
@@ -210,7 +216,7 @@ mod tests {
         assert_eq!(back.config, LoraConfig::from(&lora));
         assert_eq!(back.tensors.keys().collect::<Vec<_>>(), adapters.tensors.keys().collect::<Vec<_>>());
         // An adapter for another shape is refused, naming the tensor.
-        let other = Qwen3Config { hidden_size: 8, num_attention_heads: 1, ..tiny() };
+        let other = LmConfig { hidden_size: 8, num_attention_heads: 1, ..tiny() };
         assert!(load_adapter(&ad, &other, DType::F32, &Device::Cpu).unwrap_err().to_string().contains("lora_A"));
     }
 }

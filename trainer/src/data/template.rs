@@ -269,7 +269,11 @@ pub fn encode_pieces(tokenizer: &Tokenizer, pieces: &[Piece]) -> Result<Encoded,
                 flush(&mut run, run_target, &mut out)?;
                 let id = tokenizer.special(*s).ok_or_else(|| DataError::Tokenizer {
                     origin: tokenizer.identity().to_owned(),
-                    message: format!("has no `{}` token", s.text()),
+                    message: format!(
+                        "has no `{}` token, which the built-in ChatML template writes: give the model's own chat \
+                         template (model.chat_template, or a tokenizer_config.json with one beside tokenizer.json)",
+                        s.text()
+                    ),
                 })?;
                 out.ids.push(id);
                 out.targets.push(piece.target);

@@ -130,10 +130,11 @@ impl Tokenizer {
         literal.set_encode_special_tokens(true);
         let specials: Vec<(Special, u32)> =
             Special::ALL.iter().filter_map(|&s| with_specials.token_to_id(s.text()).map(|id| (s, id))).collect();
-        for required in [Special::EndOfText, Special::ImStart, Special::ImEnd] {
-            if !specials.iter().any(|(s, _)| *s == required) {
-                return Err(err(format!("has no `{}` token, which the Qwen3 chat template needs", required.text())));
-            }
+        // `<|endoftext|>` ends every document (Qwen3's and GPT-NeoX's vocabularies, Instella's
+        // among them); ChatML's turn markers are needed only by the built-in template, which
+        // says so when a tokenizer without them meets it.
+        if !specials.iter().any(|(s, _)| *s == Special::EndOfText) {
+            return Err(err(format!("has no `{}` token to end documents with", Special::EndOfText.text())));
         }
         let vocab_size = with_specials.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1);
         let identity = format!("hf-blake3:{}", blake3::hash(bytes).to_hex());
@@ -202,12 +203,36 @@ impl Tokenizer {
     pub fn eos_id(&self) -> u32 {
         self.required(Special::EndOfText)
     }
-    pub fn im_start_id(&self) -> u32 {
-        self.required(Special::ImStart)
+    /// `<|im_start|>`, in ChatML vocabularies.
+    pub fn im_start_id(&self) -> Option<u32> {
+        self.special(Special::ImStart)
     }
-    /// `<|im_end|>`: ends a turn, and so a generated answer.
-    pub fn im_end_id(&self) -> u32 {
-        self.required(Special::ImEnd)
+    /// `<|im_end|>`: ends a turn, and so a generated answer, in ChatML vocabularies.
+    pub fn im_end_id(&self) -> Option<u32> {
+        self.special(Special::ImEnd)
+    }
+
+    /// The tokens that end a generated answer: `<|im_end|>` where the vocabulary has it,
+    /// `<|endoftext|>`, and the `eos_token` of `tokenizer_config.json` (Instella's chat template
+    /// ends a turn with it).
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let config_eos = self
+            .template_vars()
+            .into_iter()
+            .find(|(name, _)| name == "eos_token")
+            .and_then(|(_, v)| v.as_str().and_then(|t| self.token_id(t)));
+        let mut ids: Vec<u32> = [self.im_end_id(), Some(self.eos_id()), config_eos].into_iter().flatten().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The id of a whole token's text (`None` for text that is not one token).
+    fn token_id(&self, text: &str) -> Option<u32> {
+        match &self.inner {
+            Inner::Byte => Special::ALL.iter().find(|s| s.text() == text).map(|&s| byte::special_id(s)),
+            Inner::Hf(hf) => hf.with_specials.token_to_id(text),
+        }
     }
     /// The padding id; Qwen3's tokenizer has none and pads with `<|endoftext|>`.
     pub fn pad_id(&self) -> u32 {
@@ -215,7 +240,7 @@ impl Tokenizer {
     }
 
     fn required(&self, special: Special) -> u32 {
-        // Both constructors guarantee the three required specials exist.
+        // Both constructors guarantee `<|endoftext|>` exists.
         self.special(special).unwrap_or(0)
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use candle_core::{DType, Device};
 
-use crate::model::{AdapterStack, Adapters, ModelError, Packing, Qwen3Config};
+use crate::model::{AdapterStack, Adapters, LmConfig, ModelError, Packing};
 
 struct Slot {
     name: String,
@@ -16,7 +16,7 @@ struct Slot {
 
 /// The served adapters, in slot order.
 pub struct AdapterSlots {
-    config: Qwen3Config,
+    config: LmConfig,
     dtype: DType,
     device: Device,
     /// The groups the base packs: their adapters are stacked per group.
@@ -47,7 +47,7 @@ pub enum AdapterError {
 
 impl AdapterSlots {
     /// Slots for adapters over `base`, at most `max` of them.
-    pub fn new(base: &crate::model::Qwen3, max: usize) -> AdapterSlots {
+    pub fn new(base: &crate::model::CausalLm, max: usize) -> AdapterSlots {
         AdapterSlots {
             config: base.config().clone(),
             dtype: base.dtype(),

@@ -13,7 +13,7 @@ use super::runner::{Launched, Runner, RunnerConfig, StepSeq};
 use super::sampler;
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
 use crate::data::Tokenizer;
-use crate::model::{Adapters, ModelError, Params, Qwen3};
+use crate::model::{Adapters, CausalLm, ModelError, Params};
 
 mod config;
 mod events;
@@ -96,17 +96,17 @@ impl Engine {
     /// Serves `model` (on its own device, with its own kernel settings). With a tokenizer the
     /// events carry text and requests may have stop strings; its end-of-turn and end-of-text
     /// tokens end a completion. The cache is sized now, after the model took its memory.
-    pub fn new(mut model: Qwen3, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn new(mut model: CausalLm, tokenizer: Option<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
         config.validate()?;
         // Before the sizing: packing swaps the grouped weights for one copy of each group, and
         // the cache takes what is free after.
         model.pack_projections()?;
-        let shape = Runner::cache_shape(&model, config.block_size);
-        let blocks = kv::sizing::blocks(&shape, config.kv_blocks, config.max_model_len, model.device())
+        let spec = model.cache_spec(config.block_size);
+        let blocks = kv::sizing::blocks(&spec, config.kv_blocks, config.max_model_len, model.device())
             .map_err(EngineError::Config)?;
         let vocab =
             tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));
-        let stop_ids = tokenizer.as_ref().map_or(Vec::new(), |t| vec![t.im_end_id(), t.eos_id()]);
+        let stop_ids = tokenizer.as_ref().map_or(Vec::new(), |t| t.stop_ids());
         let adapters = AdapterSlots::new(&model, config.max_adapters);
         // candle's CUDA device queues work on the calling thread's stream (the per-thread
         // default stream): a step queued from one pool thread while the step before it runs on
@@ -175,7 +175,7 @@ impl Engine {
         &self.config
     }
 
-    pub fn model(&self) -> &Qwen3 {
+    pub fn model(&self) -> &CausalLm {
         self.runner.model()
     }
 

@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Device};
 
-use super::tests::{adapters_for, config_with_head_dim, model_of, prompts, run};
+use super::tests::{adapters_for, config_with_head_dim, instella_with_head_dim, model_of, prompts, run};
 use super::*;
 
 fn gpu() -> Device {
@@ -29,13 +29,15 @@ fn config() -> EngineConfig {
 /// adapters and the base, decode steps replayed as graphs with adapter rows): the GPU engine's
 /// greedy tokens equal the CPU engine's, with heads of
 /// 64 (the fused paged kernels) and of 4 (a size they do not serve: the composed reference on
-/// the GPU).
+/// the GPU); and Instella's (q/k norms over the projection, before the cache write) with heads
+/// of 64 and of its 3B's 80.
 #[test]
 fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
-    for head_dim in [64, 4] {
-        let c = config_with_head_dim(64, head_dim);
+    let shapes = [64, 4].map(|hd| config_with_head_dim(64, hd)).into_iter();
+    for c in shapes.chain([64, 80].map(|hd| instella_with_head_dim(64, hd))) {
+        let (head_dim, arch) = (c.head_dim, c.arch);
         let cpu_model = model_of(&c, DType::F32);
-        let gpu_model = crate::model::Qwen3::new(c.clone(), cpu_model.params().clone(), &gpu()).unwrap();
+        let gpu_model = crate::model::CausalLm::new(c.clone(), cpu_model.params().clone(), &gpu()).unwrap();
         let named = [("a", adapters_for(&c, 1, 2)), ("b", adapters_for(&c, 2, 8)), ("c", adapters_for(&c, 3, 4))];
         let requests = || -> Vec<Request> {
             prompts()
@@ -66,11 +68,14 @@ fn gpu_engine_greedy_tokens_equal_the_cpu_engine_s() {
             let diverge = cpu.0.iter().zip(&gpu.0).position(|(a, b)| a != b);
             assert_eq!(
                 cpu.0, gpu.0,
-                "head_dim {head_dim}, request {i}: first divergence at token {diverge:?} (ended: CPU {:?}, GPU {:?})",
+                "{arch:?} head_dim {head_dim}, request {i}: first divergence at token {diverge:?} (ended: CPU {:?}, GPU {:?})",
                 cpu.1, gpu.1
             );
         }
-        println!("GPU engine, head_dim {head_dim}: {} requests token-identical to the CPU engine", outs[0].len());
+        println!(
+            "GPU engine, {arch:?} head_dim {head_dim}: {} requests token-identical to the CPU engine",
+            outs[0].len()
+        );
     }
 }
 
@@ -98,7 +103,7 @@ fn decode_steps_replayed_as_cuda_graphs_give_the_direct_steps_tokens() {
         (gpu(), false, true),
     ];
     for (device, graphs, overlap) in runs {
-        let m = crate::model::Qwen3::new(c.clone(), cpu_model.params().clone(), &device).unwrap();
+        let m = crate::model::CausalLm::new(c.clone(), cpu_model.params().clone(), &device).unwrap();
         let config = EngineConfig { cuda_graphs: graphs, overlap_steps: overlap, threads: 8, ..config() };
         let mut engine = Engine::new(m, None, config).unwrap();
         // Every bucket up to the batch's largest (8 sequences) is recorded before any request:
@@ -138,7 +143,7 @@ fn decode_steps_replayed_as_cuda_graphs_give_the_direct_steps_tokens() {
 fn gpu_engine_runs_bf16() {
     let m = model_of(&config_with_head_dim(64, 64), DType::F32);
     let params = m.params().iter().map(|(k, v)| (k.clone(), v.to_dtype(DType::BF16).unwrap())).collect();
-    let bf16 = crate::model::Qwen3::new(m.config().clone(), params, &gpu()).unwrap();
+    let bf16 = crate::model::CausalLm::new(m.config().clone(), params, &gpu()).unwrap();
     let mut engine = Engine::new(bf16, None, config()).unwrap();
     let outs = run(&mut engine, prompts().into_iter().map(|p| Request::greedy(p, 16)).collect());
     for (i, (t, e)) in outs.iter().enumerate() {

@@ -11,4 +11,4 @@ pub mod sizing;
 pub use hash::BlockHash;
 pub use manager::{Hit, KvManager, SeqId};
 pub use pool::{BlockId, BlockPool};
-pub use sizing::{CacheShape, KvBlocks};
+pub use sizing::KvBlocks;

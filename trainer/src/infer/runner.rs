@@ -11,9 +11,9 @@ use mindxtrain_kernels::paged_attention::{PagedMeta, SeqSlice};
 use mindxtrain_kernels::sampling::{Draws, RowSampling};
 
 use super::graph::{self, DecodeBatch, DecodeGraphs};
-use super::kv::CacheShape;
 use super::sampler;
-use crate::model::{AdapterStack, LayerCache, ModelError, PagedInputs, Params, Qwen3, RopeTables};
+use crate::model::{AdapterStack, CausalLm, LayerCache, ModelError, PagedInputs, Params, RopeTables};
+use crate::model::{CacheSpec, LayerSpec};
 
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
@@ -65,9 +65,9 @@ pub struct RunnerConfig {
 }
 
 pub struct Runner {
-    model: Qwen3,
+    model: CausalLm,
     cache: Vec<LayerCache>,
-    shape: CacheShape,
+    spec: CacheSpec,
     config: RunnerConfig,
     rope: RopeTables,
     /// `Some` when decode steps may replay graphs.
@@ -75,17 +75,21 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Packs the model's projection groups (`Qwen3::pack_projections`), then allocates
-    /// `config.blocks` cache blocks per layer on its device, and one more: the block that a
-    /// graph's padding rows write to.
-    pub fn new(mut model: Qwen3, config: RunnerConfig) -> Result<Runner, ModelError> {
+    /// Packs the model's projection groups (`CausalLm::pack_projections`), then allocates what
+    /// each layer's cache spec asks for on its device: `config.blocks` blocks per attention layer,
+    /// and one more: the block that a graph's padding rows write to.
+    pub fn new(mut model: CausalLm, config: RunnerConfig) -> Result<Runner, ModelError> {
         model.pack_projections()?;
-        let shape = Runner::cache_shape(&model, config.block_size);
-        let dims = (config.blocks + 1, config.block_size, shape.kv_heads, shape.head_dim);
-        let cache = (0..shape.layers)
-            .map(|_| {
-                let z = || Tensor::zeros(dims, shape.dtype, model.device());
-                Ok((z()?, z()?))
+        let spec = model.cache_spec(config.block_size);
+        let cache = spec
+            .layers
+            .iter()
+            .map(|layer| match *layer {
+                LayerSpec::Attention { kv_heads, head_dim } => {
+                    let dims = (config.blocks + 1, config.block_size, kv_heads, head_dim);
+                    let z = || Tensor::zeros(dims, spec.dtype, model.device());
+                    Ok((z()?, z()?))
+                }
             })
             .collect::<Result<Vec<_>, candle_core::Error>>()?;
         let rope = RopeTables::new(&model, config.max_model_len)?;
@@ -102,22 +106,10 @@ impl Runner {
             mindxtrain_kernels::graph::pin_blas_workspace(model.device())?;
         }
         let graphs = graphable.then(|| Mutex::new(DecodeGraphs::default()));
-        Ok(Runner { model, cache, shape, config, rope, graphs })
+        Ok(Runner { model, cache, spec, config, rope, graphs })
     }
 
-    /// The cache geometry `model` needs for blocks of `block_size` tokens.
-    pub fn cache_shape(model: &Qwen3, block_size: usize) -> CacheShape {
-        let c = model.config();
-        CacheShape {
-            layers: c.num_hidden_layers,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            block_size,
-            dtype: model.dtype(),
-        }
-    }
-
-    pub fn model(&self) -> &Qwen3 {
+    pub fn model(&self) -> &CausalLm {
         &self.model
     }
 
@@ -324,7 +316,7 @@ impl Runner {
             .iter()
             .map(|s| SeqSlice { query_len: s.tokens.len(), context_len: s.start + s.tokens.len(), blocks: s.blocks })
             .collect();
-        let meta = PagedMeta::new(self.shape.block_size, &slices, dev)?;
+        let meta = PagedMeta::new(self.spec.block_size, &slices, dev)?;
         let mut ids = Vec::with_capacity(meta.rows());
         let mut positions = Vec::with_capacity(meta.rows());
         let mut rows = Vec::with_capacity(meta.rows());

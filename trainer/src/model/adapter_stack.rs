@@ -18,7 +18,7 @@ use mindxtrain_kernels::multi_lora::LoraStack;
 use super::lora::Adapters;
 use super::packed::Packing;
 use super::params::Proj;
-use super::{ModelError, Qwen3Config};
+use super::{LmConfig, ModelError};
 
 /// What one stack adapts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,7 +36,7 @@ pub struct AdapterStack {
 
 /// What every stack shares: the model's shapes, the stacks' rank, dtype and device.
 struct Layout<'a> {
-    config: &'a Qwen3Config,
+    config: &'a LmConfig,
     r: usize,
     dtype: DType,
     device: &'a Device,
@@ -90,7 +90,7 @@ impl AdapterStack {
     /// Stacks `adapters` (slot `i` = `adapters[i]`) in `dtype` on `device`, one stack per
     /// group of each layer that `packed` says the base packs and one per other projection.
     pub fn new(
-        config: &Qwen3Config,
+        config: &LmConfig,
         adapters: &[&Adapters],
         (dtype, device): (DType, &Device),
         packed: impl Fn(usize, Packing) -> bool,

@@ -11,16 +11,17 @@ use std::collections::BTreeMap;
 use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
 
+use super::QkNorm;
+use super::causal_lm::CausalLm;
 use super::hooks::StepHooks;
 use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
 use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
-use super::qwen3::Qwen3;
 use super::rng::{SplitMix64, name_id};
 
 /// Everything one step shares across blocks.
 pub(super) struct StepCtx<'a> {
-    pub model: &'a Qwen3,
+    pub model: &'a CausalLm,
     pub adapters: Option<&'a Adapters>,
     /// Compute gradients of base weights (full fine-tuning).
     pub base_grads: bool,
@@ -254,16 +255,27 @@ impl StepCtx<'_> {
         let c = &self.model.config;
         let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-        let (h1, rstd1) = rmsnorm::forward(x, &*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
-        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(lora))?.reshape((b, t, nh, hd))?;
-        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
+        let (h1, rstd1) = rmsnorm::forward(x, &*self.weight(&norm_name(c, layer, Norm::Input))?, eps)?;
+        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(lora))?.reshape(self.qk_norm_shape(nh))?;
+        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(lora))?.reshape(self.qk_norm_shape(nkv))?;
         let v = self.proj_forward(layer, Proj::V, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
-        let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(layer, Norm::Q))?, eps)?;
-        let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(layer, Norm::K))?, eps)?;
-        let q = rope::forward(&qn, &self.cos, &self.sin)?.transpose(1, 2)?;
-        let k = rope::forward(&kn, &self.cos, &self.sin)?.transpose(1, 2)?;
+        let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(c, layer, Norm::Q))?, eps)?;
+        let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(c, layer, Norm::K))?, eps)?;
+        let q = rope::forward(&qn.reshape((b, t, nh, hd))?, &self.cos, &self.sin)?.transpose(1, 2)?;
+        let k = rope::forward(&kn.reshape((b, t, nkv, hd))?, &self.cos, &self.sin)?.transpose(1, 2)?;
         let v = v.transpose(1, 2)?;
         Ok(AttentionInputs { h1, rstd1, q_pre, rstd_q, k_pre, rstd_k, q, k, v })
+    }
+
+    /// The shape a q or k projection of `heads` heads is normalised in: `[B, T, heads, hd]`
+    /// for a norm per head (Qwen3), `[B, T, heads·hd]` for one over the whole projection
+    /// (Instella).
+    fn qk_norm_shape(&self, heads: usize) -> Vec<usize> {
+        let (b, t, hd) = (self.batch, self.seq, self.model.config.head_dim);
+        match self.model.config.arch.qk_norm() {
+            QkNorm::PerHead => vec![b, t, heads, hd],
+            QkNorm::Projection => vec![b, t, heads * hd],
+        }
     }
 
     /// Everything after attention: o projection and residual, norm, SwiGLU MLP and residual.
@@ -278,7 +290,8 @@ impl StepCtx<'_> {
         let eps = self.model.config.rms_norm_eps;
         // The residual add runs inside the norm's kernel on a GPU (same bits as add then norm).
         let o = self.proj_forward(layer, Proj::O, attn, Some(lora))?;
-        let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &*self.weight(&norm_name(layer, Norm::PostAttention))?, eps)?;
+        let post = self.weight(&norm_name(&self.model.config, layer, Norm::PostAttention))?;
+        let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &post, eps)?;
         if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let (router, gate_up, down) = self.moe_weights(layer)?;
             let lora = self.expert_lora(layer, shape.num_experts)?;
@@ -312,7 +325,7 @@ impl StepCtx<'_> {
 
     /// A stacked expert weight: NF4 as the model holds it under QLoRA (expanded by each
     /// product that reads it), else dense like any weight (gathered by the hooks under ZeRO-3,
-    /// which [`Qwen3::expert_weight`] does not know of).
+    /// which [`CausalLm::expert_weight`] does not know of).
     fn experts(&self, name: &str) -> Result<ExpertWeight<'_>> {
         match self.model.nf4_experts(name) {
             Some(q) => Ok(ExpertWeight::Nf4(q)),
@@ -390,7 +403,7 @@ impl StepCtx<'_> {
         let n = b * t;
         let base = self.base_grads;
         let dh2 = self.mlp_backward(layer, dout, tape, grads)?;
-        let ln2 = norm_name(layer, Norm::PostAttention);
+        let ln2 = norm_name(c, layer, Norm::PostAttention);
         let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.weight(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;
         if let Some(g) = dln2 {
@@ -412,9 +425,9 @@ impl StepCtx<'_> {
             &self.mask,
             scale,
         )?;
-        let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?;
-        let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?;
-        let (qn_name, kn_name) = (norm_name(layer, Norm::Q), norm_name(layer, Norm::K));
+        let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?.reshape(self.qk_norm_shape(nh))?;
+        let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?.reshape(self.qk_norm_shape(nkv))?;
+        let (qn_name, kn_name) = (norm_name(c, layer, Norm::Q), norm_name(c, layer, Norm::K));
         let (dq_pre, dqnorm) =
             rmsnorm::backward(&dqn, &tape.inputs.q_pre, &*self.weight(&qn_name)?, &tape.inputs.rstd_q, base)?;
         let (dk_pre, dknorm) =
@@ -435,7 +448,7 @@ impl StepCtx<'_> {
             return Ok(None);
         }
         let dh1 = self.grad_of(layer, &qkv, &tape.inputs.h1, tape, grads)?;
-        let ln1 = norm_name(layer, Norm::Input);
+        let ln1 = norm_name(c, layer, Norm::Input);
         let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.inputs.rstd1, base)?;
         if let Some(g) = dln1 {
             accumulate(grads, ln1, g)?;

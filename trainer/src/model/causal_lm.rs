@@ -14,7 +14,7 @@ use super::lora::Adapters;
 use super::moe::{self, RouterStats};
 use super::nf4::{Nf4Experts, Nf4Projection};
 use super::params::{self, EMBED, FINAL_NORM, LM_HEAD, Params, Proj, base_weight_name};
-use super::{ModelError, Qwen3Config};
+use super::{LmConfig, ModelError};
 use crate::batch::{IGNORE, PackedBatch};
 
 /// Which weights a step computes gradients for.
@@ -65,8 +65,8 @@ pub struct StepOutput {
 
 /// Qwen3 dense decoder with HF-named parameters.
 #[derive(Debug, Clone)]
-pub struct Qwen3 {
-    pub(super) config: Qwen3Config,
+pub struct CausalLm {
+    pub(super) config: LmConfig,
     pub(super) params: Params,
     /// Linear weights held in NF4 (QLoRA); absent from `params` then.
     quantized: BTreeMap<String, Nf4Projection>,
@@ -115,7 +115,7 @@ enum HeadTape {
 /// Every weight of `config` drawn on `device` for timing (norms 1, the rest N(0, 0.02)); those
 /// named in `to_host` are moved to the host as soon as each is drawn.
 fn draw_for_timing(
-    config: &Qwen3Config,
+    config: &LmConfig,
     dtype: DType,
     device: &Device,
     to_host: &BTreeSet<String>,
@@ -133,10 +133,10 @@ fn draw_for_timing(
     Ok(p)
 }
 
-/// The weights QLoRA holds in NF4 ([`Qwen3::quantize_nf4`]): every block projection, and on a
+/// The weights QLoRA holds in NF4 ([`CausalLm::quantize_nf4`]): every block projection, and on a
 /// Qwen3-MoE model every sparse layer's two stacked expert weights. Names a layer lacks (the
 /// seven projections' MLP ones on a sparse layer, experts on a dense one) are simply absent.
-fn nf4_targets(config: &Qwen3Config) -> Vec<String> {
+fn nf4_targets(config: &LmConfig) -> Vec<String> {
     let mut names = Vec::new();
     for layer in 0..config.num_hidden_layers {
         names.extend(Proj::ALL.into_iter().map(|proj| base_weight_name(layer, proj)));
@@ -149,11 +149,11 @@ fn nf4_targets(config: &Qwen3Config) -> Vec<String> {
 /// within 1.3–1.7× of the GEMM floor on an H100 (docs/benchmarks.md).
 const HEAD_CHUNK: usize = 32_768;
 
-impl Qwen3 {
+impl CausalLm {
     /// A model from named parameters; every HF name must be present with its shape, one
     /// floating dtype throughout, nothing extra.
     /// Qwen3-MoE experts may come one tensor per expert (the Hub's files): they are stacked.
-    pub fn new(config: Qwen3Config, mut params: Params, device: &Device) -> Result<Qwen3, ModelError> {
+    pub fn new(config: LmConfig, mut params: Params, device: &Device) -> Result<CausalLm, ModelError> {
         config.validate()?;
         moe::fuse_experts(&config, &mut params)?;
         params::check_names_and_shapes(&params::expected_shapes(&config), &params)?;
@@ -163,7 +163,7 @@ impl Qwen3 {
         }
         let params =
             params.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect::<Result<_, ModelError>>()?;
-        Ok(Qwen3 {
+        Ok(CausalLm {
             config,
             params,
             quantized: BTreeMap::new(),
@@ -177,33 +177,33 @@ impl Qwen3 {
 
     /// Weights of the right shapes and scale drawn by the device's own generator (curand on a
     /// GPU): for timing, where values do not matter and an 8B host-side seeded draw would take
-    /// most of a probe's budget. Not reproducible; train from [`Qwen3::init_random`].
-    pub fn init_for_timing(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+    /// most of a probe's budget. Not reproducible; train from [`CausalLm::init_random`].
+    pub fn init_for_timing(config: &LmConfig, dtype: DType, device: &Device) -> Result<CausalLm, ModelError> {
         config.validate()?;
-        Qwen3::new(config.clone(), draw_for_timing(config, dtype, device, &BTreeSet::new())?, device)
+        CausalLm::new(config.clone(), draw_for_timing(config, dtype, device, &BTreeSet::new())?, device)
     }
 
-    /// [`Qwen3::init_for_timing`] with QLoRA's base: each weight that [`Qwen3::quantize_nf4`]
+    /// [`CausalLm::init_for_timing`] with QLoRA's base: each weight that [`CausalLm::quantize_nf4`]
     /// holds in NF4 is drawn on the device and moved to the host at once (the device holds one
     /// of them dense at a time), then all are quantised onto the device, so the probe of a QLoRA
     /// recipe times the NF4 base the run trains on, on a card the dense base overflows.
-    pub fn init_for_timing_nf4(config: &Qwen3Config, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+    pub fn init_for_timing_nf4(config: &LmConfig, dtype: DType, device: &Device) -> Result<CausalLm, ModelError> {
         config.validate()?;
         let targets: BTreeSet<String> = nf4_targets(config).into_iter().collect();
         let drawn = draw_for_timing(config, dtype, device, &targets)?;
         // `new` puts every tensor on the device it is given: the host, then quantised onto `device`.
-        let mut m = Qwen3::new(config.clone(), drawn, &Device::Cpu)?;
+        let mut m = CausalLm::new(config.clone(), drawn, &Device::Cpu)?;
         m.quantize_nf4_onto(device)?;
         Ok(m)
     }
 
     /// Seeded HF-like init (std 0.02, norms 1): same seed, same weights.
-    pub fn init_random(config: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Qwen3, ModelError> {
+    pub fn init_random(config: &LmConfig, seed: u64, dtype: DType, device: &Device) -> Result<CausalLm, ModelError> {
         config.validate()?;
-        Qwen3::new(config.clone(), params::init_random(config, seed, dtype, device)?, device)
+        CausalLm::new(config.clone(), params::init_random(config, seed, dtype, device)?, device)
     }
 
-    pub fn config(&self) -> &Qwen3Config {
+    pub fn config(&self) -> &LmConfig {
         &self.config
     }
 
@@ -233,7 +233,7 @@ impl Qwen3 {
 
     /// For the optimizer's in-place updates; replacing a tensor with another shape or dtype
     /// breaks the model (the next step errors).
-    /// Unpacks the projections ([`Qwen3::pack_projections`]): what the caller puts in the map
+    /// Unpacks the projections ([`CausalLm::pack_projections`]): what the caller puts in the map
     /// is what the model reads.
     pub fn params_mut(&mut self) -> &mut Params {
         self.packed.clear();
@@ -251,7 +251,7 @@ impl Qwen3 {
         self.quantize_nf4_onto(&device)
     }
 
-    /// [`Qwen3::quantize_nf4`] on a model loaded on the host, leaving it on `device`: the NF4
+    /// [`CausalLm::quantize_nf4`] on a model loaded on the host, leaving it on `device`: the NF4
     /// codes and the weights that stay dense go there, so a base that fits the device only in
     /// NF4 never sits there whole (QLoRA's point: a 4-bit base on a card its bf16 base overflows).
     pub fn quantize_nf4_onto(&mut self, device: &Device) -> Result<(), ModelError> {
@@ -333,7 +333,7 @@ impl Qwen3 {
         self.forward_backward_with(batch, trainable, adapters, opts, &NoHooks)
     }
 
-    /// [`Qwen3::forward_backward`] with a distributed run's `hooks` around every stage: the
+    /// [`CausalLm::forward_backward`] with a distributed run's `hooks` around every stage: the
     /// gradients they take are not in the returned map.
     pub fn forward_backward_with(
         &self,

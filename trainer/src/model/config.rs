@@ -1,15 +1,18 @@
-//! The Qwen3 shape, dense or mixture-of-experts (`qwen3_moe`), read from and written to HF
-//! `config.json` field names.
+//! A decoder's shape and architecture, read from and written to HF `config.json` (each
+//! architecture's own fields: [`super::arch`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::ModelError;
-use crate::recipe::ModelConfig;
+use super::{Arch, ModelError};
+use crate::recipe::{ModelConfig, ModelFamily};
 
-/// The Qwen3 architecture's hyper-parameters; `moe` makes it Qwen3-MoE. Unknown `config.json`
-/// fields (HF writes many: `bos_token_id`, `use_cache`, …) are ignored on read.
+/// A decoder's hyper-parameters, HF field names; `arch` says which architecture's layers and
+/// names they are, `moe` gives Qwen3-MoE its experts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Qwen3Config {
+pub struct LmConfig {
+    /// Set by whoever reads the config (from `model_type`, or the recipe's `model.family`).
+    #[serde(skip)]
+    pub arch: Arch,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -73,19 +76,23 @@ fn default_max_positions() -> usize {
     40_960
 }
 
-impl Qwen3Config {
+impl LmConfig {
     /// The dense shapes the benchmarks time on random weights, by name: Qwen3 `0.6B`, `1.7B` and
-    /// `8B` (their HF configs) and `tiny` (a 64-wide model for smoke runs on the CPU); `None` for
-    /// any other name. One table, so that the serving benchmarks time the same models.
-    pub fn timing_shape(name: &str) -> Option<Qwen3Config> {
-        let (vocab, hidden, layers, heads, kv, head_dim, ffn) = match name {
-            "8B" => (151_936, 4096, 36, 32, 8, 128, 12_288),
-            "1.7B" => (151_936, 2048, 28, 16, 8, 128, 6144),
-            "0.6B" => (151_936, 1024, 28, 16, 8, 128, 3072),
-            "tiny" => (512, 64, 2, 4, 2, 16, 128),
+    /// `8B` and AMD `instella-3B` (their published configs) and `tiny` (a 64-wide Qwen3 for smoke
+    /// runs on the CPU); `None` for any other name. One table, so that the training and serving
+    /// benchmarks time the same models.
+    pub fn timing_shape(name: &str) -> Option<LmConfig> {
+        let (arch, vocab, hidden, layers, heads, kv, head_dim, ffn) = match name {
+            "8B" => (Arch::Qwen3, 151_936, 4096, 36, 32, 8, 128, 12_288),
+            "1.7B" => (Arch::Qwen3, 151_936, 2048, 28, 16, 8, 128, 6144),
+            "0.6B" => (Arch::Qwen3, 151_936, 1024, 28, 16, 8, 128, 3072),
+            "instella-3B" => (Arch::Instella, 50_304, 2560, 36, 32, 32, 80, 6912),
+            "tiny" => (Arch::Qwen3, 512, 64, 2, 4, 2, 16, 128),
             _ => return None,
         };
-        Some(Qwen3Config {
+        let instella = arch == Arch::Instella;
+        Some(LmConfig {
+            arch,
             vocab_size: vocab,
             hidden_size: hidden,
             intermediate_size: ffn,
@@ -93,35 +100,26 @@ impl Qwen3Config {
             num_attention_heads: heads,
             num_key_value_heads: kv,
             head_dim,
-            rms_norm_eps: 1e-6,
-            rope_theta: 1e6,
-            // Qwen3-8B unties its head; the smaller ones share the embedding.
-            tie_word_embeddings: name != "8B",
-            max_position_embeddings: 40_960,
+            rms_norm_eps: if instella { 1e-5 } else { 1e-6 },
+            rope_theta: if instella { 10_000.0 } else { 1e6 },
+            // Qwen3-8B and Instella untie their heads; the smaller Qwen3s share the embedding.
+            tie_word_embeddings: !(name == "8B" || instella),
+            max_position_embeddings: if instella { 4096 } else { 40_960 },
             moe: None,
         })
     }
 
-    /// Parses an HF `config.json` and checks the shape is one this engine runs.
-    pub fn from_hf_json(json: &str) -> Result<Qwen3Config, ModelError> {
+    /// Parses an HF `config.json` of an architecture this engine runs (by its `model_type`) and
+    /// checks the shape.
+    pub fn from_hf_json(json: &str) -> Result<LmConfig, ModelError> {
         let raw: serde_json::Value = serde_json::from_str(json).map_err(|e| ModelError::Config(e.to_string()))?;
-        let model_type = raw.get("model_type").and_then(|v| v.as_str());
-        if let Some(t) = model_type
-            && t != "qwen3"
-            && t != "qwen3_moe"
-        {
-            return Err(ModelError::Config(format!("model_type {t:?} is neither qwen3 nor qwen3_moe")));
-        }
-        let mut config: Qwen3Config =
-            serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
-        if model_type == Some("qwen3_moe") {
-            let mut moe: MoeShape =
-                serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(format!("qwen3_moe: {e}")))?;
-            if !raw.get("output_router_logits").and_then(|v| v.as_bool()).unwrap_or(false) {
-                moe.router_aux_loss_coef = 0.0;
-            }
-            config.moe = Some(moe);
-        }
+        // A config without `model_type` is read as Qwen3's (the engine's first architecture).
+        let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("qwen3");
+        let arch = Arch::of_model_type(model_type).ok_or_else(|| {
+            ModelError::Config(format!("model_type {model_type:?}: the engine runs qwen3, qwen3_moe and instella"))
+        })?;
+        let mut config = arch.read_config(&raw)?;
+        config.arch = arch;
         // Newer transformers write rope_theta under `rope_parameters`.
         if let Some(theta) = raw.pointer("/rope_parameters/rope_theta").and_then(|v| v.as_f64()) {
             config.rope_theta = theta;
@@ -130,40 +128,15 @@ impl Qwen3Config {
         Ok(config)
     }
 
-    /// `config.json` as transformers writes it for `Qwen3ForCausalLM`. `torch_dtype` names the
-    /// dtype the weights are saved in (`float32`, `bfloat16`, `float16`).
+    /// `config.json` as the architecture's own code writes it. `torch_dtype` names the dtype the
+    /// weights are saved in (`float32`, `bfloat16`, `float16`).
     pub fn to_hf_json(&self, torch_dtype: &str) -> String {
-        let mut value = serde_json::json!({
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "torch_dtype": torch_dtype,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": self.max_position_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_sliding_window": false,
-            "rope_scaling": null,
-        });
-        if let (Some(moe), Some(obj)) = (&self.moe, value.as_object_mut()) {
-            obj.insert("architectures".into(), serde_json::json!(["Qwen3MoeForCausalLM"]));
-            obj.insert("model_type".into(), "qwen3_moe".into());
-            if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(moe) {
-                obj.extend(fields);
-            }
-            obj.insert("output_router_logits".into(), (moe.router_aux_loss_coef > 0.0).into());
-        }
-        serde_json::to_string_pretty(&value).unwrap_or_default()
+        serde_json::to_string_pretty(&self.arch.write_config(self, torch_dtype)).unwrap_or_default()
+    }
+
+    /// The recipe family this model is (`qwen3`, `qwen3_moe`, `instella`).
+    pub fn family(&self) -> ModelFamily {
+        self.arch.family(self.moe.is_some())
     }
 
     /// Rejects shapes the engine cannot run: zero sizes, heads that do not group, odd head_dim.
@@ -192,6 +165,7 @@ impl Qwen3Config {
         if !(self.rms_norm_eps >= 0.0 && self.rope_theta > 0.0) {
             return Err(ModelError::Config("rms_norm_eps must be ≥ 0 and rope_theta > 0".into()));
         }
+        self.arch.validate(self)?;
         if let Some(m) = &self.moe {
             if m.num_experts == 0 || m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
                 return Err(ModelError::Config(format!(
@@ -217,9 +191,12 @@ impl Qwen3Config {
     }
 }
 
-impl From<&ModelConfig> for Qwen3Config {
-    fn from(c: &ModelConfig) -> Self {
-        Qwen3Config {
+impl LmConfig {
+    /// A recipe's inline `model.config` as the shape of `family`'s architecture; `None` for a
+    /// family the engine does not run (`recipe check` refuses those).
+    pub fn from_recipe(c: &ModelConfig, family: ModelFamily) -> Option<LmConfig> {
+        Some(LmConfig {
+            arch: Arch::of_family(family)?,
             vocab_size: c.vocab_size as usize,
             hidden_size: c.hidden_size as usize,
             intermediate_size: c.intermediate_size as usize,
@@ -240,7 +217,7 @@ impl From<&ModelConfig> for Qwen3Config {
                 mlp_only_layers: Vec::new(),
                 router_aux_loss_coef: m.router_aux_loss_coef,
             }),
-        }
+        })
     }
 }
 
@@ -254,7 +231,7 @@ mod tests {
             "hidden_size":1024,"intermediate_size":3072,"num_hidden_layers":28,"num_attention_heads":16,
             "num_key_value_heads":8,"head_dim":128,"rms_norm_eps":1e-6,"rope_theta":1000000,
             "tie_word_embeddings":true,"max_position_embeddings":40960,"bos_token_id":151643,"use_cache":true}"#;
-        let c = Qwen3Config::from_hf_json(hf).unwrap();
+        let c = LmConfig::from_hf_json(hf).unwrap();
         assert_eq!((c.hidden_size, c.num_hidden_layers, c.kv_groups(), c.head_dim), (1024, 28, 2, 128));
         assert!(c.tie_word_embeddings);
         let out = c.to_hf_json("bfloat16");
@@ -262,7 +239,7 @@ mod tests {
         assert_eq!(v["model_type"], "qwen3");
         assert_eq!(v["architectures"][0], "Qwen3ForCausalLM");
         assert_eq!(v["torch_dtype"], "bfloat16");
-        assert_eq!(Qwen3Config::from_hf_json(&out).unwrap(), c);
+        assert_eq!(LmConfig::from_hf_json(&out).unwrap(), c);
     }
 
     #[test]
@@ -274,38 +251,38 @@ mod tests {
             "tie_word_embeddings":false,"max_position_embeddings":40960,"num_experts":128,
             "num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true,"decoder_sparse_step":1,
             "mlp_only_layers":[],"output_router_logits":false,"router_aux_loss_coef":0.001}"#;
-        let c = Qwen3Config::from_hf_json(hf).unwrap();
+        let c = LmConfig::from_hf_json(hf).unwrap();
         let moe = c.moe.clone().unwrap();
         assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (128, 8, 768));
         assert!(moe.norm_topk_prob && moe.is_sparse(0) && moe.is_sparse(47));
         assert_eq!(moe.router_aux_loss_coef, 0.0, "transformers adds the loss only with output_router_logits");
         let with_aux = hf.replace(r#""output_router_logits":false"#, r#""output_router_logits":true"#);
-        assert_eq!(Qwen3Config::from_hf_json(&with_aux).unwrap().moe.unwrap().router_aux_loss_coef, 0.001);
+        assert_eq!(LmConfig::from_hf_json(&with_aux).unwrap().moe.unwrap().router_aux_loss_coef, 0.001);
         let out = c.to_hf_json("bfloat16");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(
             (v["model_type"].as_str(), v["architectures"][0].as_str()),
             (Some("qwen3_moe"), Some("Qwen3MoeForCausalLM"))
         );
-        assert_eq!(Qwen3Config::from_hf_json(&out).unwrap(), c);
+        assert_eq!(LmConfig::from_hf_json(&out).unwrap(), c);
         let every_other = MoeShape { decoder_sparse_step: 2, mlp_only_layers: vec![3], ..moe.clone() };
         assert_eq!(
             (0..6).map(|l| every_other.is_sparse(l)).collect::<Vec<_>>(),
             [false, true, false, false, false, true]
         );
-        let too_many = Qwen3Config { moe: Some(MoeShape { num_experts_per_tok: 129, ..moe }), ..c };
+        let too_many = LmConfig { moe: Some(MoeShape { num_experts_per_tok: 129, ..moe }), ..c };
         assert!(too_many.validate().is_err());
     }
 
     #[test]
     fn rejects_other_models_and_bad_shapes() {
-        let c = Qwen3Config::from_hf_json(&tiny().to_hf_json("float32")).unwrap();
+        let c = LmConfig::from_hf_json(&tiny().to_hf_json("float32")).unwrap();
         assert_eq!(c, tiny());
         let llama = tiny().to_hf_json("float32").replace("\"qwen3\"", "\"llama\"");
-        assert!(matches!(Qwen3Config::from_hf_json(&llama), Err(ModelError::Config(_))));
-        let bad = Qwen3Config { num_key_value_heads: 3, ..tiny() };
+        assert!(matches!(LmConfig::from_hf_json(&llama), Err(ModelError::Config(_))));
+        let bad = LmConfig { num_key_value_heads: 3, ..tiny() };
         assert!(bad.validate().is_err());
-        assert!(Qwen3Config::from_hf_json("{}").is_err());
+        assert!(LmConfig::from_hf_json("{}").is_err());
     }
 
     #[test]
@@ -324,7 +301,7 @@ mod tests {
             tie_word_embeddings: true,
             moe: None,
         };
-        let c = Qwen3Config::from(&m);
+        let c = LmConfig::from_recipe(&m, ModelFamily::Qwen3).unwrap();
         assert_eq!((c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads), (2, 4, 2));
         assert!(c.tie_word_embeddings && c.validate().is_ok() && c.moe.is_none());
         let moe = crate::recipe::MoeConfig {
@@ -334,15 +311,16 @@ mod tests {
             norm_topk_prob: true,
             router_aux_loss_coef: 0.01,
         };
-        let c = Qwen3Config::from(&ModelConfig { moe: Some(moe), ..m });
+        let c = LmConfig::from_recipe(&ModelConfig { moe: Some(moe), ..m }, ModelFamily::Qwen3Moe).unwrap();
         let s = c.moe.as_ref().unwrap();
         assert_eq!((s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size), (16, 4, 32));
         assert!(s.norm_topk_prob && s.router_aux_loss_coef == 0.01 && (0..2).all(|l| s.is_sparse(l)));
         assert!(c.validate().is_ok());
     }
 
-    pub(crate) fn tiny() -> Qwen3Config {
-        Qwen3Config {
+    pub(crate) fn tiny() -> LmConfig {
+        LmConfig {
+            arch: Arch::Qwen3,
             vocab_size: 11,
             hidden_size: 8,
             intermediate_size: 12,

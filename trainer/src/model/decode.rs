@@ -14,9 +14,9 @@ use mindxtrain_kernels::{embedding, linear, rmsnorm};
 
 use super::ModelError;
 use super::block::StepCtx;
+use super::causal_lm::{CausalLm, Trainable};
 use super::lora::Adapters;
 use super::params::{EMBED, FINAL_NORM};
-use super::qwen3::{Qwen3, Trainable};
 use crate::batch::{IGNORE, PackedBatch};
 
 /// Keys and values `[1, kv_heads, len, head_dim]` of every layer for the tokens decoded so
@@ -43,7 +43,7 @@ impl KvCache {
     }
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// An empty cache for up to `capacity` tokens (prompt and generation together), at most
     /// the model's `max_position_embeddings`.
     pub fn new_cache(&self, capacity: usize) -> KvCache {

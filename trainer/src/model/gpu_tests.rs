@@ -12,8 +12,9 @@ use crate::batch::{IGNORE, PackedBatch};
 use crate::recipe::TargetModule;
 
 /// Head size 32: the fused attention kernel's smallest (multiple of the warp); GQA 4 over 2.
-fn config() -> Qwen3Config {
-    Qwen3Config {
+fn config() -> LmConfig {
+    LmConfig {
+        arch: crate::model::Arch::Qwen3,
         vocab_size: 300,
         hidden_size: 128,
         intermediate_size: 256,
@@ -69,6 +70,20 @@ fn gpu_gradients_match_the_cpu_engine() {
     compare_with_cpu(&config(), &[(DType::F32, 1e-5, 1e-4), (DType::BF16, 1e-2, 5e-2)]);
 }
 
+/// Instella at its 3B's head size, 80: q/k norms over the whole projection, and bf16 attention
+/// on the mma.sync flash kernels instantiated for 80 (Hopper's wgmma ones take 64 and 128).
+#[test]
+fn gpu_instella_gradients_match_the_cpu_engine() {
+    let c = LmConfig {
+        arch: crate::model::Arch::Instella,
+        hidden_size: 320,
+        head_dim: 80,
+        num_key_value_heads: 4,
+        ..config()
+    };
+    compare_with_cpu(&c, &[(DType::F32, 1e-5, 1e-4), (DType::BF16, 1e-2, 5e-2)]);
+}
+
 /// Qwen3-MoE (layer 0 dense, layer 1 sparse: 8 experts, 2 per token, the balance loss on).
 /// f32 only: bf16 rounding of the router's logits may flip a near-tie of the top-k, which is a
 /// different (equally right) routing, not an error.
@@ -77,8 +92,9 @@ fn gpu_moe_gradients_match_the_cpu_engine() {
     compare_with_cpu(&moe_config(), &[(DType::F32, 1e-5, 1e-4)]);
 }
 
-fn moe_config() -> Qwen3Config {
-    Qwen3Config {
+fn moe_config() -> LmConfig {
+    LmConfig {
+        arch: crate::model::Arch::Qwen3,
         moe: Some(MoeShape {
             num_experts: 8,
             num_experts_per_tok: 2,
@@ -106,7 +122,7 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
     let cfg = moe_config();
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     println!("seed {seed}");
-    let drawn = Qwen3::init_random(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
+    let drawn = CausalLm::init_random(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
     let params = to(&to(drawn.params(), DType::BF16, &Device::Cpu), DType::F32, &Device::Cpu);
     let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
     let mut ad = Adapters::init(&cfg, &lora, seed, DType::F32, &Device::Cpu).unwrap();
@@ -116,13 +132,13 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
         }
     }
     let quantised = |dtype: DType, dev: &Device| {
-        let mut m = Qwen3::new(cfg.clone(), to(&params, dtype, dev), dev).unwrap();
+        let mut m = CausalLm::new(cfg.clone(), to(&params, dtype, dev), dev).unwrap();
         m.quantize_nf4().unwrap();
         m
     };
     let gate_up = super::moe::gate_up_name(1);
     let (b, opts) = (batch(), StepOptions::default());
-    let step = |m: &Qwen3, ad: &Adapters| m.forward_backward(&b, Trainable::Adapters, Some(ad), &opts).unwrap();
+    let step = |m: &CausalLm, ad: &Adapters| m.forward_backward(&b, Trainable::Adapters, Some(ad), &opts).unwrap();
 
     let cpu = quantised(DType::F32, &Device::Cpu);
     let gpu32 = quantised(DType::F32, &gpu);
@@ -154,7 +170,7 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
         values(&dense[&gate_up]),
         "the kernel's bf16 expansion is not the host's (seed {seed})"
     );
-    let dense = Qwen3::new(cfg.clone(), dense, &gpu).unwrap();
+    let dense = CausalLm::new(cfg.clone(), dense, &gpu).unwrap();
     let ad16 = Adapters { config: lora.clone(), tensors: to(&ad.tensors, DType::BF16, &gpu) };
     let (got, want) = (step(&gpu16, &ad16), step(&dense, &ad16));
     println!("bf16: loss {:.6} (NF4) vs {:.6} (dense)", got.loss_sum, want.loss_sum);
@@ -165,7 +181,7 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
 
     // Read on the host and quantised onto the GPU, as a QLoRA run loads its base (so the dense
     // base never has to fit the card): the same model, every tensor on the GPU.
-    let mut hosted = Qwen3::new(cfg.clone(), to(&params, DType::BF16, &Device::Cpu), &Device::Cpu).unwrap();
+    let mut hosted = CausalLm::new(cfg.clone(), to(&params, DType::BF16, &Device::Cpu), &Device::Cpu).unwrap();
     hosted.quantize_nf4_onto(&gpu).unwrap();
     assert!(hosted.device().is_cuda() && hosted.params().values().all(|t| t.device().is_cuda()));
     let h = step(&hosted, &ad16);
@@ -177,10 +193,10 @@ fn gpu_qlora_moe_matches_the_cpu_engine() {
 
 /// One step of full fine-tuning and of LoRA on the GPU in each `(dtype, loss tolerance,
 /// gradient tolerance)` against the f32 CPU engine.
-fn compare_with_cpu(cfg: &Qwen3Config, dtypes: &[(DType, f64, f64)]) {
+fn compare_with_cpu(cfg: &LmConfig, dtypes: &[(DType, f64, f64)]) {
     let gpu = Device::new_cuda(0).expect("a CUDA device");
     let cfg = cfg.clone();
-    let cpu_model = Qwen3::init_random(&cfg, 7, DType::F32, &Device::Cpu).unwrap();
+    let cpu_model = CausalLm::init_random(&cfg, 7, DType::F32, &Device::Cpu).unwrap();
     let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
     let mut cpu_ad = Adapters::init(&cfg, &lora, 3, DType::F32, &Device::Cpu).unwrap();
     // Non-zero B, so that A's gradient is informative.
@@ -192,7 +208,7 @@ fn compare_with_cpu(cfg: &Qwen3Config, dtypes: &[(DType, f64, f64)]) {
     let b = batch();
     let opts = StepOptions::default();
     for &(dtype, loss_tol, grad_tol) in dtypes {
-        let gpu_model = Qwen3::new(cfg.clone(), to(cpu_model.params(), dtype, &gpu), &gpu).unwrap();
+        let gpu_model = CausalLm::new(cfg.clone(), to(cpu_model.params(), dtype, &gpu), &gpu).unwrap();
         let gpu_ad = Adapters { config: lora.clone(), tensors: to(&cpu_ad.tensors, dtype, &gpu) };
         for (trainable, ad) in [(Trainable::Full, None), (Trainable::Adapters, Some((&cpu_ad, &gpu_ad)))] {
             let want = cpu_model.forward_backward(&b, trainable, ad.map(|a| a.0), &opts).unwrap();
@@ -219,7 +235,7 @@ fn compare_with_cpu(cfg: &Qwen3Config, dtypes: &[(DType, f64, f64)]) {
 /// The demo recipe (`recipes/tiny_cpu_lora.yaml`): its model with head size 64, so that bf16
 /// attention runs the tensor-core flash kernels, and the first `n` micro-batches of its
 /// generated task data.
-fn demo(n: usize) -> (Qwen3Config, LoraConfig, Vec<PackedBatch>) {
+fn demo(n: usize) -> (LmConfig, LoraConfig, Vec<PackedBatch>) {
     use crate::data::{DataCursor, DataOptions, Dataset, tokenizer::Tokenizer};
     // The GPU machine runs the carried binary from its copy of the repository's root.
     let cwd = std::env::current_dir().unwrap();
@@ -234,7 +250,8 @@ fn demo(n: usize) -> (Qwen3Config, LoraConfig, Vec<PackedBatch>) {
         Dataset::from_recipe(&recipe, path.parent().unwrap(), &Tokenizer::byte(), DataOptions::default()).unwrap();
     let mut it = dataset.batches(recipe.train.batch.per_device as usize, DataCursor::default()).unwrap();
     let batches = (0..n).map(|_| it.next_batch().unwrap()).collect();
-    let mut cfg = Qwen3Config::from(recipe.model.config.as_ref().expect("the demo recipe sets its model config"));
+    let shape = recipe.model.config.as_ref().expect("the demo recipe sets its model config");
+    let mut cfg = LmConfig::from_recipe(shape, recipe.model.family).expect("a family the engine runs");
     cfg.head_dim = 64;
     let lora = LoraConfig { r: 8, alpha: 16.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
     (cfg, lora, batches)
@@ -243,14 +260,14 @@ fn demo(n: usize) -> (Qwen3Config, LoraConfig, Vec<PackedBatch>) {
 /// LoRA steps with the trainer's AdamW from seeded inits; returns the per-token loss of each
 /// step and the final adapters.
 fn train(
-    cfg: &Qwen3Config,
+    cfg: &LmConfig,
     lora: &LoraConfig,
     batches: &[PackedBatch],
     dtype: DType,
     dev: &Device,
 ) -> (Vec<f64>, BTreeMap<String, Tensor>) {
     use crate::optim::{AdamW, AdamWConfig};
-    let model = Qwen3::init_random(cfg, 7, dtype, dev).unwrap();
+    let model = CausalLm::init_random(cfg, 7, dtype, dev).unwrap();
     let mut ad = Adapters::init(cfg, lora, 7, dtype, dev).unwrap();
     let mut opt = AdamW::new(AdamWConfig { betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.0 });
     let mut losses = Vec::new();

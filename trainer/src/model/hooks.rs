@@ -18,7 +18,7 @@ pub enum Stage {
     Head,
 }
 
-/// Called by [`super::Qwen3`]'s forward and backward around every [`Stage`]. Methods take `&self`:
+/// Called by [`super::CausalLm`]'s forward and backward around every [`Stage`]. Methods take `&self`:
 /// implementations keep their state in cells, as the step borrows them for its whole length.
 pub trait StepHooks {
     /// A weight the model does not hold (ZeRO-3: gathered for the current stage).

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::params::{Proj, base_weight_name};
 use super::rng::{SplitMix64, name_id};
-use super::{ModelError, MoeShape, Params, Qwen3Config};
+use super::{LmConfig, ModelError, MoeShape, Params};
 use crate::recipe::{Lora, TargetModule};
 
 /// The adapter hyper-parameters (`r`, `alpha`, dropout, targets, rsLoRA scaling).
@@ -42,7 +42,7 @@ impl LoraConfig {
     }
 
     /// Every adapter tensor's PEFT name and shape on `model`.
-    pub fn shapes(&self, model: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
+    pub fn shapes(&self, model: &LmConfig) -> BTreeMap<String, Vec<usize>> {
         let mut out = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
             for proj in Proj::of_layer(model, layer).iter().copied().filter(|&p| self.targets(p)) {
@@ -80,7 +80,7 @@ impl LoraConfig {
 
     /// PEFT's `target_parameters` for a model of `model`: the expert weights adapted, when it has
     /// sparse layers (empty otherwise).
-    pub fn target_parameters(&self, model: &Qwen3Config) -> Vec<String> {
+    pub fn target_parameters(&self, model: &LmConfig) -> Vec<String> {
         let sparse = model.moe.as_ref().is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
         if !sparse {
             return Vec::new();
@@ -104,7 +104,7 @@ impl LoraConfig {
     /// [`LoraConfig::validate`], and what adapting `model`'s experts needs: no dropout (an
     /// expert's input rows are gathered per expert; PEFT's `target_parameters` refuses dropout
     /// too, for the same reason).
-    fn validate_for(&self, model: &Qwen3Config) -> Result<(), ModelError> {
+    fn validate_for(&self, model: &LmConfig) -> Result<(), ModelError> {
         self.validate()?;
         let sparse = model.moe.as_ref().is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
         if sparse && self.targets(Proj::Gate) != self.targets(Proj::Up) {
@@ -165,7 +165,7 @@ impl ExpertProj {
     }
 
     /// `(out, in)` of one expert's weight.
-    pub fn shape(self, model: &Qwen3Config, moe: &MoeShape) -> (usize, usize) {
+    pub fn shape(self, model: &LmConfig, moe: &MoeShape) -> (usize, usize) {
         let (h, f) = (model.hidden_size, moe.moe_intermediate_size);
         match self {
             ExpertProj::GateUp => (2 * f, h),
@@ -215,7 +215,7 @@ impl Adapters {
     /// PEFT's init: `A` Kaiming-uniform with `a = √5` (uniform in `±1/√in`), `B` zeros, so
     /// the adapted model starts equal to the base. Seeded per tensor name.
     pub fn init(
-        model: &Qwen3Config,
+        model: &LmConfig,
         lora: &LoraConfig,
         seed: u64,
         dtype: DType,
@@ -241,11 +241,7 @@ impl Adapters {
 
     /// Adapters from stored tensors (a PEFT `adapter_model.safetensors`), every name and shape
     /// checked against the model and config.
-    pub fn new(
-        model: &Qwen3Config,
-        lora: LoraConfig,
-        tensors: BTreeMap<String, Tensor>,
-    ) -> Result<Adapters, ModelError> {
+    pub fn new(model: &LmConfig, lora: LoraConfig, tensors: BTreeMap<String, Tensor>) -> Result<Adapters, ModelError> {
         lora.validate_for(model)?;
         super::params::check_names_and_shapes(&lora.shapes(model), &tensors)?;
         Ok(Adapters { config: lora, tensors })
@@ -260,7 +256,7 @@ impl Adapters {
     }
 
     /// Whether any sparse layer's experts are adapted.
-    pub fn adapts_experts(&self, model: &Qwen3Config) -> bool {
+    pub fn adapts_experts(&self, model: &LmConfig) -> bool {
         (0..model.num_hidden_layers).any(|l| ExpertProj::ALL.iter().any(|&p| self.expert_pair(l, p).is_some()))
     }
 
@@ -273,7 +269,7 @@ impl Adapters {
 }
 
 /// Base weights with every adapter folded in: `W + scaling · B·A`.
-pub fn merge_lora(params: &Params, config: &Qwen3Config, adapters: &Adapters) -> Result<Params, ModelError> {
+pub fn merge_lora(params: &Params, config: &LmConfig, adapters: &Adapters) -> Result<Params, ModelError> {
     let mut merged = params.clone();
     let scale = adapters.config.scaling();
     for layer in 0..config.num_hidden_layers {

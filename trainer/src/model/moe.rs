@@ -29,7 +29,7 @@ use mindxtrain_kernels::{KernelConfig, linear};
 
 use super::config::MoeShape;
 use super::nf4::Nf4Experts;
-use super::{ModelError, Params, Qwen3Config};
+use super::{LmConfig, ModelError, Params};
 
 /// The router's weight `[E, H]`.
 pub fn router_name(layer: usize) -> String {
@@ -52,7 +52,7 @@ pub fn expert_name(layer: usize, expert: usize, proj: &str) -> String {
 }
 
 /// The sparse MLP's parameters of `layer` with their shapes.
-pub(super) fn expected_shapes(c: &Qwen3Config, moe: &MoeShape, layer: usize, out: &mut BTreeMap<String, Vec<usize>>) {
+pub(super) fn expected_shapes(c: &LmConfig, moe: &MoeShape, layer: usize, out: &mut BTreeMap<String, Vec<usize>>) {
     let (e, h, f) = (moe.num_experts, c.hidden_size, moe.moe_intermediate_size);
     out.insert(router_name(layer), vec![e, h]);
     out.insert(gate_up_name(layer), vec![e, 2 * f, h]);
@@ -62,7 +62,7 @@ pub(super) fn expected_shapes(c: &Qwen3Config, moe: &MoeShape, layer: usize, out
 /// Replaces per-expert tensors (`mlp.experts.{e}.gate_proj.weight`, …) by the stacked ones.
 /// A layer already stacked is left alone; a layer with some experts missing is an error naming
 /// the first one.
-pub fn fuse_experts(c: &Qwen3Config, params: &mut Params) -> std::result::Result<(), ModelError> {
+pub fn fuse_experts(c: &LmConfig, params: &mut Params) -> std::result::Result<(), ModelError> {
     let Some(moe) = &c.moe else { return Ok(()) };
     for layer in (0..c.num_hidden_layers).filter(|&l| moe.is_sparse(l)) {
         if !params.contains_key(&expert_name(layer, 0, "gate_proj")) {
@@ -86,7 +86,7 @@ pub fn fuse_experts(c: &Qwen3Config, params: &mut Params) -> std::result::Result
 
 /// The inverse of [`fuse_experts`]: one tensor per expert and projection (for checkpoints
 /// that transformers 4 and other tools read).
-pub fn split_experts(c: &Qwen3Config, params: &Params) -> std::result::Result<Params, ModelError> {
+pub fn split_experts(c: &LmConfig, params: &Params) -> std::result::Result<Params, ModelError> {
     let Some(moe) = &c.moe else { return Ok(params.clone()) };
     let mut out = params.clone();
     let f = moe.moe_intermediate_size;

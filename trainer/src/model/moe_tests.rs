@@ -14,8 +14,9 @@ use crate::batch::{IGNORE, PackedBatch};
 use crate::recipe::TargetModule;
 
 /// Two layers: layer 0 dense (`mlp_only_layers`), layer 1 sparse with 4 experts, 2 per token.
-pub(super) fn tiny_moe() -> Qwen3Config {
-    Qwen3Config {
+pub(super) fn tiny_moe() -> LmConfig {
+    LmConfig {
+        arch: crate::model::Arch::Qwen3,
         moe: Some(MoeShape {
             num_experts: 4,
             num_experts_per_tok: 2,
@@ -30,8 +31,8 @@ pub(super) fn tiny_moe() -> Qwen3Config {
 }
 
 /// Weights well away from HF's 0.02 so routing and curvature are real; norms perturbed.
-pub(super) fn model(config: &Qwen3Config, dtype: DType) -> Qwen3 {
-    let mut m = Qwen3::init_random(config, 5, dtype, &Device::Cpu).unwrap();
+pub(super) fn model(config: &LmConfig, dtype: DType) -> CausalLm {
+    let mut m = CausalLm::init_random(config, 5, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(77);
     for (name, t) in m.params_mut().iter_mut() {
         let noise: Vec<f64> = (0..t.elem_count()).map(|_| rng.normal()).collect();
@@ -57,12 +58,12 @@ pub(super) fn err(e: ModelError) -> candle_core::Error {
 }
 
 /// The objective the step differentiates: summed token loss plus the weighted balance loss.
-pub(super) fn objective(config: &Qwen3Config, out: &StepOutput) -> f64 {
+pub(super) fn objective(config: &LmConfig, out: &StepOutput) -> f64 {
     let coef = config.moe.as_ref().map_or(0.0, |m| m.router_aux_loss_coef);
     out.loss_sum + coef * out.target_tokens as f64 * out.aux_loss
 }
 
-fn gradcheck_full(config: &Qwen3Config) {
+fn gradcheck_full(config: &LmConfig) {
     let m = model(config, DType::F64);
     let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();
@@ -76,7 +77,7 @@ fn gradcheck_full(config: &Qwen3Config) {
     let analytic: Vec<Tensor> = names.iter().map(|n| out.grads[n].clone()).collect();
     let loss = |ts: &[Tensor]| -> candle_core::Result<f64> {
         let params: Params = names.iter().cloned().zip(ts.iter().cloned()).collect();
-        let m = Qwen3::new(config.clone(), params, &Device::Cpu).map_err(err)?;
+        let m = CausalLm::new(config.clone(), params, &Device::Cpu).map_err(err)?;
         let o = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).map_err(err)?;
         Ok(objective(config, &o))
     };
@@ -119,11 +120,11 @@ fn f32_gradients_match_the_f64_reference() {
 }
 
 /// Adapters over a MoE model with every B made non-zero, so each branch is live.
-fn live_adapters(c: &Qwen3Config, cfg: &LoraConfig) -> Adapters {
+fn live_adapters(c: &LmConfig, cfg: &LoraConfig) -> Adapters {
     live_adapters_in(c, cfg, DType::F64)
 }
 
-pub(super) fn live_adapters_in(c: &Qwen3Config, cfg: &LoraConfig, dtype: DType) -> Adapters {
+pub(super) fn live_adapters_in(c: &LmConfig, cfg: &LoraConfig, dtype: DType) -> Adapters {
     let mut ad = Adapters::init(c, cfg, 3, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(11);
     for (name, t) in ad.tensors.iter_mut() {
@@ -165,7 +166,7 @@ fn lora_gradients_on_attention_and_experts_match_finite_differences() {
 
 /// Every adapter gradient of one step of `m` (f64) at `ad` against central finite differences
 /// of the step's objective, a few probes per tensor.
-pub(super) fn adapter_gradients_match_finite_differences(c: &Qwen3Config, m: &Qwen3, ad: &Adapters) {
+pub(super) fn adapter_gradients_match_finite_differences(c: &LmConfig, m: &CausalLm, ad: &Adapters) {
     let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Adapters, Some(ad), &StepOptions::default()).unwrap();
     let names: Vec<String> = ad.tensors.keys().cloned().collect();
@@ -192,7 +193,7 @@ fn expert_adapters_merge_into_the_experts() {
     let ad = live_adapters(&c, &all_targets());
     let b = packed_batch();
     let adapted = m.logits(&b, Some(&ad)).unwrap();
-    let merged = Qwen3::new(c.clone(), merge_lora(m.params(), &c, &ad).unwrap(), &Device::Cpu).unwrap();
+    let merged = CausalLm::new(c.clone(), merge_lora(m.params(), &c, &ad).unwrap(), &Device::Cpu).unwrap();
     let diff = (merged.logits(&b, None).unwrap() - &adapted).unwrap().abs().unwrap().max_all().unwrap();
     assert!(diff.to_scalar::<f64>().unwrap() < 1e-9, "merged experts differ from the adapted ones");
     let base = m.logits(&b, None).unwrap();
@@ -267,7 +268,7 @@ fn per_expert_checkpoint_names_load_and_split_back() -> Result<(), ModelError> {
         hub[&expert_name(1, 2, "up_proj")].flatten_all()?.to_vec1::<f32>()?,
         want.flatten_all()?.to_vec1::<f32>()?
     );
-    let back = Qwen3::new(c.clone(), hub.clone(), &Device::Cpu)?;
+    let back = CausalLm::new(c.clone(), hub.clone(), &Device::Cpu)?;
     for (name, t) in m.params() {
         assert_eq!(back.params()[name].flatten_all()?.to_vec1::<f32>()?, t.flatten_all()?.to_vec1::<f32>()?, "{name}");
     }

@@ -11,9 +11,9 @@ use candle_core::{DType, Tensor};
 
 use super::ModelError;
 use super::block::Grads;
+use super::causal_lm::{CausalLm, StepOptions, Trainable};
 use super::hooks::{NoHooks, StepHooks};
 use super::lora::Adapters;
-use super::qwen3::{Qwen3, StepOptions, Trainable};
 use crate::batch::{IGNORE, PackedBatch};
 
 /// What an objective computed from a batch's log-probabilities.
@@ -26,7 +26,7 @@ pub struct ObjectiveValue {
     pub d_logp: Vec<f64>,
 }
 
-/// The result of [`Qwen3::forward_backward_logps`].
+/// The result of [`CausalLm::forward_backward_logps`].
 #[derive(Debug, Clone)]
 pub struct ObjectiveOutput {
     pub loss: f64,
@@ -36,7 +36,7 @@ pub struct ObjectiveOutput {
     pub grads: Grads,
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// Every labelled token's log-probability (`[batch × seq_len]`, row-major, 0 where the
     /// label is ignored), without gradients. On a GPU the logits are never whole: the head and
     /// its log-sum-exp run in vocabulary chunks.
@@ -59,8 +59,8 @@ impl Qwen3 {
         self.forward_backward_logps_with(batch, trainable, adapters, opts, objective, &NoHooks)
     }
 
-    /// [`Qwen3::forward_backward_logps`] with a distributed run's `hooks` around every stage
-    /// (see [`Qwen3::forward_backward_with`]).
+    /// [`CausalLm::forward_backward_logps`] with a distributed run's `hooks` around every stage
+    /// (see [`CausalLm::forward_backward_with`]).
     pub fn forward_backward_logps_with(
         &self,
         batch: &PackedBatch,

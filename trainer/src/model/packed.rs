@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use candle_core::Tensor;
 
 use super::params::{Proj, base_weight_name};
-use super::{ModelError, Qwen3};
+use super::{CausalLm, ModelError};
 
 /// A group of projections packed together, in output order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -32,10 +32,10 @@ impl Packing {
     }
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// Packs every group of every layer whose members are all dense (a Qwen3-MoE sparse layer
     /// has no gate/up; NF4 weights stay as they are). Nothing to do when packed already;
-    /// [`Qwen3::params_mut`] unpacks.
+    /// [`CausalLm::params_mut`] unpacks.
     pub fn pack_projections(&mut self) -> Result<(), ModelError> {
         if !self.packed.is_empty() {
             return Ok(());
@@ -78,7 +78,7 @@ mod tests {
     #[test]
     fn packing_keeps_every_weight_under_its_name_and_one_copy_of_it() {
         let c = crate::model::tests::tiny(false);
-        let mut m = Qwen3::init_random(&c, 7, DType::F32, &Device::Cpu).unwrap();
+        let mut m = CausalLm::init_random(&c, 7, DType::F32, &Device::Cpu).unwrap();
         let before = m.params().clone();
         m.pack_projections().unwrap();
         for (name, t) in &before {

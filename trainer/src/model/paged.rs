@@ -17,7 +17,7 @@ use super::adapter_stack::AdapterStack;
 use super::moe::{self, MoeWeights};
 use super::packed::Packing;
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
-use super::{ModelError, Qwen3};
+use super::{CausalLm, ModelError, QkNorm};
 
 /// One step's tokens and where they go, all on the model's device (so that a recorded step
 /// reads them from buffers it can replay over).
@@ -47,7 +47,7 @@ pub struct RopeTables {
 
 impl RopeTables {
     /// Tables for positions `0..positions` of `model` (its head size, theta, dtype, device).
-    pub fn new(model: &Qwen3, positions: usize) -> Result<RopeTables, ModelError> {
+    pub fn new(model: &CausalLm, positions: usize) -> Result<RopeTables, ModelError> {
         let c = model.config();
         let all: Vec<u32> = (0..u32::try_from(positions.max(1)).unwrap_or(u32::MAX)).collect();
         let (cos, sin) = rope::tables(&all, c.head_dim, c.rope_theta, model.dtype(), model.device())?;
@@ -62,7 +62,7 @@ impl RopeTables {
 /// One layer's key and value caches, `[blocks, block_size, kv_heads, head_dim]` each.
 pub type LayerCache = (Tensor, Tensor);
 
-impl Qwen3 {
+impl CausalLm {
     /// Runs the batch, writing every row's keys and values into `cache` (one pair per layer),
     /// and returns the logits `[R, vocab]` of `inputs.logit_rows`.
     pub fn forward_paged(&self, inputs: &PagedInputs<'_>, cache: &[LayerCache]) -> Result<Tensor, ModelError> {
@@ -133,15 +133,29 @@ impl Qwen3 {
     ) -> Result<Residual, ModelError> {
         let c = self.config();
         let eps = c.rms_norm_eps;
-        let (x, h1) = stream.normed(&*self.weight(&norm_name(layer, Norm::Input))?, eps)?;
+        let (x, h1) = stream.normed(&*self.weight(&norm_name(c, layer, Norm::Input))?, eps)?;
         let (n, nh, hd) = (x.dim(0)?, c.num_attention_heads, c.head_dim);
         let qkv = self.paged_group(layer, Packing::Qkv, &h1, inputs)?;
-        let (qn, kn) = (self.weight(&norm_name(layer, Norm::Q))?, self.weight(&norm_name(layer, Norm::K))?);
-        let q = paged_attention::prepare(&qkv, nh, (&qn, &kn, eps), cos, sin, (k_cache, v_cache), inputs.slots)?;
+        let (qn, kn) = (self.weight(&norm_name(c, layer, Norm::Q))?, self.weight(&norm_name(c, layer, Norm::K))?);
+        let caches = (k_cache, v_cache);
+        let q = match c.arch.qk_norm() {
+            // Per head: inside the fused kernel.
+            QkNorm::PerHead => {
+                paged_attention::prepare(&qkv, nh, Some((&qn, &kn, eps)), cos, sin, caches, inputs.slots)?
+            }
+            // Over the whole projection: normalised first, then rotated and cached as they are.
+            QkNorm::Projection => {
+                let (q_w, kv_w) = (nh * hd, c.num_key_value_heads * hd);
+                let q_part = rmsnorm::forward(&qkv.narrow(1, 0, q_w)?.contiguous()?, &qn, eps)?.0;
+                let k_part = rmsnorm::forward(&qkv.narrow(1, q_w, kv_w)?.contiguous()?, &kn, eps)?.0;
+                let normed = Tensor::cat(&[&q_part, &k_part, &qkv.narrow(1, q_w + kv_w, kv_w)?], 1)?;
+                paged_attention::prepare(&normed, nh, None, cos, sin, caches, inputs.slots)?
+            }
+        };
         let scale = 1.0 / (hd as f64).sqrt();
         let o = paged_attention::forward(&q, k_cache, v_cache, inputs.meta, scale)?.reshape((n, nh * hd))?;
         let attn = self.paged_proj(layer, Proj::O, &o, inputs)?;
-        let post = self.weight(&norm_name(layer, Norm::PostAttention))?;
+        let post = self.weight(&norm_name(c, layer, Norm::PostAttention))?;
         let (x2, h2, _) = rmsnorm::add_forward(&x, &attn, &post, eps)?;
         if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let router = self.weight(&moe::router_name(layer))?;
@@ -159,7 +173,7 @@ impl Qwen3 {
 
 /// `x·Wᵀ`, plus each row's adapter branch where a stack is given.
 fn project(
-    model: &Qwen3,
+    model: &CausalLm,
     x: &Tensor,
     w: &Tensor,
     lora: Option<(&multi_lora::LoraStack, &RowAdapters)>,

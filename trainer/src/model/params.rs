@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::seeded;
 
 use super::rng::{SplitMix64, name_id};
-use super::{ModelError, Qwen3Config};
+use super::{LmConfig, ModelError, QkNorm};
 use crate::recipe::TargetModule;
 
 /// Parameters by HF tensor name.
@@ -34,7 +34,7 @@ impl Proj {
     pub const ATTENTION: [Proj; 4] = [Proj::Q, Proj::K, Proj::V, Proj::O];
 
     /// The projections layer `layer` of `c` has.
-    pub fn of_layer(c: &Qwen3Config, layer: usize) -> &'static [Proj] {
+    pub fn of_layer(c: &LmConfig, layer: usize) -> &'static [Proj] {
         if c.moe.as_ref().is_some_and(|m| m.is_sparse(layer)) { &Proj::ATTENTION } else { &Proj::ALL }
     }
 
@@ -64,7 +64,7 @@ impl Proj {
     }
 
     /// `(out, in)` of the weight.
-    pub fn shape(self, c: &Qwen3Config) -> (usize, usize) {
+    pub fn shape(self, c: &LmConfig) -> (usize, usize) {
         let (h, q, kv, f) = (
             c.hidden_size,
             c.num_attention_heads * c.head_dim,
@@ -94,18 +94,21 @@ pub enum Norm {
     K,
 }
 
-pub fn norm_name(layer: usize, norm: Norm) -> String {
-    let path = match norm {
-        Norm::Input => "input_layernorm",
-        Norm::PostAttention => "post_attention_layernorm",
-        Norm::Q => "self_attn.q_norm",
-        Norm::K => "self_attn.k_norm",
-    };
-    format!("model.layers.{layer}.{path}.weight")
+/// A layer's norm as `c`'s architecture names it (`input_layernorm`, `pre_attention_layernorm`, …).
+pub fn norm_name(c: &LmConfig, layer: usize, norm: Norm) -> String {
+    format!("model.layers.{layer}.{}.weight", c.arch.norm_path(norm))
+}
+
+/// The gain widths of a layer's q and k norms: one head's, or the whole projection's.
+pub fn qk_norm_widths(c: &LmConfig) -> (usize, usize) {
+    match c.arch.qk_norm() {
+        QkNorm::PerHead => (c.head_dim, c.head_dim),
+        QkNorm::Projection => (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim),
+    }
 }
 
 /// Every parameter name with its shape; `lm_head.weight` only when the head is untied.
-pub fn expected_shapes(c: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
+pub fn expected_shapes(c: &LmConfig) -> BTreeMap<String, Vec<usize>> {
     let mut m = BTreeMap::new();
     m.insert(EMBED.to_string(), vec![c.vocab_size, c.hidden_size]);
     m.insert(FINAL_NORM.to_string(), vec![c.hidden_size]);
@@ -120,10 +123,11 @@ pub fn expected_shapes(c: &Qwen3Config) -> BTreeMap<String, Vec<usize>> {
         if let Some(moe) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             super::moe::expected_shapes(c, moe, layer, &mut m);
         }
-        m.insert(norm_name(layer, Norm::Input), vec![c.hidden_size]);
-        m.insert(norm_name(layer, Norm::PostAttention), vec![c.hidden_size]);
-        m.insert(norm_name(layer, Norm::Q), vec![c.head_dim]);
-        m.insert(norm_name(layer, Norm::K), vec![c.head_dim]);
+        let (q, k) = qk_norm_widths(c);
+        m.insert(norm_name(c, layer, Norm::Input), vec![c.hidden_size]);
+        m.insert(norm_name(c, layer, Norm::PostAttention), vec![c.hidden_size]);
+        m.insert(norm_name(c, layer, Norm::Q), vec![q]);
+        m.insert(norm_name(c, layer, Norm::K), vec![k]);
     }
     m
 }
@@ -161,7 +165,7 @@ pub fn check_names_and_shapes(
 /// Tensors, and blocks of large ones, are drawn on every core, a batch of tensors at a time
 /// (the host holds one batch), and uploaded in `dtype`: an 8B base is minutes of serial f64
 /// draws otherwise.
-pub fn init_random(c: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Params, ModelError> {
+pub fn init_random(c: &LmConfig, seed: u64, dtype: DType, device: &Device) -> Result<Params, ModelError> {
     use rayon::prelude::*;
     let shapes: Vec<(String, Vec<usize>)> = expected_shapes(c).into_iter().collect();
     let mut params = Params::new();

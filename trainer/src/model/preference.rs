@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use super::ModelError;
+use super::causal_lm::{CausalLm, StepOptions, Trainable};
 use super::lora::Adapters;
 use super::objective::ObjectiveValue;
-use super::qwen3::{Qwen3, StepOptions, Trainable};
 use crate::batch::{IGNORE, PackedBatch, PreferenceBatch};
 
 /// Which preference objective, with its strength.
@@ -53,7 +53,7 @@ pub struct PreferenceOutput {
     pub grads: BTreeMap<String, Tensor>,
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// The log-probability of each row's labelled tokens (a sum), without gradients.
     pub fn sequence_logps(&self, batch: &PackedBatch, adapters: Option<&Adapters>) -> Result<Vec<f64>, ModelError> {
         Ok(row_sums(&self.token_logps(batch, adapters)?, batch.seq_len))
@@ -74,8 +74,8 @@ impl Qwen3 {
         self.forward_backward_preference_with(batch, loss, reference, trainable, adapters, opts, &super::NoHooks)
     }
 
-    /// [`Qwen3::forward_backward_preference`] with a distributed run's `hooks` (see
-    /// [`Qwen3::forward_backward_with`]).
+    /// [`CausalLm::forward_backward_preference`] with a distributed run's `hooks` (see
+    /// [`CausalLm::forward_backward_with`]).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward_preference_with(
         &self,

@@ -12,7 +12,7 @@ use super::*;
 
 /// `m` quantised for QLoRA, and a dense model holding each weight the quantised one keeps in
 /// NF4 as the dense layers' storage ([`Nf4Tensor`]) gives it back.
-fn quantised_and_dequantised(m: &Qwen3) -> (Qwen3, Qwen3) {
+fn quantised_and_dequantised(m: &CausalLm) -> (CausalLm, CausalLm) {
     let mut q = m.clone();
     q.quantize_nf4().unwrap();
     let mut deq = m.params().clone();
@@ -21,7 +21,7 @@ fn quantised_and_dequantised(m: &Qwen3) -> (Qwen3, Qwen3) {
             deq.insert(name.clone(), Nf4Tensor::quantize(w).unwrap().dequantize(w.dtype(), &Device::Cpu).unwrap());
         }
     }
-    (q, Qwen3::new(m.config().clone(), deq, &Device::Cpu).unwrap())
+    (q, CausalLm::new(m.config().clone(), deq, &Device::Cpu).unwrap())
 }
 
 /// Layer 1 is sparse: its experts go to NF4 beside the attention projections and layer 0's
@@ -111,7 +111,7 @@ fn an_nf4_expert_weight_holds_0_5625_bytes_per_value() {
 #[test]
 fn the_timing_model_of_a_qlora_recipe_holds_its_base_in_nf4() {
     let c = tiny_moe();
-    let m = Qwen3::init_for_timing_nf4(&c, DType::F32, &Device::Cpu).unwrap();
+    let m = CausalLm::init_for_timing_nf4(&c, DType::F32, &Device::Cpu).unwrap();
     let mut want = model(&c, DType::F32);
     want.quantize_nf4().unwrap();
     assert!(m.is_quantized());

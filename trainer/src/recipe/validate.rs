@@ -212,7 +212,8 @@ fn hardware(c: &mut Checks, r: &Recipe) {
 }
 
 /// The families this build trains and serves; the others are refused by name.
-pub(crate) const RUNNABLE_FAMILIES: [ModelFamily; 2] = [ModelFamily::Qwen3, ModelFamily::Qwen3Moe];
+pub(crate) const RUNNABLE_FAMILIES: [ModelFamily; 3] =
+    [ModelFamily::Qwen3, ModelFamily::Qwen3Moe, ModelFamily::Instella];
 
 fn model(c: &mut Checks, r: &Recipe) {
     let m = &r.model;
@@ -262,6 +263,15 @@ fn model(c: &mut Checks, r: &Recipe) {
     }
     if cfg.head_dim % 2 != 0 {
         c.fail("model.config.head_dim", "must be even: rotary embeddings rotate pairs of dimensions");
+    }
+    if m.family == ModelFamily::Instella && cfg.head_dim * cfg.num_heads != cfg.hidden_size {
+        c.fail(
+            "model.config.head_dim",
+            format!(
+                "Instella's head_dim is hidden_size / num_heads ({} / {}): its attention splits the hidden size",
+                cfg.hidden_size, cfg.num_heads
+            ),
+        );
     }
     c.int("model.config.max_position_embeddings", cfg.max_position_embeddings.into(), 16, 1_048_576);
     if r.data.seq_len > cfg.max_position_embeddings {

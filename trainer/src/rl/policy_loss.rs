@@ -1,6 +1,6 @@
 //! The clipped policy-gradient loss of GRPO (token-level ratios) and GSPO (sequence-level),
 //! with GRPO's KL term to the reference, on the host in f64: log-probs in, the loss and its
-//! derivative per token out ([`crate::model::Qwen3::forward_backward_logps`] does the rest).
+//! derivative per token out ([`crate::model::CausalLm::forward_backward_logps`] does the rest).
 //!
 //! For a completion `o` of `n` tokens with advantage `A`, log-probs `lp` under the policy,
 //! `old` under the policy that sampled it and `ref` under the reference:

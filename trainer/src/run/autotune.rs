@@ -12,7 +12,7 @@ use super::RunError;
 use super::method::MethodPlan;
 use super::microbatch::{accumulate, split};
 use crate::data::{DataCursor, DataOptions, Dataset};
-use crate::model::{Adapters, Qwen3, Qwen3Config, StepOptions};
+use crate::model::{Adapters, CausalLm, LmConfig, StepOptions};
 use crate::plan::{
     Choices, GemmMeasurement, GemmTiming, Plan, attention_candidates, candidates, gpu_candidates,
     keeping_checkpointing, measure, moe_candidates,
@@ -53,10 +53,10 @@ pub fn measure_plan(
     // A QLoRA recipe is timed on the NF4 base it trains on (its products expand each weight
     // first), built weight by weight so a base that fits the device only in NF4 fits here too.
     let mut model = match (device.is_cuda(), method.nf4_base) {
-        (true, true) => Qwen3::init_for_timing_nf4(&config, dtype, &device)?,
-        (true, false) => Qwen3::init_for_timing(&config, dtype, &device)?,
+        (true, true) => CausalLm::init_for_timing_nf4(&config, dtype, &device)?,
+        (true, false) => CausalLm::init_for_timing(&config, dtype, &device)?,
         (false, nf4) => {
-            let mut m = Qwen3::init_random(&config, r.meta.seed, dtype, &device)?;
+            let mut m = CausalLm::init_random(&config, r.meta.seed, dtype, &device)?;
             if nf4 {
                 m.quantize_nf4()?;
             }
@@ -228,15 +228,17 @@ fn memory_warning(sized_for: Option<u32>, found_gb: Option<f64>) -> Option<Strin
 
 /// The model shape a run trains: the `config.json` of its base directory, else `model.config`
 /// (a run's [`super::base::check_base_choice`] refuses a `model.config` that says another shape).
-fn model_config(r: &crate::recipe::Recipe, base: Option<&Path>) -> Result<Qwen3Config, RunError> {
+fn model_config(r: &crate::recipe::Recipe, base: Option<&Path>) -> Result<LmConfig, RunError> {
     match (base, &r.model.config) {
         (Some(dir), _) => {
             let path = dir.join(crate::checkpoint::CONFIG_FILE);
             let bytes = std::fs::read_to_string(&path)
                 .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
-            Ok(Qwen3Config::from_hf_json(&bytes)?)
+            Ok(LmConfig::from_hf_json(&bytes)?)
         }
-        (None, Some(c)) => Ok(Qwen3Config::from(c)),
+        (None, Some(c)) => {
+            LmConfig::from_recipe(c, r.model.family).ok_or_else(|| crate::checkpoint::LoadError::NoModel.into())
+        }
         (None, None) => Err(crate::checkpoint::LoadError::NoModel.into()),
     }
 }

@@ -149,8 +149,8 @@ pub fn base_dir(recipe: &Recipe, recipe_dir: &Path, init_from: Option<&Path>) ->
 /// The base a run of `recipe` starts from ([`base_dir`]), refused before anything is written
 /// when it cannot be trained on: a model with neither weights nor a shape, an adapter on random
 /// weights the recipe did not ask for (it trains without an error and answers noise), or a
-/// `model.config` that contradicts the base's `config.json` (the base's shape is what would
-/// train).
+/// `model.family` or `model.config` that contradicts the base's `config.json` (the base's
+/// architecture and shape are what would train).
 pub fn check_base_choice(
     recipe: &Recipe,
     recipe_dir: &Path,
@@ -158,8 +158,7 @@ pub fn check_base_choice(
 ) -> Result<Option<BaseDir>, RunError> {
     let base = base_dir(recipe, recipe_dir, init_from)?;
     match (&base, &recipe.model.config) {
-        (Some(b), Some(config)) => shape::check(config, &b.dir)?,
-        (Some(_), None) => {}
+        (Some(b), _) => shape::check(&recipe.model, &b.dir)?,
         (None, Some(_)) if recipe.train.method.adapter().is_some() && !recipe.model.random_init => {
             return Err(RunError::RandomBase);
         }

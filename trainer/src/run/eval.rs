@@ -6,7 +6,7 @@
 
 use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
 use crate::generate::{Limits, Sampling, generate};
-use crate::model::{Adapters, ModelError, Qwen3};
+use crate::model::{Adapters, CausalLm, ModelError};
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -77,7 +77,7 @@ pub enum EvalError {
 /// Evaluates `model` (with `adapters` when given) on the dataset's holdout. `max_prompts`
 /// bounds the generation part, which dominates the time.
 pub fn evaluate(
-    model: &Qwen3,
+    model: &CausalLm,
     adapters: Option<&Adapters>,
     dataset: &Dataset,
     tokenizer: &Tokenizer,
@@ -94,7 +94,7 @@ pub fn evaluate(
     }
     let loss = (target_tokens > 0).then(|| loss_sum / target_tokens as f64);
     let prompts: Vec<PromptItem> = dataset.holdout_prompts_max(tokenizer, max_prompts)?;
-    let stop = [tokenizer.im_end_id(), tokenizer.eos_id()];
+    let stop = tokenizer.stop_ids();
     let mut correct = 0;
     let mut samples = Vec::new();
     let mut by_family = BTreeMap::new();

@@ -14,7 +14,7 @@ use super::base::{self, BaseRecord};
 use super::card::{self, CardFacts, MODEL_CARD_FILE};
 use super::session::save_model;
 use crate::checkpoint::{FileDigest, StagedDir};
-use crate::data::{Special, Tokenizer};
+use crate::data::Tokenizer;
 use crate::model::merge_lora;
 use crate::recipe::Recipe;
 
@@ -41,8 +41,10 @@ pub fn export_hf(
     let mut dir = StagedDir::create(out)?;
     dir.write_file(MODEL_CARD_FILE, card.as_bytes())?;
     save_model(&mut dir, &model)?;
+    let sources: Vec<&Path> = base.into_iter().chain([checkpoint_dir]).collect();
+    carry_model_code(&mut dir, &model.config().to_hf_json("float32"), &sources)?;
     write_tokenizer(&mut dir, &tokenizer, recipe.serve.max_model_len as usize)?;
-    let ends: Vec<u32> = [Special::ImEnd, Special::EndOfText].iter().filter_map(|&s| tokenizer.special(s)).collect();
+    let ends = tokenizer.stop_ids();
     let generation = json!({
         "eos_token_id": ends,
         "pad_token_id": tokenizer.pad_id(),
@@ -53,6 +55,33 @@ pub fn export_hf(
     bytes.push(b'\n');
     dir.write_file(GENERATION_CONFIG_FILE, &bytes)?;
     Ok(dir.commit()?)
+}
+
+/// The Python files the config's `auto_map` names (`modeling_instella.InstellaForCausalLM` →
+/// `modeling_instella.py`), each copied from the first of `sources` that holds it: transformers
+/// loads an architecture it does not ship (Instella) with `trust_remote_code` from the code
+/// beside the weights, as the hub repository lays it out. Without such files (a model trained
+/// from scratch) the directory still loads by naming the hub repository's code.
+fn carry_model_code(dir: &mut StagedDir, config_json: &str, sources: &[&Path]) -> Result<(), RunError> {
+    let config: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+    let Some(auto_map) = config.get("auto_map").and_then(|m| m.as_object()) else { return Ok(()) };
+    let mut modules: Vec<&str> = auto_map
+        .values()
+        .filter_map(|v| v.as_str())
+        .filter_map(|target| target.rsplit_once('.').map(|(module, _)| module))
+        .map(|module| module.rsplit_once("--").map_or(module, |(_, m)| m))
+        .collect();
+    modules.sort_unstable();
+    modules.dedup();
+    for module in modules {
+        let file = format!("{module}.py");
+        if let Some(path) = sources.iter().map(|s| s.join(&file)).find(|p| p.is_file()) {
+            let bytes = std::fs::read(&path)
+                .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
+            dir.write_file(&file, &bytes)?;
+        }
+    }
+    Ok(())
 }
 
 /// `tokenizer.json` and `tokenizer_config.json` (with the chat template) into `dir`.

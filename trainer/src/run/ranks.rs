@@ -4,7 +4,7 @@
 
 use super::RunError;
 use crate::collective::{Backend, CollectiveError};
-use crate::model::{Grads, Qwen3};
+use crate::model::{CausalLm, Grads};
 use crate::optim::{Optimizer, grad_sq_sums, norm_of_sums, state_parameter};
 use crate::parallel::{self, Comm, Distributed, Keep, Layout, Owners, Sharding, Trace, gather_owned};
 use crate::recipe::Recipe;
@@ -112,7 +112,7 @@ impl RankState {
 
     /// Assigns owners to the trained tensors (ZeRO-1 and up) and, under ZeRO-3, to every model
     /// weight; under ZeRO-3 the model then drops the weights other ranks keep.
-    pub fn shard(&mut self, model: &mut Qwen3, trained: &BTreeMap<String, Tensor>) -> Result<(), RunError> {
+    pub fn shard(&mut self, model: &mut CausalLm, trained: &BTreeMap<String, Tensor>) -> Result<(), RunError> {
         self.trained = trained.iter().map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
         if self.sharding() == Sharding::None {
             return Ok(());
@@ -211,7 +211,7 @@ impl RankState {
 
     /// ZeRO-3: every model weight, gathered on rank 0's host (empty on the other ranks, which
     /// take part in the gather).
-    pub fn gather_weights(&self, model: &Qwen3) -> Result<Option<BTreeMap<String, Tensor>>, RunError> {
+    pub fn gather_weights(&self, model: &CausalLm) -> Result<Option<BTreeMap<String, Tensor>>, RunError> {
         if self.sharding() != Sharding::Zero3 {
             return Ok(None);
         }

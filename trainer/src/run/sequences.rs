@@ -5,7 +5,7 @@
 
 use super::microbatch::accumulate;
 use crate::batch::PackedBatch;
-use crate::model::{Adapters, ModelError, ObjectiveValue, Qwen3, StepOptions, Trainable};
+use crate::model::{Adapters, CausalLm, ModelError, ObjectiveValue, StepOptions, Trainable};
 use crate::rl::pack::MicroBatch;
 use candle_core::Tensor;
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 /// Each sequence's log-probs of its learned tokens under `model` (with `adapters`, or the bare
 /// weights), without gradients; `n` sequences were packed into `mbs`.
 pub fn token_logps(
-    model: &Qwen3,
+    model: &CausalLm,
     adapters: Option<&Adapters>,
     mbs: &[MicroBatch],
     n: usize,
@@ -32,7 +32,7 @@ pub fn token_logps(
 /// and `d loss / d logp` per learned token. Returns the summed loss (unscaled), the gradients
 /// of `opts.loss_scale ·` it summed over the micro-batches, and the tokens computed.
 pub fn forward_backward(
-    model: &Qwen3,
+    model: &CausalLm,
     trainable: Trainable,
     adapters: Option<&Adapters>,
     mbs: &[MicroBatch],

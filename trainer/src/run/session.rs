@@ -12,7 +12,7 @@ use super::{Observer, RunError, RunSpec, RunSummary, StepReport};
 use crate::checkpoint::{self, FileDigest as SavedFile, StagedDir, TrainingState};
 use crate::data::{DataCursor, Dataset, Tokenizer};
 use crate::events::{EventSink, TrainerEvent};
-use crate::model::{Adapters, Qwen3};
+use crate::model::{Adapters, CausalLm};
 use crate::optim::{LrSchedule, OptimError, Optimizer};
 use crate::parallel::Distributed;
 use crate::recipe::Recipe;
@@ -42,7 +42,7 @@ pub struct Session<'a> {
     pub(super) method: MethodPlan,
     tokenizer: Tokenizer,
     pub(super) dataset: Dataset,
-    pub(super) model: Qwen3,
+    pub(super) model: CausalLm,
     pub(super) adapters: Option<Adapters>,
     pub(super) optimizer: Optimizer,
     pub(super) schedule: LrSchedule,
@@ -54,7 +54,7 @@ pub struct Session<'a> {
     /// The reference policy of DPO, KTO and GRPO's KL term when all weights train: a frozen
     /// copy of the starting weights (with adapters, the reference is the base with adapters
     /// off: no second model in memory).
-    pub(super) reference: Option<Qwen3>,
+    pub(super) reference: Option<CausalLm>,
     /// GRPO and GSPO: the prompts, rewards and rollout engine.
     rollouts: Option<RolloutState>,
     /// The recipe's `train.env` with the plan's overrides applied, as `run.started` records it.
@@ -84,7 +84,7 @@ fn load_base_model(
     recipe: &Recipe,
     base: Option<&base::BaseDir>,
     device: &Device,
-) -> Result<(Qwen3, BaseRecord), RunError> {
+) -> Result<(CausalLm, BaseRecord), RunError> {
     let (model, files) = checkpoint::load_base(recipe, base.map(|b| b.dir.as_path()), device)?;
     let record = match base {
         Some(b) => b.record(files),
@@ -95,13 +95,13 @@ fn load_base_model(
 
 /// A model's full weights with its `config.json`, in the HF layout (a Qwen3-MoE model's
 /// experts one tensor each, as transformers itself writes them).
-pub(super) fn save_model(dir: &mut StagedDir, model: &Qwen3) -> Result<(), RunError> {
+pub(super) fn save_model(dir: &mut StagedDir, model: &CausalLm) -> Result<(), RunError> {
     save_params(dir, model, model.params())
 }
 
 /// `params` (all of `model`'s weights, maybe gathered from the ranks that shard them) with the
 /// model's `config.json`, in the HF layout.
-fn save_params(dir: &mut StagedDir, model: &Qwen3, params: &crate::model::Params) -> Result<(), RunError> {
+fn save_params(dir: &mut StagedDir, model: &CausalLm, params: &crate::model::Params) -> Result<(), RunError> {
     let dtype = model.dtype();
     let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
         .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
@@ -537,7 +537,7 @@ impl<'a> Session<'a> {
 
     /// The reference policy: the frozen starting weights when all weights train, else the
     /// base with the adapters off.
-    fn reference_policy(&self) -> (&Qwen3, Option<&Adapters>) {
+    fn reference_policy(&self) -> (&CausalLm, Option<&Adapters>) {
         (self.reference.as_ref().unwrap_or(&self.model), None)
     }
 
@@ -685,7 +685,7 @@ impl<'a> Session<'a> {
         let whole;
         let model = match gathered {
             Some(params) => {
-                whole = Qwen3::new(self.model.config().clone(), params, self.model.device())?;
+                whole = CausalLm::new(self.model.config().clone(), params, self.model.device())?;
                 &whole
             }
             None => &self.model,
@@ -766,7 +766,7 @@ pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<Eval
 
 /// Sequence log-probs of chosen and rejected answers under a frozen reference model.
 pub(super) fn reference_logps(
-    frozen: &Qwen3,
+    frozen: &CausalLm,
     batch: &crate::batch::PreferenceBatch,
 ) -> Result<Vec<(f64, f64)>, RunError> {
     let chosen = frozen.sequence_logps(&batch.chosen, None)?;

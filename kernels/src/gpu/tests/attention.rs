@@ -7,7 +7,8 @@ use super::*;
 #[test]
 fn attention_matches_the_f64_reference() -> Result<()> {
     use crate::attention::{AttentionKernels, Mask};
-    // GQA 8 over 2, head sizes 64 and 128; batch row 1 packs three documents, row 0 one.
+    // GQA 8 over 2, head sizes 64, 80 (Instella's, mma.sync only) and 128; batch row 1 packs
+    // three documents, row 0 one.
     let (b, heads, kv, t) = (2, 8, 2, 300);
     let mut segments = vec![0u32; b * t];
     for (i, s) in segments[t..].iter_mut().enumerate() {
@@ -23,7 +24,7 @@ fn attention_matches_the_f64_reference() -> Result<()> {
     // Every flash variant the plan can choose (bf16); f32 has one kernel.
     let variants =
         [(64, 1), (32, 1), (64, 2), (32, 4)].map(|(key_tile, dq_splits)| AttentionKernels { key_tile, dq_splits });
-    for hd in [64, 128] {
+    for hd in [64, 80, 128] {
         let scale = 1.0 / (hd as f64).sqrt();
         for (dt, tol) in DTYPES {
             for &variant in if dt == DType::BF16 { &variants[..] } else { &variants[..1] } {
@@ -76,7 +77,7 @@ fn attention_case(
     let tokens_major = |x: &Tensor| x.transpose(1, 2)?.contiguous()?.transpose(1, 2);
     let (qt, kt) = (tokens_major(&q)?, tokens_major(&k)?);
     let (out_t, lse_t) = attention::forward(cfg, &qt, &kt, &v, mask, scale)?;
-    let in_place = dt == DType::BF16 && matches!(hd, 64 | 128);
+    let in_place = dt == DType::BF16 && matches!(hd, 64 | 80 | 128);
     assert_eq!(out_t.is_contiguous(), !in_place, "{tag}: output layout");
     assert!(same_bits(&out_t, &out)? && same_bits(&lse_t, &lse)?, "{tag}: strided forward differs");
     let (dq_t, dk_t, dv_t) =
@@ -95,7 +96,7 @@ fn attention_case(
     if in_place {
         use crate::gpu::attention::{Flash, flash_backward, flash_forward};
         let kernels = cfg.attention();
-        for family in Flash::available(&crate::gpu::device(&q)?)?.into_iter().skip(1) {
+        for family in Flash::available(&crate::gpu::device(&q)?, hd)?.into_iter().skip(1) {
             let (out_o, lse_o) = flash_forward(&q, &k, &v, mask, scale, kernels.key_tile, family)?;
             expect_close(&format!("{tag} {family:?} out"), &out_o, &out_ref, tol, inp.seed)?;
             expect_close(&format!("{tag} {family:?} lse"), &lse_o, &lse_ref, F32_TOL, inp.seed)?;
@@ -145,7 +146,7 @@ fn flash_kernel_times() -> Result<()> {
         };
         let (q, k, v, dout) = (r(heads)?, r(kv)?, r(kv)?, r(heads)?);
         let scale = 1.0 / (hd as f64).sqrt();
-        for family in Flash::available(&crate::gpu::device(&q)?)? {
+        for family in Flash::available(&crate::gpu::device(&q)?, hd)? {
             for key_tile in [32, 64] {
                 let kernels = AttentionKernels { key_tile, dq_splits: 1 };
                 let (out, lse) = flash_forward(&q, &k, &v, &mask, scale, key_tile, family)?;

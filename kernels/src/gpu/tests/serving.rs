@@ -105,12 +105,15 @@ fn prepare_and_kv_write_at(hd: usize) -> Result<()> {
         let (s_gpu, s_cpu) = (Tensor::new(slots.as_slice(), &gpu())?, Tensor::new(slots.as_slice(), &Device::Cpu)?);
         let pack = |q: &Tensor, k: &Tensor, v: &Tensor| Tensor::cat(&[q, k, v], 1)?.reshape((n, (heads + 2 * kv) * hd));
         let (qkv, qkvr) = (pack(&q, &k, &v)?, pack(&qr, &kr, &vr)?);
-        let got = fused(|| paged_attention::prepare(&qkv, heads, (&qn, &kn, 1e-6), &cos, &sin, (&kc, &vc), &s_gpu))?;
-        let want =
-            paged_attention::reference::prepare(&qkvr, heads, (&qnr, &knr, 1e-6), &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
-        expect_close(&format!("prepare q hd {hd} {dt:?}"), &got, &want, tol, inp.seed)?;
-        expect_close(&format!("prepare k cache {dt:?}"), &kc, &kcr, tol, inp.seed)?;
-        expect_close(&format!("prepare v cache {dt:?}"), &vc, &vcr, tol, inp.seed)?;
+        // With norms per head (Qwen3) and without (Instella normalises the whole projection first).
+        for norms in [true, false] {
+            let (g, r) = (norms.then_some((&qn, &kn, 1e-6)), norms.then_some((&qnr, &knr, 1e-6)));
+            let got = fused(|| paged_attention::prepare(&qkv, heads, g, &cos, &sin, (&kc, &vc), &s_gpu))?;
+            let want = paged_attention::reference::prepare(&qkvr, heads, r, &cosr, &sinr, (&kcr, &vcr), &s_cpu)?;
+            expect_close(&format!("prepare q hd {hd} {dt:?} norms {norms}"), &got, &want, tol, inp.seed)?;
+            expect_close(&format!("prepare k cache {dt:?} norms {norms}"), &kc, &kcr, tol, inp.seed)?;
+            expect_close(&format!("prepare v cache {dt:?} norms {norms}"), &vc, &vcr, tol, inp.seed)?;
+        }
         // The plain cache write, in place, every other slot untouched.
         let (kc2, vc2) = (zeros(&gpu(), dt)?, zeros(&gpu(), dt)?);
         fused(|| paged_attention::write_kv(&kc2, &vc2, &k, &v, &s_gpu))?;

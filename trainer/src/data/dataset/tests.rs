@@ -111,7 +111,7 @@ fn generated_text_mode_learns_every_token() {
         // Every token but the last predicts its successor (ending in eos).
         assert!((0..len - 1).all(|i| b.labels[at(i)] != IGNORE));
         assert_eq!(b.labels[at(len - 2)], i64::from(t.eos_id()));
-        assert_eq!(b.input_ids[at(0)], t.im_start_id());
+        assert_eq!(b.input_ids[at(0)], t.im_start_id().unwrap());
     }
     assert!(!ds.holdout_prompts(&t).unwrap().is_empty(), "the pre-training holdout can still be scored");
 }

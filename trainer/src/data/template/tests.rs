@@ -160,7 +160,7 @@ fn user_text_cannot_forge_a_turn_boundary() {
     };
     let enc =
         encode_pieces(&t, &ChatTemplate::COMPACT.render(&conv, Targets::AssistantFrom(0)).unwrap().pieces).unwrap();
-    assert_eq!(enc.ids.iter().filter(|&&i| i == t.im_end_id()).count(), 2);
+    assert_eq!(enc.ids.iter().filter(|&&i| Some(i) == t.im_end_id()).count(), 2);
 }
 
 #[test]

@@ -74,7 +74,7 @@ impl Tokenizer {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "model_max_length": model_max_length,
             "bos_token": Value::Null,
-            "eos_token": text(Special::ImEnd),
+            "eos_token": text(Special::ImEnd).or(text(Special::EndOfText)),
             "pad_token": text(pad),
             "unk_token": Value::Null,
             "add_bos_token": false,

@@ -51,8 +51,8 @@ fn byte_ids_are_bytes_then_qwen3_specials() {
     let t = Tokenizer::byte();
     assert_eq!(t.encode("aé").unwrap(), vec![97, 0xC3, 0xA9]);
     assert_eq!(t.eos_id(), 256);
-    assert_eq!(t.im_start_id(), 257);
-    assert_eq!(t.im_end_id(), 258);
+    assert_eq!(t.im_start_id(), Some(257));
+    assert_eq!(t.im_end_id(), Some(258));
     assert_eq!(t.pad_id(), 259);
     assert_eq!(t.vocab_size(), 266);
     assert!(t.vocab_size() <= 512, "must fit the tiny recipe's vocab_size");
@@ -64,7 +64,7 @@ fn byte_control_tokens_stay_text_unless_asked() {
     let literal = t.encode("x<|im_end|>").unwrap();
     assert_eq!(literal.len(), 1 + "<|im_end|>".len());
     assert!(literal.iter().all(|&id| id < 256));
-    assert_eq!(t.encode_with_specials("x<|im_end|>").unwrap(), vec![u32::from(b'x'), t.im_end_id()]);
+    assert_eq!(t.encode_with_specials("x<|im_end|>").unwrap(), vec![u32::from(b'x'), t.im_end_id().unwrap()]);
     // Markup is text the model writes, so it is one token either way.
     let think = t.special(Special::ThinkStart).unwrap();
     assert_eq!(t.encode("<think>a").unwrap(), vec![think, 97]);
@@ -96,8 +96,8 @@ proptest! {
 fn hf_tokenizer_finds_qwen3_specials_by_name() {
     let t = tiny_hf();
     assert_eq!(t.eos_id(), 257);
-    assert_eq!(t.im_start_id(), 258);
-    assert_eq!(t.im_end_id(), 259);
+    assert_eq!(t.im_start_id(), Some(258));
+    assert_eq!(t.im_end_id(), Some(259));
     assert_eq!(t.pad_id(), 257, "Qwen3 pads with <|endoftext|>");
     assert_eq!(t.special(Special::ThinkStart), Some(262));
     assert_eq!(t.special(Special::ToolResponseStart), None);
@@ -120,10 +120,44 @@ fn hf_tokenizer_encodes_and_decodes() {
     assert!(t.decode(&[9999], false).is_err());
 }
 
+/// A GPT-NeoX vocabulary (Instella's) has `<|endoftext|>` and no ChatML markers: it loads, the
+/// built-in ChatML template says what it lacks and what to give, and the model's own template
+/// (the Tulu-style one of Instella's instruct models) renders and ends answers with `eos_token`.
 #[test]
-fn hf_tokenizer_without_im_end_is_rejected() {
-    let err = Tokenizer::from_json_bytes(tiny_tokenizer_json(false).as_bytes(), "x.json").unwrap_err();
-    assert!(err.to_string().contains("<|im_end|>"), "{err}");
+fn a_tokenizer_without_chatml_markers_loads_and_needs_its_own_template() {
+    use crate::data::template::encode_pieces;
+    use crate::data::{ChatTemplate, Message, Role};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, tiny_tokenizer_json(false)).unwrap();
+    let t = Tokenizer::from_file(&path).unwrap();
+    assert_eq!((t.im_end_id(), t.eos_id()), (None, 257));
+    assert_eq!(t.stop_ids(), vec![257]);
+    let question = [Message::new(Role::User, "hi")];
+    let chatml = ChatTemplate::for_tokenizer(&t).generation_prompt(&question, &[]);
+    let err = encode_pieces(&t, &chatml).unwrap_err().to_string();
+    assert!(err.contains("<|im_end|>") && err.contains("model.chat_template"), "{err}");
+
+    let template = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}\
+        {{ '<|user|>\\n' + message['content'] + '\\n' }}{% elif message['role'] == 'assistant' %}\
+        {{ '<|assistant|>\\n' + message['content'] + eos_token + '\\n' }}{% endif %}\
+        {% if loop.last and add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}{% endfor %}";
+    let config =
+        serde_json::json!({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "chat_template": template});
+    std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), config.to_string()).unwrap();
+    let t = Tokenizer::from_file(&path).unwrap();
+    let pieces = ChatTemplate::for_tokenizer(&t).generation_prompt(&question, &[]);
+    let ids = encode_pieces(&t, &pieces).unwrap().ids;
+    assert_eq!(ids[0], 257, "bos_token is a special: {ids:?}");
+    assert_eq!(t.decode(&ids[1..], false).unwrap(), "<|user|>\nhi\n<|assistant|>\n");
+    assert_eq!(t.stop_ids(), vec![257]);
+}
+
+#[test]
+fn a_tokenizer_without_an_end_of_text_token_is_refused() {
+    let json = tiny_tokenizer_json(true).replace("<|endoftext|>", "<|eot|>");
+    let err = Tokenizer::from_json_bytes(json.as_bytes(), "x.json").unwrap_err();
+    assert!(err.to_string().contains("<|endoftext|>"), "{err}");
     assert!(Tokenizer::from_json_bytes(b"{not json", "x.json").is_err());
 }
 
@@ -139,7 +173,7 @@ fn recipe_names_the_tokenizer() {
     // Unset: the one beside the base's weights, wherever they lie.
     assert_eq!(Tokenizer::from_recipe(&model, Path::new("/elsewhere"), Some(&weights)).unwrap().eos_id(), 257);
     model.tokenizer = Some("weights/tokenizer.json".into());
-    assert_eq!(Tokenizer::from_recipe(&model, dir.path(), None).unwrap().im_end_id(), 259);
+    assert_eq!(Tokenizer::from_recipe(&model, dir.path(), None).unwrap().im_end_id(), Some(259));
     model.tokenizer = Some("missing.json".into());
     assert!(matches!(Tokenizer::from_recipe(&model, dir.path(), Some(&weights)), Err(DataError::Io { .. })));
     model.tokenizer = None;

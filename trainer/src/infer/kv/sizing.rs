@@ -1,24 +1,10 @@
-//! How many blocks the cache gets: a share of the device's free memory after the model is
+//! How many blocks the cache gets, from what each layer keeps (the model's
+//! [`CacheSpec`](crate::model::CacheSpec)): a share of the device's free memory after the model is
 //! loaded (or an exact count), never fewer than one request of `max_model_len` needs.
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 
-/// The geometry of one block across all layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheShape {
-    pub layers: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    pub dtype: DType,
-}
-
-impl CacheShape {
-    /// Keys and values of `block_size` tokens in every layer.
-    pub fn bytes_per_block(&self) -> u64 {
-        (2 * self.layers * self.block_size * self.kv_heads * self.head_dim * self.dtype.size_in_bytes()) as u64
-    }
-}
+use crate::model::CacheSpec;
 
 /// How the cache is sized.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,7 +16,7 @@ pub enum KvBlocks {
 }
 
 /// The block count for `want`, or why the cache cannot serve `max_model_len`.
-pub fn blocks(shape: &CacheShape, want: KvBlocks, max_model_len: usize, device: &Device) -> Result<usize, String> {
+pub fn blocks(shape: &CacheSpec, want: KvBlocks, max_model_len: usize, device: &Device) -> Result<usize, String> {
     let per = shape.bytes_per_block().max(1);
     let blocks = match want {
         KvBlocks::Exact(n) => n,
@@ -56,17 +42,23 @@ pub fn blocks(shape: &CacheShape, want: KvBlocks, max_model_len: usize, device: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::LayerSpec;
+    use candle_core::DType;
+
+    fn attention(layers: usize, kv_heads: usize, head_dim: usize, block_size: usize, dtype: DType) -> CacheSpec {
+        CacheSpec { layers: vec![LayerSpec::Attention { kv_heads, head_dim }; layers], block_size, dtype }
+    }
 
     #[test]
     fn the_cache_fits_the_memory_share_and_one_full_request() {
-        let shape = CacheShape { layers: 36, kv_heads: 8, head_dim: 128, block_size: 16, dtype: DType::BF16 };
+        let shape = attention(36, 8, 128, 16, DType::BF16);
         // Qwen3-8B: 144 KiB per token, 2.25 MiB per 16-token block.
         assert_eq!(shape.bytes_per_block(), 36 * 2 * 8 * 128 * 2 * 16);
         assert_eq!(blocks(&shape, KvBlocks::Exact(300), 4096, &Device::Cpu), Ok(300));
         let err = blocks(&shape, KvBlocks::Exact(10), 4096, &Device::Cpu).unwrap_err();
         assert!(err.contains("256 blocks") && err.contains("max_model_len"), "{err}");
         assert!(blocks(&shape, KvBlocks::FreeMemory(1.5), 16, &Device::Cpu).is_err());
-        let tiny = CacheShape { layers: 1, kv_heads: 1, head_dim: 2, block_size: 4, dtype: DType::F32 };
+        let tiny = attention(1, 1, 2, 4, DType::F32);
         assert!(blocks(&tiny, KvBlocks::FreeMemory(0.001), 16, &Device::Cpu).unwrap() >= 4);
     }
 }

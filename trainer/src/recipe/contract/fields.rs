@@ -96,7 +96,6 @@ pub fn fields() -> Vec<Field> {
             .refuses(&[
                 no!("qwen3_hybrid", r#"{"model": {"family": "qwen3_hybrid"}}"#, "has no implementation in this build"),
                 no!("qwen3_vl", r#"{"model": {"family": "qwen3_vl"}}"#, "has no implementation in this build"),
-                no!("instella", r#"{"model": {"family": "instella"}}"#, "has no implementation in this build"),
             ]),
         field("model.revision", "the hub revision resolved in the cache, recorded by commit")
             .test("a_pinned_revision_picks_that_snapshot")

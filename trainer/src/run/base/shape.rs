@@ -1,22 +1,36 @@
-//! A recipe's `model.config` against the `config.json` of the base it is given: a run trains
-//! the base's shape, so a `model.config` that says another one would be accepted and ignored.
-//! Every field is compared (defaults included: they are what the recipe says once loaded).
+//! A recipe's `model.family` and `model.config` against the `config.json` of the base it is
+//! given: a run trains the base's architecture and shape, so a family or a `model.config` that
+//! says another one would be accepted and ignored. Every field is compared (defaults included:
+//! they are what the recipe says once loaded).
 
 use std::path::Path;
 
 use super::RunError;
 use crate::checkpoint::CONFIG_FILE;
-use crate::model::Qwen3Config;
-use crate::recipe::ModelConfig;
+use crate::model::LmConfig;
+use crate::recipe::Model;
 
-/// Refuses `config` when any of its fields differs from the base's `config.json` in
-/// `base_dir`, naming each such field with both values.
-pub(super) fn check(config: &ModelConfig, base_dir: &Path) -> Result<(), RunError> {
+/// Refuses `model` when its family is not the base's (the base's `config.json` in `base_dir`),
+/// or any field of its `model.config` differs, naming each such field with both values.
+pub(super) fn check(model: &Model, base_dir: &Path) -> Result<(), RunError> {
     let path = base_dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| RunError::Io { path: path.display().to_string(), message: e.to_string() })?;
-    let base = Qwen3Config::from_hf_json(&text)?;
-    let conflicts = differences(&Qwen3Config::from(config), &base);
+    let base = LmConfig::from_hf_json(&text)?;
+    if base.family() != model.family {
+        let name = |f| serde_json::to_value(f).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        return Err(RunError::Base(format!(
+            "model.family is `{}` but the base is a `{}` model ({}): the base's architecture is what would train; \
+             set model.family: {}",
+            name(model.family),
+            name(base.family()),
+            path.display(),
+            name(base.family())
+        )));
+    }
+    let Some(config) = &model.config else { return Ok(()) };
+    let ours = LmConfig::from_recipe(config, model.family).unwrap_or_else(|| base.clone());
+    let conflicts = differences(&ours, &base);
     if conflicts.is_empty() {
         return Ok(());
     }
@@ -32,7 +46,7 @@ pub(super) fn check(config: &ModelConfig, base_dir: &Path) -> Result<(), RunErro
 }
 
 /// `(recipe field, recipe's value, base's value)` for every field where the shapes differ.
-fn differences(ours: &Qwen3Config, base: &Qwen3Config) -> Vec<(&'static str, String, String)> {
+fn differences(ours: &LmConfig, base: &LmConfig) -> Vec<(&'static str, String, String)> {
     let mut rows = vec![
         ("hidden_size", ours.hidden_size.to_string(), base.hidden_size.to_string()),
         ("num_layers", ours.num_hidden_layers.to_string(), base.num_hidden_layers.to_string()),
@@ -82,8 +96,9 @@ fn present(moe: bool) -> String {
 mod tests {
     use super::*;
     use crate::checkpoint::StagedDir;
+    use crate::recipe::{ModelConfig, ModelFamily};
 
-    fn written(config: &Qwen3Config) -> tempfile::TempDir {
+    fn written(config: &LmConfig) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let mut staged = StagedDir::create(&dir.path().join("base")).unwrap();
         staged.write_file(CONFIG_FILE, config.to_hf_json("float32").as_bytes()).unwrap();
@@ -102,12 +117,22 @@ mod tests {
     #[test]
     fn a_config_that_matches_the_base_passes_and_each_difference_is_named_with_both_values() {
         let ours = recipe_config();
-        let same = written(&Qwen3Config::from(&ours));
-        check(&ours, &same.path().join("base")).unwrap();
+        let model = |config: Option<ModelConfig>, family: ModelFamily| Model {
+            family,
+            config,
+            ..serde_json::from_value(serde_json::json!({"name": "m"})).unwrap()
+        };
+        let shape = LmConfig::from_recipe(&ours, ModelFamily::Qwen3).unwrap();
+        let same = written(&shape);
+        check(&model(Some(ours.clone()), ModelFamily::Qwen3), &same.path().join("base")).unwrap();
+        check(&model(None, ModelFamily::Qwen3), &same.path().join("base")).unwrap();
+        // The family is the base's architecture: another one is refused, with or without a shape.
+        let err = check(&model(None, ModelFamily::Instella), &same.path().join("base")).unwrap_err().to_string();
+        assert!(err.contains("model.family is `instella` but the base is a `qwen3` model"), "{err}");
 
-        let base = Qwen3Config { num_hidden_layers: 3, rope_theta: 10_000.0, ..Qwen3Config::from(&ours) };
+        let base = LmConfig { num_hidden_layers: 3, rope_theta: 10_000.0, ..shape };
         let other = written(&base);
-        let err = check(&ours, &other.path().join("base")).unwrap_err().to_string();
+        let err = check(&model(Some(ours), ModelFamily::Qwen3), &other.path().join("base")).unwrap_err().to_string();
         assert!(err.contains("model.config.num_layers is 2 but the base has 3"), "{err}");
         assert!(err.contains("model.config.rope_theta is 1000000.0 but the base has 10000.0"), "{err}");
         assert!(!err.contains("hidden_size"), "{err}");

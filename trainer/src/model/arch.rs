@@ -1,0 +1,106 @@
+//! The architectures the engine runs, one folder each beside this file (`qwen3/`, `instella/`).
+//!
+//! One decoder engine serves them all: the training step ([`super::block`]), dense decoding
+//! ([`super::decode`]) and the paged serving step ([`super::paged`]) are written once, and what
+//! sets an architecture apart is data they read from the model's [`LmConfig`]: how its
+//! `config.json` reads and writes, the names of its norms, where its q/k norms take their
+//! statistics, and each layer's kind (today every layer is attention with a dense or, for
+//! Qwen3-MoE, a sparse MLP). An architecture is an arm of [`Arch`] and a folder; adding one
+//! touches those, its kernels if it needs new ones, and its recipe rules
+//! (`recipe::validate`), nothing else (docs/architecture.md, "The model seam").
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::config::LmConfig;
+use super::params::Norm;
+use super::{ModelError, instella, qwen3};
+use crate::recipe::ModelFamily;
+
+/// A decoder architecture.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    /// Qwen3, dense, or Qwen3-MoE when the config has experts (`qwen3_moe`).
+    #[default]
+    Qwen3,
+    /// AMD Instella (OLMo-derived): q/k norms over the whole projection, `pre_*_layernorm` names.
+    Instella,
+}
+
+/// Over what a q or k norm takes its root mean square.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Each head's `head_dim` values (gain `[head_dim]`): Qwen3.
+    PerHead,
+    /// The whole projection, every head together (gain `[heads·head_dim]`): Instella.
+    Projection,
+}
+
+impl Arch {
+    /// The architecture a `config.json`'s `model_type` names, if the engine runs it.
+    pub fn of_model_type(model_type: &str) -> Option<Arch> {
+        match model_type {
+            "qwen3" | "qwen3_moe" => Some(Arch::Qwen3),
+            "instella" => Some(Arch::Instella),
+            _ => None,
+        }
+    }
+
+    /// The architecture a recipe's `model.family` names, if the engine runs it.
+    pub fn of_family(family: ModelFamily) -> Option<Arch> {
+        match family {
+            ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => Some(Arch::Qwen3),
+            ModelFamily::Instella => Some(Arch::Instella),
+            ModelFamily::Qwen3Hybrid | ModelFamily::Qwen3Vl => None,
+        }
+    }
+
+    /// The recipe family of a model of this architecture (`moe`: it has experts).
+    pub fn family(self, moe: bool) -> ModelFamily {
+        match (self, moe) {
+            (Arch::Qwen3, false) => ModelFamily::Qwen3,
+            (Arch::Qwen3, true) => ModelFamily::Qwen3Moe,
+            (Arch::Instella, _) => ModelFamily::Instella,
+        }
+    }
+
+    pub fn qk_norm(self) -> QkNorm {
+        match self {
+            Arch::Qwen3 => QkNorm::PerHead,
+            Arch::Instella => QkNorm::Projection,
+        }
+    }
+
+    /// The module path of a layer's norm, as the architecture's checkpoints name it.
+    pub fn norm_path(self, norm: Norm) -> &'static str {
+        match self {
+            Arch::Qwen3 => qwen3::norm_path(norm),
+            Arch::Instella => instella::norm_path(norm),
+        }
+    }
+
+    /// Reads this architecture's `config.json` (parsed as `raw`).
+    pub(super) fn read_config(self, raw: &Value) -> Result<LmConfig, ModelError> {
+        match self {
+            Arch::Qwen3 => qwen3::read_config(raw),
+            Arch::Instella => instella::read_config(raw),
+        }
+    }
+
+    /// `config.json` as this architecture's own code writes it.
+    pub(super) fn write_config(self, c: &LmConfig, torch_dtype: &str) -> Value {
+        match self {
+            Arch::Qwen3 => qwen3::write_config(c, torch_dtype),
+            Arch::Instella => instella::write_config(c, torch_dtype),
+        }
+    }
+
+    /// What this architecture asks of a shape beyond the shared rules.
+    pub(super) fn validate(self, c: &LmConfig) -> Result<(), ModelError> {
+        match self {
+            Arch::Qwen3 => Ok(()),
+            Arch::Instella => instella::validate(c),
+        }
+    }
+}
