@@ -2,7 +2,8 @@
 # Instella-3B against its peer, in ONE call on one GPU machine: bench/run.sh at amd/Instella-3B-Instruct's
 # published shape (bench/instella_shapes.py: 36 layers, hidden 2560, 32 heads MHA, FFN 6912, vocab
 # 50304) and recipes/instella_3b_lora.yaml's batch: per_device 4 x seq_len 2048, its
-# gradient_checkpointing: true (HF_PEER_GRAD_CKPT=1). The peers:
+# gradient_checkpointing: true is a memory setting: ours fits without it, so the peer runs without it too
+# (HF_PEER_GRAD_CKPT=1 measures it with). The peers:
 #   ours    the trainer's gpu-step binary, as in bench/run.sh (if it knows the shape)
 #   peft    HF transformers 5.17 + PEFT 0.21 on OUR modeling file (tests/python/instella/):
 #           transformers ships no Instella and the hub's modeling_instella.py cannot be fetched on
@@ -14,5 +15,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SHAPES=${SHAPES:-instella-3b:4:2048} PEERS=${PEERS:-ours peft liger} JSONL=${JSONL:-instella}
-export HF_PEER_GRAD_CKPT=${HF_PEER_GRAD_CKPT:-1}
+export HF_PEER_GRAD_CKPT=${HF_PEER_GRAD_CKPT:-0}
 exec bench/run.sh

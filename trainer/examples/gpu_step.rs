@@ -5,7 +5,7 @@
 //! FLOPs per step and the bf16 GEMM ceiling measured here, for MFU) for bench/run.sh, which runs
 //! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
-//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3B, 30B-A3B (Qwen3-MoE:
+//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3b, 30B-A3B (Qwen3-MoE:
 //! LoRA on attention and on every expert's weights, as PEFT adapts them): STEPS steps of
 //! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
 //! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
@@ -47,7 +47,7 @@ fn config(shape: &str) -> LmConfig {
         };
     }
     LmConfig::timing_shape(shape)
-        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3B, 30B-A3B)"))
+        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B)"))
 }
 
 /// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to

@@ -78,7 +78,7 @@ fn default_max_positions() -> usize {
 
 impl LmConfig {
     /// The dense shapes the benchmarks time on random weights, by name: Qwen3 `0.6B`, `1.7B` and
-    /// `8B` and AMD `instella-3B` (their published configs) and `tiny` (a 64-wide Qwen3 for smoke
+    /// `8B` and AMD `instella-3b` (their published configs) and `tiny` (a 64-wide Qwen3 for smoke
     /// runs on the CPU); `None` for any other name. One table, so that the training and serving
     /// benchmarks time the same models.
     pub fn timing_shape(name: &str) -> Option<LmConfig> {
@@ -86,7 +86,7 @@ impl LmConfig {
             "8B" => (Arch::Qwen3, 151_936, 4096, 36, 32, 8, 128, 12_288),
             "1.7B" => (Arch::Qwen3, 151_936, 2048, 28, 16, 8, 128, 6144),
             "0.6B" => (Arch::Qwen3, 151_936, 1024, 28, 16, 8, 128, 3072),
-            "instella-3B" => (Arch::Instella, 50_304, 2560, 36, 32, 32, 80, 6912),
+            "instella-3b" => (Arch::Instella, 50_304, 2560, 36, 32, 32, 80, 6912),
             "tiny" => (Arch::Qwen3, 512, 64, 2, 4, 2, 16, 128),
             _ => return None,
         };

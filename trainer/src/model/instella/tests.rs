@@ -70,7 +70,7 @@ fn published() -> serde_json::Value {
 #[test]
 fn the_published_config_reads_as_the_3b_shape_and_writes_back() {
     let c = LmConfig::from_hf_json(&published().to_string()).unwrap();
-    assert_eq!(c, LmConfig::timing_shape("instella-3B").unwrap());
+    assert_eq!(c, LmConfig::timing_shape("instella-3b").unwrap());
     let written = c.to_hf_json("bfloat16");
     let parsed: serde_json::Value = serde_json::from_str(&written).unwrap();
     assert_eq!(parsed["model_type"], "instella");
