@@ -151,6 +151,9 @@ pub mod reference {
 
     /// Scaled, masked scores `[B, kv, g, T, T]`.
     fn scores(q: &Tensor, k: &Tensor, mask: &Mask, scale: f64) -> Result<Tensor> {
+        // A batched GEMM on the GPU reads one stride pattern per operand: the projections leave
+        // k as a transposed view, so it is copied once (a no-op when already contiguous).
+        let k = &k.contiguous()?;
         let (b, heads, t, hd) = q.dims4()?;
         let kv = k.dim(1)?;
         let g = heads / kv;
@@ -168,7 +171,7 @@ pub mod reference {
         let e = scores.broadcast_sub(&max)?.exp()?;
         let sum = e.sum_keepdim(D::Minus1)?;
         let probs = e.broadcast_div(&sum)?.reshape((b, kv, heads / kv * t, t))?;
-        let out = probs.matmul(v)?.reshape((b, heads, t, hd))?;
+        let out = probs.matmul(&v.contiguous()?)?.reshape((b, heads, t, hd))?;
         let lse = (sum.log()? + max)?.reshape((b, heads, t))?;
         Ok((out, lse))
     }
@@ -182,6 +185,7 @@ pub mod reference {
         mask: &Mask,
         scale: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (q, k, v) = (&q.contiguous()?, &k.contiguous()?, &v.contiguous()?);
         let (b, heads, t, hd) = q.dims4()?;
         let kv = k.dim(1)?;
         let g = heads / kv;

@@ -26,7 +26,7 @@ const ROWS: usize = 8;
 const MAX_HD: usize = 8 * 32;
 
 fn served(hd: usize) -> bool {
-    hd.is_multiple_of(32) && hd <= MAX_HD
+    hd > 0 && hd <= MAX_HD
 }
 
 fn config(t: usize, heads: usize, b: usize) -> LaunchConfig {
