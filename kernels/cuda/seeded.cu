@@ -27,3 +27,11 @@ KERNEL void seeded_normal_f64(const unsigned long long* states, double* out, siz
     out[i] = scale * (sqrt(-2.0 * log(u1)) * cos(tau * u2));
   }
 }
+
+// Inverted dropout's mask (kernels/src/seeded.rs, dropout_mask): value i is 0 where the stream's
+// draw i+1 is uniform below p, keep elsewhere. The comparison is in exact f64 on both sides, so
+// the mask is the host's bit for bit.
+KERNEL void seeded_dropout_f32(unsigned long long state, float* out, size_t n, double p, float keep) {
+  for (size_t i = global_index(); i < n; i += global_stride())
+    out[i] = unit53(mix64(state + (unsigned long long)(i + 1) * GAMMA)) < p ? 0.f : keep;
+}

@@ -9,7 +9,7 @@
 //! The GPU computes the same f64 function; it can differ from the host in the last bit where
 //! CUDA's `log`/`cos` round differently from the host's libm (`scripts/gpu-test` bounds it).
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// SplitMix64's increment (the golden ratio).
 pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -60,6 +60,33 @@ pub fn normal(states: &[u64], block: usize, n: usize, scale: f64, device: &Devic
     Tensor::from_vec(host(states, block, n, scale)?, n, device)
 }
 
+/// Inverted dropout's mask of `shape`: value `i` is 0 where draw `i + 1` of the stream whose state
+/// is `state` is uniform below `p`, and `1 / (1 − p)` elsewhere: what a sequential generator
+/// drawing one value per element gives, computed per element. On a CUDA device it fills in one
+/// launch: the mask of one LoRA projection at 4 × 2048 tokens of a 3B model is 21 million
+/// values, which drawn on the host and copied made a step 100× slower than the GEMMs.
+pub fn dropout_mask(state: u64, p: f64, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+    if !(0.0..1.0).contains(&p) {
+        candle_core::bail!("seeded: dropout probability {p} is outside [0, 1)");
+    }
+    let n: usize = shape.iter().product();
+    let keep = (1.0 / (1.0 - p)) as f32;
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        return crate::gpu::seeded::dropout_mask(state, n, p, keep, device)?.reshape(shape)?.to_dtype(dtype);
+    }
+    Tensor::from_vec(dropout_host(state, p, keep, n), shape, device)?.to_dtype(dtype)
+}
+
+/// [`dropout_mask`]'s values on the host, in parallel.
+pub fn dropout_host(state: u64, p: f64, keep: f32, n: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    (0..n as u64)
+        .into_par_iter()
+        .map(|i| if unit(mix(state.wrapping_add((i + 1).wrapping_mul(GAMMA)))) < p { 0.0 } else { keep })
+        .collect()
+}
+
 fn check(states: &[u64], block: usize, n: usize) -> Result<()> {
     if block == 0 || states.len() != n.div_ceil(block) {
         candle_core::bail!("seeded: {} stream states for {n} values in blocks of {block}", states.len());
@@ -70,6 +97,22 @@ fn check(states: &[u64], block: usize, n: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dropout_mask_is_a_sequential_stream_drawn_per_element() {
+        let (state, p) = (0x1234_5678_9abc_def0u64, 0.3);
+        let got = dropout_mask(state, p, &[3, 1000], DType::F32, &Device::Cpu).unwrap();
+        let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut s = state;
+        let keep = (1.0 / (1.0 - p)) as f32;
+        for (i, g) in got.iter().enumerate() {
+            s = s.wrapping_add(GAMMA);
+            assert_eq!(*g, if unit(mix(s)) < p { 0.0 } else { keep }, "value {i}");
+        }
+        let dropped = got.iter().filter(|v| **v == 0.0).count() as f64 / got.len() as f64;
+        assert!((dropped - p).abs() < 0.04, "dropped {dropped}");
+        assert!(dropout_mask(state, 1.0, &[2], DType::F32, &Device::Cpu).is_err());
+    }
 
     #[test]
     fn each_value_is_its_streams_draw_in_order() {

@@ -1,4 +1,5 @@
-//! Seeded normal draws on the GPU (`cuda/seeded.cu`): one launch per tensor, f64 out.
+//! Seeded draws on the GPU (`cuda/seeded.cu`): one launch per tensor; normals in f64, dropout
+//! masks in f32.
 
 use super::{Kernel, Module, PushKernelArg, grid_for, launch, module, with_views};
 use candle_core::cuda_backend::CudaStorage;
@@ -23,6 +24,21 @@ pub(crate) fn normal(states: &[u64], block: usize, n: usize, scale: f64, device:
         b.arg(&s).arg(&mut out).arg(&n).arg(&block).arg(&scale);
         launch(b, grid_for(n, 256))
     })?;
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev.clone()));
+    Ok(Tensor::from_storage(storage, n, BackpropOp::none(), false))
+}
+
+/// See `crate::seeded::dropout_mask`: `[n]` f32 on `device`.
+pub(crate) fn dropout_mask(state: u64, n: usize, p: f64, keep: f32, device: &Device) -> Result<Tensor> {
+    let Device::Cuda(dev) = device else { candle_core::bail!("seeded: not a CUDA device") };
+    if n == 0 {
+        return Tensor::zeros(0, DType::F32, device);
+    }
+    let mut out = dev.alloc_zeros::<f32>(n)?;
+    let k = Kernel::named(dev, &MODULE, "seeded_dropout_f32")?;
+    let mut b = k.builder();
+    b.arg(&state).arg(&mut out).arg(&n).arg(&p).arg(&keep);
+    launch(b, grid_for(n, 256))?;
     let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev.clone()));
     Ok(Tensor::from_storage(storage, n, BackpropOp::none(), false))
 }

@@ -424,6 +424,19 @@ fn nf4_dequant_matmul_matches_the_host_dequantisation() -> Result<()> {
 /// and `cos`, over block edges, a last partial block and draw indices past 2^22 (where `2j + 1`
 /// times γ wraps many times).
 #[test]
+fn seeded_dropout_masks_are_the_hosts_bit_for_bit() -> Result<()> {
+    use crate::seeded;
+    let state = seed();
+    for (p, n) in [(0.05, 4 * 2048 * 2560 + 7), (0.5, 1000)] {
+        let got = fused(|| seeded::dropout_mask(state, p, &[n], DType::F32, &gpu()))?.to_vec1::<f32>()?;
+        let want = seeded::dropout_host(state, p, (1.0 / (1.0 - p)) as f32, n);
+        let first_diff = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(first_diff, None, "p {p}, {n} values, state {state}");
+    }
+    Ok(())
+}
+
+#[test]
 fn seeded_normal_matches_the_host_draws() -> Result<()> {
     use crate::seeded;
     let mut s = seed();

@@ -149,10 +149,9 @@ impl StepCtx<'_> {
         if p == 0.0 {
             return Ok(None);
         }
-        let mut rng = SplitMix64::derive(seed, &[layer as u64, name_id(proj.path())]);
-        let keep = 1.0 / (1.0 - p);
-        let mask: Vec<f32> = (0..x.elem_count()).map(|_| if rng.unit() < p { 0.0 } else { keep as f32 }).collect();
-        Ok(Some(Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?))
+        // Drawn where x lives (one launch on a GPU), the same bits on every device.
+        let rng = SplitMix64::derive(seed, &[layer as u64, name_id(proj.path())]);
+        Ok(Some(mindxtrain_kernels::seeded::dropout_mask(rng.state(), p, x.dims(), x.dtype(), x.device())?))
     }
 
     /// `x·Wᵀ` plus the LoRA branch when this projection is adapted.
