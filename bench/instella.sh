@@ -10,10 +10,10 @@
 #           the GPU machine; SDPA, bf16, LoRA r16 alpha32 on all seven projections (the recipe
 #           adapts q/k/v/o only: HF_PEER_TARGETS=q_proj,k_proj,v_proj,o_proj), AdamW
 #   liger   none: liger-kernel has no Instella support; its rows say so (bench/instella_shapes.py)
-# Same timing rule, packed batch and peak-memory report as bench/run.sh; lines go to instella.jsonl.
+# Same timing rule, packed batch and peak-memory report as bench/run.sh; lines go to train.jsonl.
 #   run(command="COMMIT=<hash> bench/instella.sh", carry=["target-gpu/carry-train"], timeout_s=600)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export SHAPES=${SHAPES:-instella-3b:4:2048} PEERS=${PEERS:-ours peft liger} JSONL=${JSONL:-instella}
+export SHAPES=${SHAPES:-instella-3b:4:2048} PEERS=${PEERS:-ours peft liger} JSONL=${JSONL:-train}
 export HF_PEER_GRAD_CKPT=${HF_PEER_GRAD_CKPT:-0}
 exec bench/run.sh

@@ -188,3 +188,12 @@ pub async fn get_json(http: &reqwest::Client, url: &str, token: Option<&str>) ->
     assert_eq!(r.status(), 200, "GET {url}");
     r.json().await.unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
+
+/// POSTs `body` to `url` from a test's synchronous code: the status and the JSON answer.
+pub fn post_json_blocking(url: &str, body: &Value) -> (u16, Value) {
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    rt.block_on(async {
+        let r = reqwest::Client::new().post(url).json(body).send().await.unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        (r.status().as_u16(), r.json::<Value>().await.unwrap_or_else(|e| panic!("POST {url}: {e}")))
+    })
+}

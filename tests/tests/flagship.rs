@@ -108,12 +108,8 @@ fn the_flagship_recipe_with_only_its_hardware_changed_runs_against_the_hf_cache(
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
         "max_tokens": 8,
     });
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let (status, answer) = rt.block_on(async {
-        let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", server.url)).json(&body).send().await;
-        let r = r.unwrap();
-        (r.status(), r.json::<Value>().await.unwrap())
-    });
+    let (status, answer) =
+        mindxtrain_tests::served::post_json_blocking(&format!("{}/v1/chat/completions", server.url), &body);
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["choices"][0]["message"]["role"], "assistant", "{answer}");
 }

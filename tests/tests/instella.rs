@@ -101,12 +101,8 @@ fn the_tiny_instella_recipe_trains_tunes_exports_and_serves() {
         "messages": [{"role": "user", "content": "Is 12 even?"}],
         "max_tokens": 8,
     });
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let (status, answer) = rt.block_on(async {
-        let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", server.url)).json(&body).send().await;
-        let r = r.unwrap();
-        (r.status(), r.json::<Value>().await.unwrap())
-    });
+    let (status, answer) =
+        mindxtrain_tests::served::post_json_blocking(&format!("{}/v1/chat/completions", server.url), &body);
     assert_eq!(status, 200, "{answer}");
     assert!(answer["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0), "{answer}");
 }

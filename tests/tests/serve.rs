@@ -4,7 +4,9 @@
 //! reference npm x402 client paying for a completion on anvil, two nodes renting from each
 //! other with `mindxtrain rent`, and a full queue answering 429 with Retry-After.
 
-use mindxtrain_tests::served::{MODEL, PRICE, Server, key_file, new_node, ok, recipe_with_serve, s, trained};
+use mindxtrain_tests::served::{
+    MODEL, PRICE, Server, key_file, new_node, ok, post_json_blocking, recipe_with_serve, s, trained,
+};
 use mindxtrain_tests::x402_env::{ANVIL_KEY_1, ANVIL_KEY_2, Chain, run_npm_client};
 use mindxtrain_tests::{mindxtrain, openai_python};
 use mindxtrain_x402::alloy::primitives::{Address, B256};
@@ -136,14 +138,7 @@ fn serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len(
 
     // A prompt over the first recipe's max_model_len (160) fits the second's (1024).
     let long = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "word ".repeat(60)}]});
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let ask = |url: &str| {
-        let url = format!("{url}/v1/chat/completions");
-        rt.block_on(async {
-            let r = reqwest::Client::new().post(url).json(&long).send().await.unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let ask = |url: &str| post_json_blocking(&format!("{url}/v1/chat/completions"), &long);
     let (status, body) = ask(&here.url);
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{body}");
     let (status, body) = ask(&elsewhere.url);

@@ -221,6 +221,33 @@ impl LmConfig {
     }
 }
 
+/// The `config.json` fields every decoder here writes alike (shape, norms, RoPE, the defaults
+/// transformers expects); each architecture adds its own names (`model_type`, `architectures`,
+/// `head_dim` where its config has one, `auto_map`, MoE fields).
+pub(super) fn decoder_fields(c: &LmConfig, torch_dtype: &str) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::json!({
+        "torch_dtype": torch_dtype,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": null,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "max_position_embeddings": c.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+    }) {
+        serde_json::Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

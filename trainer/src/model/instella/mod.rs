@@ -51,30 +51,17 @@ pub(super) fn read_config(raw: &Value) -> Result<LmConfig, ModelError> {
 /// `config.json` as Instella's code writes it, with the `auto_map` of its hub repository (the
 /// model loads with `trust_remote_code` and the repository's own modeling files).
 pub(super) fn write_config(c: &LmConfig, torch_dtype: &str) -> Value {
-    json!({
-        "architectures": ["InstellaForCausalLM"],
-        "model_type": "instella",
-        "auto_map": {
+    let mut fields = super::config::decoder_fields(c, torch_dtype);
+    fields.insert("architectures".into(), json!(["InstellaForCausalLM"]));
+    fields.insert("model_type".into(), "instella".into());
+    fields.insert(
+        "auto_map".into(),
+        json!({
             "AutoConfig": "configuration_instella.InstellaConfig",
             "AutoModelForCausalLM": "modeling_instella.InstellaForCausalLM",
-        },
-        "torch_dtype": torch_dtype,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": null,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-    })
+        }),
+    );
+    Value::Object(fields)
 }
 
 /// Instella's heads tile the hidden size exactly (its attention reshapes by it).

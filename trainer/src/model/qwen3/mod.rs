@@ -33,28 +33,12 @@ pub(super) fn read_config(raw: &Value) -> Result<LmConfig, ModelError> {
 
 /// `config.json` as transformers writes it for `Qwen3ForCausalLM` (or `Qwen3MoeForCausalLM`).
 pub(super) fn write_config(c: &LmConfig, torch_dtype: &str) -> Value {
-    let mut value = json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "torch_dtype": torch_dtype,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "max_position_embeddings": c.max_position_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "use_sliding_window": false,
-        "rope_scaling": null,
-    });
+    let mut fields = super::config::decoder_fields(c, torch_dtype);
+    fields.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
+    fields.insert("model_type".into(), "qwen3".into());
+    fields.insert("head_dim".into(), c.head_dim.into());
+    fields.insert("use_sliding_window".into(), false.into());
+    let mut value = Value::Object(fields);
     if let (Some(moe), Some(obj)) = (&c.moe, value.as_object_mut()) {
         obj.insert("architectures".into(), json!(["Qwen3MoeForCausalLM"]));
         obj.insert("model_type".into(), "qwen3_moe".into());
