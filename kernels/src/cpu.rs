@@ -12,6 +12,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod cross_entropy;
+pub(crate) mod delta_rule;
 pub(crate) mod elementwise;
 pub(crate) mod linear;
 pub(crate) mod paged;

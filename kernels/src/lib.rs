@@ -21,6 +21,7 @@ pub mod attention;
 mod config;
 mod cpu;
 pub mod cross_entropy;
+pub mod delta_rule;
 pub mod embedding;
 pub mod gemm_algos;
 #[cfg(feature = "cuda")]
