@@ -18,6 +18,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod adamw;
 pub mod attention;
+pub mod causal_conv1d;
 mod config;
 mod cpu;
 pub mod cross_entropy;
