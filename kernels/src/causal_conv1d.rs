@@ -43,8 +43,11 @@ impl Dims {
     pub(crate) fn of(x: &Tensor, w: &Tensor) -> Result<Dims> {
         let (b, t, c) = x.dims3()?;
         let (wc, width) = w.dims2()?;
-        if wc != c || width == 0 || t == 0 {
+        if wc != c || width == 0 {
             candle_core::bail!("causal conv1d: weight of shape {:?} for input {:?}", w.dims(), x.dims());
+        }
+        if t == 0 {
+            candle_core::bail!("causal conv1d: input of shape {:?} has no tokens", x.dims());
         }
         Ok(Dims { b, t, c, w: width })
     }
@@ -96,10 +99,7 @@ pub fn forward(
     let _profile = crate::profile::scope("causal conv1d fwd", x.device());
     let d = Dims::of(x, w)?;
     mask.check_tokens("causal conv1d", d.b, d.t)?;
-    let (bias, s0) = (d.bias(bias, x)?, d.initial(initial, x)?);
-    use cpu::conv1d::forward as fused;
-    let starts = Some(mask.starts());
-    dispatch!([x, w, &bias, &s0], fused(x, w, &bias, &s0, starts), reference::forward(x, w, &bias, &s0, starts))
+    run(&d, x, w, bias, initial, Some(mask.starts()))
 }
 
 /// Gradients of [`forward`] for `dy` `[B, T, C]` and, when the final state feeds a later call, its
@@ -140,25 +140,38 @@ pub fn backward(
 pub fn step(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, state: &Tensor) -> Result<(Tensor, Tensor)> {
     let _profile = crate::profile::scope("causal conv1d step", x.device());
     let d = Dims::of(x, w)?;
-    let (bias, s0) = (d.bias(bias, x)?, d.initial(Some(state), x)?);
+    run(&d, x, w, bias, Some(state), None)
+}
+
+/// The forward of [`forward`] and [`step`].
+fn run(
+    d: &Dims,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    initial: Option<&Tensor>,
+    starts: Option<&[u32]>,
+) -> Result<(Tensor, Tensor)> {
+    let (bias, s0) = (d.bias(bias, x)?, d.initial(initial, x)?);
     use cpu::conv1d::forward as fused;
-    dispatch!([x, w, &bias, &s0], fused(x, w, &bias, &s0, None), reference::forward(x, w, &bias, &s0, None))
+    dispatch!([x, w, &bias, &s0], fused(x, w, &bias, &s0, starts), reference::forward(x, w, &bias, &s0, starts))
+}
+
+/// Whether token `t` of row `b` may read position `p` (a state position when negative): a
+/// token of a document that starts later in the row reads nothing before that start.
+pub(crate) fn visible(starts: Option<&[u32]>, d: &Dims, b: usize, t: usize, p: isize) -> bool {
+    match starts.map(|s| s[b * d.t + t] as isize) {
+        Some(start) if start > 0 => p >= start,
+        _ => true,
+    }
 }
 
 /// The composed form, on any candle device: the referee of the fused kernel. Inputs and state
 /// are joined into one `[B, W−1+T, C]` sequence (position `p` at index `p + W−1`) and each tap is
 /// a shifted slice of it, masked where a token may not read it.
 pub mod reference {
-    use super::Dims;
+    use super::{Dims, visible};
     use candle_core::{D, Result, Tensor};
-
-    /// Whether token `t` of row `b` may read position `p` (a state position when negative).
-    pub(crate) fn visible(starts: Option<&[u32]>, d: &Dims, b: usize, t: usize, p: isize) -> bool {
-        match starts.map(|s| s[b * d.t + t] as isize) {
-            Some(start) if start > 0 => p >= start,
-            _ => true,
-        }
-    }
 
     /// `[B, n, 1]`: 1 where the token at `t0 + i` may read position `t0 + i + shift`.
     fn visibility(starts: Option<&[u32]>, d: &Dims, t0: usize, n: usize, shift: isize, x: &Tensor) -> Result<Tensor> {

@@ -100,8 +100,11 @@ impl Dims {
         if x.k.dims() != x.q.dims() {
             return bad("k", x.k);
         }
-        if x.v.dims()[..2] != [b, t] || t == 0 || hk == 0 || !h.is_multiple_of(hk) {
+        if x.v.dims()[..2] != [b, t] || hk == 0 || !h.is_multiple_of(hk) {
             return bad("v", x.v);
+        }
+        if t == 0 {
+            candle_core::bail!("delta rule: q of shape {:?} has no tokens", x.q.dims());
         }
         for (what, s) in [("beta", x.beta), ("g", x.g)] {
             if s.dims() != [b, t, h] {
@@ -138,17 +141,8 @@ pub fn forward(x: &Operands, initial: Option<&Tensor>, mask: &Mask) -> Result<Fo
     let _profile = crate::profile::scope("delta rule fwd", x.q.device());
     let d = Dims::of(x)?;
     mask.check_tokens("delta rule", d.b, d.t)?;
-    let s0 = initial_state(&d, x, initial)?;
-    let owned = widened(x)?;
-    let w = Operands::of(&owned, x.scale);
-    use cpu::delta_rule::forward as fused;
-    let starts = Some(mask.starts());
-    let (out, state, checkpoints) = dispatch!(
-        [w.q, w.k, w.v, w.beta, w.g, &s0],
-        fused(&w, &s0, starts, true),
-        reference::forward(&w, &s0, starts, true)
-    )?;
-    Ok(Forward { out: out.to_dtype(x.q.dtype())?, state, checkpoints })
+    let (out, state, checkpoints) = recurrence(&d, x, initial, Some(mask.starts()), true)?;
+    Ok(Forward { out, state, checkpoints })
 }
 
 /// Gradients of [`forward`] for the output gradient `dout` `[B, T, H, d_v]` and, when the final
@@ -206,16 +200,29 @@ pub fn backward(
 pub fn step(x: &Operands, state: &Tensor) -> Result<(Tensor, Tensor)> {
     let _profile = crate::profile::scope("delta rule step", x.q.device());
     let d = Dims::of(x)?;
-    let s0 = initial_state(&d, x, Some(state))?;
+    let (out, state, _) = recurrence(&d, x, Some(state), None, false)?;
+    Ok((out, state))
+}
+
+/// The forward of [`forward`] and [`step`] in the working dtype, the output cast back to q's:
+/// `(out, final state, checkpoints)`, the checkpoints kept when `keep`.
+fn recurrence(
+    d: &Dims,
+    x: &Operands,
+    initial: Option<&Tensor>,
+    starts: Option<&[u32]>,
+    keep: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let s0 = initial_state(d, x, initial)?;
     let owned = widened(x)?;
     let w = Operands::of(&owned, x.scale);
     use cpu::delta_rule::forward as fused;
-    let (out, state, _) = dispatch!(
+    let (out, state, checkpoints) = dispatch!(
         [w.q, w.k, w.v, w.beta, w.g, &s0],
-        fused(&w, &s0, None, false),
-        reference::forward(&w, &s0, None, false)
+        fused(&w, &s0, starts, keep),
+        reference::forward(&w, &s0, starts, keep)
     )?;
-    Ok((out.to_dtype(x.q.dtype())?, state))
+    Ok((out.to_dtype(x.q.dtype())?, state, checkpoints))
 }
 
 /// The initial state in the working dtype (f64 for f64 inputs, else f32), zeros without one.

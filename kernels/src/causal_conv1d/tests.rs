@@ -202,5 +202,6 @@ fn bad_shapes_are_errors_that_name_them() -> Result<()> {
     let g = backward(&data.dy, &data.x, &data.w, None, None, &mask, Some(&data.bias));
     assert!(g.err().is_some_and(|e| e.to_string().contains("state gradient")));
     assert!(err(step(&data.x, &data.w, None, &data.bias)).contains("initial state"));
+    assert!(err(step(&data.x.narrow(1, 0, 0)?, &data.w, None, &data.s0)).contains("no tokens"));
     Ok(())
 }

@@ -6,8 +6,7 @@
 
 use super::elementwise::sigmoid;
 use super::{REDUCE_ROWS, Real, tensor, wide, with_slices};
-use crate::causal_conv1d::Dims;
-use crate::causal_conv1d::reference::visible;
+use crate::causal_conv1d::{Dims, visible};
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 

@@ -267,5 +267,7 @@ fn bad_shapes_are_errors_that_name_them() -> Result<()> {
     let g = backward(&data.ops(), None, &mask, &f.checkpoints, &data.dout.narrow(1, 0, 3)?, None);
     assert!(g.err().is_some_and(|e| e.to_string().contains("output gradient")));
     assert!(step(&data.ops(), &data.s0.narrow(1, 0, 2)?).is_err());
+    let none = data.slice(1, 0, 0)?;
+    assert!(err(forward(&Operands::of(&none, 1.0), None, &whole_rows(1, 0)?)).contains("no tokens"));
     Ok(())
 }
