@@ -12,7 +12,7 @@
 //! column never reaches an output). Packed rows: a token never reads an input from before its
 //! document's start ([`Mask`]), which is what running each document alone gives; the state
 //! belongs to each row's first document. The fused CPU kernel (`crate::cpu::conv1d`) serves
-//! f32/f64 CPU tensors, the composed [`reference`] everything else.
+//! f32/f64 CPU tensors, the composed [`reference`](mod@reference) everything else.
 
 use crate::attention::Mask;
 use crate::cpu::{self, dispatch};

@@ -23,7 +23,7 @@
 //! transformers runs the rule in f32 whatever the inputs' dtype and returns the output in the
 //! inputs' dtype and the state in f32; narrower inputs are widened here the same way, so the
 //! fused CPU kernel (`crate::cpu::delta_rule`) serves them. Other devices take the composed
-//! [`reference`].
+//! [`reference`](mod@reference).
 
 use crate::attention::Mask;
 use crate::cpu::{self, dispatch};
