@@ -57,16 +57,21 @@ impl Mask {
         Tensor::from_vec(bias, (b, 1, t, t), device)?.to_dtype(dtype)
     }
 
-    /// Per token, the first key it may attend.
-    #[cfg(any(feature = "cuda", feature = "hip"))]
+    /// Per token, the first key it may attend (for the recurrent ops: the first token of its
+    /// document, where their state restarts).
     pub(crate) fn starts(&self) -> &[u32] {
         &self.starts
     }
 
     fn check(&self, q: &Tensor) -> Result<()> {
         let (b, _, t, _) = q.dims4()?;
+        self.check_tokens("attention", b, t)
+    }
+
+    /// The mask is for `b` rows of `t` tokens (`op` names the caller in the error).
+    pub(crate) fn check_tokens(&self, op: &str, b: usize, t: usize) -> Result<()> {
         if (b, t) != (self.batch, self.seq) {
-            candle_core::bail!("attention: mask for {}×{} tokens, q has {b}×{t}", self.batch, self.seq);
+            candle_core::bail!("{op}: mask for {}×{} tokens, the input has {b}×{t}", self.batch, self.seq);
         }
         Ok(())
     }

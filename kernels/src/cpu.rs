@@ -11,7 +11,9 @@
 //! the thread count.
 
 pub(crate) mod attention;
+pub(crate) mod conv1d;
 pub(crate) mod cross_entropy;
+pub(crate) mod delta_rule;
 pub(crate) mod elementwise;
 pub(crate) mod linear;
 pub(crate) mod paged;

@@ -109,6 +109,16 @@ pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64) -> Result<()> {
     Ok(())
 }
 
+/// A new seed on every call (the clock, the process id and a call count): tests that draw their
+/// inputs from it check a kernel on fresh values each run, and name the seed when they fail.
+pub fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    nanos ^ (u64::from(std::process::id()) << 32) ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// A deterministic f64 tensor with entries uniform in `[-1, 1)` (SplitMix64 of `seed`).
 pub fn random(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
     let n: usize = shape.iter().product();

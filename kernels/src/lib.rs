@@ -18,10 +18,14 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod adamw;
 pub mod attention;
+pub mod causal_conv1d;
 mod config;
 mod cpu;
 pub mod cross_entropy;
+pub mod delta_gates;
+pub mod delta_rule;
 pub mod embedding;
+pub mod gated_rmsnorm;
 pub mod gemm_algos;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -29,6 +33,7 @@ pub mod gradcheck;
 pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
+pub mod l2norm;
 pub mod linear;
 pub mod lm_head_ce;
 pub mod memory;

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 const CHUNK: usize = 16 * 1024;
 
 /// `σ(g)` into `sig` (through `exp(−g)`, vectorised).
-fn sigmoid<T: Real>(g: &[T], sig: &mut [T]) {
+pub(crate) fn sigmoid<T: Real>(g: &[T], sig: &mut [T]) {
     sig.iter_mut().zip(g).for_each(|(s, &g)| *s = -g);
     T::exp_in_place(sig);
     sig.iter_mut().for_each(|s| *s = T::ONE / (T::ONE + *s));
