@@ -14,13 +14,10 @@
 //! ```
 //! use candle_core::{DType, Device};
 //! use mindxtrain_trainer::infer::{Engine, EngineConfig, EngineHandle, Event, KvBlocks, Request};
-//! use mindxtrain_trainer::model::{Qwen3, Qwen3Config};
-//! let config = Qwen3Config {
-//!     vocab_size: 64, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 2,
-//!     num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8, rms_norm_eps: 1e-6,
-//!     rope_theta: 10_000.0, tie_word_embeddings: false, max_position_embeddings: 128, moe: None,
-//! };
-//! let model = Qwen3::init_random(&config, 7, DType::F32, &Device::Cpu)?;
+//! use mindxtrain_trainer::model::{CausalLm, LmConfig};
+//! // A 64-wide, 2-layer Qwen3: the benchmarks' `tiny` shape.
+//! let config = LmConfig::timing_shape("tiny").expect("a named shape");
+//! let model = CausalLm::init_random(&config, 7, DType::F32, &Device::Cpu)?;
 //! let engine = Engine::new(model, None, EngineConfig {
 //!     max_model_len: 64, kv_blocks: KvBlocks::Exact(32), threads: 1, ..EngineConfig::default()
 //! })?;
