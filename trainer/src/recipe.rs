@@ -60,7 +60,7 @@ pub use error::{EnvOverrideError, ErrorKind, Location, RecipeError, RecipeErrors
 pub use publish::{Address, Asset, Billing, HfPublish, Network, Pricing, Publish, Rental, Usdc, X402};
 pub use schema::{
     Autotune, AutotunePolicy, Data, DataFormat, DataSource, Dedupe, Dtype, Eval, Generator, GeneratorKind, Hardware,
-    HardwareName, Holdout, Meta, Model, ModelConfig, ModelFamily, MoeConfig, QuantScheme, Quantize, Receipt,
+    HardwareName, Holdout, LinearAttentionConfig, Meta, Model, ModelConfig, ModelFamily, MoeConfig, QuantScheme, Quantize, Receipt,
     ReceiptItem, Recipe, Regression, Serve, Vendor,
 };
 pub use train::{
