@@ -413,11 +413,28 @@ mod tests {
             norm_topk_prob: true,
             router_aux_loss_coef: 0.01,
         };
-        let c = LmConfig::from_recipe(&ModelConfig { moe: Some(moe), ..m }, ModelFamily::Qwen3Moe).unwrap();
+        let c = LmConfig::from_recipe(&ModelConfig { moe: Some(moe), ..m.clone() }, ModelFamily::Qwen3Moe).unwrap();
         let s = c.moe.as_ref().unwrap();
         assert_eq!((s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size), (16, 4, 32));
         assert!(s.norm_topk_prob && s.router_aux_loss_coef == 0.01 && (0..2).all(|l| s.is_sparse(l)));
         assert!(c.validate().is_ok());
+        // A hybrid's Gated DeltaNet layers: every second layer attends at interval 2.
+        let linear = crate::recipe::LinearAttentionConfig {
+            full_attention_interval: 2,
+            num_key_heads: 1,
+            num_value_heads: 2,
+            key_head_dim: 8,
+            value_head_dim: 6,
+            conv_kernel: 3,
+            partial_rotary_factor: 0.25,
+        };
+        let recipe = ModelConfig { num_layers: 4, linear_attention: Some(linear), ..m };
+        let c = LmConfig::from_recipe(&recipe, ModelFamily::Qwen3Hybrid).unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        let (lin, att) = (LayerKind::LinearAttention, LayerKind::Attention);
+        assert_eq!(h.layer_types, [lin, att, lin, att]);
+        assert_eq!((h.conv_dim(), h.linear_conv_kernel_dim, c.rotary_dim()), (8 + 8 + 12, 3, 4));
+        assert!(c.arch == Arch::Qwen3_5 && c.validate().is_ok());
     }
 
     pub(crate) fn tiny() -> LmConfig {
