@@ -7,9 +7,9 @@
 use std::process::Command;
 use std::sync::OnceLock;
 
-use mindxtrain_trainer::recipe::TargetModule;
 use mindxtrain_tests::interop::{self, Family, Fixture, assert_close, flat, read_json, repo_root};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
+use mindxtrain_trainer::recipe::TargetModule;
 
 const QWEN3: Family = Family {
     script: "qwen3_tiny.py",

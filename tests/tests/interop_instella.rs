@@ -8,8 +8,8 @@
 
 use std::sync::OnceLock;
 
-use mindxtrain_trainer::recipe::TargetModule;
 use mindxtrain_tests::interop::{self, Family, Fixture};
+use mindxtrain_trainer::recipe::TargetModule;
 
 /// Whole-projection q/k norms over GQA (4 heads of 8 on 2 KV heads), an untied head, and a
 /// RoPE base and norm epsilon of Instella's published kind; `head_dim` is derived, as there.

@@ -13,14 +13,14 @@ use std::collections::BTreeMap;
 use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
 
-use super::linear_attention::LinearTape;
-use super::{LayerKind, QkNorm};
 use super::causal_lm::CausalLm;
 use super::hooks::StepHooks;
+use super::linear_attention::LinearTape;
 use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
 use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::rng::{SplitMix64, name_id};
+use super::{LayerKind, QkNorm};
 
 /// Everything one step shares across blocks.
 pub(super) struct StepCtx<'a> {

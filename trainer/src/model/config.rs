@@ -452,7 +452,7 @@ mod tests {
             tie_word_embeddings: false,
             max_position_embeddings: 64,
             moe: None,
-        hybrid: None,
+            hybrid: None,
         }
     }
 }

@@ -44,11 +44,7 @@ fn model(config: &LmConfig, dtype: DType) -> CausalLm {
         let n = t.elem_count();
         let noise: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
         let noise = Tensor::from_vec(noise, t.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-        *t = if offset {
-            (&*t + (noise * scale).unwrap()).unwrap()
-        } else {
-            (&*t * scale).unwrap()
-        };
+        *t = if offset { (&*t + (noise * scale).unwrap()).unwrap() } else { (&*t * scale).unwrap() };
     }
     m
 }

@@ -135,7 +135,10 @@ fn a_released_nested_config_reads_as_the_text_model_and_writes_as_the_causal_lm(
     assert_eq!(h.layer_types[..4], [linear, linear, linear, LayerKind::Attention]);
     assert_eq!((h.conv_dim(), h.value_dim()), (2 * 16 * 128 + 32 * 128, 32 * 128));
     let written: serde_json::Value = serde_json::from_str(&c.to_hf_json("bfloat16")).unwrap();
-    assert_eq!((written["model_type"].as_str(), written["architectures"][0].as_str()), (Some("qwen3_5_text"), Some("Qwen3_5ForCausalLM")));
+    assert_eq!(
+        (written["model_type"].as_str(), written["architectures"][0].as_str()),
+        (Some("qwen3_5_text"), Some("Qwen3_5ForCausalLM"))
+    );
     assert_eq!(written["layer_types"][3], "full_attention");
     assert_eq!(written["rope_parameters"]["partial_rotary_factor"], 0.25);
     assert!(written.get("rope_theta").is_none(), "Qwen3_5TextConfig keeps RoPE in rope_parameters");

@@ -51,13 +51,19 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
                 c.int(&at("value_head_dim"), l.value_head_dim.into(), 1, 1024);
                 c.int(&at("conv_kernel"), l.conv_kernel.into(), 1, 64);
                 if l.num_key_heads > 0 && l.num_value_heads % l.num_key_heads != 0 {
-                    c.fail(&at("num_value_heads"), format!("must be a multiple of num_key_heads ({})", l.num_key_heads));
+                    c.fail(
+                        &at("num_value_heads"),
+                        format!("must be a multiple of num_key_heads ({})", l.num_key_heads),
+                    );
                 }
                 let rotary = (f64::from(cfg.head_dim) * l.partial_rotary_factor) as u32;
                 if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary % 2 == 0) {
                     c.fail(
                         &at("partial_rotary_factor"),
-                        format!("rotates {rotary} of head_dim {}: RoPE needs an even number in 2..=head_dim", cfg.head_dim),
+                        format!(
+                            "rotates {rotary} of head_dim {}: RoPE needs an even number in 2..=head_dim",
+                            cfg.head_dim
+                        ),
                     );
                 }
             }
@@ -71,7 +77,10 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
         ),
         Method::Grpo(_) | Method::Gspo(_) => c.fail(
             "train.method.kind",
-            format!("{} {not_built}: its rollouts generate, and generation needs the recurrent state cache", name_of(&r.train.method.kind())),
+            format!(
+                "{} {not_built}: its rollouts generate, and generation needs the recurrent state cache",
+                name_of(&r.train.method.kind())
+            ),
         ),
         _ => {}
     }
@@ -112,7 +121,8 @@ mod tests {
 
     #[test]
     fn linear_attention_belongs_to_qwen3_hybrid_alone() {
-        let linear = serde_json::json!({"num_key_heads": 1, "num_value_heads": 2, "key_head_dim": 8, "value_head_dim": 8});
+        let linear =
+            serde_json::json!({"num_key_heads": 1, "num_value_heads": 2, "key_head_dim": 8, "value_head_dim": 8});
         let off = serde_json::json!({"enabled": false});
         let hybrid = |extra: serde_json::Value| {
             let mut patch = serde_json::json!({"model": {"family": "qwen3_hybrid", "config": {"linear_attention": linear}},
@@ -129,7 +139,9 @@ mod tests {
         assert!(targets.contains("in_proj_qkv is a Gated DeltaNet projection"), "{targets}");
         let missing = hybrid(serde_json::json!({"model": {"config": {"linear_attention": null}}}));
         assert!(missing.contains("model.config.linear_attention") && missing.contains("required"), "{missing}");
-        let odd = hybrid(serde_json::json!({"model": {"config": {"linear_attention": {"num_key_heads": 2, "num_value_heads": 3}}}}));
+        let odd = hybrid(
+            serde_json::json!({"model": {"config": {"linear_attention": {"num_key_heads": 2, "num_value_heads": 3}}}}),
+        );
         assert!(odd.contains("must be a multiple of num_key_heads"), "{odd}");
     }
 }
