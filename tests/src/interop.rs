@@ -26,6 +26,10 @@ pub struct Family {
     pub script: &'static str,
     pub config: &'static str,
     pub targets: fn() -> Vec<TargetModule>,
+    /// How far one LoRA step's adapter may part from PEFT's, per element. AdamW's first step
+    /// moves each weight by about `lr·g/(|g| + eps)`, so an element with a small gradient carries
+    /// the two sides' f32 rounding of `g` as a visible share of `lr`.
+    pub step_tolerance: f32,
 }
 
 const IDS: [[u32; 6]; 2] = [[1, 5, 9, 13, 2, 7], [3, 3, 4, 90, 11, 0]];
@@ -80,6 +84,7 @@ pub struct Fixture {
     pub config: LmConfig,
     pub params: BTreeMap<String, Tensor>,
     pub adapters: Adapters,
+    step_tolerance: f32,
 }
 
 impl Fixture {
@@ -206,7 +211,7 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         ],
         work.path(),
     );
-    Some(Fixture { work, config, params, adapters })
+    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance })
 }
 
 pub fn logits_json(path: &Path) -> Vec<f32> {
@@ -290,6 +295,6 @@ pub fn one_lora_step_matches_peft_and_torch_adamw(f: &Fixture) {
     let (_, peft) = load_peft_adapter(&f.path("adapter-stepped"), &Device::Cpu).unwrap();
     assert_eq!(peft.keys().collect::<Vec<_>>(), tensors.keys().collect::<Vec<_>>());
     for (name, t) in &tensors {
-        assert_close(name, &flat(t), &flat(&peft[name]), 1e-5);
+        assert_close(name, &flat(t), &flat(&peft[name]), f.step_tolerance);
     }
 }

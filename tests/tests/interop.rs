@@ -17,6 +17,7 @@ const QWEN3: Family = Family {
   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
   "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false}"#,
     targets: TargetModule::all,
+    step_tolerance: 1e-5,
 };
 
 fn fixture() -> Option<&'static Fixture> {

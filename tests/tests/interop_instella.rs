@@ -20,6 +20,7 @@ const INSTELLA: Family = Family {
   "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "attention_bias": false,
   "rope_scaling": null}"#,
     targets: TargetModule::all,
+    step_tolerance: 1e-5,
 };
 
 fn fixture() -> Option<&'static Fixture> {

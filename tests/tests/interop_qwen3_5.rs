@@ -24,6 +24,10 @@ const QWEN3_5: Family = Family {
   "linear_key_head_dim": 8, "linear_value_head_dim": 6, "linear_num_key_heads": 2,
   "linear_num_value_heads": 4}"#,
     targets: || TargetModule::EVERY.to_vec(),
+    // transformers runs the delta rule chunked (triangular solves), we run it token by token: in
+    // f32 the layer's gradients part by about 1e-5 of their norm (delta_rule_reference.rs), which
+    // AdamW's first step turns into up to ~3e-5 on small-gradient elements (lr 0.01).
+    step_tolerance: 1e-4,
 };
 
 fn fixture() -> Option<&'static Fixture> {
