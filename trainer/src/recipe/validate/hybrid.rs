@@ -50,14 +50,14 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
                 c.int(&at("key_head_dim"), l.key_head_dim.into(), 1, 1024);
                 c.int(&at("value_head_dim"), l.value_head_dim.into(), 1, 1024);
                 c.int(&at("conv_kernel"), l.conv_kernel.into(), 1, 64);
-                if l.num_key_heads > 0 && l.num_value_heads % l.num_key_heads != 0 {
+                if l.num_key_heads > 0 && !l.num_value_heads.is_multiple_of(l.num_key_heads) {
                     c.fail(
                         &at("num_value_heads"),
                         format!("must be a multiple of num_key_heads ({})", l.num_key_heads),
                     );
                 }
                 let rotary = (f64::from(cfg.head_dim) * l.partial_rotary_factor) as u32;
-                if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary % 2 == 0) {
+                if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary.is_multiple_of(2)) {
                     c.fail(
                         &at("partial_rotary_factor"),
                         format!(
