@@ -66,6 +66,7 @@ pub fn tiny_config() -> LmConfig {
         tie_word_embeddings: true,
         max_position_embeddings: 8192,
         moe: None,
+        hybrid: None,
     }
 }
 

@@ -9,12 +9,15 @@ use std::sync::OnceLock;
 
 use mindxtrain_tests::interop::{self, Family, Fixture, assert_close, flat, read_json, repo_root};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
+use mindxtrain_trainer::recipe::TargetModule;
 
 const QWEN3: Family = Family {
     script: "qwen3_tiny.py",
     config: r#"{"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
   "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false}"#,
+    targets: TargetModule::all,
+    step_tolerance: 1e-5,
 };
 
 fn fixture() -> Option<&'static Fixture> {

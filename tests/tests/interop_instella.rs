@@ -9,6 +9,7 @@
 use std::sync::OnceLock;
 
 use mindxtrain_tests::interop::{self, Family, Fixture};
+use mindxtrain_trainer::recipe::TargetModule;
 
 /// Whole-projection q/k norms over GQA (4 heads of 8 on 2 KV heads), an untied head, and a
 /// RoPE base and norm epsilon of Instella's published kind; `head_dim` is derived, as there.
@@ -18,6 +19,8 @@ const INSTELLA: Family = Family {
   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
   "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "attention_bias": false,
   "rope_scaling": null}"#,
+    targets: TargetModule::all,
+    step_tolerance: 1e-5,
 };
 
 fn fixture() -> Option<&'static Fixture> {

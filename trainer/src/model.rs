@@ -1,9 +1,9 @@
-//! The decoder models (Qwen3, Qwen3-MoE, Instella) with an explicit forward/backward per layer,
-//! LoRA and full fine-tuning.
+//! The decoder models (Qwen3, Qwen3-MoE, Instella, the Qwen3.5/3.6 dense hybrids) with an
+//! explicit forward/backward per layer, LoRA and full fine-tuning.
 //!
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
 //! in f64); this module wires them into one decoder engine with HF/PEFT tensor names, and each
-//! architecture is a folder (`qwen3/`, `instella/`) and an arm of [`Arch`] saying what sets it
+//! architecture is a folder (`qwen3/`, `instella/`, `qwen3_5/`) and an arm of [`Arch`] saying what sets it
 //! apart ([`arch`]).
 //!
 //! * [`LmConfig`]: the shape and [`Arch`], from and to HF `config.json`; with [`MoeShape`]
@@ -31,6 +31,7 @@ mod decode;
 mod gpu_tests;
 mod hooks;
 mod instella;
+mod linear_attention;
 mod lora;
 pub mod moe;
 #[cfg(test)]
@@ -44,6 +45,7 @@ pub mod preference;
 #[cfg(test)]
 mod qlora_moe_tests;
 mod qwen3;
+mod qwen3_5;
 pub(crate) mod rng;
 #[cfg(test)]
 mod tests;
@@ -52,7 +54,7 @@ pub use adapter_stack::AdapterStack;
 pub use arch::{Arch, QkNorm};
 pub use cache_spec::{CacheSpec, LayerSpec};
 pub use causal_lm::{CausalLm, StepOptions, StepOutput, Trainable};
-pub use config::{LmConfig, MoeShape};
+pub use config::{HybridShape, LayerKind, LmConfig, MoeShape};
 pub use decode::KvCache;
 pub use hooks::{NoHooks, Stage, StepHooks, stage_of};
 pub use lora::{Adapters, ExpertProj, LoraConfig, adapter_name, expert_adapter_name, merge_lora};
@@ -86,4 +88,7 @@ pub enum ModelError {
     Lora(String),
     #[error("tensor op: {0}")]
     Tensor(#[from] candle_core::Error),
+    /// A path this build has not built for the model's architecture.
+    #[error("not built yet: {0}")]
+    NotBuilt(String),
 }

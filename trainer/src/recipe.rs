@@ -60,8 +60,8 @@ pub use error::{EnvOverrideError, ErrorKind, Location, RecipeError, RecipeErrors
 pub use publish::{Address, Asset, Billing, HfPublish, Network, Pricing, Publish, Rental, Usdc, X402};
 pub use schema::{
     Autotune, AutotunePolicy, Data, DataFormat, DataSource, Dedupe, Dtype, Eval, Generator, GeneratorKind, Hardware,
-    HardwareName, Holdout, Meta, Model, ModelConfig, ModelFamily, MoeConfig, QuantScheme, Quantize, Receipt,
-    ReceiptItem, Recipe, Regression, Serve, Vendor,
+    HardwareName, Holdout, LinearAttentionConfig, Meta, Model, ModelConfig, ModelFamily, MoeConfig, QuantScheme,
+    Quantize, Receipt, ReceiptItem, Recipe, Regression, Serve, Vendor,
 };
 pub use train::{
     Batch, Budget, Checkpoint, Distributed, Dpo, DpoLoss, Grpo, Gspo, Kto, Lora, Method, MethodKind, Optimizer,

@@ -122,10 +122,10 @@ fn lora_config(peft: &AdapterConfig) -> Result<LoraConfig, String> {
         .target_modules
         .iter()
         .map(|m| {
-            TargetModule::all()
+            TargetModule::EVERY
                 .into_iter()
                 .find(|t| super::peft::module_name(*t) == m)
-                .ok_or_else(|| format!("target module {m:?} is not a Qwen3 projection"))
+                .ok_or_else(|| format!("target module {m:?} is not a projection this engine adapts"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     // An expert weight is adapted through the projections it stacks (`LoraConfig::expert_targets`).
@@ -188,6 +188,7 @@ mod tests {
             tie_word_embeddings: false,
             max_position_embeddings: 64,
             moe: None,
+            hybrid: None,
         }
     }
 

@@ -80,6 +80,11 @@ pub(crate) fn module_name(m: TargetModule) -> &'static str {
         TargetModule::GateProj => "gate_proj",
         TargetModule::UpProj => "up_proj",
         TargetModule::DownProj => "down_proj",
+        TargetModule::InProjQkv => "in_proj_qkv",
+        TargetModule::InProjZ => "in_proj_z",
+        TargetModule::InProjB => "in_proj_b",
+        TargetModule::InProjA => "in_proj_a",
+        TargetModule::OutProj => "out_proj",
     }
 }
 

@@ -33,6 +33,7 @@ pub(super) fn config_with_head_dim(vocab: usize, head_dim: usize) -> LmConfig {
         tie_word_embeddings: false,
         max_position_embeddings: 256,
         moe: None,
+        hybrid: None,
     }
 }
 

@@ -1,11 +1,12 @@
-//! The architectures the engine runs, one folder each beside this file (`qwen3/`, `instella/`).
+//! The architectures the engine runs, one folder each beside this file (`qwen3/`, `instella/`,
+//! `qwen3_5/`).
 //!
 //! One decoder engine serves them all: the training step ([`super::block`]), dense decoding
 //! ([`super::decode`]) and the paged serving step ([`super::paged`]) are written once, and what
 //! sets an architecture apart is data they read from the model's [`LmConfig`]: how its
 //! `config.json` reads and writes, the names of its norms, where its q/k norms take their
-//! statistics, and each layer's kind (today every layer is attention with a dense or, for
-//! Qwen3-MoE, a sparse MLP). An architecture is an arm of [`Arch`] and a folder; adding one
+//! statistics, and each layer's kind ([`super::LayerKind`]: attention, or on a Qwen3.5 hybrid
+//! a Gated DeltaNet layer; the MLP dense or, for Qwen3-MoE, sparse). An architecture is an arm of [`Arch`] and a folder; adding one
 //! touches those, its kernels if it needs new ones, and its recipe rules
 //! (`recipe::validate`), nothing else (docs/architecture.md, "The model seam").
 
@@ -14,7 +15,7 @@ use serde_json::Value;
 
 use super::config::LmConfig;
 use super::params::Norm;
-use super::{ModelError, instella, qwen3};
+use super::{ModelError, instella, qwen3, qwen3_5};
 use crate::recipe::ModelFamily;
 
 /// A decoder architecture.
@@ -26,6 +27,9 @@ pub enum Arch {
     Qwen3,
     /// AMD Instella (OLMo-derived): q/k norms over the whole projection, `pre_*_layernorm` names.
     Instella,
+    /// Qwen3.5/3.6 dense text: Gated DeltaNet layers mixed with gated attention, zero-centred
+    /// norms, partial RoPE (`qwen3_5/`).
+    Qwen3_5,
 }
 
 /// Over what a q or k norm takes its root mean square.
@@ -43,6 +47,8 @@ impl Arch {
         match model_type {
             "qwen3" | "qwen3_moe" => Some(Arch::Qwen3),
             "instella" => Some(Arch::Instella),
+            // `qwen3_5` nests the text model's config under `text_config` (with a vision tower).
+            "qwen3_5_text" | "qwen3_5" => Some(Arch::Qwen3_5),
             _ => None,
         }
     }
@@ -52,7 +58,8 @@ impl Arch {
         match family {
             ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => Some(Arch::Qwen3),
             ModelFamily::Instella => Some(Arch::Instella),
-            ModelFamily::Qwen3Hybrid | ModelFamily::Qwen3Vl => None,
+            ModelFamily::Qwen3Hybrid => Some(Arch::Qwen3_5),
+            ModelFamily::Qwen3Vl => None,
         }
     }
 
@@ -62,12 +69,13 @@ impl Arch {
             (Arch::Qwen3, false) => ModelFamily::Qwen3,
             (Arch::Qwen3, true) => ModelFamily::Qwen3Moe,
             (Arch::Instella, _) => ModelFamily::Instella,
+            (Arch::Qwen3_5, _) => ModelFamily::Qwen3Hybrid,
         }
     }
 
     pub fn qk_norm(self) -> QkNorm {
         match self {
-            Arch::Qwen3 => QkNorm::PerHead,
+            Arch::Qwen3 | Arch::Qwen3_5 => QkNorm::PerHead,
             Arch::Instella => QkNorm::Projection,
         }
     }
@@ -75,7 +83,7 @@ impl Arch {
     /// The module path of a layer's norm, as the architecture's checkpoints name it.
     pub fn norm_path(self, norm: Norm) -> &'static str {
         match self {
-            Arch::Qwen3 => qwen3::norm_path(norm),
+            Arch::Qwen3 | Arch::Qwen3_5 => qwen3::norm_path(norm),
             Arch::Instella => instella::norm_path(norm),
         }
     }
@@ -85,6 +93,7 @@ impl Arch {
         match self {
             Arch::Qwen3 => qwen3::read_config(raw),
             Arch::Instella => instella::read_config(raw),
+            Arch::Qwen3_5 => qwen3_5::read_config(raw),
         }
     }
 
@@ -93,14 +102,41 @@ impl Arch {
         match self {
             Arch::Qwen3 => qwen3::write_config(c, torch_dtype),
             Arch::Instella => instella::write_config(c, torch_dtype),
+            Arch::Qwen3_5 => qwen3_5::write_config(c, torch_dtype),
         }
     }
 
     /// What this architecture asks of a shape beyond the shared rules.
     pub(super) fn validate(self, c: &LmConfig) -> Result<(), ModelError> {
+        if self != Arch::Qwen3_5 && c.hybrid.is_some() {
+            return Err(ModelError::Config("only qwen3_5 models have linear-attention layers".into()));
+        }
         match self {
             Arch::Qwen3 => Ok(()),
             Arch::Instella => instella::validate(c),
+            Arch::Qwen3_5 => qwen3_5::validate(c),
+        }
+    }
+
+    /// Whether attention's `q_proj` also makes a sigmoid gate on the attention output (Qwen3.5:
+    /// per head `[query | gate]`, each `head_dim` wide).
+    pub fn gated_attention(self) -> bool {
+        self == Arch::Qwen3_5
+    }
+
+    /// Whether the model's RMSNorms compute `x̂·(1 + w)` (the stored weight is the offset from
+    /// one): Qwen3.5's; the others scale by `w`.
+    pub fn zero_centred_norms(self) -> bool {
+        self == Arch::Qwen3_5
+    }
+
+    /// How [`super::params::init_random`] draws parameter `name`.
+    pub(super) fn init_of(self, name: &str) -> super::params::Init {
+        use super::params::Init;
+        match self {
+            Arch::Qwen3_5 => qwen3_5::init_of(name),
+            Arch::Qwen3 | Arch::Instella if name.ends_with("norm.weight") => Init::Ones,
+            Arch::Qwen3 | Arch::Instella => Init::Normal,
         }
     }
 }

@@ -1,9 +1,11 @@
-//! One Qwen3 decoder block: explicit forward (saving a [`BlockTape`]) and backward.
+//! One decoder block: explicit forward (saving a [`BlockTape`]) and backward.
 //!
-//! `x → +attn(norm₁ x) → +mlp(norm₂ ·)`. Attention: q/k/v projections, per-head RMSNorm of q
-//! and k, RoPE, GQA attention with the packing mask, o projection. MLP: SwiGLU, or on a
+//! `x → +mix(norm₁ x) → +mlp(norm₂ ·)`. The token mixer is the layer kind's
+//! ([`super::LayerKind`]): attention (q/k/v projections, RMSNorm of q and k, RoPE, GQA
+//! attention with the packing mask; on Qwen3.5 a sigmoid output gate from `q_proj`; o
+//! projection), or a Gated DeltaNet layer ([`super::linear_attention`]). MLP: SwiGLU, or on a
 //! Qwen3-MoE sparse layer the routed experts ([`super::moe`]). Every projection may carry a LoRA
-//! adapter (`y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ`).
+//! adapter (`y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ`). Qwen3.5's zero-centred norms scale by `1 + w`.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -11,13 +13,14 @@ use std::collections::BTreeMap;
 use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
 
-use super::QkNorm;
 use super::causal_lm::CausalLm;
 use super::hooks::StepHooks;
+use super::linear_attention::LinearTape;
 use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
 use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::rng::{SplitMix64, name_id};
+use super::{LayerKind, QkNorm};
 
 /// Everything one step shares across blocks.
 pub(super) struct StepCtx<'a> {
@@ -72,19 +75,40 @@ pub(super) struct LoraTape {
 /// The activations a block's backward reads.
 pub(super) struct BlockTape {
     x: Tensor,
-    inputs: AttentionInputs,
-    /// Row log-sum-exp of the attention scores: the backward recomputes the probabilities.
-    lse: Tensor,
-    attn: Tensor,
+    /// `norm₁ x`, the token mixer's input, and its norm's reciprocal RMS.
+    pub(super) h1: Tensor,
+    rstd1: Tensor,
+    mixer: Mixer,
+    /// The mixer's output projection's input (`o_proj`'s or `out_proj`'s), `[N, width]`.
+    mixed: Tensor,
     tail: BlockTail,
-    lora: BTreeMap<Proj, LoraTape>,
+    pub(super) lora: BTreeMap<Proj, LoraTape>,
+}
+
+/// What the token mixer keeps for its backward.
+enum Mixer {
+    Attention {
+        inputs: AttentionInputs,
+        /// Row log-sum-exp of the attention scores: the backward recomputes the probabilities.
+        lse: Tensor,
+        /// The attention output `[N, heads·hd]`, before any output gate.
+        attn: Tensor,
+        /// `σ(gate)` of a gated attention (Qwen3.5), `[N, heads·hd]`.
+        gate: Option<Tensor>,
+    },
+    Linear(Box<LinearTape>),
 }
 
 /// One projection's share of its input's gradient: products `dyᵢ·Wᵢ` (the base weight, and
 /// the LoRA `A` without dropout) and, with LoRA dropout, the masked branch gradient.
-struct InputGrad {
+pub(super) struct InputGrad {
     products: Vec<(Tensor, Tensor)>,
     masked: Option<Tensor>,
+}
+
+/// `σ(x) = 1 / (1 + e^(−x))`.
+pub(super) fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    (x.neg()?.exp()? + 1.0)?.recip()
 }
 
 /// The sum of every part: all products in one GEMM sum, then any masked branches.
@@ -99,9 +123,10 @@ fn input_grad(kernels: &KernelConfig, parts: &[InputGrad]) -> Result<Tensor> {
 
 /// What [`StepCtx::attention_inputs`] computes.
 pub(super) struct AttentionInputs {
-    h1: Tensor,
-    rstd1: Tensor,
     q_pre: Tensor,
+    /// A gated attention's gate logits `[N, heads·hd]` (the second half of each head's
+    /// `q_proj` rows).
+    pub gate: Option<Tensor>,
     rstd_q: Tensor,
     k_pre: Tensor,
     rstd_k: Tensor,
@@ -154,8 +179,18 @@ impl StepCtx<'_> {
         Ok(Some(mindxtrain_kernels::seeded::dropout_mask(rng.state(), p, x.dims(), x.dtype(), x.device())?))
     }
 
+    /// A norm's gain: its weight, or `1 + w` for a zero-centred norm (Qwen3.5), whose gradient
+    /// is the weight's.
+    pub(super) fn norm_gain(&self, name: &str) -> Result<Cow<'_, Tensor>> {
+        let w = self.weight(name)?;
+        Ok(match self.model.config.arch.zero_centred_norms() {
+            true => Cow::Owned((&*w + 1.0)?),
+            false => w,
+        })
+    }
+
     /// `x·Wᵀ` plus the LoRA branch when this projection is adapted.
-    fn proj_forward(
+    pub(super) fn proj_forward(
         &self,
         layer: usize,
         proj: Proj,
@@ -185,7 +220,7 @@ impl StepCtx<'_> {
 
     /// Accumulates this projection's parameter gradients and returns the parts of its input
     /// gradient, for [`input_grad`] to sum with those of the other projections of the input.
-    fn proj_backward(
+    pub(super) fn proj_backward(
         &self,
         layer: usize,
         proj: Proj,
@@ -229,41 +264,80 @@ impl StepCtx<'_> {
     ) -> Result<(Tensor, Option<BlockTape>, Option<RouterStats>)> {
         let _profile = profile::scope("block fwd (glue)", x.device());
         let mut lora = BTreeMap::new();
-        let qkv = self.attention_inputs(layer, x, &mut lora)?;
-        let hd = self.model.config.head_dim;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
-        let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
-        let mut tail = self.block_tail(layer, x, &attn, &mut lora)?;
+        let (h1, rstd1) = self.input_norm(layer, x)?;
+        let (mixer, mixed, out_proj) = match self.model.config.layer_kind(layer) {
+            LayerKind::Attention => {
+                let qkv = self.attention_inputs(layer, &h1, &mut lora)?;
+                let scale = 1.0 / (self.model.config.head_dim as f64).sqrt();
+                let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
+                let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
+                let gate = qkv.gate.as_ref().map(sigmoid).transpose()?;
+                let mixed = match &gate {
+                    Some(g) => (&attn * g)?,
+                    None => attn.clone(),
+                };
+                (Mixer::Attention { inputs: qkv, lse, attn, gate }, mixed, Proj::O)
+            }
+            LayerKind::LinearAttention => {
+                let (mixed, tape) = self.linear_forward(layer, &h1, &mut lora)?;
+                (Mixer::Linear(Box::new(tape)), mixed, Proj::OutProj)
+            }
+        };
+        let mut tail = self.block_tail(layer, x, &mixed, out_proj, &mut lora)?;
         let out = tail.out.clone();
         let stats = tail.router_stats.take();
-        let tape = save.then(|| BlockTape { x: x.clone(), inputs: qkv, lse, attn, tail, lora });
+        let tape = save.then(|| BlockTape { x: x.clone(), h1, rstd1, mixer, mixed, tail, lora });
         Ok((out, tape, stats))
     }
 
-    /// Everything before attention itself: norm, q/k/v projections, q/k norms and RoPE.
-    /// `q` is `[B, heads, T, hd]`, `k` and `v` `[B, kv_heads, T, hd]`: transposed views of the
-    /// projections' `[B, T, heads, hd]`, which the GPU flash kernels read in place (other kernels
-    /// copy them).
+    /// `norm₁ x`, the token mixer's input, and the norm's reciprocal RMS.
+    pub(super) fn input_norm(&self, layer: usize, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let c = &self.model.config;
+        rmsnorm::forward(x, &*self.norm_gain(&norm_name(c, layer, Norm::Input))?, c.rms_norm_eps)
+    }
+
+    /// Everything between the input norm and attention itself: q/k/v projections (and a gated
+    /// attention's gate), q/k norms and RoPE. `q` is `[B, heads, T, hd]`, `k` and `v`
+    /// `[B, kv_heads, T, hd]`: transposed views of the projections' `[B, T, heads, hd]`, which
+    /// the GPU flash kernels read in place (other kernels copy them).
     pub(super) fn attention_inputs(
         &self,
         layer: usize,
-        x: &Tensor,
+        h1: &Tensor,
         lora: &mut BTreeMap<Proj, LoraTape>,
     ) -> Result<AttentionInputs> {
         let c = &self.model.config;
         let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let eps = c.rms_norm_eps;
-        let (h1, rstd1) = rmsnorm::forward(x, &*self.weight(&norm_name(c, layer, Norm::Input))?, eps)?;
-        let q_pre = self.proj_forward(layer, Proj::Q, &h1, Some(lora))?.reshape(self.qk_norm_shape(nh))?;
-        let k_pre = self.proj_forward(layer, Proj::K, &h1, Some(lora))?.reshape(self.qk_norm_shape(nkv))?;
-        let v = self.proj_forward(layer, Proj::V, &h1, Some(lora))?.reshape((b, t, nkv, hd))?;
-        let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.weight(&norm_name(c, layer, Norm::Q))?, eps)?;
-        let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.weight(&norm_name(c, layer, Norm::K))?, eps)?;
-        let q = rope::forward(&qn.reshape((b, t, nh, hd))?, &self.cos, &self.sin)?.transpose(1, 2)?;
-        let k = rope::forward(&kn.reshape((b, t, nkv, hd))?, &self.cos, &self.sin)?.transpose(1, 2)?;
+        let q_out = self.proj_forward(layer, Proj::Q, h1, Some(lora))?;
+        let (q_pre, gate) = if c.arch.gated_attention() {
+            // transformers views q_proj's output as [.., heads, 2·hd] and chunks each head into
+            // query and gate.
+            let per_head = q_out.reshape((b, t, nh, 2 * hd))?;
+            let gate = per_head.narrow(3, hd, hd)?.contiguous()?.reshape((b * t, nh * hd))?;
+            (per_head.narrow(3, 0, hd)?.contiguous()?.reshape(self.qk_norm_shape(nh))?, Some(gate))
+        } else {
+            (q_out.reshape(self.qk_norm_shape(nh))?, None)
+        };
+        let k_pre = self.proj_forward(layer, Proj::K, h1, Some(lora))?.reshape(self.qk_norm_shape(nkv))?;
+        let v = self.proj_forward(layer, Proj::V, h1, Some(lora))?.reshape((b, t, nkv, hd))?;
+        let (qn, rstd_q) = rmsnorm::forward(&q_pre, &*self.norm_gain(&norm_name(c, layer, Norm::Q))?, eps)?;
+        let (kn, rstd_k) = rmsnorm::forward(&k_pre, &*self.norm_gain(&norm_name(c, layer, Norm::K))?, eps)?;
+        let q = self.rope(&qn.reshape((b, t, nh, hd))?, rope::forward)?.transpose(1, 2)?;
+        let k = self.rope(&kn.reshape((b, t, nkv, hd))?, rope::forward)?.transpose(1, 2)?;
         let v = v.transpose(1, 2)?;
-        Ok(AttentionInputs { h1, rstd1, q_pre, rstd_q, k_pre, rstd_k, q, k, v })
+        Ok(AttentionInputs { q_pre, gate, rstd_q, k_pre, rstd_k, q, k, v })
+    }
+
+    /// RoPE's forward or backward (`op`) on `[B, T, heads, hd]`: over every dim, or with partial
+    /// rotary (Qwen3.5) over the first `rotary_dim`, the rest passing through.
+    fn rope(&self, x: &Tensor, op: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let (hd, rd) = (self.model.config.head_dim, self.model.config.rotary_dim());
+        if rd == hd {
+            return op(x, &self.cos, &self.sin);
+        }
+        let rotated = op(&x.narrow(3, 0, rd)?.contiguous()?, &self.cos, &self.sin)?;
+        Tensor::cat(&[&rotated, &x.narrow(3, rd, hd - rd)?], 3)
     }
 
     /// The shape a q or k projection of `heads` heads is normalised in: `[B, T, heads, hd]`
@@ -277,19 +351,20 @@ impl StepCtx<'_> {
         }
     }
 
-    /// Everything after attention: o projection and residual, norm, SwiGLU MLP and residual.
-    /// `attn` is the attention output `[N, heads·hd]`.
+    /// Everything after the token mixer: its output projection `out_proj` (`o_proj`, or a Gated
+    /// DeltaNet's `out_proj`) on `mixed` and the residual, norm, MLP and residual.
     pub(super) fn block_tail(
         &self,
         layer: usize,
         x: &Tensor,
-        attn: &Tensor,
+        mixed: &Tensor,
+        out_proj: Proj,
         lora: &mut BTreeMap<Proj, LoraTape>,
     ) -> Result<BlockTail> {
         let eps = self.model.config.rms_norm_eps;
         // The residual add runs inside the norm's kernel on a GPU (same bits as add then norm).
-        let o = self.proj_forward(layer, Proj::O, attn, Some(lora))?;
-        let post = self.weight(&norm_name(&self.model.config, layer, Norm::PostAttention))?;
+        let o = self.proj_forward(layer, out_proj, mixed, Some(lora))?;
+        let post = self.norm_gain(&norm_name(&self.model.config, layer, Norm::PostAttention))?;
         let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &post, eps)?;
         if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let (router, gate_up, down) = self.moe_weights(layer)?;
@@ -398,66 +473,106 @@ impl StepCtx<'_> {
     ) -> Result<Option<Tensor>> {
         let _profile = profile::scope("block bwd (glue)", dout.device());
         let c = &self.model.config;
-        let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let n = b * t;
         let base = self.base_grads;
         let dh2 = self.mlp_backward(layer, dout, tape, grads)?;
         let ln2 = norm_name(c, layer, Norm::PostAttention);
-        let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.weight(&ln2)?, &tape.tail.rstd2, base)?;
+        let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.norm_gain(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;
         if let Some(g) = dln2 {
             accumulate(grads, ln2, g)?;
         }
-        // Attention
-        let dattn = self.grad_of(layer, &[(Proj::O, &dx2)], &tape.attn, tape, grads)?;
-        let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let out_heads = tape.attn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
-        let (dq, dk, dv) = attention::backward(
-            self.kernels(),
-            &dout_heads,
-            &tape.inputs.q,
-            &tape.inputs.k,
-            &tape.inputs.v,
-            &out_heads,
-            &tape.lse,
-            &self.mask,
-            scale,
-        )?;
-        let dqn = rope::backward(&dq.transpose(1, 2)?, &self.cos, &self.sin)?.reshape(self.qk_norm_shape(nh))?;
-        let dkn = rope::backward(&dk.transpose(1, 2)?, &self.cos, &self.sin)?.reshape(self.qk_norm_shape(nkv))?;
-        let (qn_name, kn_name) = (norm_name(c, layer, Norm::Q), norm_name(c, layer, Norm::K));
-        let (dq_pre, dqnorm) =
-            rmsnorm::backward(&dqn, &tape.inputs.q_pre, &*self.weight(&qn_name)?, &tape.inputs.rstd_q, base)?;
-        let (dk_pre, dknorm) =
-            rmsnorm::backward(&dkn, &tape.inputs.k_pre, &*self.weight(&kn_name)?, &tape.inputs.rstd_k, base)?;
-        if let (Some(gq), Some(gk)) = (dqnorm, dknorm) {
-            accumulate(grads, qn_name, gq)?;
-            accumulate(grads, kn_name, gk)?;
-        }
-        let dv = dv.transpose(1, 2)?.reshape((n, nkv * hd))?;
-        let dq_pre = dq_pre.reshape((n, nh * hd))?;
-        let dk_pre = dk_pre.reshape((n, nkv * hd))?;
-        let qkv = [(Proj::Q, &dq_pre), (Proj::K, &dk_pre), (Proj::V, &dv)];
+        // The token mixer, down to the projections of its input h1.
+        let outputs = match &tape.mixer {
+            Mixer::Attention { inputs, lse, attn, gate } => {
+                let dmixed = self.grad_of(layer, &[(Proj::O, &dx2)], &tape.mixed, tape, grads)?;
+                self.attention_backward(layer, &dmixed, inputs, lse, attn, gate.as_ref(), grads)?
+            }
+            Mixer::Linear(lt) => {
+                let dmixed = self.grad_of(layer, &[(Proj::OutProj, &dx2)], &tape.mixed, tape, grads)?;
+                self.linear_backward(layer, &dmixed, lt, grads)?
+            }
+        };
+        let projs: Vec<(Proj, &Tensor)> = outputs.iter().map(|(p, dy)| (*p, dy)).collect();
         if !(want_dx || base) {
             // The first block of a LoRA run: parameter gradients only, no one needs dx.
-            for (proj, dy) in qkv {
-                self.proj_backward(layer, proj, dy, &tape.inputs.h1, tape, grads)?;
+            for (proj, dy) in projs {
+                self.proj_backward(layer, proj, dy, &tape.h1, tape, grads)?;
             }
             return Ok(None);
         }
-        let dh1 = self.grad_of(layer, &qkv, &tape.inputs.h1, tape, grads)?;
+        let dh1 = self.grad_of(layer, &projs, &tape.h1, tape, grads)?;
         let ln1 = norm_name(c, layer, Norm::Input);
-        let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.weight(&ln1)?, &tape.inputs.rstd1, base)?;
+        let (dx, dln1) = rmsnorm::backward(&dh1, &tape.x, &*self.norm_gain(&ln1)?, &tape.rstd1, base)?;
         if let Some(g) = dln1 {
             accumulate(grads, ln1, g)?;
         }
         Ok(if want_dx { Some((dx2 + dx)?) } else { None })
     }
 
+    /// Attention's backward from the gradient of its (gated) output `dmixed`: the gradients of
+    /// the q/k/v projections' outputs, q/k norm gradients accumulated.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        layer: usize,
+        dmixed: &Tensor,
+        inputs: &AttentionInputs,
+        lse: &Tensor,
+        attn: &Tensor,
+        gate: Option<&Tensor>,
+        grads: &mut Grads,
+    ) -> Result<Vec<(Proj, Tensor)>> {
+        let c = &self.model.config;
+        let (b, t, nh, nkv, hd) = (self.batch, self.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (n, base) = (b * t, self.base_grads);
+        // mixed = attn·σ(g): dattn = dmixed·σ, dg = dmixed·attn·σ(1 − σ).
+        let (dattn, dgate) = match gate {
+            Some(s) => {
+                let ds = (dmixed * attn)?;
+                let dg = (&ds * (s * s.affine(-1.0, 1.0)?)?)?;
+                ((dmixed * s)?, Some(dg))
+            }
+            None => (dmixed.clone(), None),
+        };
+        let dout_heads = dattn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let out_heads = attn.reshape((b, t, nh, hd))?.transpose(1, 2)?;
+        let (dq, dk, dv) = attention::backward(
+            self.kernels(),
+            &dout_heads,
+            &inputs.q,
+            &inputs.k,
+            &inputs.v,
+            &out_heads,
+            lse,
+            &self.mask,
+            scale,
+        )?;
+        let dqn = self.rope(&dq.transpose(1, 2)?, rope::backward)?.reshape(self.qk_norm_shape(nh))?;
+        let dkn = self.rope(&dk.transpose(1, 2)?, rope::backward)?.reshape(self.qk_norm_shape(nkv))?;
+        let (qn_name, kn_name) = (norm_name(c, layer, Norm::Q), norm_name(c, layer, Norm::K));
+        let (dq_pre, dqnorm) =
+            rmsnorm::backward(&dqn, &inputs.q_pre, &*self.norm_gain(&qn_name)?, &inputs.rstd_q, base)?;
+        let (dk_pre, dknorm) =
+            rmsnorm::backward(&dkn, &inputs.k_pre, &*self.norm_gain(&kn_name)?, &inputs.rstd_k, base)?;
+        if let (Some(gq), Some(gk)) = (dqnorm, dknorm) {
+            accumulate(grads, qn_name, gq)?;
+            accumulate(grads, kn_name, gk)?;
+        }
+        let dv = dv.transpose(1, 2)?.reshape((n, nkv * hd))?;
+        let dq_out = match dgate {
+            // Back into q_proj's per-head [query | gate] rows.
+            Some(dg) => Tensor::cat(&[dq_pre.reshape((b, t, nh, hd))?, dg.reshape((b, t, nh, hd))?], 3)?
+                .reshape((n, 2 * nh * hd))?,
+            None => dq_pre.reshape((n, nh * hd))?,
+        };
+        let dk_pre = dk_pre.reshape((n, nkv * hd))?;
+        Ok(vec![(Proj::Q, dq_out), (Proj::K, dk_pre), (Proj::V, dv)])
+    }
+
     /// The input gradient of the projections `projs` of one input `x`, each with its output
     /// gradient.
-    fn grad_of(
+    pub(super) fn grad_of(
         &self,
         layer: usize,
         projs: &[(Proj, &Tensor)],

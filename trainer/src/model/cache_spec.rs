@@ -41,6 +41,19 @@ impl CacheSpec {
 }
 
 impl CausalLm {
+    /// Refuses a model the decode and serving paths cannot run yet: one with Gated DeltaNet
+    /// layers, whose per-sequence recurrent state (`LayerSpec::Recurrent`) is still to come.
+    pub fn check_servable(&self) -> Result<(), super::ModelError> {
+        let c = self.config();
+        match (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention) {
+            Some(layer) => Err(super::ModelError::NotBuilt(format!(
+                "generation and serving of qwen3_hybrid (Qwen3.5/3.6) models: layer {layer} is a Gated DeltaNet \
+                 layer, and its recurrent state cache is not built yet (training on the CPU is)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// What each of this model's layers keeps per sequence, in blocks of `block_size` tokens.
     pub fn cache_spec(&self, block_size: usize) -> CacheSpec {
         let c = self.config();

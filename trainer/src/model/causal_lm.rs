@@ -399,7 +399,9 @@ impl CausalLm {
         }
         let c = &self.config;
         let (b, t) = (batch.batch, batch.seq_len);
-        let (cos, sin) = rope::tables(&batch.position_ids, c.head_dim, c.rope_theta, self.dtype, &self.device)?;
+        // Tables over the rotated dims only (a hybrid rotates the first `rotary_dim` of a head).
+        let rd = c.rotary_dim();
+        let (cos, sin) = rope::tables(&batch.position_ids, rd, c.rope_theta, self.dtype, &self.device)?;
         let real_tokens = batch.segment_ids.iter().filter(|&&s| s != 0).count();
         let counted = if c.moe.is_some() && real_tokens < batch.segment_ids.len() {
             let real: Vec<f32> = batch.segment_ids.iter().map(|&s| if s == 0 { 0.0 } else { 1.0 }).collect();
@@ -415,8 +417,8 @@ impl CausalLm {
             dropout_seed,
             batch: b,
             seq: t,
-            cos: cos.reshape((b, t, 1, c.head_dim))?,
-            sin: sin.reshape((b, t, 1, c.head_dim))?,
+            cos: cos.reshape((b, t, 1, rd))?,
+            sin: sin.reshape((b, t, 1, rd))?,
             mask: attention::Mask::new(&batch.segment_ids, b, t)?,
             counted,
             real_tokens,
@@ -455,7 +457,7 @@ impl CausalLm {
         for layer in 0..self.config.num_hidden_layers {
             x = ctx.block_forward(layer, &x, false)?.0;
         }
-        Ok(rmsnorm::forward(&x, &*self.weight(FINAL_NORM)?, self.config.rms_norm_eps)?.0)
+        Ok(rmsnorm::forward(&x, &*ctx.norm_gain(FINAL_NORM)?, self.config.rms_norm_eps)?.0)
     }
 
     /// Forward keeping what the backward needs; returns per-token losses `[N]`.
@@ -485,7 +487,7 @@ impl CausalLm {
             x = y;
         }
         hooks.enter(Stage::Head, false)?;
-        let (xf, rstd_f) = rmsnorm::forward(&x, &*ctx.weight(FINAL_NORM)?, self.config.rms_norm_eps)?;
+        let (xf, rstd_f) = rmsnorm::forward(&x, &*ctx.norm_gain(FINAL_NORM)?, self.config.rms_norm_eps)?;
         let w = ctx.weight(self.head_name())?;
         let (losses, head) = if self.device.is_cuda() {
             let (losses, lse) = lm_head_ce::forward(&self.kernels, &xf, &w, &labels, HEAD_CHUNK)?;
@@ -520,7 +522,7 @@ impl CausalLm {
         if let Some(g) = dhead {
             accumulate(&mut grads, self.head_name().to_string(), g)?;
         }
-        let norm = ctx.weight(FINAL_NORM)?;
+        let norm = ctx.norm_gain(FINAL_NORM)?;
         let (mut dx, dnorm) = rmsnorm::backward(&dxf, &tape.x_last, &norm, &tape.rstd_f, base)?;
         if let Some(g) = dnorm {
             accumulate(&mut grads, FINAL_NORM.to_string(), g)?;

@@ -31,6 +31,50 @@ pub struct LmConfig {
     /// The sparse MLPs of Qwen3-MoE (`model_type: qwen3_moe`); `None`: dense Qwen3.
     #[serde(skip)]
     pub moe: Option<MoeShape>,
+    /// Qwen3.5/3.6's layer kinds and Gated DeltaNet shape; `None`: every layer attends.
+    #[serde(skip)]
+    pub hybrid: Option<HybridShape>,
+}
+
+/// What a layer mixes tokens with; the training step dispatches on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// Softmax attention over the document (HF `full_attention`).
+    #[serde(rename = "full_attention")]
+    Attention,
+    /// A Gated DeltaNet layer (HF `linear_attention`): [`super::linear_attention`].
+    LinearAttention,
+}
+
+/// A Qwen3.5/3.6 hybrid's layer kinds and linear-attention shape, HF `Qwen3_5TextConfig` names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HybridShape {
+    /// One kind per layer (`num_hidden_layers` of them).
+    pub layer_types: Vec<LayerKind>,
+    /// Taps of the depthwise causal conv over the q/k/v projection.
+    pub linear_conv_kernel_dim: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    /// The share of an attention head's dims RoPE rotates (the first `head_dim·factor`).
+    pub partial_rotary_factor: f64,
+}
+
+impl HybridShape {
+    /// Width of the q/k/v projection the conv runs over: `[q | k | v]`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    pub fn key_dim(&self) -> usize {
+        self.linear_num_key_heads * self.linear_key_head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.linear_num_value_heads * self.linear_value_head_dim
+    }
 }
 
 /// Qwen3-MoE's expert layout, HF `Qwen3MoeConfig` field names.
@@ -106,6 +150,7 @@ impl LmConfig {
             tie_word_embeddings: !(name == "8B" || instella),
             max_position_embeddings: if instella { 4096 } else { 40_960 },
             moe: None,
+            hybrid: None,
         })
     }
 
@@ -116,7 +161,9 @@ impl LmConfig {
         // A config without `model_type` is read as Qwen3's (the engine's first architecture).
         let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("qwen3");
         let arch = Arch::of_model_type(model_type).ok_or_else(|| {
-            ModelError::Config(format!("model_type {model_type:?}: the engine runs qwen3, qwen3_moe and instella"))
+            ModelError::Config(format!(
+                "model_type {model_type:?}: the engine runs qwen3, qwen3_moe, instella and qwen3_5 (dense text)"
+            ))
         })?;
         let mut config = arch.read_config(&raw)?;
         config.arch = arch;
@@ -189,6 +236,22 @@ impl LmConfig {
     pub fn kv_groups(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
     }
+
+    /// What layer `layer` mixes tokens with.
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        match &self.hybrid {
+            Some(h) => h.layer_types.get(layer).copied().unwrap_or(LayerKind::Attention),
+            None => LayerKind::Attention,
+        }
+    }
+
+    /// The leading dims of an attention head RoPE rotates (all of them but on a hybrid).
+    pub fn rotary_dim(&self) -> usize {
+        match &self.hybrid {
+            Some(h) => (self.head_dim as f64 * h.partial_rotary_factor) as usize,
+            None => self.head_dim,
+        }
+    }
 }
 
 impl LmConfig {
@@ -216,6 +279,17 @@ impl LmConfig {
                 decoder_sparse_step: 1,
                 mlp_only_layers: Vec::new(),
                 router_aux_loss_coef: m.router_aux_loss_coef,
+            }),
+            hybrid: c.linear_attention.as_ref().map(|l| HybridShape {
+                layer_types: (0..c.num_layers)
+                    .map(|i| if l.attends(i) { LayerKind::Attention } else { LayerKind::LinearAttention })
+                    .collect(),
+                linear_conv_kernel_dim: l.conv_kernel as usize,
+                linear_key_head_dim: l.key_head_dim as usize,
+                linear_value_head_dim: l.value_head_dim as usize,
+                linear_num_key_heads: l.num_key_heads as usize,
+                linear_num_value_heads: l.num_value_heads as usize,
+                partial_rotary_factor: l.partial_rotary_factor,
             }),
         })
     }
@@ -327,6 +401,7 @@ mod tests {
             rms_norm_eps: 1e-6,
             tie_word_embeddings: true,
             moe: None,
+            linear_attention: None,
         };
         let c = LmConfig::from_recipe(&m, ModelFamily::Qwen3).unwrap();
         assert_eq!((c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads), (2, 4, 2));
@@ -338,11 +413,28 @@ mod tests {
             norm_topk_prob: true,
             router_aux_loss_coef: 0.01,
         };
-        let c = LmConfig::from_recipe(&ModelConfig { moe: Some(moe), ..m }, ModelFamily::Qwen3Moe).unwrap();
+        let c = LmConfig::from_recipe(&ModelConfig { moe: Some(moe), ..m.clone() }, ModelFamily::Qwen3Moe).unwrap();
         let s = c.moe.as_ref().unwrap();
         assert_eq!((s.num_experts, s.num_experts_per_tok, s.moe_intermediate_size), (16, 4, 32));
         assert!(s.norm_topk_prob && s.router_aux_loss_coef == 0.01 && (0..2).all(|l| s.is_sparse(l)));
         assert!(c.validate().is_ok());
+        // A hybrid's Gated DeltaNet layers: every second layer attends at interval 2.
+        let linear = crate::recipe::LinearAttentionConfig {
+            full_attention_interval: 2,
+            num_key_heads: 1,
+            num_value_heads: 2,
+            key_head_dim: 8,
+            value_head_dim: 6,
+            conv_kernel: 3,
+            partial_rotary_factor: 0.25,
+        };
+        let recipe = ModelConfig { num_layers: 4, linear_attention: Some(linear), ..m };
+        let c = LmConfig::from_recipe(&recipe, ModelFamily::Qwen3Hybrid).unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        let (lin, att) = (LayerKind::LinearAttention, LayerKind::Attention);
+        assert_eq!(h.layer_types, [lin, att, lin, att]);
+        assert_eq!((h.conv_dim(), h.linear_conv_kernel_dim, c.rotary_dim()), (8 + 8 + 12, 3, 4));
+        assert!(c.arch == Arch::Qwen3_5 && c.validate().is_ok());
     }
 
     pub(crate) fn tiny() -> LmConfig {
@@ -360,6 +452,7 @@ mod tests {
             tie_word_embeddings: false,
             max_position_embeddings: 64,
             moe: None,
+            hybrid: None,
         }
     }
 }

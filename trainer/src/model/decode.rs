@@ -59,6 +59,7 @@ impl CausalLm {
         cache: &mut KvCache,
         adapters: Option<&Adapters>,
     ) -> Result<Tensor, ModelError> {
+        self.check_servable()?;
         let t = tokens.len();
         if t == 0 {
             return Err(ModelError::Batch("decoding needs at least one token".into()));
@@ -107,13 +108,14 @@ fn decode_block(
     scale: f64,
 ) -> Result<(Tensor, (Tensor, Tensor)), ModelError> {
     let mut lora = BTreeMap::new();
-    let qkv = ctx.attention_inputs(layer, x, &mut lora)?;
+    let (h1, _) = ctx.input_norm(layer, x)?;
+    let qkv = ctx.attention_inputs(layer, &h1, &mut lora)?;
     let (k, v) = match past {
         Some((pk, pv)) => (Tensor::cat(&[pk, &qkv.k], 2)?, Tensor::cat(&[pv, &qkv.v], 2)?),
         None => (qkv.k, qkv.v),
     };
     let o = cached::forward(&qkv.q, &k, &v, scale)?;
     let attn = o.transpose(1, 2)?.reshape((x.dim(0)?, ()))?;
-    let out = ctx.block_tail(layer, x, &attn, &mut lora)?.out;
+    let out = ctx.block_tail(layer, x, &attn, super::Proj::O, &mut lora)?.out;
     Ok((out, (k, v)))
 }

@@ -27,6 +27,7 @@ fn config() -> LmConfig {
         tie_word_embeddings: false,
         max_position_embeddings: 512,
         moe: None,
+        hybrid: None,
     }
 }
 

@@ -273,7 +273,7 @@ pub fn merge_lora(params: &Params, config: &LmConfig, adapters: &Adapters) -> Re
     let mut merged = params.clone();
     let scale = adapters.config.scaling();
     for layer in 0..config.num_hidden_layers {
-        for proj in Proj::ALL {
+        for &proj in Proj::of_layer(config, layer) {
             let Some((a, b)) = adapters.pair(layer, proj) else { continue };
             let name = base_weight_name(layer, proj);
             let w = merged.get(&name).ok_or_else(|| ModelError::MissingParam(name.clone()))?;

@@ -37,6 +37,8 @@ impl CausalLm {
     /// has no gate/up; NF4 weights stay as they are). Nothing to do when packed already;
     /// [`CausalLm::params_mut`] unpacks.
     pub fn pack_projections(&mut self) -> Result<(), ModelError> {
+        // Packing is for the serving engine, which runs attention layers only.
+        self.check_servable()?;
         if !self.packed.is_empty() {
             return Ok(());
         }

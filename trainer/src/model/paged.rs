@@ -66,6 +66,7 @@ impl CausalLm {
     /// Runs the batch, writing every row's keys and values into `cache` (one pair per layer),
     /// and returns the logits `[R, vocab]` of `inputs.logit_rows`.
     pub fn forward_paged(&self, inputs: &PagedInputs<'_>, cache: &[LayerCache]) -> Result<Tensor, ModelError> {
+        self.check_servable()?;
         let c = self.config();
         let n = inputs.ids.elem_count();
         if n == 0

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::seeded;
 
 use super::rng::{SplitMix64, name_id};
-use super::{LmConfig, ModelError, QkNorm};
+use super::{LayerKind, LmConfig, ModelError, QkNorm};
 use crate::recipe::TargetModule;
 
 /// Parameters by HF tensor name.
@@ -16,7 +16,8 @@ pub const EMBED: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
 
-/// The seven linear projections of a block, the units LoRA adapts and NF4 stores.
+/// The linear projections of a block, the units LoRA adapts and NF4 stores: an attention
+/// layer's seven, or a Gated DeltaNet layer's five and its MLP's three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proj {
     Q,
@@ -26,16 +27,35 @@ pub enum Proj {
     Gate,
     Up,
     Down,
+    /// Gated DeltaNet: `[q | k | v]` before the conv.
+    InProjQkv,
+    /// Gated DeltaNet: the output gate of its gated norm.
+    InProjZ,
+    /// Gated DeltaNet: `β`'s logits, one per value head.
+    InProjB,
+    /// Gated DeltaNet: the decay's input, one per value head.
+    InProjA,
+    /// Gated DeltaNet's output projection.
+    OutProj,
 }
 
 impl Proj {
     pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
     /// The projections of a Qwen3-MoE sparse layer (its MLP is the experts: [`super::moe`]).
     pub const ATTENTION: [Proj; 4] = [Proj::Q, Proj::K, Proj::V, Proj::O];
+    /// The projections of a Gated DeltaNet layer with its dense MLP.
+    pub const LINEAR: [Proj; 8] =
+        [Proj::InProjQkv, Proj::InProjZ, Proj::InProjB, Proj::InProjA, Proj::OutProj, Proj::Gate, Proj::Up, Proj::Down];
 
     /// The projections layer `layer` of `c` has.
     pub fn of_layer(c: &LmConfig, layer: usize) -> &'static [Proj] {
-        if c.moe.as_ref().is_some_and(|m| m.is_sparse(layer)) { &Proj::ATTENTION } else { &Proj::ALL }
+        if c.layer_kind(layer) == LayerKind::LinearAttention {
+            &Proj::LINEAR
+        } else if c.moe.as_ref().is_some_and(|m| m.is_sparse(layer)) {
+            &Proj::ATTENTION
+        } else {
+            &Proj::ALL
+        }
     }
 
     /// The module path inside a layer, as HF and PEFT name it.
@@ -48,6 +68,11 @@ impl Proj {
             Proj::Gate => "mlp.gate_proj",
             Proj::Up => "mlp.up_proj",
             Proj::Down => "mlp.down_proj",
+            Proj::InProjQkv => "linear_attn.in_proj_qkv",
+            Proj::InProjZ => "linear_attn.in_proj_z",
+            Proj::InProjB => "linear_attn.in_proj_b",
+            Proj::InProjA => "linear_attn.in_proj_a",
+            Proj::OutProj => "linear_attn.out_proj",
         }
     }
 
@@ -60,10 +85,16 @@ impl Proj {
             Proj::Gate => TargetModule::GateProj,
             Proj::Up => TargetModule::UpProj,
             Proj::Down => TargetModule::DownProj,
+            Proj::InProjQkv => TargetModule::InProjQkv,
+            Proj::InProjZ => TargetModule::InProjZ,
+            Proj::InProjB => TargetModule::InProjB,
+            Proj::InProjA => TargetModule::InProjA,
+            Proj::OutProj => TargetModule::OutProj,
         }
     }
 
-    /// `(out, in)` of the weight.
+    /// `(out, in)` of the weight. A gated attention's `q_proj` (Qwen3.5) also makes the output
+    /// gate: twice the query's width.
     pub fn shape(self, c: &LmConfig) -> (usize, usize) {
         let (h, q, kv, f) = (
             c.hidden_size,
@@ -71,12 +102,19 @@ impl Proj {
             c.num_key_value_heads * c.head_dim,
             c.intermediate_size,
         );
+        let (conv, value, value_heads) =
+            c.hybrid.as_ref().map_or((0, 0, 0), |s| (s.conv_dim(), s.value_dim(), s.linear_num_value_heads));
         match self {
+            Proj::Q if c.arch.gated_attention() => (2 * q, h),
             Proj::Q => (q, h),
             Proj::K | Proj::V => (kv, h),
             Proj::O => (h, q),
             Proj::Gate | Proj::Up => (f, h),
             Proj::Down => (h, f),
+            Proj::InProjQkv => (conv, h),
+            Proj::InProjZ => (value, h),
+            Proj::InProjB | Proj::InProjA => (value_heads, h),
+            Proj::OutProj => (h, value),
         }
     }
 }
@@ -123,11 +161,16 @@ pub fn expected_shapes(c: &LmConfig) -> BTreeMap<String, Vec<usize>> {
         if let Some(moe) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             super::moe::expected_shapes(c, moe, layer, &mut m);
         }
-        let (q, k) = qk_norm_widths(c);
         m.insert(norm_name(c, layer, Norm::Input), vec![c.hidden_size]);
         m.insert(norm_name(c, layer, Norm::PostAttention), vec![c.hidden_size]);
-        m.insert(norm_name(c, layer, Norm::Q), vec![q]);
-        m.insert(norm_name(c, layer, Norm::K), vec![k]);
+        match (c.layer_kind(layer), &c.hybrid) {
+            (LayerKind::LinearAttention, Some(shape)) => super::linear_attention::expected_shapes(shape, layer, &mut m),
+            _ => {
+                let (q, k) = qk_norm_widths(c);
+                m.insert(norm_name(c, layer, Norm::Q), vec![q]);
+                m.insert(norm_name(c, layer, Norm::K), vec![k]);
+            }
+        }
     }
     m
 }
@@ -172,14 +215,14 @@ pub fn init_random(c: &LmConfig, seed: u64, dtype: DType, device: &Device) -> Re
     if device.is_cuda() {
         // Drawn where they live: one launch per tensor, nothing crosses the bus.
         for (name, shape) in shapes {
-            let t = draw(seed, &name, &shape, dtype, device)?;
+            let t = draw(c, seed, &name, &shape, dtype, device)?;
             params.insert(name, t);
         }
         return Ok(params);
     }
     for batch in shapes.chunks(rayon::current_num_threads().max(1)) {
         let drawn =
-            batch.par_iter().map(|(name, shape)| draw(seed, name, shape, dtype, &Device::Cpu)).collect::<Vec<_>>();
+            batch.par_iter().map(|(name, shape)| draw(c, seed, name, shape, dtype, &Device::Cpu)).collect::<Vec<_>>();
         for ((name, _), t) in batch.iter().zip(drawn) {
             params.insert(name.clone(), t?.to_device(device)?);
         }
@@ -193,13 +236,41 @@ pub fn init_random(c: &LmConfig, seed: u64, dtype: DType, device: &Device) -> Re
 /// embedding) fills on every core (or GPU thread) instead of one.
 const DRAW_BLOCK: usize = 1 << 22;
 
+/// How a parameter starts, by its architecture's init ([`super::Arch::init_of`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Init {
+    /// `N(0, 0.02²)`, the linear and embedding weights.
+    Normal,
+    /// A norm's gain.
+    Ones,
+    /// A zero-centred norm's offset (Qwen3.5: the gain is `1 + w`).
+    Zeros,
+    /// `ln u`, `u` uniform in `[lo, hi)` (Qwen3.5's `A_log`).
+    LogUniform(f64, f64),
+}
+
 /// One parameter of [`init_random`], drawn on `device` (`mindxtrain_kernels::seeded`: on a GPU by
 /// its own kernel, the same function as the host's up to the last bit of `log`/`cos`).
-fn draw(seed: u64, name: &str, shape: &[usize], dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
-    if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
-        return Tensor::ones(shape, dtype, device);
-    }
+fn draw(
+    c: &LmConfig,
+    seed: u64,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
     let n: usize = shape.iter().product();
+    match c.arch.init_of(name) {
+        Init::Normal => {}
+        Init::Ones => return Tensor::ones(shape, dtype, device),
+        Init::Zeros => return Tensor::zeros(shape, dtype, device),
+        Init::LogUniform(lo, hi) => {
+            // A handful of values (one per head): drawn on the host from the tensor's stream.
+            let mut rng = SplitMix64::derive(seed, &[name_id(name)]);
+            let v: Vec<f64> = (0..n).map(|_| (lo + (hi - lo) * rng.unit()).ln()).collect();
+            return Tensor::from_vec(v, shape, &Device::Cpu)?.to_dtype(dtype)?.to_device(device);
+        }
+    }
     let states: Vec<u64> = (0..n.div_ceil(DRAW_BLOCK))
         .map(|block| match block {
             0 => SplitMix64::derive(seed, &[name_id(name)]).state(),
@@ -218,7 +289,8 @@ mod tests {
         let shape = [DRAW_BLOCK + 1000];
         let values = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| draw(3, "model.embed_tokens.weight", &shape, DType::F64, &Device::Cpu))
+            let c = super::super::tests::tiny(false);
+            pool.install(|| draw(&c, 3, "model.embed_tokens.weight", &shape, DType::F64, &Device::Cpu))
                 .unwrap()
                 .to_vec1::<f64>()
                 .unwrap()

@@ -27,6 +27,7 @@ pub(super) fn tiny(tied: bool) -> LmConfig {
         tie_word_embeddings: tied,
         max_position_embeddings: 64,
         moe: None,
+        hybrid: None,
     }
 }
 
@@ -35,16 +36,15 @@ fn model(config: &LmConfig, dtype: DType) -> CausalLm {
     let mut m = CausalLm::init_random(config, 5, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(77);
     for (name, t) in m.params_mut().iter_mut() {
-        // Larger weights than HF's 0.02 so the check sees real curvature, not a near-linear net.
-        let scale = if name.ends_with("norm.weight") { 0.3 } else { 0.4 / 0.02 };
+        // Gains and per-head gate parameters (Qwen3.5's A_log, dt_bias) are moved off their
+        // init by noise; weights are made larger than HF's 0.02 so the check sees real
+        // curvature, not a near-linear net.
+        let offset = ["norm.weight", "A_log", "dt_bias"].iter().any(|s| name.ends_with(s));
+        let scale = if offset { 0.3 } else { 0.4 / 0.02 };
         let n = t.elem_count();
         let noise: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
         let noise = Tensor::from_vec(noise, t.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-        *t = if name.ends_with("norm.weight") {
-            (&*t + (noise * scale).unwrap()).unwrap()
-        } else {
-            (&*t * scale).unwrap()
-        };
+        *t = if offset { (&*t + (noise * scale).unwrap()).unwrap() } else { (&*t * scale).unwrap() };
     }
     m
 }
@@ -61,8 +61,9 @@ pub(super) fn packed_batch() -> PackedBatch {
     }
 }
 
+/// Adapters on every projection a model has (a hybrid's linear-attention ones too).
 fn lora(dropout: f64) -> LoraConfig {
-    LoraConfig { r: 2, alpha: 4.0, dropout, target_modules: TargetModule::all(), rslora: false }
+    LoraConfig { r: 2, alpha: 4.0, dropout, target_modules: TargetModule::EVERY.to_vec(), rslora: false }
 }
 
 /// Adapters with non-zero B, so both A and B gradients are informative.
@@ -158,7 +159,8 @@ pub(super) fn lora_gradcheck(config: &LmConfig) {
     let opts = StepOptions { dropout_seed: 42, ..Default::default() };
     let out = m.forward_backward(&batch, Trainable::Adapters, Some(&ad), &opts).unwrap();
     let names: Vec<String> = ad.tensors.keys().cloned().collect();
-    assert_eq!(names.len(), 2 * 7 * 2);
+    let projections: usize = (0..config.num_hidden_layers).map(|l| Proj::of_layer(&config, l).len()).sum();
+    assert_eq!(names.len(), 2 * projections);
     assert_eq!(out.grads.keys().collect::<Vec<_>>(), names.iter().collect::<Vec<_>>(), "only and all adapter grads");
     let inputs: Vec<Tensor> = names.iter().map(|n| ad.tensors[n].clone()).collect();
     let analytic: Vec<Tensor> = names.iter().map(|n| out.grads[n].clone()).collect();
@@ -595,6 +597,7 @@ fn step_timing() {
         tie_word_embeddings: true,
         max_position_embeddings: 1024,
         moe: None,
+        hybrid: None,
     };
     let m = CausalLm::init_random(&config, 1, DType::F32, &Device::Cpu).unwrap();
     let ad =

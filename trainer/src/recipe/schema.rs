@@ -283,6 +283,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// The Gated DeltaNet layers of a `qwen3_hybrid` model (Qwen3.5/3.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<LinearAttentionConfig>,
 }
 
 impl ModelConfig {
@@ -315,6 +318,43 @@ pub struct MoeConfig {
 impl MoeConfig {
     fn default_norm_topk_prob() -> bool {
         true
+    }
+}
+
+/// A Qwen3.5/3.6 hybrid's Gated DeltaNet layers (HF `Qwen3_5TextConfig`'s `linear_*` fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearAttentionConfig {
+    /// Every `full_attention_interval`-th layer attends, the others are linear (HF's default 4:
+    /// three Gated DeltaNet layers, then one attention layer).
+    #[serde(default = "LinearAttentionConfig::default_interval")]
+    pub full_attention_interval: u32,
+    pub num_key_heads: u32,
+    pub num_value_heads: u32,
+    pub key_head_dim: u32,
+    pub value_head_dim: u32,
+    /// Taps of the causal conv over the q/k/v projection.
+    #[serde(default = "LinearAttentionConfig::default_conv")]
+    pub conv_kernel: u32,
+    /// The share of an attention head's dims RoPE rotates.
+    #[serde(default = "LinearAttentionConfig::default_rotary")]
+    pub partial_rotary_factor: f64,
+}
+
+impl LinearAttentionConfig {
+    fn default_interval() -> u32 {
+        4
+    }
+    fn default_conv() -> u32 {
+        4
+    }
+    fn default_rotary() -> f64 {
+        0.25
+    }
+
+    /// HF's `layer_types` for `layers` layers: layer `i` attends when `(i + 1) % interval == 0`.
+    pub fn attends(&self, layer: u32) -> bool {
+        (layer + 1).is_multiple_of(self.full_attention_interval.max(1))
     }
 }
 

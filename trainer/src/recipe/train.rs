@@ -143,7 +143,8 @@ impl<'de> Deserialize<'de> for Method {
     }
 }
 
-/// The seven linear projections of a Qwen3 block. The MoE router (`gate`) is not listed:
+/// The linear projections LoRA may adapt: a Qwen3 block's seven, and a Gated DeltaNet layer's five
+/// (`qwen3_hybrid`). The MoE router (`gate`) is not listed:
 /// adapting it destabilises expert routing, so it stays frozen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,9 +156,22 @@ pub enum TargetModule {
     GateProj,
     UpProj,
     DownProj,
+    /// A Gated DeltaNet layer's projections (Qwen3.5/3.6 hybrids; PEFT's `all-linear` reaches them).
+    InProjQkv,
+    InProjZ,
+    InProjB,
+    InProjA,
+    OutProj,
 }
 
 impl TargetModule {
+    /// Every projection any architecture here has (PEFT's `all-linear` on a Qwen3.5 hybrid).
+    pub const EVERY: [TargetModule; 12] = {
+        use TargetModule::*;
+        [QProj, KProj, VProj, OProj, GateProj, UpProj, DownProj, InProjQkv, InProjZ, InProjB, InProjA, OutProj]
+    };
+
+    /// The recipe's default: a Qwen3 block's seven (on a hybrid, its attention and MLP ones).
     pub fn all() -> Vec<TargetModule> {
         use TargetModule::*;
         vec![QProj, KProj, VProj, OProj, GateProj, UpProj, DownProj]

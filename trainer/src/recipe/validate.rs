@@ -15,6 +15,7 @@ use super::schema::{DataFormat, DataSource, Generator, HardwareName, ModelFamily
 use super::train::Method;
 use crate::data::{Families, TaskParams};
 
+mod hybrid;
 mod receipt;
 mod train;
 
@@ -108,6 +109,7 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     c.int("autotune.budget_seconds", r.autotune.budget_seconds.into(), 1, 3600);
     c.opt_text("autotune.plan", r.autotune.plan.as_ref());
     model(&mut c, r);
+    hybrid::rules(&mut c, r);
     data(&mut c, r);
     train::method(&mut c, r);
     train::train(&mut c, r);
@@ -212,8 +214,8 @@ fn hardware(c: &mut Checks, r: &Recipe) {
 }
 
 /// The families this build trains and serves; the others are refused by name.
-pub(crate) const RUNNABLE_FAMILIES: [ModelFamily; 3] =
-    [ModelFamily::Qwen3, ModelFamily::Qwen3Moe, ModelFamily::Instella];
+pub(crate) const RUNNABLE_FAMILIES: [ModelFamily; 4] =
+    [ModelFamily::Qwen3, ModelFamily::Qwen3Moe, ModelFamily::Instella, ModelFamily::Qwen3Hybrid];
 
 fn model(c: &mut Checks, r: &Recipe) {
     let m = &r.model;

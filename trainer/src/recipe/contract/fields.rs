@@ -66,11 +66,18 @@ pub fn fields() -> Vec<Field> {
             .test("gpus_this_build_cannot_use_are_refused_with_what_to_do"),
         field("hardware.gpus", "0: the host CPU; N ≥ 1 on NVIDIA: one rank process per GPU")
             .test("gpus_this_build_cannot_use_are_refused_with_what_to_do")
-            .refuses(&[no!(
-                "> 0 on AMD",
-                r#"{"hardware": {"name": "mi300x", "gpus": 1, "arch": "gfx942"}}"#,
-                "no launch path in this build",
-            )]),
+            .refuses(&[
+                no!(
+                    "> 0 on AMD",
+                    r#"{"hardware": {"name": "mi300x", "gpus": 1, "arch": "gfx942"}}"#,
+                    "no launch path in this build",
+                ),
+                no!(
+                    "> 0 with qwen3_hybrid",
+                    r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 1, "arch": "sm_90"}}"#,
+                    "training on a GPU is not built yet for family qwen3_hybrid",
+                ),
+            ]),
         field(
             "hardware.arch",
             "checked against the machine when the run starts (CPU architecture, GPU compute capability)",
@@ -94,7 +101,6 @@ pub fn fields() -> Vec<Field> {
         field("model.family", "which architecture loads, trains and serves the weights")
             .test("the_tiny_moe_recipe_plans_and_trains_on_the_cpu")
             .refuses(&[
-                no!("qwen3_hybrid", r#"{"model": {"family": "qwen3_hybrid"}}"#, "has no implementation in this build"),
                 no!("qwen3_vl", r#"{"model": {"family": "qwen3_vl"}}"#, "has no implementation in this build"),
             ]),
         field("model.revision", "the hub revision resolved in the cache, recorded by commit")
@@ -148,6 +154,23 @@ pub fn fields() -> Vec<Field> {
                 .differs_on(MOE_BASE, leak(format!(r#"{{"model": {{"config": {{"moe": {patch}}}}}}}"#))),
         );
     }
+    for (name, patch) in [
+        ("full_attention_interval", r#"{"full_attention_interval": 1}"#),
+        ("num_key_heads", r#"{"num_key_heads": 2}"#),
+        ("num_value_heads", r#"{"num_value_heads": 4}"#),
+        ("key_head_dim", r#"{"key_head_dim": 4}"#),
+        ("value_head_dim", r#"{"value_head_dim": 4}"#),
+        ("conv_kernel", r#"{"conv_kernel": 2}"#),
+        ("partial_rotary_factor", r#"{"partial_rotary_factor": 0.5}"#),
+    ] {
+        out.push(
+            field(leak(format!("model.config.linear_attention.{name}")), "the Gated DeltaNet layers' shape")
+                .differs_on(
+                    HYBRID_BASE,
+                    leak(format!(r#"{{"model": {{"config": {{"linear_attention": {patch}}}}}}}"#)),
+                ),
+        );
+    }
     out.extend([
         field("data.source", "where examples come from: JSONL files, the seeded generator, or HF tables")
             .test("parquet_and_arrow_load_to_the_examples_of_the_same_jsonl"),
@@ -180,7 +203,18 @@ pub fn fields() -> Vec<Field> {
             "drops an example whose word 5-gram Jaccard similarity to an earlier kept one reaches it",
         )
         .test("near_duplicates_are_dropped_at_the_recipe_s_threshold"),
-        field("train.method.kind", "the method").test("wrong_method_kind"),
+        field("train.method.kind", "the method").test("wrong_method_kind").refuses(&[
+            no!(
+                "qlora with qwen3_hybrid",
+                r#"{"model": {"family": "qwen3_hybrid"}, "train": {"method": {"kind": "qlora"}}}"#,
+                "qlora is not built yet for family qwen3_hybrid",
+            ),
+            no!(
+                "grpo with qwen3_hybrid",
+                r#"{"model": {"family": "qwen3_hybrid"}, "train": {"method": {"kind": "grpo", "rewards": ["format"]}}}"#,
+                "grpo is not built yet for family qwen3_hybrid",
+            ),
+        ]),
     ]);
     for (kind, base) in [("lora", "{}"), ("qlora", r#"{"train": {"method": {"kind": "qlora"}}}"#)] {
         for (name, does, patch) in LORA_FIELDS {
@@ -312,7 +346,13 @@ pub fn fields() -> Vec<Field> {
         field("train.log_every_steps", "`train.progress` cadence").differs(r#"{"train": {"log_every_steps": 2}}"#),
         field("train.env", "set in every training process's environment before it starts")
             .test("train_env_is_in_the_training_process_environment"),
-        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#),
+        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#).refuses(
+            &[no!(
+                "true with qwen3_hybrid",
+                r#"{"model": {"family": "qwen3_hybrid"}, "eval": {"enabled": true}}"#,
+                "generation is not built yet for family qwen3_hybrid",
+            )],
+        ),
         field("eval.holdout.fraction", "share of the data held out")
             .differs(r#"{"eval": {"holdout": {"fraction": 0.3}}}"#),
         field("eval.holdout.max_samples", "caps the held-out examples")
@@ -350,7 +390,12 @@ pub fn fields() -> Vec<Field> {
         field("quantize.per_channel", "per-channel scales").inert_unless("quantize.enabled"),
         field("quantize.calibration_samples", "calibration examples").inert_unless("quantize.enabled"),
         field("serve.enabled", "`false`: `mindxtrain serve` refuses to serve the recipe's model")
-            .test("a_recipe_with_serve_enabled_false_is_not_served"),
+            .test("a_recipe_with_serve_enabled_false_is_not_served")
+            .refuses(&[no!(
+                "true with qwen3_hybrid",
+                r#"{"model": {"family": "qwen3_hybrid"}, "serve": {"enabled": true}}"#,
+                "serving is not built yet for family qwen3_hybrid",
+            )]),
         field("serve.host", "`mindxtrain serve`'s listen address unless --listen")
             .test("serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len")
             .refuses(&[no!("not loopback", r#"{"serve": {"host": "0.0.0.0"}}"#, "not a loopback address")]),
@@ -416,6 +461,12 @@ fn config(patch: &str) -> &'static str {
 /// expert adapters take no dropout).
 const MOE_BASE: &str = r#"{"model": {"family": "qwen3_moe", "config": {"moe": {"num_experts": 4,
     "experts_per_token": 2, "expert_intermediate_size": 32}}}, "train": {"method": {"target_modules": ["q_proj"]}}}"#;
+
+/// The training base as a Qwen3.5 hybrid: its one layer a Gated DeltaNet layer (every 4th
+/// attends), on the CPU, nothing generated (evaluation and serving are not built for it).
+const HYBRID_BASE: &str = r#"{"model": {"family": "qwen3_hybrid", "config": {"linear_attention": {"num_key_heads": 1,
+    "num_value_heads": 2, "key_head_dim": 8, "value_head_dim": 8}}}, "eval": {"enabled": false},
+    "serve": {"enabled": false}}"#;
 
 /// The registry lives for the program; its few generated strings are leaked once per call.
 fn leak(s: String) -> &'static str {

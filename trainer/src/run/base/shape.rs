@@ -77,6 +77,12 @@ fn differences(ours: &LmConfig, base: &LmConfig) -> Vec<(&'static str, String, S
         (None, None) => {}
         (a, b) => rows.push(("moe", present(a.is_some()), present(b.is_some()))),
     }
+    // A hybrid's layer kinds and Gated DeltaNet shape are one field: any difference is another model.
+    let hybrid = |h: &Option<crate::model::HybridShape>| match h {
+        Some(h) => format!("{h:?}"),
+        None => "no linear-attention layers".into(),
+    };
+    rows.push(("linear_attention", hybrid(&ours.hybrid), hybrid(&base.hybrid)));
     rows.retain(|(_, a, b)| a != b);
     rows
 }

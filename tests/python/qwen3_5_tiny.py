@@ -1,0 +1,34 @@
+"""Reference side of the Qwen3.5/3.6 interop tests: transformers' own `Qwen3_5ForCausalLM` (the
+dense text model: Gated DeltaNet layers mixed with gated attention) and PEFT on tiny random shapes,
+with the shared commands of hf_tiny.py (make-model, logits, make-adapter, lora-step, multi; its
+docstring says what each does). make-model's CONFIG.json holds `Qwen3_5TextConfig` fields.
+
+transformers runs the Gated DeltaNet in its torch fallback here (no flash-linear-attention on the
+CPU venv), the code our kernels are checked against in delta_rule_reference.rs.
+
+Run with the venv of scripts/setup-torch.
+"""
+
+from __future__ import annotations
+
+import hf_tiny  # first: it sets the offline environment transformers reads at import
+import torch
+from hf_tiny import Family
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+
+def build(fields: dict, dtype: torch.dtype) -> Qwen3_5ForCausalLM:
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**fields)).to(dtype)
+    # dt_bias starts at exactly 1 and the projections at std 0.02, which leaves the gates nearly
+    # constant; moved off that, a wrong gate or decay shows in the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("dt_bias"):
+                p.add_(torch.randn_like(p) * 0.5)
+            elif "linear_attn.in_proj" in name:
+                p.mul_(10.0)
+    return model
+
+
+if __name__ == "__main__":
+    hf_tiny.main(__doc__, Family(build=build))

@@ -1,0 +1,61 @@
+//! Interop with transformers' own Qwen3.5/3.6 dense text model (`Qwen3_5ForCausalLM`, the checks:
+//! `mindxtrain_tests::interop`): weights saved by transformers load by name with the same logits
+//! through both layer kinds (Gated DeltaNet and gated attention with partial RoPE, zero-centred
+//! norms), our saves load in transformers, our adapter on every projection PEFT's `all-linear`
+//! reaches gives PEFT's logits, and one LoRA step equals PEFT's with torch AdamW.
+//!
+//! Needs the CPU torch venv of `scripts/setup-torch`. Without it the tests skip, unless
+//! MINDXTRAIN_REQUIRE_TORCH is set (CI sets it): then they install it, and fail if they cannot.
+
+use std::sync::OnceLock;
+
+use mindxtrain_tests::interop::{self, Family, Fixture};
+use mindxtrain_trainer::recipe::TargetModule;
+
+/// Three layers, linear / attention / linear: GQA on both kinds (4 query heads on 2 KV heads; 4
+/// value heads on 2 key heads), head_dim 8 of which RoPE rotates half, an untied head.
+const QWEN3_5: Family = Family {
+    script: "qwen3_5_tiny.py",
+    config: r#"{"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+  "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+  "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "linear_conv_kernel_dim": 4,
+  "linear_key_head_dim": 8, "linear_value_head_dim": 6, "linear_num_key_heads": 2,
+  "linear_num_value_heads": 4}"#,
+    targets: || TargetModule::EVERY.to_vec(),
+    // transformers runs the delta rule chunked (triangular solves), we run it token by token: in
+    // f32 the layer's gradients part by about 1e-5 of their norm (delta_rule_reference.rs), which
+    // AdamW's first step turns into up to ~3e-5 on small-gradient elements (lr 0.01).
+    step_tolerance: 1e-4,
+};
+
+fn fixture() -> Option<&'static Fixture> {
+    static FIXTURE: OnceLock<Option<Fixture>> = OnceLock::new();
+    FIXTURE.get_or_init(|| interop::build_fixture(&QWEN3_5)).as_ref()
+}
+
+#[test]
+fn qwen3_5_weights_saved_by_transformers_load_by_name_shape_and_value() {
+    fixture().map(interop::transformers_weights_load_by_name_shape_and_value);
+}
+
+#[test]
+fn qwen3_5_logits_match_transformers() {
+    fixture().map(interop::logits_match_transformers);
+}
+
+#[test]
+fn our_saved_qwen3_5_loads_in_transformers() {
+    fixture().map(interop::our_saved_model_loads_in_transformers);
+}
+
+#[test]
+fn our_qwen3_5_adapter_on_every_projection_gives_peft_the_same_logits() {
+    fixture().map(interop::our_adapter_gives_peft_the_same_logits);
+}
+
+#[test]
+fn one_qwen3_5_lora_step_matches_peft_and_torch_adamw() {
+    fixture().map(interop::one_lora_step_matches_peft_and_torch_adamw);
+}

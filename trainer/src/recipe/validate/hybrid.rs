@@ -1,0 +1,147 @@
+//! The rules of family `qwen3_hybrid` (Qwen3.5/3.6: Gated DeltaNet layers mixed with attention).
+//! This build trains the dense text models on the CPU, with LoRA or every weight; what it does
+//! not run yet is refused by name, each with what to set instead.
+
+use super::{Checks, Recipe, name_of};
+use crate::recipe::schema::ModelFamily;
+use crate::recipe::train::{Method, TargetModule};
+
+/// The projections only a Gated DeltaNet layer has.
+const LINEAR_TARGETS: [TargetModule; 5] = [
+    TargetModule::InProjQkv,
+    TargetModule::InProjZ,
+    TargetModule::InProjB,
+    TargetModule::InProjA,
+    TargetModule::OutProj,
+];
+
+pub(super) fn rules(c: &mut Checks, r: &Recipe) {
+    let family = r.model.family;
+    let linear = r.model.config.as_ref().and_then(|m| m.linear_attention.as_ref());
+    if family != ModelFamily::Qwen3Hybrid {
+        if linear.is_some() {
+            let found = name_of(&family);
+            c.fail(
+                "model.config.linear_attention",
+                format!("only family qwen3_hybrid has linear-attention layers; family is `{found}`"),
+            );
+        }
+        let targets = match &r.train.method {
+            Method::Lora(l) => l.target_modules.as_slice(),
+            Method::Qlora(q) => q.lora.target_modules.as_slice(),
+            _ => &[],
+        };
+        if let Some(t) = targets.iter().find(|t| LINEAR_TARGETS.contains(t)) {
+            c.fail(
+                "train.method.target_modules",
+                format!("{} is a Gated DeltaNet projection: only family qwen3_hybrid has it", name_of(t)),
+            );
+        }
+        return;
+    }
+    if let Some(cfg) = &r.model.config {
+        match linear {
+            None => c.fail("model.config.linear_attention", "required for family qwen3_hybrid"),
+            Some(l) => {
+                let at = |f: &str| format!("model.config.linear_attention.{f}");
+                c.int(&at("full_attention_interval"), l.full_attention_interval.into(), 1, 1024);
+                c.int(&at("num_key_heads"), l.num_key_heads.into(), 1, 1024);
+                c.int(&at("num_value_heads"), l.num_value_heads.into(), 1, 1024);
+                c.int(&at("key_head_dim"), l.key_head_dim.into(), 1, 1024);
+                c.int(&at("value_head_dim"), l.value_head_dim.into(), 1, 1024);
+                c.int(&at("conv_kernel"), l.conv_kernel.into(), 1, 64);
+                if l.num_key_heads > 0 && !l.num_value_heads.is_multiple_of(l.num_key_heads) {
+                    c.fail(
+                        &at("num_value_heads"),
+                        format!("must be a multiple of num_key_heads ({})", l.num_key_heads),
+                    );
+                }
+                let rotary = (f64::from(cfg.head_dim) * l.partial_rotary_factor) as u32;
+                if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary.is_multiple_of(2)) {
+                    c.fail(
+                        &at("partial_rotary_factor"),
+                        format!(
+                            "rotates {rotary} of head_dim {}: RoPE needs an even number in 2..=head_dim",
+                            cfg.head_dim
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    let not_built = "is not built yet for family qwen3_hybrid";
+    match &r.train.method {
+        Method::Qlora(_) => c.fail(
+            "train.method.kind",
+            format!("qlora {not_built} (an NF4 base with Gated DeltaNet layers): use lora, or full"),
+        ),
+        Method::Grpo(_) | Method::Gspo(_) => c.fail(
+            "train.method.kind",
+            format!(
+                "{} {not_built}: its rollouts generate, and generation needs the recurrent state cache",
+                name_of(&r.train.method.kind())
+            ),
+        ),
+        _ => {}
+    }
+    if r.hardware.gpus > 0 {
+        c.fail(
+            "hardware.gpus",
+            format!("training on a GPU {not_built} (the chunked Gated DeltaNet kernels are to come): set 0, the CPU"),
+        );
+    }
+    if r.serve.enabled {
+        c.fail(
+            "serve.enabled",
+            format!("serving {not_built} (the recurrent state cache is to come): set enabled: false"),
+        );
+    }
+    if r.eval.enabled {
+        c.fail(
+            "eval.enabled",
+            format!("held-out evaluation generates answers, and generation {not_built}: set enabled: false"),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::recipe::Recipe;
+    use crate::recipe::contract::{base_recipe, merge_patch};
+
+    /// The check's messages on the tiny LoRA recipe patched with `patch`.
+    fn errors(patch: serde_json::Value) -> String {
+        let mut recipe = base_recipe();
+        merge_patch(&mut recipe, &patch);
+        match Recipe::check_str(&recipe.to_string(), "hybrid.json") {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn linear_attention_belongs_to_qwen3_hybrid_alone() {
+        let linear =
+            serde_json::json!({"num_key_heads": 1, "num_value_heads": 2, "key_head_dim": 8, "value_head_dim": 8});
+        let off = serde_json::json!({"enabled": false});
+        let hybrid = |extra: serde_json::Value| {
+            let mut patch = serde_json::json!({"model": {"family": "qwen3_hybrid", "config": {"linear_attention": linear}},
+                "eval": off, "serve": off, "publish": {"billing": null}});
+            merge_patch(&mut patch, &extra);
+            errors(patch)
+        };
+        assert_eq!(hybrid(serde_json::json!({})), "", "the tiny LoRA recipe as a CPU hybrid passes");
+        let all = serde_json::json!({"train": {"method": {"target_modules": ["q_proj", "in_proj_qkv", "out_proj"]}}});
+        assert_eq!(hybrid(all.clone()), "");
+        let other = errors(serde_json::json!({"model": {"config": {"linear_attention": linear}}}));
+        assert!(other.contains("only family qwen3_hybrid has linear-attention layers"), "{other}");
+        let targets = errors(all);
+        assert!(targets.contains("in_proj_qkv is a Gated DeltaNet projection"), "{targets}");
+        let missing = hybrid(serde_json::json!({"model": {"config": {"linear_attention": null}}}));
+        assert!(missing.contains("model.config.linear_attention") && missing.contains("required"), "{missing}");
+        let odd = hybrid(
+            serde_json::json!({"model": {"config": {"linear_attention": {"num_key_heads": 2, "num_value_heads": 3}}}}),
+        );
+        assert!(odd.contains("must be a multiple of num_key_heads"), "{odd}");
+    }
+}
