@@ -104,5 +104,13 @@ fn the_tiny_instella_recipe_trains_tunes_exports_and_serves() {
     let (status, answer) =
         mindxtrain_tests::served::post_json_blocking(&format!("{}/v1/chat/completions", server.url), &body);
     assert_eq!(status, 200, "{answer}");
-    assert!(answer["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0), "{answer}");
+    // How many tokens the tiny model writes before its stop token depends on its weights, and
+    // those on the plan measured on this machine (another micro-batch split, another sum order):
+    // an immediate stop is a right answer here. What generation computes is checked token by
+    // token against the trainer's own decoding in `infer::tests`.
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant", "{answer}");
+    let finish = answer["choices"][0]["finish_reason"].as_str();
+    assert!(matches!(finish, Some("stop" | "length")), "{answer}");
+    assert!(answer["usage"]["completion_tokens"].as_u64().is_some_and(|n| n <= 8), "{answer}");
+    assert!(answer["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0), "{answer}");
 }

@@ -57,7 +57,8 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
                     );
                 }
                 let rotary = (f64::from(cfg.head_dim) * l.partial_rotary_factor) as u32;
-                if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary.is_multiple_of(2)) {
+                if !(l.partial_rotary_factor > 0.0 && rotary >= 2 && rotary <= cfg.head_dim && rotary.is_multiple_of(2))
+                {
                     c.fail(
                         &at("partial_rotary_factor"),
                         format!(
