@@ -30,16 +30,28 @@ fn recipe(name: &str, sharding: &str, steps: u64, accum: u64) -> String {
     text
 }
 
+/// A run long enough that a test sees it between a checkpoint (every 10 steps) and its end on a
+/// loaded machine: at 12 steps the window after step 10 was two fast steps, and CI missed it.
+const RESUME_STEPS: u64 = 60;
+
 /// The final files of a finished run (names and digests), from `train --json`.
 fn files(v: &Value) -> Value {
-    assert_eq!(v["steps"], STEPS, "{v}");
+    files_after(v, STEPS)
+}
+
+fn files_after(v: &Value, steps: u64) -> Value {
+    assert_eq!(v["steps"], steps, "{v}");
     v["files"].clone()
 }
 
 /// The digests of a finished run's weight files (runs of different recipes: `config.json` is
 /// the same, the recipe is not in `final/`, but compare only what training produced).
 fn weights(v: &Value) -> Vec<Value> {
-    files(v)
+    weights_after(v, STEPS)
+}
+
+fn weights_after(v: &Value, steps: u64) -> Vec<Value> {
+    files_after(v, steps)
         .as_array()
         .unwrap()
         .iter()
@@ -188,8 +200,8 @@ fn is_zombie(pid: u32) -> bool {
 fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
     let node = Node::new();
     // A global batch of 2 rows: one process accumulating both, or two ranks of one.
-    let whole = train(&node, &write(&node, "whole", "zero1", STEPS, 2), &node.path("whole"), &[]);
-    let r = write(&node, "resume", "zero1", STEPS, 1);
+    let whole = train(&node, &write(&node, "whole", "zero1", RESUME_STEPS, 2), &node.path("whole"), &[]);
+    let r = write(&node, "resume", "zero1", RESUME_STEPS, 1);
 
     // Two ranks, the launcher killed after a checkpoint; its ranks stop when it goes away.
     let out = node.path("moved");
@@ -204,7 +216,8 @@ fn a_run_resumes_at_another_world_size_and_ends_on_the_same_bytes() {
     }
     // Resumed in one process: the run's global batch (2 rows, in run.json), so it accumulates 2.
     let resumed = train(&node, &r, &out, &["--resume"]);
-    assert_eq!(weights(&resumed), weights(&whole), "resumed in one process, the weights differ");
+    let (resumed, whole) = (weights_after(&resumed, RESUME_STEPS), weights_after(&whole, RESUME_STEPS));
+    assert_eq!(resumed, whole, "resumed in one process, the weights differ");
     // The plan of the old world size is kept beside the new one.
     let kept: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
