@@ -110,7 +110,11 @@ impl AdapterSlots {
 
     /// The adapters served as `name`.
     pub fn adapters(&self, name: &str) -> Result<&Adapters, AdapterError> {
-        self.slots.iter().find(|s| s.name == name).map(|s| &s.adapters).ok_or_else(|| AdapterError::Unknown(name.into()))
+        self.slots
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| &s.adapters)
+            .ok_or_else(|| AdapterError::Unknown(name.into()))
     }
 
     /// The current slot of the adapter loaded with `uid` (slots move when another is evicted).

@@ -11,8 +11,8 @@ use super::output::{Detokenizer, StopText};
 use super::request::{Request, RequestId, SamplingParams};
 use super::runner::{Launched, Runner, RunnerConfig, StepSeq};
 use super::sampler;
-use super::score::{self, TokenLogprob};
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
+use super::score::{self, TokenLogprob};
 use crate::data::Tokenizer;
 use crate::model::{Adapters, CausalLm, ModelError, Params};
 
