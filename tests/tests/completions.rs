@@ -27,7 +27,13 @@ fn in_process(t: &mindxtrain_tests::served::Trained, ids: &[u32]) -> Vec<(f64, f
         segment_ids: vec![1; n],
         labels: vec![IGNORE; n],
     };
-    let logits = model.logits(&batch, adapters.as_ref()).unwrap().to_vec3::<f64>().unwrap();
+    let logits = model
+        .logits(&batch, adapters.as_ref())
+        .unwrap()
+        .to_dtype(candle_core::DType::F64)
+        .unwrap()
+        .to_vec3::<f64>()
+        .unwrap();
     (1..n)
         .map(|i| {
             let row = &logits[0][i - 1][..BYTE_VOCAB_SIZE];
