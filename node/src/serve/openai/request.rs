@@ -89,8 +89,8 @@ impl ChatRequest {
 /// The top-level fields of a JSON object `body` (a `what`) that `table` honours, with their
 /// values; `null` is left out, a neutral value is checked and dropped, and any other field is
 /// a 400 naming it.
-pub(super) fn read_fields<'a>(
-    body: &'a [u8],
+pub(super) fn read_fields(
+    body: &[u8],
     table: &'static [Param],
     what: &str,
 ) -> Result<Vec<(&'static str, Json)>, ApiError> {
