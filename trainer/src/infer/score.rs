@@ -93,7 +93,7 @@ mod tests {
             segment_ids: vec![1; 4],
             labels: vec![IGNORE; 4],
         };
-        let logits = model.logits(&batch, None).unwrap().to_vec3::<f64>().unwrap();
+        let logits = model.logits(&batch, None).unwrap().to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
         for (t, s) in scored.iter().enumerate() {
             let row = &logits[0][t];
             let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
