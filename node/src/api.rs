@@ -73,7 +73,8 @@ pub const PAID_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 pub const OWN_DEADLINE: &[(&str, &str)] = &[("POST", "/api/plans")];
 
 /// Routes sold over x402 (method, route pattern): they get [`PAID_REQUEST_TIMEOUT`].
-pub const PAID_ROUTES: &[(&str, &str)] = &[("POST", "/v1/chat/completions"), ("POST", "/v1/rentals")];
+pub const PAID_ROUTES: &[(&str, &str)] =
+    &[("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/rentals")];
 
 /// What the operator routes share.
 pub struct ApiState {

@@ -5,7 +5,8 @@
 //!   batching, text deltas, stop sequences) and one completion on it; [`queue`]: generation
 //!   slots and a bounded fair queue;
 //! * [`openai`]: the wire format, every parameter honoured or refused by name; [`chat`]: the
-//!   model routes; [`answer`]: an answer's reasoning, content and tool calls;
+//!   model routes; [`completions`]: legacy completions (prompt scoring for evaluations);
+//!   [`answer`]: an answer's reasoning, content and tool calls;
 //! * [`rentals`]: the rental book and tokens; [`rental_routes`]: their routes;
 //! * [`payments`]: x402 reports as log events; [`client`]: paying for a call (our client
 //!   side, which `mindxtrain rent` and the demo use).
@@ -21,6 +22,7 @@
 pub mod answer;
 pub mod chat;
 pub mod client;
+pub mod completions;
 pub mod model;
 pub mod openai;
 pub mod payments;
@@ -104,6 +106,7 @@ fn per_call_ceiling(p: &publish::Pricing) -> u64 {
 /// is presented.
 pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
     let mut chat = post(chat::completions);
+    let mut legacy = post(completions::completions);
     let mut rentals = post(rental_routes::open);
     let mut app = Router::new();
     if let Some(sale) = sale {
@@ -117,6 +120,14 @@ pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
         chat_sale.exempt =
             Some(Arc::new(|parts: &axum::http::request::Parts| chat::rental_token(&parts.headers).is_some()));
         chat = chat.layer(PaidRoute::new(chat_sale, sale.payments.clone()));
+        // Completions are paid as chat completions of the same token budget.
+        let s = state.clone();
+        let prepare: Prepare = Arc::new(move |_, body| {
+            completions::prepare_paid(&s, price, body).map_err(|e| Box::new(e.into_response()))
+        });
+        let mut legacy_sale = PaidRouteConfig::new(vec![sale.offer.clone()], Pricing::Prepared(prepare));
+        legacy_sale.description = Some(format!("completion from {}", state.model.name));
+        legacy = legacy.layer(PaidRoute::new(legacy_sale, sale.payments.clone()));
         let prices = state.rental_prices.unwrap_or(RentalPrices { per_call: 1, per_hour: None });
         let name = state.model.name.clone();
         // A rental is opened (and recorded) only once its payment has settled.
@@ -138,6 +149,7 @@ pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
         .route("/v1/models", get(chat::list_models))
         .route("/v1/models/{id}", get(chat::get_model))
         .route("/v1/chat/completions", chat)
+        .route("/v1/completions", legacy)
         .route("/v1/rentals", rentals)
         .route("/v1/rentals/{id}", get(rental_routes::show))
         .with_state(state);

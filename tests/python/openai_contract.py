@@ -89,7 +89,7 @@ for chunk in client.chat.completions.create(**{**ask, "messages": conversation},
 out["streamed"] = {"content": "".join(parts), "tool_calls": calls, "finish": finish}
 
 try:
-    client.completions.create(model=model, prompt="hi")
+    client.embeddings.create(model=model, input="hi")
     out["unknown_route"] = "accepted"
 except openai.NotFoundError as e:
     out["unknown_route"] = {"status": e.status_code, "code": e.code, "param": e.param}

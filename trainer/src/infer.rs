@@ -8,6 +8,7 @@
 //!   replays pure decode steps as CUDA graphs per batch-size bucket ([`graph`]); [`sampler`]:
 //!   per-request seeded draws, batched on the device; [`adapters`]: several LoRA adapters
 //!   over one base in one batch; [`output`]: incremental detokenisation and stop strings;
+//!   [`score`]: the log-probabilities of a given sequence (prompt scoring for evaluations);
 //! * [`Engine`]: all of it, one step at a time; [`EngineHandle`]: the engine on its own thread,
 //!   which requests join and leave at every step.
 //!
@@ -44,6 +45,7 @@ pub mod request;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+pub mod score;
 #[cfg(test)]
 mod tests;
 
@@ -51,6 +53,7 @@ pub use engine::{Engine, EngineConfig, EngineError, Event, FinishReason, Stats, 
 pub use kv::KvBlocks;
 pub use latency::{Histogram, Latencies};
 pub use request::{Request, RequestId, SamplingParams};
+pub use score::TokenLogprob;
 
 use std::ops::ControlFlow;
 use std::sync::mpsc;
@@ -68,6 +71,14 @@ enum Command {
     Submit(Request, Sink, mpsc::Sender<Result<RequestId, EngineError>>),
     Abort(RequestId),
     LoadAdapter(String, Box<Adapters>, mpsc::Sender<Result<(), EngineError>>),
+    Score(Score, mpsc::Sender<Result<Vec<TokenLogprob>, EngineError>>),
+}
+
+/// A sequence to score ([`Engine::score`]).
+struct Score {
+    ids: Vec<u32>,
+    adapter: Option<String>,
+    top: usize,
 }
 
 /// The engine running on a thread of its own. Dropping the handle stops it after the current
@@ -133,6 +144,13 @@ impl EngineHandle {
     pub fn load_adapter(&self, name: &str, adapters: Adapters) -> Result<(), EngineError> {
         let (reply, answer) = mpsc::channel();
         self.send(Command::LoadAdapter(name.to_string(), Box::new(adapters), reply))?;
+        answer.recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    /// [`Engine::score`] on the engine's thread, between two steps.
+    pub fn score(&self, ids: Vec<u32>, adapter: Option<String>, top: usize) -> Result<Vec<TokenLogprob>, EngineError> {
+        let (reply, answer) = mpsc::channel();
+        self.send(Command::Score(Score { ids, adapter, top }, reply))?;
         answer.recv().map_err(|_| EngineError::Stopped)?
     }
 
@@ -235,6 +253,9 @@ fn serve(mut engine: Engine, rx: mpsc::Receiver<Command>, shared: Shared) {
                 Command::LoadAdapter(name, adapters, reply) => {
                     let _ = reply.send(engine.load_adapter(&name, *adapters));
                     *shared.names.lock().unwrap_or_else(|e| e.into_inner()) = engine.adapters();
+                }
+                Command::Score(Score { ids, adapter, top }, reply) => {
+                    let _ = reply.send(engine.score(&ids, adapter.as_deref(), top));
                 }
             }
         }

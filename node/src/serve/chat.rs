@@ -41,7 +41,7 @@ fn model_object(s: &AppState, id: &str) -> Value {
     json!({"id": id, "object": "model", "created": s.model.loaded_at, "owned_by": "mindxtrain"})
 }
 
-fn model_not_found(id: &str) -> ApiError {
+pub(super) fn model_not_found(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found", format!("no model {id:?} here"))
 }
 
@@ -97,22 +97,7 @@ async fn completion(s: Arc<AppState>, headers: &HeaderMap, p: &Prepared) -> Resu
         Some(token) => Some(s.rentals.reserve(token, &req.model, unix_now()).map_err(rental_refusal)?),
         None => None,
     };
-    let slot = s.admission.enter(job.prompt_ids.len() + job.max_tokens).await.map_err(|r| match r {
-        Refused::Busy { retry_after } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            "queue_full",
-            "the model is busy: its generation slots and queue, or its KV-cache budget, are full",
-        )
-        .retry_after(retry_after),
-        Refused::Closed => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "shutting_down",
-            "the server is shutting down",
-        )
-        .retry_after(5),
-    })?;
+    let slot = admit(&s, job.prompt_ids.len() + job.max_tokens).await?;
     let prompt_tokens = job.prompt_ids.len();
     let meta = Meta { id: completion_id(), created: unix_now(), model: req.model.clone() };
     if req.stream {
@@ -229,6 +214,27 @@ fn stream(
     Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
 }
 
+/// A generation slot for a request that may use `tokens` tokens, or the 429/503 that says why
+/// not.
+pub(super) async fn admit(s: &AppState, tokens: usize) -> Result<Slot, ApiError> {
+    s.admission.enter(tokens).await.map_err(|r| match r {
+        Refused::Busy { retry_after } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "queue_full",
+            "the model is busy: its generation slots and queue, or its KV-cache budget, are full",
+        )
+        .retry_after(retry_after),
+        Refused::Closed => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "shutting_down",
+            "the server is shutting down",
+        )
+        .retry_after(5),
+    })
+}
+
 fn rental_refusal(e: RentalError) -> ApiError {
     let (status, code) = match &e {
         RentalError::BadToken | RentalError::Unknown(_) => (StatusCode::UNAUTHORIZED, "invalid_rental_token"),
@@ -242,19 +248,24 @@ fn rental_refusal(e: RentalError) -> ApiError {
 
 /// A failed generation: the whole error (a device error may carry a backtrace) goes to the
 /// operator's log, its first line to the client.
-fn internal(message: String) -> ApiError {
+pub(super) fn internal(message: String) -> ApiError {
     tracing::error!(error = %message, "generation failed");
     let first = message.lines().next().unwrap_or("generation failed").to_string();
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "generation_failed", first)
 }
 
 fn completion_id() -> String {
-    let mut b = [0u8; 12];
-    let _ = getrandom::fill(&mut b);
-    format!("chatcmpl-{}", hex::encode(b))
+    format!("chatcmpl-{}", random_id())
 }
 
-fn random_seed() -> u64 {
+/// 24 random hex digits: the unique part of a completion's id.
+pub(super) fn random_id() -> String {
+    let mut b = [0u8; 12];
+    let _ = getrandom::fill(&mut b);
+    hex::encode(b)
+}
+
+pub(super) fn random_seed() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b)

@@ -14,7 +14,7 @@ use mindxtrain_trainer::data::template::{Piece, encode_pieces, pieces_to_string}
 use mindxtrain_trainer::data::{ChatTemplate, Json, Message, Tokenizer};
 use mindxtrain_trainer::infer::{
     Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, KvBlocks, Latencies, Request, SamplingParams,
-    Stats,
+    Stats, TokenLogprob,
 };
 use mindxtrain_trainer::model::{Adapters, CausalLm, merge_lora};
 use mindxtrain_trainer::recipe::{LoadedRecipe, Recipe};
@@ -57,6 +57,8 @@ pub struct Prompt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub text: String,
+    /// The generated tokens (an end-of-turn token that ended the answer is not one).
+    pub tokens: Vec<u32>,
     pub completion_tokens: usize,
     /// OpenAI's `finish_reason`: `stop` or `length`.
     pub finish_reason: &'static str,
@@ -213,6 +215,22 @@ impl ServedModel {
         Ok(Prompt { ids, think_open: opens_think(&pieces) })
     }
 
+    /// `text` as the model's tokens, without a chat template (a completions prompt).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ServeModelError> {
+        self.tokenizer.encode(text).map_err(|e| ServeModelError::Prompt(e.to_string()))
+    }
+
+    /// The text of `ids` (special tokens included: an echoed prompt is the prompt).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ServeModelError> {
+        self.tokenizer.decode(ids, false).map_err(|e| ServeModelError::Prompt(e.to_string()))
+    }
+
+    /// The log-probability of each of `ids[1..]` and the `top` most likely tokens at its
+    /// position, under the model `adapter` names ([`ServedModel::resolve`]). Blocking.
+    pub fn score(&self, ids: &[u32], adapter: Option<&str>, top: usize) -> Result<Vec<TokenLogprob>, ServeModelError> {
+        self.engine.score(ids.to_vec(), adapter.map(str::to_string), top).map_err(ServeModelError::Refused)
+    }
+
     /// Runs `job`, handing each new piece of final text to `on_text`, which may stop it (the
     /// client went away: the engine drops the request and frees its blocks at its next step).
     /// Blocking: call it from a blocking thread.
@@ -230,15 +248,16 @@ impl ServedModel {
         };
         let events = self.engine.stream(request).map_err(ServeModelError::Refused)?;
         let mut answer = String::new();
-        let mut tokens = 0;
+        let mut tokens = Vec::new();
         for event in events {
             match event {
-                Event::Token { text, .. } => {
-                    tokens += 1;
+                Event::Token { id, text, .. } => {
+                    tokens.push(id);
                     answer.push_str(&text);
                     if !text.is_empty() && on_text(&text).is_break() {
                         // Dropping the stream cancels the request.
-                        return Ok(Outcome { text: answer, completion_tokens: tokens, finish_reason: "stop" });
+                        let completion_tokens = tokens.len();
+                        return Ok(Outcome { text: answer, tokens, completion_tokens, finish_reason: "stop" });
                     }
                 }
                 Event::Finished { reason, text, usage, .. } => {
@@ -248,7 +267,12 @@ impl ServedModel {
                         answer.push_str(&text);
                     }
                     let finish_reason = if reason == FinishReason::Length { "length" } else { "stop" };
-                    return Ok(Outcome { text: answer, completion_tokens: usage.completion_tokens, finish_reason });
+                    return Ok(Outcome {
+                        text: answer,
+                        tokens,
+                        completion_tokens: usage.completion_tokens,
+                        finish_reason,
+                    });
                 }
                 Event::Failed(message) => return Err(ServeModelError::Generate(message)),
             }

@@ -1,15 +1,17 @@
-//! The OpenAI chat-completions wire format, as far as this server implements it, and the
+//! The OpenAI chat-completions (and legacy completions) wire format, as far as this server implements it, and the
 //! OpenAI error body.
 //!
 //! * [`params`]: every request parameter and message field, honoured or refused (one table,
 //!   listed in docs/formats.md);
 //! * [`request`]: a body read strictly by that table; [`messages`]: its conversation and tools;
-//! * [`response`]: completions and stream chunks.
+//! * [`response`]: completions and stream chunks;
+//! * [`completion`]: a `POST /v1/completions` body (legacy completions, by its own table).
 //!
 //! Nothing a client sends is silently ignored: a parameter is carried out, or accepted only at
 //! the value that changes nothing, or a 400 naming it (`param`), as OpenAI's own API answers a
 //! parameter it does not know.
 
+pub mod completion;
 pub mod messages;
 pub mod params;
 pub mod request;

@@ -215,7 +215,7 @@ async fn max_model_len_and_max_batch_shape_the_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_routes_and_methods_answer_in_openais_error_shape() {
     let s = served("{max_model_len: 64}");
-    let (status, body) = s.send("GET", "/v1/completions", None).await;
+    let (status, body) = s.send("GET", "/v1/embeddings", None).await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("unknown_url")), "{body}");
     assert_eq!(body["error"]["param"], Value::Null);
     let (status, body) = s.send("GET", "/v1/chat/completions", None).await;

@@ -108,6 +108,15 @@ impl AdapterSlots {
             .ok_or_else(|| AdapterError::Unknown(name.into()))
     }
 
+    /// The adapters served as `name`.
+    pub fn adapters(&self, name: &str) -> Result<&Adapters, AdapterError> {
+        self.slots
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| &s.adapters)
+            .ok_or_else(|| AdapterError::Unknown(name.into()))
+    }
+
     /// The current slot of the adapter loaded with `uid` (slots move when another is evicted).
     pub fn slot_of(&self, uid: u64) -> Option<u32> {
         self.slots.iter().position(|s| s.uid == uid).map(|i| i as u32)

@@ -12,6 +12,7 @@ use super::request::{Request, RequestId, SamplingParams};
 use super::runner::{Launched, Runner, RunnerConfig, StepSeq};
 use super::sampler;
 use super::scheduler::{Schedule, Scheduler, SchedulerConfig};
+use super::score::{self, TokenLogprob};
 use crate::data::Tokenizer;
 use crate::model::{Adapters, CausalLm, ModelError, Params};
 
@@ -67,6 +68,8 @@ pub struct Engine {
     live: HashMap<RequestId, Live>,
     tokenizer: Option<Tokenizer>,
     stop_ids: Vec<u32>,
+    /// The ids the tokenizer can decode (the model's vocabulary without its padding).
+    vocab: usize,
     /// Where every step is computed (and, on a CUDA device, queued: one thread, so one stream).
     pool: rayon::ThreadPool,
     next_id: RequestId,
@@ -153,6 +156,7 @@ impl Engine {
             live: HashMap::new(),
             tokenizer,
             stop_ids,
+            vocab,
             pool,
             next_id: 1,
             in_flight: None,
@@ -282,6 +286,21 @@ impl Engine {
         );
         self.scheduler.add(id, req.prompt, adapter);
         Ok(id)
+    }
+
+    /// The scores of `ids[1..]` under the base model or `adapter`, each with its `top` most
+    /// likely tokens ([`score::score`]), computed between steps on the steps' thread.
+    pub fn score(&self, ids: &[u32], adapter: Option<&str>, top: usize) -> Result<Vec<TokenLogprob>, EngineError> {
+        let context = self.config.max_model_len;
+        if ids.len() > context {
+            return Err(EngineError::PromptTooLong { prompt: ids.len(), context });
+        }
+        if let Some(id) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(EngineError::BadRequest(format!("token {id} is outside the vocabulary of {}", self.vocab)));
+        }
+        let adapters = adapter.map(|name| self.adapters.adapters(name)).transpose()?;
+        let model = self.runner.model();
+        Ok(self.pool.install(|| score::score(model, adapters, ids, self.vocab, top))?)
     }
 
     /// Drops a request (its client left): its blocks are free for the next step.

@@ -128,6 +128,35 @@ pub const PARAMS: &[Param] = &[
     refused("structured_outputs", "no constrained decoding yet"),
 ];
 
+/// The body's parameters of `POST /v1/completions` (OpenAI's legacy completions, as evaluation
+/// harnesses use it). Whatever else OpenAI defines there is refused by name.
+pub const COMPLETION_PARAMS: &[Param] = &[
+    honoured("model", "the checkpoint's id or an `--adapter` id"),
+    honoured(
+        "prompt",
+        "a string, a list of strings, a list of token ids, or a list of such lists; one choice per prompt",
+    ),
+    honoured(
+        "max_tokens",
+        "default 16; 0 generates nothing (with `echo`: scores the prompt); cut to what the context leaves",
+    ),
+    honoured("echo", "the prompt is repeated before the answer, and scored with `logprobs`"),
+    honoured("logprobs", "0–5: each token's log-probability and the most likely tokens at its position"),
+    honoured("temperature", "0–2; 0 is greedy"),
+    honoured("top_p", "(0, 1]"),
+    honoured("seed", "the same seed gives the same answer"),
+    honoured("stop", "up to 4 strings; the answer ends before the first"),
+    honoured("user", "accepted; no per-user records are kept"),
+    neutral("n", "1", one, "one choice per prompt"),
+    neutral("stream", "false", is_false, "a whole answer only: no streaming on this route yet"),
+    refused("stream_options", "no streaming on this route yet"),
+    refused("best_of", "sampling only, one candidate"),
+    refused("suffix", "no insertion (fill-in-the-middle)"),
+    refused("presence_penalty", "no penalties in the sampler yet"),
+    refused("frequency_penalty", "no penalties in the sampler yet"),
+    refused("logit_bias", "no logit bias in the sampler yet"),
+];
+
 /// The fields of one message in `messages`.
 pub const MESSAGE_FIELDS: &[Param] = &[
     honoured("role", "`system`, `developer` (as system), `user`, `assistant`; `tool` with `serve.tool_calls`"),
@@ -187,11 +216,12 @@ mod tests {
     fn the_docs_list_every_parameter_as_the_code_treats_it() {
         assert_eq!(documented("**Request parameters**"), expected(PARAMS));
         assert_eq!(documented("**Message fields**"), expected(MESSAGE_FIELDS));
+        assert_eq!(documented("**Completions parameters**"), expected(COMPLETION_PARAMS));
     }
 
     #[test]
     fn each_neutral_value_passes_its_own_check_and_names_are_unique() {
-        for table in [PARAMS, MESSAGE_FIELDS] {
+        for table in [PARAMS, MESSAGE_FIELDS, COMPLETION_PARAMS] {
             for (i, p) in table.iter().enumerate() {
                 assert!(table[..i].iter().all(|q| q.name != p.name), "{} twice", p.name);
                 if let Treatment::Neutral { neutral, is } = p.treatment {

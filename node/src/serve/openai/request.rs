@@ -40,35 +40,8 @@ pub struct Allowed {
 impl ChatRequest {
     /// Reads `body`, refusing every parameter this server would otherwise not carry out.
     pub fn read(body: &[u8], allowed: Allowed) -> Result<ChatRequest, ApiError> {
-        let top: Json =
-            serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", format!("not a chat request: {e}")))?;
-        let Json::Object(fields) = top else {
-            return Err(ApiError::invalid("body", "a chat request is a JSON object"));
-        };
-        let mut given = Vec::new();
-        for (name, value) in &fields {
-            if *value == Json::Null {
-                continue;
-            }
-            let param = find(PARAMS, name).ok_or_else(|| ApiError::unrecognized(name))?;
-            match param.treatment {
-                Treatment::Honoured => given.push((param.name, value)),
-                Treatment::Neutral { neutral, is } => {
-                    let v: Value = typed(name, value)?;
-                    if !is(&v) {
-                        return Err(ApiError::unsupported(
-                            name,
-                            format!(
-                                "`{name}` = {v} is not supported yet ({}); only {neutral}, which changes nothing, is accepted",
-                                param.note
-                            ),
-                        ));
-                    }
-                }
-                Treatment::Refused => return Err(refused(param)),
-            }
-        }
-        let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let given = read_fields(body, PARAMS, "a chat request")?;
+        let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| v);
         let model: String =
             typed("model", get("model").ok_or_else(|| ApiError::invalid("model", "`model` is required"))?)?;
         let messages = read_messages(
@@ -113,8 +86,46 @@ impl ChatRequest {
     }
 }
 
+/// The top-level fields of a JSON object `body` (a `what`) that `table` honours, with their
+/// values; `null` is left out, a neutral value is checked and dropped, and any other field is
+/// a 400 naming it.
+pub(super) fn read_fields(
+    body: &[u8],
+    table: &'static [Param],
+    what: &str,
+) -> Result<Vec<(&'static str, Json)>, ApiError> {
+    let top: Json = serde_json::from_slice(body).map_err(|e| ApiError::invalid("body", format!("not {what}: {e}")))?;
+    let Json::Object(fields) = top else {
+        return Err(ApiError::invalid("body", format!("{what} is a JSON object")));
+    };
+    let mut given = Vec::new();
+    for (name, value) in fields {
+        if value == Json::Null {
+            continue;
+        }
+        let param = find(table, &name).ok_or_else(|| ApiError::unrecognized(&name))?;
+        match param.treatment {
+            Treatment::Honoured => given.push((param.name, value)),
+            Treatment::Neutral { neutral, is } => {
+                let v: Value = typed(&name, &value)?;
+                if !is(&v) {
+                    return Err(ApiError::unsupported(
+                        &name,
+                        format!(
+                            "`{name}` = {v} is not supported yet ({}); only {neutral}, which changes nothing, is accepted",
+                            param.note
+                        ),
+                    ));
+                }
+            }
+            Treatment::Refused => return Err(refused(param)),
+        }
+    }
+    Ok(given)
+}
+
 /// A parameter's value as `T`, or a 400 naming it.
-fn typed<T: DeserializeOwned>(name: &str, value: &Json) -> Result<T, ApiError> {
+pub(super) fn typed<T: DeserializeOwned>(name: &str, value: &Json) -> Result<T, ApiError> {
     serde_json::to_value(value)
         .and_then(serde_json::from_value)
         .map_err(|e| ApiError::invalid(name, format!("`{name}`: {e}")))
@@ -199,7 +210,7 @@ fn stream_options(value: Option<&Json>, stream: bool) -> Result<bool, ApiError> 
 }
 
 /// At most four stop sequences, as OpenAI allows.
-fn stops(value: Option<&Json>) -> Result<Vec<String>, ApiError> {
+pub(super) fn stops(value: Option<&Json>) -> Result<Vec<String>, ApiError> {
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
     enum Stop {
