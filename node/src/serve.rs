@@ -6,6 +6,7 @@
 //!   slots and a bounded fair queue;
 //! * [`openai`]: the wire format, every parameter honoured or refused by name; [`chat`]: the
 //!   model routes; [`completions`]: legacy completions (prompt scoring for evaluations);
+//!   [`tokenize`]: `/tokenize`, `/detokenize`, `/tokenizer_info` (vLLM's shapes, free);
 //!   [`answer`]: an answer's reasoning, content and tool calls;
 //! * [`rentals`]: the rental book and tokens; [`rental_routes`]: their routes;
 //! * [`payments`]: x402 reports as log events; [`client`]: paying for a call (our client
@@ -29,6 +30,7 @@ pub mod payments;
 pub mod queue;
 pub mod rental_routes;
 pub mod rentals;
+pub mod tokenize;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,6 +152,9 @@ pub fn router(state: Arc<AppState>, sale: Option<&Sale>) -> Router {
         .route("/v1/models/{id}", get(chat::get_model))
         .route("/v1/chat/completions", chat)
         .route("/v1/completions", legacy)
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/v1/rentals", rentals)
         .route("/v1/rentals/{id}", get(rental_routes::show))
         .with_state(state);

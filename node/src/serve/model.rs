@@ -215,6 +215,11 @@ impl ServedModel {
         Ok(Prompt { ids, think_open: opens_think(&pieces) })
     }
 
+    /// The checkpoint's tokenizer (every model id served here shares it).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// `text` as the model's tokens, without a chat template (a completions prompt).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ServeModelError> {
         self.tokenizer.encode(text).map_err(|e| ServeModelError::Prompt(e.to_string()))

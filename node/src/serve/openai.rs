@@ -5,7 +5,8 @@
 //!   listed in docs/formats.md);
 //! * [`request`]: a body read strictly by that table; [`messages`]: its conversation and tools;
 //! * [`response`]: completions and stream chunks;
-//! * [`completion`]: a `POST /v1/completions` body (legacy completions, by its own table).
+//! * [`completion`]: a `POST /v1/completions` body (legacy completions, by its own table);
+//! * [`tokenize`]: `POST /tokenize` and `/detokenize` bodies (vLLM's shapes, by their tables).
 //!
 //! Nothing a client sends is silently ignored: a parameter is carried out, or accepted only at
 //! the value that changes nothing, or a 400 naming it (`param`), as OpenAI's own API answers a
@@ -16,6 +17,7 @@ pub mod messages;
 pub mod params;
 pub mod request;
 pub mod response;
+pub mod tokenize;
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -274,6 +274,21 @@ impl Tokenizer {
         }
     }
 
+    /// Encodes as Hugging Face's `tokenizer(text, add_special_tokens=…)` does: every special
+    /// token's text is read as that token, and with `add_special_tokens` the tokenizer's
+    /// post-processor adds its own (a BOS, say; Qwen's and the byte tokenizer's add none). What a
+    /// `/tokenize` route answers, so that a client counting tokens counts the server's.
+    pub fn encode_as_hf(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, DataError> {
+        match &self.inner {
+            Inner::Byte => Ok(byte::encode(text, true)),
+            Inner::Hf(hf) => hf
+                .with_specials
+                .encode(text, add_special_tokens)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| DataError::Tokenizer { origin: hf.origin.clone(), message: e.to_string() }),
+        }
+    }
+
     /// Decodes ids to text. `skip_control` drops control tokens (as HF's
     /// `skip_special_tokens` does for Qwen3); markup tokens are always written out.
     pub fn decode(&self, ids: &[u32], skip_control: bool) -> Result<String, DataError> {

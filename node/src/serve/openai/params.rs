@@ -157,6 +157,29 @@ pub const COMPLETION_PARAMS: &[Param] = &[
     refused("logit_bias", "no logit bias in the sampler yet"),
 ];
 
+/// `POST /tokenize` (vLLM's shape).
+pub const TOKENIZE_PARAMS: &[Param] = &[
+    honoured("model", "optional; a served id (the tokenizer is the checkpoint's for every id)"),
+    honoured(
+        "prompt",
+        "a text; special-token strings in it are read as those tokens, as the Hugging Face tokenizer reads them",
+    ),
+    honoured("add_special_tokens", "with `prompt`: the tokenizer's post-processor adds its specials (default false)"),
+    honoured(
+        "messages",
+        "a conversation, tokenized as chat completions prompt it (the template's assistant turn opened)",
+    ),
+    honoured("tools", "with `messages`: the tools offered to the chat template"),
+    neutral("add_generation_prompt", "true", is_true, "the assistant turn is always opened, as for chat completions"),
+    refused("return_token_strs", "token ids only"),
+    refused("chat_template", "the model's own chat template only"),
+    refused("chat_template_kwargs", "the model's own chat template only"),
+];
+
+/// `POST /detokenize` (vLLM's shape).
+pub const DETOKENIZE_PARAMS: &[Param] =
+    &[honoured("model", "optional; a served id"), honoured("tokens", "token ids; every special token is written out")];
+
 /// The fields of one message in `messages`.
 pub const MESSAGE_FIELDS: &[Param] = &[
     honoured("role", "`system`, `developer` (as system), `user`, `assistant`; `tool` with `serve.tool_calls`"),
@@ -217,11 +240,13 @@ mod tests {
         assert_eq!(documented("**Request parameters**"), expected(PARAMS));
         assert_eq!(documented("**Message fields**"), expected(MESSAGE_FIELDS));
         assert_eq!(documented("**Completions parameters**"), expected(COMPLETION_PARAMS));
+        assert_eq!(documented("**Tokenize parameters**"), expected(TOKENIZE_PARAMS));
+        assert_eq!(documented("**Detokenize parameters**"), expected(DETOKENIZE_PARAMS));
     }
 
     #[test]
     fn each_neutral_value_passes_its_own_check_and_names_are_unique() {
-        for table in [PARAMS, MESSAGE_FIELDS, COMPLETION_PARAMS] {
+        for table in [PARAMS, MESSAGE_FIELDS, COMPLETION_PARAMS, TOKENIZE_PARAMS, DETOKENIZE_PARAMS] {
             for (i, p) in table.iter().enumerate() {
                 assert!(table[..i].iter().all(|q| q.name != p.name), "{} twice", p.name);
                 if let Treatment::Neutral { neutral, is } = p.treatment {
