@@ -3,8 +3,15 @@
 //! port, killed on drop.
 
 use crate::mindxtrain;
+use candle_core::{DType, Device};
+use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
+use mindxtrain_trainer::data::tokenizer::{BYTE_VOCAB_SIZE, Tokenizer};
+use mindxtrain_trainer::generate::{Limits, Sampling, generate};
+use mindxtrain_trainer::model::{Adapters, CausalLm};
+use mindxtrain_trainer::recipe::Recipe;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::ops::ControlFlow;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -95,6 +102,55 @@ pub fn trained(max_batch: u32) -> Trained {
 }
 
 impl Trained {
+    /// The checkpoint loaded in this process as `serve` loads it: the model and its adapters.
+    pub fn load(&self) -> (CausalLm, Option<Adapters>) {
+        let recipe = Recipe::from_path(&self.recipe).unwrap().recipe;
+        let dir = self.recipe.parent().unwrap();
+        let base = mindxtrain_trainer::run::adapter_base(&recipe, dir, &self.checkpoint, None, false).unwrap();
+        mindxtrain_trainer::checkpoint::load_checkpoint(&recipe, base.as_deref(), &self.checkpoint, &Device::Cpu)
+            .unwrap()
+    }
+
+    /// Our log-probability of each of `ids[1..]` and the best log-probability at its position,
+    /// from the checkpoint loaded in this process, over the byte tokenizer's ids as served.
+    pub fn logprobs(&self, ids: &[u32]) -> Vec<(f64, f64)> {
+        let (model, adapters) = self.load();
+        let n = ids.len();
+        let batch = PackedBatch {
+            batch: 1,
+            seq_len: n,
+            input_ids: ids.to_vec(),
+            position_ids: (0..n as u32).collect(),
+            segment_ids: vec![1; n],
+            labels: vec![IGNORE; n],
+        };
+        let logits =
+            model.logits(&batch, adapters.as_ref()).unwrap().to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
+        (1..n)
+            .map(|i| {
+                let row = &logits[0][i - 1][..BYTE_VOCAB_SIZE];
+                let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+                let best = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                (row[ids[i] as usize] - lse, best - lse)
+            })
+            .collect()
+    }
+
+    /// The greedy continuation of `prompt` in this process (dense decode, not the serving
+    /// engine), up to `max_tokens`, ending at the tokens that end an answer as served.
+    pub fn greedy(&self, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+        let (model, adapters) = self.load();
+        let stop_ids = Tokenizer::byte().stop_ids();
+        let limits = Limits { max_tokens, vocab: BYTE_VOCAB_SIZE, stop_ids: &stop_ids };
+        let mut out = Vec::new();
+        generate(&model, adapters.as_ref(), prompt, limits, &Sampling::greedy(), |id| {
+            out.push(id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        out
+    }
+
     /// The training recipe with `serve` as its serve section, written beside it as `name`: the
     /// same model, served under other terms.
     pub fn recipe_serving(&self, name: &str, serve: &str) -> PathBuf {
@@ -196,4 +252,10 @@ pub fn post_json_blocking(url: &str, body: &Value) -> (u16, Value) {
         let r = reqwest::Client::new().post(url).json(body).send().await.unwrap_or_else(|e| panic!("POST {url}: {e}"));
         (r.status().as_u16(), r.json::<Value>().await.unwrap_or_else(|e| panic!("POST {url}: {e}")))
     })
+}
+
+/// GETs `url` from a test's synchronous code, expecting a 200 with a JSON body.
+pub fn get_blocking(url: &str) -> Value {
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    rt.block_on(get_json(&reqwest::Client::new(), url, None))
 }

@@ -3,46 +3,8 @@
 //! trainer's own forward (log-softmax of `CausalLm::logits`), `max_tokens` 0 and 1, stop
 //! strings, batched prompts answered in order, and refusals by name.
 
-use candle_core::Device;
 use mindxtrain_tests::served::{MODEL, Server, new_node, post_json_blocking, trained};
-use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
-use mindxtrain_trainer::data::tokenizer::BYTE_VOCAB_SIZE;
-use mindxtrain_trainer::recipe::Recipe;
 use serde_json::{Value, json};
-
-/// Our log-probability of each of `ids[1..]` and the best log-probability at its position,
-/// from the checkpoint loaded in this process (over the byte tokenizer's ids, as served).
-fn in_process(t: &mindxtrain_tests::served::Trained, ids: &[u32]) -> Vec<(f64, f64)> {
-    let recipe = Recipe::from_path(&t.recipe).unwrap().recipe;
-    let dir = t.recipe.parent().unwrap();
-    let base = mindxtrain_trainer::run::adapter_base(&recipe, dir, &t.checkpoint, None, false).unwrap();
-    let (model, adapters) =
-        mindxtrain_trainer::checkpoint::load_checkpoint(&recipe, base.as_deref(), &t.checkpoint, &Device::Cpu).unwrap();
-    let n = ids.len();
-    let batch = PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: ids.to_vec(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: vec![IGNORE; n],
-    };
-    let logits = model
-        .logits(&batch, adapters.as_ref())
-        .unwrap()
-        .to_dtype(candle_core::DType::F64)
-        .unwrap()
-        .to_vec3::<f64>()
-        .unwrap();
-    (1..n)
-        .map(|i| {
-            let row = &logits[0][i - 1][..BYTE_VOCAB_SIZE];
-            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
-            let best = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            (row[ids[i] as usize] - lse, best - lse)
-        })
-        .collect()
-}
 
 fn complete(server: &Server, body: Value) -> (u16, Value) {
     let mut body = body;
@@ -70,7 +32,7 @@ fn completions_answer_every_prompt_form_and_score_echoed_prompts_as_the_trainer_
     assert_eq!(lp["token_logprobs"][0], Value::Null);
     assert_eq!(lp["text_offset"][1], 1);
     assert!(r["choices"][0]["text"].as_str().unwrap().starts_with("The cat sat"), "{r}");
-    let ours = in_process(&t, &ids);
+    let ours = t.logprobs(&ids);
     for (i, (lp_ours, best)) in ours.iter().enumerate() {
         let theirs = lp["token_logprobs"][i + 1].as_f64().unwrap();
         assert!((theirs - lp_ours).abs() < 1e-4, "position {}: {theirs} vs {lp_ours}", i + 1);
@@ -135,4 +97,52 @@ fn completions_answer_every_prompt_form_and_score_echoed_prompts_as_the_trainer_
     }
     let (status, e) = complete(&server, json!({"prompt": [[9999]], "max_tokens": 1}));
     assert_eq!((status, e["error"]["param"].as_str()), (400, Some("prompt")), "{e}");
+}
+
+/// `/tokenize`, `/detokenize` and `/tokenizer_info`: the served tokenizer's ids for a text and
+/// for a conversation (the very ids a chat completion prompts with: its `usage` counts them),
+/// back to text, and refusals by name.
+#[test]
+fn token_routes_count_and_join_tokens_as_the_server_does() {
+    let t = trained(2);
+    let node = new_node(&t, "node");
+    let server = Server::start(&node, &t, &["--free"]);
+    let post = |route: &str, body: Value| post_json_blocking(&format!("{}/{route}", server.url), &body);
+
+    // Special-token text is read as the token, as the Hugging Face tokenizer reads it.
+    let (status, r) = post("tokenize", json!({"prompt": "hi<|im_end|>"}));
+    assert_eq!(status, 200, "{r}");
+    let tokens: Vec<u32> = serde_json::from_value(r["tokens"].clone()).unwrap();
+    assert_eq!(tokens[..2], [u32::from(b'h'), u32::from(b'i')]);
+    assert_eq!((tokens.len(), r["count"].as_u64()), (3, Some(3)), "{r}");
+    assert!(tokens[2] >= 256, "<|im_end|> is one special token: {r}");
+    assert_eq!(r["max_model_len"], 160);
+    let (_, d) = post("detokenize", json!({"tokens": tokens, "model": MODEL}));
+    assert_eq!(d["prompt"], "hi<|im_end|>");
+
+    let messages = json!([{"role": "user", "content": "hello"}]);
+    let (_, chat) = post("tokenize", json!({"messages": messages}));
+    let (status, c) = post_json_blocking(
+        &format!("{}/v1/chat/completions", server.url),
+        &json!({"model": MODEL, "messages": messages, "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(chat["count"], c["usage"]["prompt_tokens"], "{chat} vs {c}");
+
+    let info = mindxtrain_tests::served::get_blocking(&format!("{}/tokenizer_info", server.url));
+    assert_eq!(info["eos_token"], "<|im_end|>", "{info}");
+    assert_eq!(info["model_max_length"], 160);
+
+    for (route, body, param, code) in [
+        ("tokenize", json!({"prompt": "x", "return_token_strs": true}), "return_token_strs", 400),
+        ("tokenize", json!({"prompt": "x", "model": "nope"}), "", 404),
+        ("tokenize", json!({}), "prompt", 400),
+        ("detokenize", json!({"tokens": [99999]}), "tokens", 400),
+    ] {
+        let (status, e) = post(route, body);
+        assert_eq!(status, code, "{route}: {e}");
+        if code == 400 {
+            assert_eq!(e["error"]["param"], param, "{route}: {e}");
+        }
+    }
 }
