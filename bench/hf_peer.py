@@ -3,9 +3,11 @@ Liger kernels 0.8.5 (`liger`: RoPE, RMSNorm, SwiGLU and the fused linear cross-e
 before the model is built; on Qwen3-MoE shapes also Liger's fused MoE experts). SDPA, bf16,
 random-init Qwen3 shapes (bench/qwen3_shapes.py; Qwen3-MoE: transformers' default `grouped_mm`
 experts) or Instella shapes (bench/instella_shapes.py: our modeling file of the published
-architecture; Liger has none, so the `liger` peer prints error rows saying so), LoRA r=16 alpha=32
-on all seven projections (on Qwen3-MoE, PEFT maps the MLP ones to the experts), torch AdamW on the
-adapters. Training forwards pass use_cache=False: with the config's use_cache=True transformers
+architecture; Liger has none, so the `liger` peer prints error rows saying so) or Qwen3.6 hybrid
+shapes (bench/qwen3_6_shapes.py: transformers' qwen3_5 text model, flash-linear-attention's gated
+delta rule when importable, Liger's Qwen3.5 patch for `liger`; each row records the kernels found),
+LoRA r=16 alpha=32 on all seven projections (the hybrids: all twelve; on Qwen3-MoE, PEFT maps the
+MLP ones to the experts), torch AdamW on the adapters. Training forwards pass use_cache=False: with the config's use_cache=True transformers
 makes a KV cache and then does not recognise packed rows (masking_utils; the packed rows of the
 runs before 2026-12 attended across documents).
 
@@ -42,6 +44,7 @@ import time
 import torch
 
 import instella_shapes
+import qwen3_6_shapes
 import qwen3_shapes
 from qwen3_shapes import MOE
 
@@ -64,6 +67,8 @@ def used_gib():
 def random_model(shape, device):
     if shape in instella_shapes.SHAPES:
         return instella_shapes.random_model(shape, device)
+    if shape in qwen3_6_shapes.SHAPES:
+        return qwen3_6_shapes.random_model(shape, device)
     return qwen3_shapes.random_model(shape, device)
 
 
@@ -103,7 +108,12 @@ def main():
         for kind in ("uniform",) + (("packed",) if packing else ()):
             print(json.dumps({"who": peer, "shape": shape, "kind": kind, "error": instella_shapes.NO_LIGER}))
         return
-    if peer == "liger":
+    if peer == "liger" and shape in qwen3_6_shapes.SHAPES:
+        # Liger's Qwen3.5 patch: RMSNorm (zero-centred), SwiGLU and the fused linear cross-entropy;
+        # its RoPE is not offered for the hybrids (partial rotary on the gated attention).
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5
+        apply_liger_kernel_to_qwen3_5(rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
+    elif peer == "liger":
         # Qwen3-MoE: Liger's fused MoE experts too (its `swiglu` patch for transformers 5).
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
         apply = apply_liger_kernel_to_qwen3_moe if shape in MOE else apply_liger_kernel_to_qwen3
@@ -116,7 +126,9 @@ def main():
     vocab = model.config.vocab_size
     # On a Qwen3-MoE, PEFT maps the MLP targets to the experts' stacked weights (target_parameters:
     # gate_up_proj at rank 2r, down_proj at r), as ours adapts them.
-    targets = os.environ.get("HF_PEER_TARGETS", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj").split(",")
+    hybrid = shape in qwen3_6_shapes.SHAPES
+    default = qwen3_6_shapes.TARGETS if hybrid else "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".split(",")
+    targets = os.environ["HF_PEER_TARGETS"].split(",") if os.environ.get("HF_PEER_TARGETS") else default
     grad_ckpt = os.environ.get("HF_PEER_GRAD_CKPT", "0") == "1"
     if grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -163,6 +175,8 @@ def main():
                "torch_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if DEVICE == "cuda" else None,
                "init_s": round(init_s, 1), "versions": versions, "gradient_checkpointing": grad_ckpt,
                "lora_targets": targets}
+        if hybrid:
+            row["kernels"] = qwen3_6_shapes.kernels()
         if check is not None:
             row["packing_check"] = check
         print(json.dumps(row), flush=True)

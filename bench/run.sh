@@ -17,7 +17,8 @@
 #   run(command="COMMIT=<hash> bench/run.sh", carry=["target-gpu/carry-train", ".whl"], timeout_s=600)
 # The Qwen3-30B-A3B MoE shape (issue 21; ~61 GB of bf16 weights: an H200, so needs_h200) is its own call, its lines
 # in moe.jsonl: SHAPES="30B-A3B:2:2048" JSONL=moe bench/run.sh
-# Instella-3B (bench/instella_shapes.py) is bench/instella.sh, which calls this script.
+# Instella-3B (bench/instella_shapes.py) is bench/instella.sh, which calls this script; the Qwen3.6
+# hybrids (bench/qwen3_6_shapes.py) bench/hybrid.sh.
 # Settings (environment): SHAPES="0.6B:8:2048 1.7B:4:2048 8B:2:2048", PEERS="ours peft liger unsloth",
 # STEPS=5 (timed steps per batch kind; ours warms up 2, the peers PEER_WARMUP=3), PACKED=1,
 # BUDGET_S=480 (the whole bench; a process gets what is left, at most RUN_S=170, and a process that
@@ -63,16 +64,19 @@ BIN=""
 for gz in target-gpu/carry-train/gpu-step.gz target-gpu/carry/gpu-step.gz; do
   if [[ -f $gz ]]; then gunzip -c "$gz" >"$WORK/gpu-step" && chmod +x "$WORK/gpu-step" && BIN=$WORK/gpu-step; break; fi
 done
-LIGER_PATH=""
-if [[ " $PEERS " == *" liger "* ]]; then
-  if ls .whl/liger_kernel-*.whl >/dev/null 2>&1 \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/liger_kernel-*.whl \
-      >>"$LOGS/bench.log" 2>&1; then
-    LIGER_PATH=$WORK/site
-  else
-    echo "liger: no wheel installed from .whl/ (carry .whl, see docs/benchmarks.md)" | tee -a "$LOGS/bench.log"
-  fi
+# The peers' wheels carried in .whl/ (pure Python + Triton; the machine has torch and triton):
+# Liger, and for the Qwen3.6 hybrids flash-linear-attention (fla-core + its einops), whose gated
+# delta rule transformers picks up when it is importable. Both HF peers get them on PYTHONPATH.
+SITE=""
+if ls .whl/*.whl >/dev/null 2>&1 \
+  && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl \
+    >>"$LOGS/bench.log" 2>&1; then
+  SITE=$WORK/site
+else
+  echo "peers: no wheel installed from .whl/ (carry .whl, see docs/benchmarks.md)" | tee -a "$LOGS/bench.log"
 fi
+LIGER_PATH=""
+[[ -n $SITE && -d $SITE/liger_kernel ]] && LIGER_PATH=$SITE
 [[ " $PEERS " == *" unsloth "* ]] && echo "unsloth: not measured: $UNSLOTH" | tee -a "$LOGS/bench.log"
 
 for s in $SHAPES; do
@@ -102,7 +106,7 @@ PY
         if [[ -n $BIN ]]; then side ours "$shape" "$BIN" "$shape" "$b" "$t" $((STEPS + 2)) "${PACKING[@]}"
         else fail ours "$shape" "no gpu-step.gz under target-gpu/carry-train or target-gpu/carry (scripts/build-gpu train)"; fi ;;
       peft)
-        side peft "$shape" env PYTHONUNBUFFERED=1 python3 bench/hf_peer.py peft "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}" ;;
+        side peft "$shape" env PYTHONUNBUFFERED=1 PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 bench/hf_peer.py peft "$shape" "$b" "$t" "$PEER_WARMUP" "$STEPS" "${PACKING[@]}" ;;
       liger)
         # On Instella shapes hf_peer.py runs without the wheel: its rows say why Liger has none.
         if [[ -n $LIGER_PATH || $shape == instella* ]]; then

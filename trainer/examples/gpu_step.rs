@@ -5,7 +5,8 @@
 //! FLOPs per step and the bf16 GEMM ceiling measured here, for MFU) for bench/run.sh, which runs
 //! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
-//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3b, 30B-A3B (Qwen3-MoE:
+//! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3b, qwen3.6-27b
+//! (the Gated DeltaNet hybrid: LoRA on all twelve projections, as PEFT's `all-linear`), 30B-A3B (Qwen3-MoE:
 //! LoRA on attention and on every expert's weights, as PEFT adapts them): STEPS steps of
 //! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
 //! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
@@ -19,13 +20,18 @@ use candle_core::{DType, Device, Tensor};
 use mindxtrain_kernels::adamw::{self, Coefficients};
 use mindxtrain_kernels::profile;
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
-use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, MoeShape, StepOptions, Trainable};
+use mindxtrain_trainer::model::{
+    Adapters, CausalLm, LayerKind, LmConfig, LoraConfig, MoeShape, StepOptions, Trainable,
+};
 use mindxtrain_trainer::recipe::TargetModule;
 
 /// The benchmarks' shape table ([`LmConfig::timing_shape`]), plus Qwen3-30B-A3B: every layer
 /// sparse, top-8 renormalised, no balance loss in the objective (its config leaves
 /// `output_router_logits` off).
 fn config(shape: &str) -> LmConfig {
+    if shape == "qwen3.6-27b" {
+        return qwen3_6_27b();
+    }
     if shape == "30B-A3B" {
         return LmConfig {
             hidden_size: 2048,
@@ -47,7 +53,40 @@ fn config(shape: &str) -> LmConfig {
         };
     }
     LmConfig::timing_shape(shape)
-        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B)"))
+        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B, qwen3.6-27b)"))
+}
+
+/// Qwen/Qwen3.6-27B's text model as its model card and `config.json` publish it: 64 layers of
+/// three Gated DeltaNet layers (16 q/k heads, 48 v heads, 128 wide, 4-tap conv) then one gated
+/// attention layer (24 q / 4 kv heads of 256, RoPE on a quarter, θ 10⁷), hidden 5120, FFN 17408,
+/// vocab 248320, untied head.
+fn qwen3_6_27b() -> LmConfig {
+    use mindxtrain_trainer::model::{Arch, HybridShape};
+    let layer_types =
+        (0..64).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::LinearAttention }).collect();
+    LmConfig {
+        arch: Arch::Qwen3_5,
+        vocab_size: 248_320,
+        hidden_size: 5120,
+        intermediate_size: 17_408,
+        num_hidden_layers: 64,
+        num_attention_heads: 24,
+        num_key_value_heads: 4,
+        head_dim: 256,
+        rope_theta: 1e7,
+        tie_word_embeddings: false,
+        max_position_embeddings: 262_144,
+        hybrid: Some(HybridShape {
+            layer_types,
+            linear_conv_kernel_dim: 4,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 48,
+            partial_rotary_factor: 0.25,
+        }),
+        ..LmConfig::timing_shape("8B").expect("the 8B shape")
+    }
 }
 
 /// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to
@@ -110,11 +149,25 @@ fn step_flops(c: &LmConfig, b: usize, t: usize) -> f64 {
         Some(m) => 3.0 * h * m.moe_intermediate_size as f64 * m.num_experts_per_tok as f64 + h * m.num_experts as f64,
         None => 3.0 * h * f,
     };
-    let per_layer = h * hd * (2.0 * heads + 2.0 * kv) + mlp;
-    let linear = per_layer * c.num_hidden_layers as f64 + h * c.vocab_size as f64;
     let tokens = (b * t) as f64;
-    let attention = 3.5 * 4.0 * (b as f64) * heads * (t * t) as f64 / 2.0 * hd * c.num_hidden_layers as f64;
-    4.0 * linear * tokens + attention
+    let attention_proj = h * hd * (2.0 * heads + 2.0 * kv);
+    let scores = 3.5 * 4.0 * (b as f64) * heads * (t * t) as f64 / 2.0 * hd;
+    let Some(hy) = &c.hybrid else {
+        let linear = (attention_proj + mlp) * c.num_hidden_layers as f64 + h * c.vocab_size as f64;
+        return 4.0 * linear * tokens + scores * c.num_hidden_layers as f64;
+    };
+    // A hybrid: the gated attention's q projection is doubled (query | gate); a Gated DeltaNet
+    // layer projects q/k/v, z, β and a, and its delta rule costs per token and value head about
+    // 3 products of a d_k × d_v state (recall, update, read) forward, twice that backward.
+    let gated_attention = attention_proj + h * hd * heads;
+    let (dk, dv, hv) =
+        (hy.linear_key_head_dim as f64, hy.linear_value_head_dim as f64, hy.linear_num_value_heads as f64);
+    let delta_net = h * (hy.conv_dim() + 2 * hy.value_dim() + 2 * hy.linear_num_value_heads) as f64;
+    let rule = 3.0 * 3.0 * 2.0 * dk * dv * hv * tokens;
+    let n_attn = hy.layer_types.iter().filter(|k| **k == LayerKind::Attention).count() as f64;
+    let n_linear = c.num_hidden_layers as f64 - n_attn;
+    let linear = (gated_attention + mlp) * n_attn + (delta_net + mlp) * n_linear + h * c.vocab_size as f64;
+    4.0 * linear * tokens + scores * n_attn + rule * n_linear
 }
 
 /// A bf16 8192³ GEMM's rate on this device (median of 5), the MFU denominator.

@@ -85,6 +85,29 @@ fn gpu_instella_gradients_match_the_cpu_engine() {
     compare_with_cpu(&c, &[(DType::F32, 1e-5, 1e-4), (DType::BF16, 1e-2, 5e-2)]);
 }
 
+/// A Qwen3.5/3.6 dense hybrid: a Gated DeltaNet layer (two key heads shared by four value heads
+/// of 32, a 4-tap conv, as the released models' GQA ratio and kernel) then a gated attention
+/// layer rotating a quarter of each head. Both paths of the packed batch: the delta rule's state
+/// restarts where row 0's second document starts.
+#[test]
+fn gpu_hybrid_gradients_match_the_cpu_engine() {
+    use crate::model::{HybridShape, LayerKind};
+    let c = LmConfig {
+        arch: crate::model::Arch::Qwen3_5,
+        hybrid: Some(HybridShape {
+            layer_types: vec![LayerKind::LinearAttention, LayerKind::Attention],
+            linear_conv_kernel_dim: 4,
+            linear_key_head_dim: 32,
+            linear_value_head_dim: 32,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            partial_rotary_factor: 0.25,
+        }),
+        ..config()
+    };
+    compare_with_cpu(&c, &[(DType::F32, 1e-5, 1e-4), (DType::BF16, 1e-2, 5e-2)]);
+}
+
 /// Qwen3-MoE (layer 0 dense, layer 1 sparse: 8 experts, 2 per token, the balance loss on).
 /// f32 only: bf16 rounding of the router's logits may flip a near-tie of the top-k, which is a
 /// different (equally right) routing, not an error.
