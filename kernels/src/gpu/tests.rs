@@ -470,6 +470,8 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
 }
 
 mod attention;
+mod causal_conv1d;
+mod delta_rule;
 mod gemv;
 mod moe;
 mod serving;
