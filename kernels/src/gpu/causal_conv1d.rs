@@ -1,9 +1,11 @@
 //! The causal conv1d with SiLU on the GPU (`cuda/causal_conv1d.cu`): elementwise kernels, every
 //! operand and result in `T`, the arithmetic and the backward's `du` in f32.
 
-use super::{Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor};
 use super::with_views;
+use super::{Elem, Kernel, LaunchConfig, Module, PushKernelArg, alloc, device, grid_for, int, launch, module, tensor};
 use crate::causal_conv1d::Dims;
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::{Result, Tensor};
 
 const MODULE: Module = module!("causal_conv1d");
@@ -19,6 +21,16 @@ fn sizes(d: &Dims) -> Result<[i32; 4]> {
 /// write) a one-element placeholder, since an empty tensor has no storage to view.
 fn state_view(s: &Tensor, d: &Dims) -> Result<Tensor> {
     if d.w > 1 { Ok(s.clone()) } else { Tensor::zeros(1, s.dtype(), s.device()) }
+}
+
+/// A state the kernels wrote, as `[B, C, W−1]`; with no columns (W = 1) the placeholder buffer
+/// is dropped for an empty tensor.
+fn state_tensor<T: Elem>(buf: CudaSlice<T>, d: &Dims, like: &Tensor, dev: &CudaDevice) -> Result<Tensor> {
+    if d.w > 1 {
+        Ok(tensor(buf, dev, (d.b, d.c, d.w - 1)))
+    } else {
+        Tensor::zeros((d.b, d.c, 0), like.dtype(), like.device())
+    }
 }
 
 /// `(y, final state)`; `starts` is `None` for rows of one document each.
@@ -47,8 +59,7 @@ pub(crate) fn forward<T: Elem>(
             launch(a, grid_for(n, BLOCK))
         })
     })?;
-    let last = if ns == 0 { Tensor::zeros((d.b, d.c, 0), x.dtype(), x.device())? } else { tensor(last, &dev, (d.b, d.c, d.w - 1)) };
-    Ok((tensor(y, &dev, (d.b, d.t, d.c)), last))
+    Ok((tensor(y, &dev, (d.b, d.t, d.c)), state_tensor(last, &d, x, &dev)?))
 }
 
 /// `[dx, dw, dbias, d initial state]`.
@@ -108,6 +119,6 @@ pub(crate) fn backward<T: Elem>(
     let blocks_i = int(blocks)?;
     a.arg(&partial).arg(&mut dw).arg(&mut dbias).arg(&blocks_i).arg(&c).arg(&width);
     launch(a, grid_for(d.c * (d.w + 1), BLOCK))?;
-    let ds0 = if ns == 0 { Tensor::zeros((d.b, d.c, 0), x.dtype(), x.device())? } else { tensor(ds0, &dev, (d.b, d.c, d.w - 1)) };
+    let ds0 = state_tensor(ds0, &d, x, &dev)?;
     Ok([tensor(dx, &dev, (d.b, d.t, d.c)), tensor(dw, &dev, (d.c, d.w)), tensor(dbias, &dev, d.c), ds0])
 }

@@ -33,13 +33,22 @@ fn causal_conv1d_matches_the_cpu_kernel_with_every_gradient() -> Result<()> {
                 let opt = |t: &Tensor| given.then(|| t.clone());
                 let (y, last) =
                     fused(|| causal_conv1d::forward(&x, &w, opt(&bias).as_ref(), opt(&s0).as_ref(), &mask))?;
-                let (y_ref, last_ref) = causal_conv1d::forward(&xr, &wr, opt(&biasr).as_ref(), opt(&s0r).as_ref(), &mask)?;
+                let (y_ref, last_ref) =
+                    causal_conv1d::forward(&xr, &wr, opt(&biasr).as_ref(), opt(&s0r).as_ref(), &mask)?;
                 expect_close(&format!("{tag} y"), &y, &y_ref, tol, inp.seed)?;
                 if width > 1 {
                     expect_close(&format!("{tag} final state"), &last, &last_ref, tol, inp.seed)?;
                 }
                 let g = fused(|| {
-                    causal_conv1d::backward(&dy, &x, &w, opt(&bias).as_ref(), opt(&s0).as_ref(), &mask, opt(&ds).as_ref())
+                    causal_conv1d::backward(
+                        &dy,
+                        &x,
+                        &w,
+                        opt(&bias).as_ref(),
+                        opt(&s0).as_ref(),
+                        &mask,
+                        opt(&ds).as_ref(),
+                    )
                 })?;
                 let want = causal_conv1d::backward(
                     &dyr,

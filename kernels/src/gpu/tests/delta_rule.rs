@@ -37,7 +37,8 @@ struct Data {
 impl Data {
     fn new(c: Case, dtype: DType) -> Result<Data> {
         let mut inp = Inputs::new(dtype);
-        let (qk, v, s, state) = ([c.b, c.t, c.hk, c.dk], [c.b, c.t, c.h, c.dv], [c.b, c.t, c.h], [c.b, c.h, c.dk, c.dv]);
+        let (qk, v, s, state) =
+            ([c.b, c.t, c.hk, c.dk], [c.b, c.t, c.h, c.dv], [c.b, c.t, c.h], [c.b, c.h, c.dk, c.dv]);
         // Unit-norm q and k rows, as the model's l2norm gives them; β in (0, 1); g in (−0.2, 0),
         // so the state remembers across a chunk and a checkpoint carried wrong shows.
         let unit = |(gpu, cpu): (Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
