@@ -109,3 +109,18 @@ fn causal_conv1d_steps_token_by_token_give_the_forward() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn causal_conv1d_timing_at_the_27b_layer_shape() -> Result<()> {
+    // Qwen3.6-27B's conv: 2·16·128 + 48·128 = 10240 channels, kernel 4, two packed rows of 4096
+    // bf16 tokens. A print, not an assertion.
+    let (b, t, c, width) = (2, 4096, 10240, 4);
+    let mut inp = Inputs::new(DType::BF16);
+    let ((x, _), (w, _), (bias, _), (dy, _)) =
+        (inp.make(&[b, t, c], 1.0)?, inp.make(&[c, width], 1.0)?, inp.make(&[c], 1.0)?, inp.make(&[b, t, c], 1.0)?);
+    let mask = packed(b, t)?;
+    let fwd = time_ms(&mut || causal_conv1d::forward(&x, &w, Some(&bias), None, &mask).map(drop))?;
+    let bwd = time_ms(&mut || causal_conv1d::backward(&dy, &x, &w, Some(&bias), None, &mask, None).map(drop))?;
+    println!("causal conv1d {b}×{t}×{c} W={width} bf16: forward {fwd:.3} ms, backward {bwd:.3} ms");
+    Ok(())
+}

@@ -102,6 +102,25 @@ fn forward_listed(f: &Forward) -> [(&'static str, Tensor); 3] {
     [("out", f.out.clone()), ("state", f.state.clone()), ("checkpoints", f.checkpoints.clone())]
 }
 
+/// Where a failed comparison is worst (NaN first) and how many elements are off, to say which
+/// tokens, heads or columns a kernel got wrong.
+fn worst(got: &Tensor, want: &Tensor) -> Result<String> {
+    let flat = |t: &Tensor| t.to_device(&Device::Cpu)?.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+    let (g, w) = (flat(got)?, flat(want)?);
+    let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let off = |i: usize| if g[i].is_nan() { f64::INFINITY } else { (g[i] - w[i]).abs() };
+    let at = (0..g.len()).max_by(|&a, &b| off(a).total_cmp(&off(b))).unwrap_or(0);
+    let bad = (0..g.len()).filter(|&i| off(i) > 1e-3 * scale).count();
+    let mut index = Vec::new();
+    let mut rest = at;
+    for &d in want.dims().iter().rev() {
+        index.push(rest % d.max(1));
+        rest /= d.max(1);
+    }
+    index.reverse();
+    Ok(format!("worst at {index:?}: {} for {}; {bad} of {} off by over 1e-3 of the largest", g[at], w[at], g.len()))
+}
+
 #[test]
 fn delta_rule_matches_the_cpu_kernel_with_every_gradient() -> Result<()> {
     // The 27B head (128×128, three value heads a key head) over 150 tokens (a partial third
@@ -119,7 +138,7 @@ fn delta_rule_matches_the_cpu_kernel_with_every_gradient() -> Result<()> {
         let err = rel_err(got, want)?;
         println!("{what}: relative error {err:.2e} (bound {tol:.0e})");
         if err.is_nan() || err > tol {
-            failed.push(format!("{what}: relative error {err:e} over {tol:e} (seed {seed})"));
+            failed.push(format!("{what}: relative error {err:e} over {tol:e} (seed {seed}); {}", worst(got, want)?));
         }
         Ok(())
     };
@@ -224,21 +243,9 @@ fn delta_rule_timing_at_the_27b_layer_shape() -> Result<()> {
     let data = Data::new(c, DType::BF16)?;
     let mask = packed(c)?;
     let x = ops(&data.gpu, data.scale);
-    let dev = super::gpu();
-    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        f()?;
-        dev.synchronize()?;
-        let t0 = std::time::Instant::now();
-        const RUNS: u32 = 3;
-        for _ in 0..RUNS {
-            f()?;
-        }
-        dev.synchronize()?;
-        Ok(t0.elapsed().as_secs_f64() * 1e3 / f64::from(RUNS))
-    };
     let f = delta_rule::forward(&x, None, &mask)?;
-    let fwd = time(&mut || delta_rule::forward(&x, None, &mask).map(drop))?;
-    let bwd = time(&mut || delta_rule::backward(&x, None, &mask, &f.checkpoints, &data.dout.0, None).map(drop))?;
+    let fwd = time_ms(&mut || delta_rule::forward(&x, None, &mask).map(drop))?;
+    let bwd = time_ms(&mut || delta_rule::backward(&x, None, &mask, &f.checkpoints, &data.dout.0, None).map(drop))?;
     println!("delta rule {c:?} bf16: forward {fwd:.2} ms, backward {bwd:.2} ms");
     Ok(())
 }
