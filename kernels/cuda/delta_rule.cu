@@ -9,12 +9,13 @@
 //
 // Predicted cost (Qwen3.6-27B layer, B = 2, T = 4096, 48 value heads of 128×128): the forward
 // reads q/k/v once per column tile (~0.3 GB in bf16) and does ~6·d_k·d_v flops a token and head
-// (~20 GFLOP): latency-bound on the per-token chain of 2·CV warp sums; the next token's operands
-// are loaded while this one computes. The backward
-// recomputes each 64-token chunk from its checkpoint, keeps the chunk's per-token states in a
-// global scratch (each thread reads back only what it wrote: coalesced, no synchronisation),
-// then walks the chunk backwards: ~2× the forward's arithmetic plus 2·B·H·T·d_k·d_v·4 bytes of
-// scratch traffic (~52 GB, ~12 ms at H200 bandwidth), which bounds it.
+// (~20 GFLOP): latency-bound on the per-token chain of 2·CV warp sums, not on memory or
+// arithmetic (measured on an H200: 6.6 ms). The backward recomputes each 64-token chunk from its
+// checkpoint, keeps the chunk's per-token states in a global scratch (each thread reads back only
+// what it wrote: coalesced, no synchronisation), then walks the chunk backwards: ~2× the
+// forward's chain plus 2·B·H·T·d_k·d_v·4 bytes of scratch traffic (~52 GB, ~12 ms at H200
+// bandwidth) and a barrier a token (measured: 28 ms). The chunked tensor-core form (FLA's
+// chunk_gated_delta_rule) is what would take both below the chain's latency.
 //
 // Determinism: no atomics. The q/k gradients, which sum over the block's warps, the column tiles
 // and the value heads sharing a key head, go through shared memory in warp order, then per-tile
@@ -90,20 +91,20 @@ template <typename T> DEV void store_cols(T* dst, const Sizes& s, const Place& p
   if (p.lane < CV && p.col0 + p.lane < s.dv) dst[p.col0 + p.lane] = from_f<T>(mine);
 }
 
-// One token's operands (the lane's rows of k and q, the warp's columns of v and of the output's
-// gradient, the gates), loaded a token ahead of their use: the loads do not depend on the state,
-// so issuing the next token's before this token's arithmetic takes their memory latency (~1 µs,
-// what bounded a token at ~2.5 µs when loaded on use) off the per-token chain.
+// One token's operands for the forward (the lane's rows of k and q, the warp's columns of v, the
+// gates), loaded a token ahead of their use: the loads do not depend on the state, so issuing the
+// next token's before this token's arithmetic takes their memory latency off the per-token chain
+// (measured at the 27B layer, B = 2, T = 4096: 10.5 ms loaded on use, 6.6 ms ahead). The backward
+// loads on use: the extra registers (168 a thread) halved its blocks per multiprocessor and it
+// ran at 44 ms instead of 28.
 template <typename T> struct Token {
-  float k[RK], q[RK], v[CV], dout[CV], alpha, beta;
-  // `dout` may be null (the forward).
-  DEV_MEMBER void load(const T* q_, const T* k_, const T* v_, const T* dout_, const float* beta_, const float* g,
-                       const Sizes& s, const Place& p, int t) {
+  float k[RK], q[RK], v[CV], alpha, beta;
+  DEV_MEMBER void load(const T* q_, const T* k_, const T* v_, const float* beta_, const float* g, const Sizes& s,
+                       const Place& p, int t) {
     const size_t at = p.at(s, t);
     load_rows(k_ + p.qk(s, t), s, p, k);
     load_rows(q_ + p.qk(s, t), s, p, q);
     load_cols(v_ + at * s.dv, s, p, v);
-    if (dout_) load_cols(dout_ + at * s.dv, s, p, dout);
     alpha = expf(g[at]);
     beta = beta_[at];
   }
@@ -151,10 +152,10 @@ DEV void forward(const T* q, const T* k, const T* v, const float* beta, const fl
   float S[RK][CV];
   load_state(s0 + head, s, p, S);
   Token<T> next;
-  next.load(q, k, v, nullptr, beta, g, s, p, 0);
+  next.load(q, k, v, beta, g, s, p, 0);
   for (int t = 0; t < s.t; ++t) {
     const Token<T> x = next;
-    if (t + 1 < s.t) next.load(q, k, v, nullptr, beta, g, s, p, t + 1);
+    if (t + 1 < s.t) next.load(q, k, v, beta, g, s, p, t + 1);
     if (kept && t % CHUNK == 0) store_state(kept + ((size_t)blockIdx.x * chunks + t / CHUNK) * s.dk * s.dv, s, p, S);
     if (restarts(starts, s, p.b, t)) {
 #pragma unroll
@@ -233,11 +234,7 @@ DEV void backward(const T* q, const T* k, const T* v, const float* beta, const f
     const int t0 = c * CHUNK, t1 = min(t0 + CHUNK, s.t);
     float S[RK][CV];
     load_state(kept + ((size_t)blockIdx.x * chunks + c) * s.dk * s.dv, s, p, S);
-    Token<T> next;
-    next.load(q, k, v, dout, beta, g, s, p, t0);
     for (int t = t0; t < t1; ++t, ++step) {
-      const Token<T> x = next;
-      if (t + 1 < t1) next.load(q, k, v, dout, beta, g, s, p, t + 1);
       const int i = t - t0;
       const bool fresh = restarts(starts, s, p.b, t);
 #pragma unroll
@@ -248,8 +245,11 @@ DEV void backward(const T* q, const T* k, const T* v, const float* beta, const f
           mine[((size_t)i * slots + r * CV + cc) * blockDim.x] = S[r][cc];
         }
       const size_t at = p.at(s, t);
-      float u[CV], delta[CV], dq[RK];
-      advance(S, x.k, x.v, x.alpha, x.beta, u, delta);
+      float kr[RK], vc[CV], doc[CV], u[CV], delta[CV], dq[RK];
+      load_rows(k + p.qk(s, t), s, p, kr);
+      load_cols(v + at * s.dv, s, p, vc);
+      load_cols(dout + at * s.dv, s, p, doc);
+      advance(S, kr, vc, expf(g[at]), beta[at], u, delta);
       if (p.lane == 0) {
 #pragma unroll
         for (int cc = 0; cc < CV; ++cc) {
@@ -261,25 +261,22 @@ DEV void backward(const T* q, const T* k, const T* v, const float* beta, const f
       for (int r = 0; r < RK; ++r) {
         float acc = 0.f;
 #pragma unroll
-        for (int cc = 0; cc < CV; ++cc) acc += S[r][cc] * x.dout[cc];
+        for (int cc = 0; cc < CV; ++cc) acc += S[r][cc] * doc[cc];
         dq[r] = scale * acc;
       }
       float* part = qk_part + (at * tiles + tile) * 2 * s.dk;
       block_reduce(red + (step & 1) * red_size, s, p, dq, 0.f, 0.f, part, nullptr);
     }
-    next.load(q, k, v, dout, beta, g, s, p, t1 - 1);
     for (int t = t1 - 1; t >= t0; --t, ++step) {
-      const Token<T> x = next;
-      if (t > t0) next.load(q, k, v, dout, beta, g, s, p, t - 1);
       const int i = t - t0;
       const size_t at = p.at(s, t);
-      const float alpha = x.alpha, b = x.beta;
-      const float(&kr)[RK] = x.k;
-      const float(&qr)[RK] = x.q;
-      const float(&vc)[CV] = x.v;
-      const float(&doc)[CV] = x.dout;
+      const float alpha = expf(g[at]), b = beta[at];
       const bool fresh = restarts(starts, s, p.b, t);
-      float dk[RK], ddelta[CV], du[CV];
+      float kr[RK], qr[RK], vc[CV], doc[CV], dk[RK], ddelta[CV], du[CV];
+      load_rows(k + p.qk(s, t), s, p, kr);
+      load_rows(q + p.qk(s, t), s, p, qr);
+      load_cols(v + at * s.dv, s, p, vc);
+      load_cols(dout + at * s.dv, s, p, doc);
 #pragma unroll
       for (int r = 0; r < RK; ++r) {
         float acc = 0.f;
