@@ -11,11 +11,13 @@
 //! last `W−1` inputs before it, oldest first (transformers' cache keeps `W` and its oldest
 //! column never reaches an output). Packed rows: a token never reads an input from before its
 //! document's start ([`Mask`]), which is what running each document alone gives; the state
-//! belongs to each row's first document. The fused CPU kernel (`crate::cpu::conv1d`) serves
-//! f32/f64 CPU tensors, the composed [`reference`](mod@reference) everything else.
+//! belongs to each row's first document. The CUDA kernels (`crate::gpu::causal_conv1d`) serve
+//! f32/bf16 CUDA tensors, the fused CPU kernel (`crate::cpu::conv1d`) f32/f64 CPU tensors, the
+//! composed [`reference`](mod@reference) everything else.
 
 use crate::attention::Mask;
 use crate::cpu::{self, dispatch};
+use crate::on_gpu_or;
 use candle_core::{Result, Tensor};
 
 /// What [`backward`] returns.
@@ -125,12 +127,18 @@ pub fn backward(
         }
         None => s0.zeros_like()?,
     };
+    #[cfg(feature = "cuda")]
+    use crate::gpu::causal_conv1d::backward as gpu;
     use cpu::conv1d::backward as fused;
     let starts = mask.starts();
-    let [dx, dw, dbias, ds0] = dispatch!(
+    let [dx, dw, dbias, ds0] = on_gpu_or!(
         [dy, x, w, &b, &s0, &ds],
-        fused(dy, x, w, &b, &s0, starts, &ds),
-        reference::backward(dy, x, w, &b, &s0, starts, &ds)
+        gpu(dy, x, w, &b, &s0, starts, &ds),
+        dispatch!(
+            [dy, x, w, &b, &s0, &ds],
+            fused(dy, x, w, &b, &s0, starts, &ds),
+            reference::backward(dy, x, w, &b, &s0, starts, &ds)
+        )
     )?;
     Ok(Grads { dx, dw, dbias: bias.map(|_| dbias), dstate: initial.map(|_| ds0) })
 }
@@ -153,8 +161,14 @@ fn run(
     starts: Option<&[u32]>,
 ) -> Result<(Tensor, Tensor)> {
     let (bias, s0) = (d.bias(bias, x)?, d.initial(initial, x)?);
+    #[cfg(feature = "cuda")]
+    use crate::gpu::causal_conv1d::forward as gpu;
     use cpu::conv1d::forward as fused;
-    dispatch!([x, w, &bias, &s0], fused(x, w, &bias, &s0, starts), reference::forward(x, w, &bias, &s0, starts))
+    on_gpu_or!(
+        [x, w, &bias, &s0],
+        gpu(x, w, &bias, &s0, starts),
+        dispatch!([x, w, &bias, &s0], fused(x, w, &bias, &s0, starts), reference::forward(x, w, &bias, &s0, starts))
+    )
 }
 
 /// Whether token `t` of row `b` may read position `p` (a state position when negative): a

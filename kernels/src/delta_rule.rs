@@ -22,8 +22,9 @@
 //!
 //! transformers runs the rule in f32 whatever the inputs' dtype and returns the output in the
 //! inputs' dtype and the state in f32; narrower inputs are widened here the same way, so the
-//! fused CPU kernel (`crate::cpu::delta_rule`) serves them. Other devices take the composed
-//! [`reference`](mod@reference).
+//! fused CPU kernel (`crate::cpu::delta_rule`) serves them. CUDA tensors of f32 or bf16 take the
+//! CUDA kernels (`crate::gpu::delta_rule`: f32 arithmetic and state, bf16 read and written as
+//! bf16); other devices the composed [`reference`](mod@reference).
 
 use crate::attention::Mask;
 use crate::cpu::{self, dispatch};
@@ -164,24 +165,35 @@ pub fn backward(
     if let Some(s) = initial {
         d.expect("initial state", s, &d.state())?;
     }
-    let owned = widened(x)?;
-    let w = Operands::of(&owned, x.scale);
-    let dtype = w.q.dtype();
+    let dtype = working_dtype(x.q.dtype());
     let ds = match dstate {
         Some(s) => {
             d.expect("state gradient", s, &d.state())?;
             s.to_dtype(dtype)?
         }
-        None => Tensor::zeros(d.state().as_slice(), dtype, w.q.device())?,
+        None => Tensor::zeros(d.state().as_slice(), dtype, x.q.device())?,
     };
-    let (checkpoints, dout) = (checkpoints.to_dtype(dtype)?, dout.to_dtype(dtype)?);
-    use cpu::delta_rule::backward as fused;
     let starts = mask.starts();
-    let [dq, dk, dv, dbeta, dg, ds0] = dispatch!(
-        [w.q, w.k, w.v, w.beta, w.g, &checkpoints, &dout, &ds],
-        fused(&w, starts, &checkpoints, &dout, &ds),
-        reference::backward(&w, starts, &checkpoints, &dout, &ds)
-    )?;
+    let composed = || {
+        let owned = widened(x)?;
+        let w = Operands::of(&owned, x.scale);
+        let (checkpoints, dout) = (checkpoints.to_dtype(dtype)?, dout.to_dtype(dtype)?);
+        use cpu::delta_rule::backward as fused;
+        dispatch!(
+            [w.q, w.k, w.v, w.beta, w.g, &checkpoints, &dout, &ds],
+            fused(&w, starts, &checkpoints, &dout, &ds),
+            reference::backward(&w, starts, &checkpoints, &dout, &ds)
+        )
+    };
+    #[cfg(feature = "cuda")]
+    let composed = || {
+        use crate::gpu::delta_rule::{MAX_DK, backward as gpu};
+        if d.dk > MAX_DK {
+            return composed();
+        }
+        crate::gpu::dispatch!([x.q, x.k, x.v], gpu(x, starts, checkpoints, dout, &ds), composed())
+    };
+    let [dq, dk, dv, dbeta, dg, ds0] = composed()?;
     // Each gradient in its operand's dtype, as autograd returns it.
     let like = |g: Tensor, x: &Tensor| g.to_dtype(x.dtype());
     Ok(Grads {
@@ -214,15 +226,26 @@ fn recurrence(
     keep: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let s0 = initial_state(d, x, initial)?;
-    let owned = widened(x)?;
-    let w = Operands::of(&owned, x.scale);
-    use cpu::delta_rule::forward as fused;
-    let (out, state, checkpoints) = dispatch!(
-        [w.q, w.k, w.v, w.beta, w.g, &s0],
-        fused(&w, &s0, starts, keep),
-        reference::forward(&w, &s0, starts, keep)
-    )?;
-    Ok((out.to_dtype(x.q.dtype())?, state, checkpoints))
+    let composed = || {
+        let owned = widened(x)?;
+        let w = Operands::of(&owned, x.scale);
+        use cpu::delta_rule::forward as fused;
+        let (out, state, checkpoints) = dispatch!(
+            [w.q, w.k, w.v, w.beta, w.g, &s0],
+            fused(&w, &s0, starts, keep),
+            reference::forward(&w, &s0, starts, keep)
+        )?;
+        Ok((out.to_dtype(x.q.dtype())?, state, checkpoints))
+    };
+    // The CUDA kernels take CUDA tensors of f32 or bf16 (q, k and v of one dtype; β and g are
+    // read in f32 whatever theirs) with d_k up to the state rows a warp holds; other heads,
+    // dtypes and devices take the fused CPU kernel or the composed reference.
+    #[cfg(feature = "cuda")]
+    if d.dk <= crate::gpu::delta_rule::MAX_DK {
+        use crate::gpu::delta_rule::forward as gpu;
+        return crate::gpu::dispatch!([x.q, x.k, x.v], gpu(x, &s0, starts, keep), composed());
+    }
+    composed()
 }
 
 /// The initial state in the working dtype (f64 for f64 inputs, else f32), zeros without one.

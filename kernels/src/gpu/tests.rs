@@ -72,6 +72,20 @@ fn expect_close(what: &str, got: &Tensor, want: &Tensor, tol: f64, seed: u64) ->
     Ok(())
 }
 
+/// Milliseconds a call of `f` takes on the GPU: one warm-up call, then the mean of three, the
+/// device synchronised around them.
+fn time_ms(f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    const RUNS: u32 = 3;
+    f()?;
+    gpu().synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..RUNS {
+        f()?;
+    }
+    gpu().synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e3 / f64::from(RUNS))
+}
+
 #[test]
 fn poisoned_outputs_read_back_as_nan() -> Result<()> {
     let Device::Cuda(dev) = gpu() else { unreachable!() };
@@ -470,6 +484,8 @@ fn seeded_normal_matches_the_host_draws() -> Result<()> {
 }
 
 mod attention;
+mod causal_conv1d;
+mod delta_rule;
 mod gemv;
 mod moe;
 mod serving;
