@@ -284,9 +284,15 @@ fn same_seed_gives_bitwise_identical_weights_and_gradients() {
 
 #[test]
 fn activation_checkpointing_gives_identical_gradients() {
-    let config = tiny(false);
-    let m = model(&config, DType::F32);
-    let ad = adapters(&config, 0.2, DType::F32);
+    // Both layer kinds: the hybrid's Gated DeltaNet layers recompute from the block input too.
+    for config in [tiny(false), super::qwen3_5::tests::tiny_hybrid(false)] {
+        checkpointing_gives_identical_gradients(&config);
+    }
+}
+
+fn checkpointing_gives_identical_gradients(config: &LmConfig) {
+    let m = model(config, DType::F32);
+    let ad = adapters(config, 0.2, DType::F32);
     let batch = packed_batch();
     for trainable in [Trainable::Full, Trainable::Adapters] {
         let off = StepOptions { dropout_seed: 3, ..Default::default() };

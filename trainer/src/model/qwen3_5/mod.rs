@@ -167,4 +167,4 @@ pub(super) fn init_of(name: &str) -> super::params::Init {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

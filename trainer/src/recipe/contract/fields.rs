@@ -73,9 +73,9 @@ pub fn fields() -> Vec<Field> {
                     "no launch path in this build",
                 ),
                 no!(
-                    "> 0 with qwen3_hybrid",
-                    r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 1, "arch": "sm_90"}}"#,
-                    "training on a GPU is not built yet for family qwen3_hybrid",
+                    "> 1 with qwen3_hybrid",
+                    r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 2, "arch": "sm_90"}}"#,
+                    "training on several GPUs is not built yet for family qwen3_hybrid",
                 ),
             ]),
         field(
