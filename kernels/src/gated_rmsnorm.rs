@@ -32,7 +32,10 @@ pub fn backward(
     want_dw: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     check(x, z)?;
-    let n = x.broadcast_mul(rstd)?.broadcast_mul(w)?;
+    // In the statistic's dtype (f32 on the GPU whatever x's), rounded once to x's, as the
+    // forward's kernel rounds its product.
+    let wide = rstd.dtype();
+    let n = x.to_dtype(wide)?.broadcast_mul(rstd)?.broadcast_mul(&w.to_dtype(wide)?)?.to_dtype(x.dtype())?;
     let (dz, dn) = swiglu::backward(dy, z, &n)?;
     let (dx, dw) = rmsnorm::backward(&dn, x, w, rstd, want_dw)?;
     Ok((dx, dz, dw))

@@ -290,6 +290,29 @@ fn activation_checkpointing_gives_identical_gradients() {
     }
 }
 
+/// A bf16 model (every parameter bf16, as a bf16 recipe loads it) steps on the CPU within bf16
+/// rounding of the f32 model, for both layer kinds: mixed dtypes inside a layer (the hybrid's
+/// f32 gates and state) must meet the bf16 activations at the right casts.
+#[test]
+fn bf16_steps_follow_f32_for_every_layer_kind() {
+    for config in [tiny(false), super::qwen3_5::tests::tiny_hybrid(false)] {
+        let m32 = model(&config, DType::F32);
+        let params: BTreeMap<String, Tensor> =
+            m32.params().iter().map(|(n, t)| (n.clone(), t.to_dtype(DType::BF16).unwrap())).collect();
+        let m16 = CausalLm::new(config.clone(), params, &Device::Cpu).unwrap();
+        let batch = packed_batch();
+        let opts = StepOptions::default();
+        let a = m32.forward_backward(&batch, Trainable::Full, None, &opts).unwrap();
+        let b = m16.forward_backward(&batch, Trainable::Full, None, &opts).unwrap();
+        let rel = ((b.loss_sum - a.loss_sum) / a.loss_sum).abs();
+        assert!(rel < 2e-2, "{:?}: loss {} in bf16 vs {} in f32", config.arch, b.loss_sum, a.loss_sum);
+        assert_eq!(a.grads.keys().collect::<Vec<_>>(), b.grads.keys().collect::<Vec<_>>());
+        for (name, g) in &b.grads {
+            assert_eq!(g.dtype(), DType::BF16, "{name}");
+        }
+    }
+}
+
 fn checkpointing_gives_identical_gradients(config: &LmConfig) {
     let m = model(config, DType::F32);
     let ad = adapters(config, 0.2, DType::F32);
