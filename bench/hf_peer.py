@@ -11,7 +11,7 @@ MLP ones to the experts), torch AdamW on the adapters. Training forwards pass us
 makes a KV cache and then does not recognise packed rows (masking_utils; the packed rows of the
 runs before 2026-12 attended across documents).
 
-Environment: HF_PEER_GRAD_CKPT=1 turns on transformers' gradient checkpointing (non-reentrant), as
+Environment: HF_PEER_NO_FLA=1 keeps flash-linear-attention out (see below); HF_PEER_GRAD_CKPT=1 turns on transformers' gradient checkpointing (non-reentrant), as
 a recipe's `train.gradient_checkpointing: true`; HF_PEER_TARGETS=q_proj,v_proj,... sets the LoRA
 targets (default all seven). Each row records both.
 
@@ -40,6 +40,13 @@ import statistics
 import subprocess
 import sys
 import time
+
+# HF_PEER_NO_FLA=1: transformers runs its own torch gated delta rule instead of
+# flash-linear-attention's (a module set to None in sys.modules fails to import, and transformers
+# falls back). For machines where fla refuses to run: fla 0.6 refuses Triton < 3.7.1 on Hopper
+# (its issue #640, wrong gradients), and the GPU machines' torch 2.11 has Triton 3.6.
+if os.environ.get("HF_PEER_NO_FLA") == "1":
+    sys.modules["fla"] = None
 
 import torch
 

@@ -31,7 +31,8 @@ def kernels():
     found = {}
     for name, module in (("fla", "fla"), ("causal_conv1d", "causal_conv1d")):
         try:
-            __import__(module)
+            if __import__(module) is None:
+                raise ImportError(f"{module} kept out (HF_PEER_NO_FLA=1)")
             found[name] = True
         except Exception as e:  # an absent or broken package is a fact of the row, not an error
             found[name] = f"{type(e).__name__}: {e}"[:200]

@@ -187,6 +187,12 @@ fn gemm_ceiling(dev: &Device) -> candle_core::Result<f64> {
     Ok(2.0 * (n as f64).powi(3) / times[times.len() / 2])
 }
 
+/// `GPU_STEP_CHECKPOINTING=1`: each block keeps only its input and recomputes the rest in the
+/// backward, as a recipe's `train.gradient_checkpointing: true` (the peers' `HF_PEER_GRAD_CKPT=1`).
+fn checkpointing() -> bool {
+    std::env::var("GPU_STEP_CHECKPOINTING").is_ok_and(|v| v == "1")
+}
+
 /// The optimizer moments of the adapters, on the device.
 type Moments = BTreeMap<String, (Tensor, Tensor)>;
 
@@ -211,7 +217,11 @@ fn measure(
             drop(profile::take());
         }
         let t0 = Instant::now();
-        let opts = StepOptions { loss_scale: 1.0 / pb.target_tokens().max(1) as f64, ..StepOptions::default() };
+        let opts = StepOptions {
+            loss_scale: 1.0 / pb.target_tokens().max(1) as f64,
+            activation_checkpointing: checkpointing(),
+            ..StepOptions::default()
+        };
         let out = model.forward_backward(&pb, Trainable::Adapters, Some(ad), &opts).map_err(err)?;
         let _profile = profile::scope("optimizer (glue)", &dev);
         let k = Coefficients::new([0.9, 0.999], 1e-8, 0.0, 1e-4, step);
@@ -288,10 +298,11 @@ fn main() -> candle_core::Result<()> {
         // The packed kind's FLOPs are those of one document per row, as for the peers: tok/s is
         // what compares, and the MFU of a packed batch counts the attention it skips.
         println!(
-            "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"kind\":\"{kind}\",\"batch\":{b},\"seq\":{t},\"documents\":{},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1},\"step_flops\":{:.4e},\"gemm_flops_per_s\":{ceiling:.4e},\"init_s\":{init_s:.1}}}",
+            "{{\"who\":\"ours\",\"shape\":\"{shape}\",\"kind\":\"{kind}\",\"batch\":{b},\"seq\":{t},\"documents\":{},\"s_per_step\":{median:.4},\"tok_per_s\":{:.0},\"peak_gib\":{peak:.1},\"step_flops\":{:.4e},\"gemm_flops_per_s\":{ceiling:.4e},\"init_s\":{init_s:.1},\"gradient_checkpointing\":{}}}",
             docs.iter().map(Vec::len).sum::<usize>(),
             (b * t) as f64 / median,
-            step_flops(&cfg, b, t)
+            step_flops(&cfg, b, t),
+            checkpointing()
         );
     }
     Ok(())
