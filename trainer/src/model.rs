@@ -33,6 +33,7 @@ mod hooks;
 mod instella;
 mod linear_attention;
 mod lora;
+mod mlp;
 pub mod moe;
 #[cfg(test)]
 mod moe_tests;
