@@ -121,7 +121,8 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
     );
 
     // Through the import path: a MoE's per-expert tensors (as transformers saves them) are stacked.
-    let (model, _) = load_hf_model(&work.path().join("hf"), DType::F32, &Device::Cpu).expect("transformers' save loads");
+    let (model, _) =
+        load_hf_model(&work.path().join("hf"), DType::F32, &Device::Cpu).expect("transformers' save loads");
     let (config, params) = (model.config().clone(), model.params().clone());
 
     // Our adapter, with B non-zero so that it changes the logits.

@@ -112,7 +112,10 @@ fn the_tiny_moe_hybrid_recipe_trains_from_scratch_and_tunes_every_linear_module(
         (t.config["model_type"].as_str(), t.config["architectures"][0].as_str()),
         (Some("qwen3_5_moe_text"), Some("Qwen3_5MoeForCausalLM"))
     );
-    assert_eq!((t.config["num_experts"].as_u64(), t.config["shared_expert_intermediate_size"].as_u64()), (Some(8), Some(64)));
+    assert_eq!(
+        (t.config["num_experts"].as_u64(), t.config["shared_expert_intermediate_size"].as_u64()),
+        (Some(8), Some(64))
+    );
     assert_eq!(t.config["output_router_logits"], true, "the recipe's balance loss is on");
     assert_has(
         &t.weights,

@@ -44,7 +44,8 @@ fn hybrid_moe_lora_on_every_linear_module_matches_finite_differences() {
     let cfg = every_target();
     let ad = live_adapters_in(&c, &cfg, DType::F64);
     let adapted = |module: &str| ad.tensors.keys().any(|n| n.contains(module));
-    for module in ["layers.0.linear_attn.in_proj_qkv", "layers.1.self_attn.q_proj", "layers.0.mlp.shared_expert.up_proj"]
+    for module in
+        ["layers.0.linear_attn.in_proj_qkv", "layers.1.self_attn.q_proj", "layers.0.mlp.shared_expert.up_proj"]
     {
         assert!(adapted(module), "{module} has no adapter");
     }
