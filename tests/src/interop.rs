@@ -11,11 +11,9 @@ use std::process::Command;
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::checkpoint::{
-    AdapterConfig, StagedDir, WeightFiles, load_peft_adapter, save_hf_model, save_peft_adapter,
+    AdapterConfig, StagedDir, WeightFiles, load_hf_model, load_peft_adapter, save_hf_model, save_peft_adapter,
 };
-use mindxtrain_trainer::model::{
-    Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, expected_shapes, merge_lora,
-};
+use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, merge_lora, moe};
 use mindxtrain_trainer::optim::{AdamW, AdamWConfig, clip_grad_norm};
 use mindxtrain_trainer::recipe::{Lora, TargetModule};
 use serde_json::Value;
@@ -122,10 +120,10 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         work.path(),
     );
 
-    let text = std::fs::read_to_string(work.path().join("hf/config.json")).unwrap();
-    let config = LmConfig::from_hf_json(&text).expect("transformers' config.json parses");
-    let files = WeightFiles::open(&work.path().join("hf")).expect("transformers' weights open");
-    let params = files.load_expected(&expected_shapes(&config), DType::F32, &Device::Cpu).expect("weights load");
+    // Through the import path: a MoE's per-expert tensors (as transformers saves them) are stacked.
+    let (model, _) =
+        load_hf_model(&work.path().join("hf"), DType::F32, &Device::Cpu).expect("transformers' save loads");
+    let (config, params) = (model.config().clone(), model.params().clone());
 
     // Our adapter, with B non-zero so that it changes the logits.
     let lora = LoraConfig::from(&lora_recipe(family));
@@ -150,7 +148,9 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
     // transformers loads from the code beside the weights, that code, as `export` carries it).
     let mut dir = StagedDir::create(&work.path().join("ours")).unwrap();
     let config_json: Value = serde_json::from_str(&config.to_hf_json("float32")).unwrap();
-    save_hf_model(&mut dir, &config_json, &params, DType::F32, 16_000).unwrap();
+    // Experts one tensor per expert, as a run's `final/` and `export` write them.
+    let hub_layout = moe::split_experts(&config, &params).unwrap();
+    save_hf_model(&mut dir, &config_json, &hub_layout, DType::F32, 16_000).unwrap();
     for code in std::fs::read_dir(work.path().join("hf")).unwrap().flatten() {
         let name = code.file_name().to_string_lossy().into_owned();
         if name.ends_with(".py") {

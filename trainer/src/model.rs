@@ -1,4 +1,4 @@
-//! The decoder models (Qwen3, Qwen3-MoE, Instella, the Qwen3.5/3.6 dense hybrids) with an
+//! The decoder models (Qwen3, Qwen3-MoE, Instella, the Qwen3.5/3.6 hybrids, dense and MoE) with an
 //! explicit forward/backward per layer, LoRA and full fine-tuning.
 //!
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
@@ -33,6 +33,7 @@ mod hooks;
 mod instella;
 mod linear_attention;
 mod lora;
+mod mlp;
 pub mod moe;
 #[cfg(test)]
 mod moe_tests;

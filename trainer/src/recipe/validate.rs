@@ -285,9 +285,10 @@ fn model(c: &mut Checks, r: &Recipe) {
     c.positive("model.config.rope_theta", cfg.rope_theta);
     c.num("model.config.rms_norm_eps", cfg.rms_norm_eps, 0.0, 1.0, "()");
     match (&cfg.moe, m.family) {
-        (Some(_), family) if family != ModelFamily::Qwen3Moe => {
-            c.fail("model.config.moe", format!("only family qwen3_moe has experts; family is `{}`", name_of(&family)))
-        }
+        (Some(_), family) if !matches!(family, ModelFamily::Qwen3Moe | ModelFamily::Qwen3Hybrid) => c.fail(
+            "model.config.moe",
+            format!("only families qwen3_moe and qwen3_hybrid have experts; family is `{}`", name_of(&family)),
+        ),
         (Some(moe), _) => {
             c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
             c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
