@@ -13,6 +13,7 @@ use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::checkpoint::{
     AdapterConfig, StagedDir, WeightFiles, load_peft_adapter, save_hf_model, save_peft_adapter,
 };
+use mindxtrain_trainer::generate::{Limits, Sampling, generate};
 use mindxtrain_trainer::model::{
     Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, expected_shapes, merge_lora,
 };
@@ -35,6 +36,8 @@ pub struct Family {
 const IDS: [[u32; 6]; 2] = [[1, 5, 9, 13, 2, 7], [3, 3, 4, 90, 11, 0]];
 /// transformers' convention: aligned with the inputs, shifted inside the loss.
 const HF_LABELS: [[i64; 6]; 2] = [[-100, 5, 9, 13, 2, 7], [3, 3, 4, 90, -100, -100]];
+/// Tokens each row of `IDS` continues by in the generation check.
+const GENERATED: usize = 12;
 const LR: f64 = 0.01;
 const WEIGHT_DECAY: f64 = 0.01;
 const MAX_GRAD_NORM: f64 = 0.25;
@@ -118,6 +121,17 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
                 "20KB",
             ]),
             args(&["logits", "--model", &p("hf"), "--ids", &p("ids.json"), "--out", &p("logits-hf.json")]),
+            args(&[
+                "generate",
+                "--model",
+                &p("hf"),
+                "--ids",
+                &p("ids.json"),
+                "--max-new-tokens",
+                &GENERATED.to_string(),
+                "--out",
+                &p("generated-hf.json"),
+            ]),
         ],
         work.path(),
     );
@@ -252,6 +266,23 @@ pub fn logits_match_transformers(f: &Fixture) {
     let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
     let ours = flat(&model.logits(&batch(), None).unwrap());
     assert_close("logits vs transformers", &ours, &logits_json(&f.path("logits-hf.json")), 1e-4);
+}
+
+/// Our greedy generation (prefill, then one cached step a token) continues each row of `IDS` as
+/// transformers' `generate` with its own cache does.
+pub fn greedy_generation_matches_transformers(f: &Fixture) {
+    let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
+    let theirs: Vec<Vec<u32>> = serde_json::from_value(read_json(&f.path("generated-hf.json"))).unwrap();
+    for (row, want) in IDS.iter().zip(theirs) {
+        let mut ours = Vec::new();
+        let limits = Limits { max_tokens: GENERATED, vocab: f.config.vocab_size, stop_ids: &[] };
+        generate(&model, None, row, limits, &Sampling::greedy(), |t| {
+            ours.push(t);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(ours, want, "greedy continuation of {row:?}");
+    }
 }
 
 pub fn our_saved_model_loads_in_transformers(f: &Fixture) {

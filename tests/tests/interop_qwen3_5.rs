@@ -1,7 +1,8 @@
 //! Interop with transformers' own Qwen3.5/3.6 dense text model (`Qwen3_5ForCausalLM`, the checks:
 //! `mindxtrain_tests::interop`): weights saved by transformers load by name with the same logits
 //! through both layer kinds (Gated DeltaNet and gated attention with partial RoPE, zero-centred
-//! norms), our saves load in transformers, our adapter on every projection PEFT's `all-linear`
+//! norms), greedy generation continues as transformers' cached `generate` does, our saves load
+//! in transformers, our adapter on every projection PEFT's `all-linear`
 //! reaches gives PEFT's logits, and one LoRA step equals PEFT's with torch AdamW.
 //!
 //! Needs the CPU torch venv of `scripts/setup-torch`. Without it the tests skip, unless
@@ -43,6 +44,13 @@ fn qwen3_5_weights_saved_by_transformers_load_by_name_shape_and_value() {
 #[test]
 fn qwen3_5_logits_match_transformers() {
     fixture().map(interop::logits_match_transformers);
+}
+
+/// Generation through the Gated DeltaNet layers' recurrent state (conv and delta rule one step
+/// at a time) and the gated attention's cache, against transformers' own cached `generate`.
+#[test]
+fn qwen3_5_greedy_generation_matches_transformers() {
+    fixture().map(interop::greedy_generation_matches_transformers);
 }
 
 #[test]
