@@ -132,8 +132,13 @@ class Commands:
         out = []
         for row in rows:
             ids = torch.tensor([row], dtype=torch.long)
+            # An explicit mask: generate would otherwise take a prompt token equal to the pad id
+            # for padding.
+            mask = torch.ones_like(ids)
             with torch.no_grad():
-                y = model.generate(ids, max_new_tokens=a.max_new_tokens, do_sample=False, pad_token_id=0)
+                y = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=a.max_new_tokens, do_sample=False, pad_token_id=0
+                )
             out.append(y[0, len(row) :].tolist())
         write_json(a.out, out)
 

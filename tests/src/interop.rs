@@ -88,6 +88,7 @@ pub struct Fixture {
     pub params: BTreeMap<String, Tensor>,
     pub adapters: Adapters,
     step_tolerance: f32,
+    script: &'static str,
 }
 
 impl Fixture {
@@ -121,17 +122,6 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
                 "20KB",
             ]),
             args(&["logits", "--model", &p("hf"), "--ids", &p("ids.json"), "--out", &p("logits-hf.json")]),
-            args(&[
-                "generate",
-                "--model",
-                &p("hf"),
-                "--ids",
-                &p("ids.json"),
-                "--max-new-tokens",
-                &GENERATED.to_string(),
-                "--out",
-                &p("generated-hf.json"),
-            ]),
         ],
         work.path(),
     );
@@ -225,7 +215,7 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         ],
         work.path(),
     );
-    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance })
+    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance, script: family.script })
 }
 
 pub fn logits_json(path: &Path) -> Vec<f32> {
@@ -271,8 +261,15 @@ pub fn logits_match_transformers(f: &Fixture) {
 /// Our greedy generation (prefill, then one cached step a token) continues each row of `IDS` as
 /// transformers' `generate` with its own cache does.
 pub fn greedy_generation_matches_transformers(f: &Fixture) {
+    let python = crate::torch_python().expect("the fixture was built with the torch venv");
+    let (ids, out) = (f.path("ids.json"), f.path("generated-hf.json"));
+    let n = GENERATED.to_string();
+    let (model_dir, ids_s, out_s) = (f.path("hf"), ids.to_string_lossy(), out.to_string_lossy());
+    let job =
+        ["generate", "--model", &model_dir.to_string_lossy(), "--ids", &ids_s, "--max-new-tokens", &n, "--out", &out_s];
+    run_python(&python, f.script, &[args(&job)], f.work.path());
     let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
-    let theirs: Vec<Vec<u32>> = serde_json::from_value(read_json(&f.path("generated-hf.json"))).unwrap();
+    let theirs: Vec<Vec<u32>> = serde_json::from_value(read_json(&out)).unwrap();
     for (row, want) in IDS.iter().zip(theirs) {
         let mut ours = Vec::new();
         let limits = Limits { max_tokens: GENERATED, vocab: f.config.vocab_size, stop_ids: &[] };
