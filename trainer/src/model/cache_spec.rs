@@ -132,8 +132,8 @@ mod tests {
 
     #[test]
     fn a_recurrent_layer_keeps_a_fixed_state_and_nothing_in_the_blocks() {
-        // Qwen3.6-27B's Gated DeltaNet layer: conv over [q | k | v] = 2·16·128 + 48·128 channels,
-        // 4 taps, 48 value heads of 128×128.
+        // A Qwen3.6-sized Gated DeltaNet layer: conv over [q | k | v] = 2·16·128 + 48·128
+        // channels, 4 taps, 48 value heads of 128×128.
         let linear =
             LayerSpec::Recurrent { conv_channels: 10240, conv_kernel: 4, heads: 48, key_dim: 128, value_dim: 128 };
         let full = LayerSpec::Attention { kv_heads: 4, head_dim: 256 };
