@@ -13,6 +13,7 @@ use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::checkpoint::{
     AdapterConfig, StagedDir, WeightFiles, load_hf_model, load_peft_adapter, save_hf_model, save_peft_adapter,
 };
+use mindxtrain_trainer::generate::{Limits, Sampling, generate};
 use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, merge_lora, moe};
 use mindxtrain_trainer::optim::{AdamW, AdamWConfig, clip_grad_norm};
 use mindxtrain_trainer::recipe::{Lora, TargetModule};
@@ -33,6 +34,8 @@ pub struct Family {
 const IDS: [[u32; 6]; 2] = [[1, 5, 9, 13, 2, 7], [3, 3, 4, 90, 11, 0]];
 /// transformers' convention: aligned with the inputs, shifted inside the loss.
 const HF_LABELS: [[i64; 6]; 2] = [[-100, 5, 9, 13, 2, 7], [3, 3, 4, 90, -100, -100]];
+/// Tokens each row of `IDS` continues by in the generation check.
+const GENERATED: usize = 12;
 const LR: f64 = 0.01;
 const WEIGHT_DECAY: f64 = 0.01;
 const MAX_GRAD_NORM: f64 = 0.25;
@@ -83,6 +86,7 @@ pub struct Fixture {
     pub params: BTreeMap<String, Tensor>,
     pub adapters: Adapters,
     step_tolerance: f32,
+    script: &'static str,
 }
 
 impl Fixture {
@@ -211,7 +215,7 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         ],
         work.path(),
     );
-    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance })
+    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance, script: family.script })
 }
 
 pub fn logits_json(path: &Path) -> Vec<f32> {
@@ -252,6 +256,30 @@ pub fn logits_match_transformers(f: &Fixture) {
     let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
     let ours = flat(&model.logits(&batch(), None).unwrap());
     assert_close("logits vs transformers", &ours, &logits_json(&f.path("logits-hf.json")), 1e-4);
+}
+
+/// Our greedy generation (prefill, then one cached step a token) continues each row of `IDS` as
+/// transformers' `generate` with its own cache does.
+pub fn greedy_generation_matches_transformers(f: &Fixture) {
+    let python = crate::torch_python().expect("the fixture was built with the torch venv");
+    let (ids, out) = (f.path("ids.json"), f.path("generated-hf.json"));
+    let n = GENERATED.to_string();
+    let (model_dir, ids_s, out_s) = (f.path("hf"), ids.to_string_lossy(), out.to_string_lossy());
+    let job =
+        ["generate", "--model", &model_dir.to_string_lossy(), "--ids", &ids_s, "--max-new-tokens", &n, "--out", &out_s];
+    run_python(&python, f.script, &[args(&job)], f.work.path());
+    let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
+    let theirs: Vec<Vec<u32>> = serde_json::from_value(read_json(&out)).unwrap();
+    for (row, want) in IDS.iter().zip(theirs) {
+        let mut ours = Vec::new();
+        let limits = Limits { max_tokens: GENERATED, vocab: f.config.vocab_size, stop_ids: &[] };
+        generate(&model, None, row, limits, &Sampling::greedy(), |t| {
+            ours.push(t);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(ours, want, "greedy continuation of {row:?}");
+    }
 }
 
 pub fn our_saved_model_loads_in_transformers(f: &Fixture) {

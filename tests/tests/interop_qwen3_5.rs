@@ -4,7 +4,8 @@
 //! gated attention with partial RoPE, zero-centred norms; on the MoE every layer's router, routed
 //! experts saved one tensor per expert, and sigmoid-gated shared expert), our saves load in
 //! transformers, our adapter on every module PEFT's `all-linear` reaches gives PEFT's logits, and
-//! one LoRA step equals PEFT's with torch AdamW.
+//! one LoRA step equals PEFT's with torch AdamW; on the dense model greedy generation continues as
+//! transformers' cached `generate` does (generation from the MoE hybrid is not built).
 //!
 //! Needs the CPU torch venv of `scripts/setup-torch`. Without it the tests skip, unless
 //! MINDXTRAIN_REQUIRE_TORCH is set (CI sets it): then they install it, and fail if they cannot.
@@ -87,6 +88,14 @@ macro_rules! interop_tests {
 
 mod dense {
     interop_tests!(QWEN3_5);
+
+    /// Generation through the Gated DeltaNet layers' recurrent state (conv and delta rule one
+    /// step at a time) and the gated attention's cache, against transformers' own cached
+    /// `generate`.
+    #[test]
+    fn greedy_generation_matches_transformers() {
+        fixture().map(interop::greedy_generation_matches_transformers);
+    }
 }
 
 mod moe {

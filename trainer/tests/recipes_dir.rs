@@ -29,11 +29,11 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("qwen3_32b_full_fsdp", &["hardware.gpus"]),
     ("qwen3_32b_grpo", &["eval.tasks", "hardware.gpus"]),
     ("qwen3_32b_orpo", &["hardware.gpus", "train.fsdp"]),
-    // Qwen3.6 hybrids train on the CPU only so far, and nothing generates from them yet; the
-    // 35B-A3B is a mixture of experts besides, refused when its config.json is read
-    // (`model_type: qwen3_5_moe`), as the recipe names a hub base and no shape.
-    ("qwen3_6_27b_lora", &["eval.enabled", "hardware.gpus", "serve.enabled"]),
-    ("qwen3_6_35b_a3b_lora", &["eval.enabled", "hardware.gpus", "serve.enabled"]),
+    // Qwen3.6 hybrids train, evaluate and serve on the CPU only so far; the 35B-A3B is a mixture
+    // of experts besides, refused when its config.json is read (`model_type: qwen3_5_moe`), as
+    // the recipe names a hub base and no shape.
+    ("qwen3_6_27b_lora", &["hardware.gpus"]),
+    ("qwen3_6_35b_a3b_lora", &["hardware.gpus"]),
     ("qwen3_8b_cpt", &["hardware.gpus"]),
     ("qwen3_8b_lora_h100", &["eval.tasks"]),
     ("qwen3_8b_sft_full", &["eval.tasks", "hardware.gpus", "quantize.enabled"]),

@@ -11,6 +11,9 @@
 //! touches those, its kernels if it needs new ones, and its recipe rules
 //! (`recipe::validate`), nothing else (docs/architecture.md, "The model seam").
 
+use std::borrow::Cow;
+
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -144,6 +147,15 @@ impl Arch {
     /// one): Qwen3.5's; the others scale by `w`.
     pub fn zero_centred_norms(self) -> bool {
         self == Arch::Qwen3_5
+    }
+
+    /// A norm's gain from its stored weight `w`: `w`, or `1 + w` for zero-centred norms. Every
+    /// forward path (training, dense decode, paged serving) scales by this.
+    pub(super) fn norm_gain(self, w: Cow<'_, Tensor>) -> candle_core::Result<Cow<'_, Tensor>> {
+        Ok(match self.zero_centred_norms() {
+            true => Cow::Owned((&*w + 1.0)?),
+            false => w,
+        })
     }
 
     /// How [`super::params::init_random`] draws parameter `name`.

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use candle_core::{Result, Tensor};
 use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope};
 
+use super::attention_parts::{gated, rotate, sigmoid};
 use super::causal_lm::CausalLm;
 use super::hooks::StepHooks;
 use super::linear_attention::LinearTape;
@@ -107,11 +108,6 @@ pub(super) struct InputGrad {
     masked: Option<Tensor>,
 }
 
-/// `σ(x) = 1 / (1 + e^(−x))`.
-pub(super) fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    (x.neg()?.exp()? + 1.0)?.recip()
-}
-
 /// The sum of every part: all products in one GEMM sum, then any masked branches.
 fn input_grad(kernels: &KernelConfig, parts: &[InputGrad]) -> Result<Tensor> {
     let products: Vec<(&Tensor, &Tensor)> = parts.iter().flat_map(|p| p.products.iter().map(|(d, w)| (d, w))).collect();
@@ -177,11 +173,7 @@ impl StepCtx<'_> {
     /// A norm's gain: its weight, or `1 + w` for a zero-centred norm (Qwen3.5), whose gradient
     /// is the weight's.
     pub(super) fn norm_gain(&self, name: &str) -> Result<Cow<'_, Tensor>> {
-        let w = self.weight(name)?;
-        Ok(match self.model.config.arch.zero_centred_norms() {
-            true => Cow::Owned((&*w + 1.0)?),
-            false => w,
-        })
+        self.model.config.arch.norm_gain(self.weight(name)?)
     }
 
     /// `x·Wᵀ` plus the LoRA branch when this projection is adapted.
@@ -267,10 +259,7 @@ impl StepCtx<'_> {
                 let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
                 let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
                 let gate = qkv.gate.as_ref().map(sigmoid).transpose()?;
-                let mixed = match &gate {
-                    Some(g) => (&attn * g)?,
-                    None => attn.clone(),
-                };
+                let mixed = gated(&attn, gate.as_ref())?;
                 (Mixer::Attention { inputs: qkv, lse, attn, gate }, mixed, Proj::O)
             }
             LayerKind::LinearAttention => {
@@ -324,15 +313,9 @@ impl StepCtx<'_> {
         Ok(AttentionInputs { q_pre, gate, rstd_q, k_pre, rstd_k, q, k, v })
     }
 
-    /// RoPE's forward or backward (`op`) on `[B, T, heads, hd]`: over every dim, or with partial
-    /// rotary (Qwen3.5) over the first `rotary_dim`, the rest passing through.
+    /// RoPE's forward or backward (`op`) on `[B, T, heads, hd]` ([`rotate`]).
     fn rope(&self, x: &Tensor, op: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let (hd, rd) = (self.model.config.head_dim, self.model.config.rotary_dim());
-        if rd == hd {
-            return op(x, &self.cos, &self.sin);
-        }
-        let rotated = op(&x.narrow(3, 0, rd)?.contiguous()?, &self.cos, &self.sin)?;
-        Tensor::cat(&[&rotated, &x.narrow(3, rd, hd - rd)?], 3)
+        rotate(x, &self.cos, &self.sin, self.model.config.rotary_dim(), op)
     }
 
     /// The shape a q or k projection of `heads` heads is normalised in: `[B, T, heads, hd]`

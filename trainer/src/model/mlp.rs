@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use candle_core::{D, Result, Tensor};
 use mindxtrain_kernels::swiglu;
 
-use super::block::{BlockTape, Grads, LoraTape, StepCtx, accumulate, sigmoid};
+use super::attention_parts::sigmoid;
+use super::block::{BlockTape, Grads, LoraTape, StepCtx, accumulate};
 use super::lora::{ExpertProj, expert_adapter_name};
 use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
 use super::params::Proj;

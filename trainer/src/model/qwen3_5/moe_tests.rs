@@ -151,3 +151,12 @@ fn a_released_moe_config_reads_with_its_experts_and_writes_as_the_moe_causal_lm(
     unnormalised.moe.as_mut().unwrap().norm_topk_prob = false;
     assert!(unnormalised.validate().unwrap_err().to_string().contains("renormalises"));
 }
+
+/// The decode and paged paths run no shared expert yet: generation from a MoE hybrid is refused
+/// by name before any step, not answered wrong.
+#[test]
+fn a_moe_hybrid_refuses_to_generate_by_name() {
+    let m = model(&tiny_hybrid_moe(), DType::F32);
+    let err = m.check_servable().unwrap_err();
+    assert!(matches!(&err, super::super::ModelError::NotBuilt(s) if s.contains("shared expert")), "{err}");
+}

@@ -351,13 +351,7 @@ pub fn fields() -> Vec<Field> {
         field("train.log_every_steps", "`train.progress` cadence").differs(r#"{"train": {"log_every_steps": 2}}"#),
         field("train.env", "set in every training process's environment before it starts")
             .test("train_env_is_in_the_training_process_environment"),
-        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#).refuses(
-            &[no!(
-                "true with qwen3_hybrid",
-                r#"{"model": {"family": "qwen3_hybrid"}, "eval": {"enabled": true}}"#,
-                "generation is not built yet for family qwen3_hybrid",
-            )],
-        ),
+        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#),
         field("eval.holdout.fraction", "share of the data held out")
             .differs(r#"{"eval": {"holdout": {"fraction": 0.3}}}"#),
         field("eval.holdout.max_samples", "caps the held-out examples")
@@ -395,12 +389,7 @@ pub fn fields() -> Vec<Field> {
         field("quantize.per_channel", "per-channel scales").inert_unless("quantize.enabled"),
         field("quantize.calibration_samples", "calibration examples").inert_unless("quantize.enabled"),
         field("serve.enabled", "`false`: `mindxtrain serve` refuses to serve the recipe's model")
-            .test("a_recipe_with_serve_enabled_false_is_not_served")
-            .refuses(&[no!(
-                "true with qwen3_hybrid",
-                r#"{"model": {"family": "qwen3_hybrid"}, "serve": {"enabled": true}}"#,
-                "serving is not built yet for family qwen3_hybrid",
-            )]),
+            .test("a_recipe_with_serve_enabled_false_is_not_served"),
         field("serve.host", "`mindxtrain serve`'s listen address unless --listen")
             .test("serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len")
             .refuses(&[no!("not loopback", r#"{"serve": {"host": "0.0.0.0"}}"#, "not a loopback address")]),
