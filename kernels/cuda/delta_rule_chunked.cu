@@ -17,8 +17,8 @@
 // reaches token i: a document start inside a chunk only zeroes masks, exactly as the recurrence
 // restarts its state there. Rows past T are zeros and stay out of every sum.
 //
-// Scratch (f32, rows padded to whole chunks, Tp = 64·chunks): U, δ [B·H, Tp, d_v], W [B·H, Tp,
-// d_k], G [B·H, Tp]. Predicted at the Qwen3.6-27B layer (B = 2, T = 4096, 48 value heads of
+// Scratch (f32, rows padded to whole chunks, Tp = 64·chunks): U, δ [B·H, Tp, d_v], W (each
+// chunk's transposed, [d_k][64]) [B·H, Tp, d_k], G [B·H, Tp]. Predicted at the Qwen3.6-27B layer (B = 2, T = 4096, 48 value heads of
 // 128×128, bf16): ~0.6 GB of scratch; delta_chunk_wy ~0.8 G FMA-with-shared-load (~0.7 ms),
 // delta_chunk_state ~13 G (~2 ms: shared-memory bound), delta_chunk_out ~11 G (~1.5 ms): ~4 ms
 // against the fused-recurrent forward's 6.6 ms.
@@ -92,7 +92,7 @@ DEV bool same_doc(const ChunkTokens& s, int c0, int i, int j) { return j <= i &&
 template <typename T>
 DEV void chunk_wy(const T* k, const T* v, const float* beta, const float* g, const unsigned* starts, float* U,
                   float* W, float* G, Dims d) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   const int ld = d.dk + 1;  // odd stride: column reads of K hit distinct banks
   float *ks = smem, *a = ks + CH * ld, *tokf = a + CH * (CH + 1);
   const ChunkTokens s{(int*)(tokf + 4 * CH), tokf, tokf + 2 * CH, tokf + 3 * CH};
@@ -133,100 +133,198 @@ DEV void chunk_wy(const T* k, const T* v, const float* beta, const float* g, con
       if (is_u)
         U[(row0 + i) * d.dv + col] = x[i];
       else
-        W[(row0 + i) * d.dk + col - d.dv] = x[i];
+        W[row0 * d.dk + (size_t)(col - d.dv) * CH + i] = x[i];  // Wᵀ per chunk, [d_k][64]
     }
   }
 }
 
 // ---- delta_chunk_state ----
 
-// Thread (row group, column): rows warp, warp + 8, ... of the state tile, column lane.
+// The products are register-tiled (4×2 and 4×4 outputs a thread, float4/float2 shared loads):
+// the first version read two shared floats per FMA and measured 15 ms at the 27B layer, bound
+// by shared-memory loads.
 template <typename T>
 DEV void chunk_state(const T* k, const unsigned* starts, const float* U, const float* W, const float* G,
                      const float* s0, float* delta, float* state, float* kept, Dims d) {
-  extern __shared__ float smem[];
-  const int ld = d.dk + 1, cs = STATE_COLS + 1;
-  float *hs = smem, *ws = hs + d.dk * STATE_COLS, *ks = ws + CH * ld, *vs = ks + CH * ld, *tokf = vs + CH * cs;
+  extern __shared__ __align__(16) float smem[];
+  const int kld = (d.dk + 3) / 4 * 4;  // rows d_k.. of the tiles are zero padding
+  float *hs = smem, *wt = hs + kld * STATE_COLS, *ks = wt + kld * CH, *vd = ks + CH * kld;
+  float* tokf = vd + CH * STATE_COLS;
   const ChunkTokens s{(int*)(tokf + 4 * CH), tokf, tokf + 2 * CH, tokf + 3 * CH};
-  const int bh = blockIdx.x, col0 = blockIdx.y * STATE_COLS;
-  const int cc = threadIdx.x % STATE_COLS, grp = threadIdx.x / STATE_COLS, groups = THREADS / STATE_COLS;
-  const int col = col0 + cc;
-  const bool col_ok = col < d.dv;
+  const int bh = blockIdx.x, col0 = blockIdx.y * STATE_COLS, tid = threadIdx.x;
   const Head hd(d, bh);
   const size_t head = (size_t)bh * d.dk * d.dv;
-  for (int r = grp; r < d.dk; r += groups) hs[r * STATE_COLS + cc] = col_ok ? s0[head + (size_t)r * d.dv + col] : 0.f;
-  for (int c = 0; c < d.chunks; ++c) {
-    const int c0 = c * CH;
-    const size_t row0 = (size_t)bh * d.tp() + c0;
-    if (col_ok)
-      for (int r = grp; r < d.dk; r += groups)
-        kept[((size_t)bh * d.chunks + c) * d.dk * d.dv + (size_t)r * d.dv + col] = hs[r * STATE_COLS + cc];
-    for (int e = threadIdx.x; e < CH * d.dk; e += blockDim.x) ws[e / d.dk * ld + e % d.dk] = W[row0 * d.dk + e];
-    load_qk(ks, ld, k, d, hd, c0);
-    load_tokens(s, d, hd, c0, starts, nullptr, nullptr, G + row0);
-    const int last = min(CH, d.t - c0) - 1;
-    // δ = U − W h for rows grp, grp + 8, ...; kept decay-weighted for the state update.
-    for (int i = grp; i < CH; i += groups) {
-      float acc = col_ok ? U[(row0 + i) * d.dv + col] : 0.f;
-      for (int r = 0; r < d.dk; ++r) acc -= ws[i * ld + r] * hs[r * STATE_COLS + cc];
-      if (col_ok) delta[(row0 + i) * d.dv + col] = acc;
-      const bool in = i <= last && same_doc(s, c0, last, i);
-      vs[i * cs + cc] = in ? expf(s.gc[last] - s.gc[i]) * acc : 0.f;
-    }
-    BARRIER();
-    const float decay = expf(s.gc[last]) * s.carry[last];
-    for (int r = grp; r < d.dk; r += groups) {
-      float acc = decay * hs[r * STATE_COLS + cc];
-      for (int j = 0; j < CH; ++j) acc += ks[j * ld + r] * vs[j * cs + cc];
-      hs[r * STATE_COLS + cc] = acc;
-    }
-    BARRIER();
+  auto col_of = [&](int e) { return col0 + e % STATE_COLS; };
+  for (int e = tid; e < kld * STATE_COLS; e += THREADS) {
+    const int r = e / STATE_COLS, col = col_of(e);
+    hs[e] = r < d.dk && col < d.dv ? s0[head + (size_t)r * d.dv + col] : 0.f;
   }
-  if (col_ok)
-    for (int r = grp; r < d.dk; r += groups) state[head + (size_t)r * d.dv + col] = hs[r * STATE_COLS + cc];
+  for (int c = 0; c < d.chunks; ++c) {
+    const int c0 = c * CH, n = min(CH, d.t - c0), last = n - 1;
+    const size_t row0 = (size_t)bh * d.tp() + c0;
+    BARRIER();  // the previous chunk's update (or the initial load) done
+    for (int e = tid; e < kld * STATE_COLS; e += THREADS) {
+      const int r = e / STATE_COLS, col = col_of(e);
+      if (r < d.dk && col < d.dv) kept[((size_t)bh * d.chunks + c) * d.dk * d.dv + (size_t)r * d.dv + col] = hs[e];
+    }
+    // Wᵀ of the chunk lies [d_k][64] (delta_chunk_wy writes it so).
+    for (int e = tid; e < kld * CH; e += THREADS) wt[e] = e / CH < d.dk ? W[row0 * d.dk + e] : 0.f;
+    for (int e = tid; e < CH * kld; e += THREADS) {
+      const int i = e / kld, r = e % kld;
+      ks[e] = r < d.dk && i < n ? to_f(k[hd.qk(d, c0 + i) + r]) : 0.f;
+    }
+    load_tokens(s, d, hd, c0, starts, nullptr, nullptr, G + row0);
+    {  // δ = U − W h: rows i0..i0+3, columns c2, c2+1 of the tile
+      const int i0 = tid / 16 * 4, c2 = tid % 16 * 2;
+      float acc[4][2];
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int col = col0 + c2 + b;
+          acc[a][b] = col < d.dv ? U[(row0 + i0 + a) * d.dv + col] : 0.f;
+        }
+      for (int r = 0; r < d.dk; ++r) {
+        const float4 w4 = *reinterpret_cast<const float4*>(wt + r * CH + i0);
+        const float2 h2 = *reinterpret_cast<const float2*>(hs + r * STATE_COLS + c2);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w}, h[2] = {h2.x, h2.y};
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) acc[a][b] -= w[a] * h[b];
+      }
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const int i = i0 + a;
+        const bool in = i <= last && same_doc(s, c0, last, i);
+        const float wgt = in ? expf(s.gc[last] - s.gc[i]) : 0.f;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int col = col0 + c2 + b;
+          if (col < d.dv) delta[(row0 + i) * d.dv + col] = acc[a][b];
+          vd[i * STATE_COLS + c2 + b] = wgt * acc[a][b];
+        }
+      }
+    }
+    BARRIER();
+    {  // h ← e^{G_last}·carry·h + Σ_j K_jᵀ (decay-weighted δ_j): rows r0..r0+3, columns c4..c4+3
+      const int r0 = tid / 8 * 4, c4 = tid % 8 * 4;
+      if (r0 < kld) {
+        const float decay = expf(s.gc[last]) * s.carry[last];
+        float acc[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) acc[a][b] = decay * hs[(r0 + a) * STATE_COLS + c4 + b];
+        for (int j = 0; j < CH; ++j) {
+          const float4 k4 = *reinterpret_cast<const float4*>(ks + j * kld + r0);
+          const float4 v4 = *reinterpret_cast<const float4*>(vd + j * STATE_COLS + c4);
+          const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) acc[a][b] += kk[a] * vv[b];
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) hs[(r0 + a) * STATE_COLS + c4 + b] = acc[a][b];
+      }
+    }
+  }
+  BARRIER();
+  for (int e = tid; e < kld * STATE_COLS; e += THREADS) {
+    const int r = e / STATE_COLS, col = col_of(e);
+    if (r < d.dk && col < d.dv) state[head + (size_t)r * d.dv + col] = hs[e];
+  }
 }
 
 // ---- delta_chunk_out ----
 
+// Qᵀ, Kᵀ (then the state tile) lie [d_k][QLD] (padded: their transposing stores conflict less);
+// Pᵀ [64][64]; δ [64][OUT_COLS]. Thread (i0, c4): rows i0..i0+3, columns c4..c4+3.
+#define QLD (CH + 4)
 template <typename T>
 DEV void chunk_out(const T* q, const T* k, const unsigned* starts, const float* G, const float* kept,
                    const float* delta, T* out, Dims d, float scale) {
-  extern __shared__ float smem[];
-  const int ld = d.dk + 1, cs = OUT_COLS + 1;
-  // The K buffer holds the state tile [d_k][OUT_COLS] once P is formed (d_k·64 < 64·(d_k + 1)).
-  float *qs = smem, *ks = qs + CH * ld, *p = ks + CH * ld, *vs = p + CH * (CH + 1), *tokf = vs + CH * cs;
+  extern __shared__ __align__(16) float smem[];
+  float *qt = smem, *kt = qt + d.dk * QLD, *pt = kt + d.dk * QLD, *vs = pt + CH * CH, *tokf = vs + CH * OUT_COLS;
   const ChunkTokens s{(int*)(tokf + 4 * CH), tokf, tokf + 2 * CH, tokf + 3 * CH};
-  const int bh = blockIdx.x, c = blockIdx.y, c0 = c * CH, n = min(CH, d.t - c0);
+  const int bh = blockIdx.x, c = blockIdx.y, c0 = c * CH, n = min(CH, d.t - c0), tid = threadIdx.x;
   const Head hd(d, bh);
   const size_t row0 = (size_t)bh * d.tp() + c0;
-  load_qk(qs, ld, q, d, hd, c0);
-  load_qk(ks, ld, k, d, hd, c0);
+  for (int e = tid; e < CH * d.dk; e += THREADS) {
+    const int i = e / d.dk, r = e % d.dk;
+    const bool ok = i < n;
+    qt[r * QLD + i] = ok ? to_f(q[hd.qk(d, c0 + i) + r]) : 0.f;
+    kt[r * QLD + i] = ok ? to_f(k[hd.qk(d, c0 + i) + r]) : 0.f;
+  }
   load_tokens(s, d, hd, c0, starts, nullptr, nullptr, G + row0);
-  for (int e = threadIdx.x; e < CH * CH; e += blockDim.x) {
-    const int i = e / CH, j = e % CH;
-    float val = 0.f;
-    if (i < n && same_doc(s, c0, i, j)) {
-      float dot = 0.f;
-      for (int r = 0; r < d.dk; ++r) dot += qs[i * ld + r] * ks[j * ld + r];
-      val = expf(s.gc[i] - s.gc[j]) * dot;
+  const int i0 = tid / 16 * 4, c4 = tid % 16 * 4;
+  {  // Pᵀ[j][i] = e^{G_i−G_j}·q_i·k_j where j is in i's document and not after it
+    float acc[4][4] = {};
+    for (int r = 0; r < d.dk; ++r) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qt + r * QLD + i0);
+      const float4 k4 = *reinterpret_cast<const float4*>(kt + r * QLD + c4);
+      const float qq[4] = {q4.x, q4.y, q4.z, q4.w}, kk[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] += qq[a] * kk[b];
     }
-    p[i * (CH + 1) + j] = val;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      float v[4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const int i = i0 + a, j = c4 + b;
+        v[a] = i < n && same_doc(s, c0, i, j) ? expf(s.gc[i] - s.gc[j]) * acc[a][b] : 0.f;
+      }
+      *reinterpret_cast<float4*>(pt + (c4 + b) * CH + i0) = make_float4(v[0], v[1], v[2], v[3]);
+    }
   }
   const float* h = kept + ((size_t)bh * d.chunks + c) * d.dk * d.dv;
-  const int cc = threadIdx.x % OUT_COLS, grp = threadIdx.x / OUT_COLS, groups = THREADS / OUT_COLS;
-  float* hs = ks;
+  float* hs = kt;
   for (int ct = 0; ct < d.dv; ct += OUT_COLS) {
-    const int col = ct + cc;
-    const bool col_ok = col < d.dv;
-    BARRIER();  // P formed (first tile), or the previous tile's reads done
-    for (int r = grp; r < d.dk; r += groups) hs[r * OUT_COLS + cc] = col_ok ? h[(size_t)r * d.dv + col] : 0.f;
-    for (int i = grp; i < CH; i += groups) vs[i * cs + cc] = col_ok ? delta[(row0 + i) * d.dv + col] : 0.f;
+    BARRIER();  // Pᵀ formed (first tile), or the previous tile's reads done
+    for (int e = tid; e < d.dk * OUT_COLS; e += THREADS) {
+      const int r = e / OUT_COLS, col = ct + e % OUT_COLS;
+      hs[r * QLD + e % OUT_COLS] = col < d.dv ? h[(size_t)r * d.dv + col] : 0.f;
+    }
+    for (int e = tid; e < CH * OUT_COLS; e += THREADS) {
+      const int j = e / OUT_COLS, col = ct + e % OUT_COLS;
+      vs[e] = col < d.dv ? delta[(row0 + j) * d.dv + col] : 0.f;
+    }
     BARRIER();
-    for (int i = grp; i < n; i += groups) {
-      float inter = 0.f, intra = 0.f;
-      for (int r = 0; r < d.dk; ++r) inter += qs[i * ld + r] * hs[r * OUT_COLS + cc];
-      for (int j = 0; j <= i; ++j) intra += p[i * (CH + 1) + j] * vs[j * cs + cc];
-      if (col_ok) out[hd.at(d, c0 + i) * d.dv + col] = from_f<T>(scale * (expf(s.gc[i]) * s.carry[i] * inter + intra));
+    float inter[4][4] = {}, intra[4][4] = {};
+    for (int r = 0; r < d.dk; ++r) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qt + r * QLD + i0);
+      const float4 h4 = *reinterpret_cast<const float4*>(hs + r * QLD + c4);
+      const float qq[4] = {q4.x, q4.y, q4.z, q4.w}, hh[4] = {h4.x, h4.y, h4.z, h4.w};
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) inter[a][b] += qq[a] * hh[b];
+    }
+    for (int j = 0; j < i0 + 4; ++j) {  // Pᵀ is zero past each row's token
+      const float4 p4 = *reinterpret_cast<const float4*>(pt + j * CH + i0);
+      const float4 v4 = *reinterpret_cast<const float4*>(vs + j * OUT_COLS + c4);
+      const float pp[4] = {p4.x, p4.y, p4.z, p4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) intra[a][b] += pp[a] * vv[b];
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int i = i0 + a;
+      if (i >= n) continue;
+      const float gate = expf(s.gc[i]) * s.carry[i];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int col = ct + c4 + b;
+        if (col < d.dv) out[hd.at(d, c0 + i) * d.dv + col] = from_f<T>(scale * (gate * inter[a][b] + intra[a][b]));
+      }
     }
   }
 }

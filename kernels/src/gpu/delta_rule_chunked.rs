@@ -35,11 +35,12 @@ pub(crate) fn forward<T: Elem>(x: &Operands, s0: &Tensor, starts: &[u32]) -> Res
     let mut out = alloc::<T>(&dev, d.b * d.t * d.h * d.dv)?;
     let mut state = alloc::<f32>(&dev, bh * d.dk * d.dv)?;
     let mut kept = alloc::<f32>(&dev, bh * chunks * d.dk * d.dv)?;
-    let ld = d.dk + 1;
+    // The tiles each kernel stages (their layouts in the source).
+    let (ld, kld, qld) = (d.dk + 1, d.dk.next_multiple_of(4), CHUNK + 4);
     let bytes = |floats: usize| (floats * 4) as u32;
     let wy_shared = bytes(CHUNK * ld + CHUNK * (CHUNK + 1) + TOKEN_FLOATS);
-    let state_shared = bytes(d.dk * STATE_COLS + 2 * CHUNK * ld + CHUNK * (STATE_COLS + 1) + TOKEN_FLOATS);
-    let out_shared = bytes(2 * CHUNK * ld + 2 * CHUNK * (OUT_COLS + 1) + TOKEN_FLOATS);
+    let state_shared = bytes(kld * STATE_COLS + 2 * kld * CHUNK + CHUNK * STATE_COLS + TOKEN_FLOATS);
+    let out_shared = bytes(2 * d.dk * qld + CHUNK * CHUNK + CHUNK * OUT_COLS + TOKEN_FLOATS);
     let cfg = |grid: (usize, usize), shared: u32| -> Result<LaunchConfig> {
         Ok(LaunchConfig {
             grid_dim: (int(grid.0)? as u32, int(grid.1)? as u32, 1),
