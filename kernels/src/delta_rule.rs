@@ -241,15 +241,10 @@ fn recurrence(
     };
     // The CUDA kernels take CUDA tensors of f32 or bf16 (q, k and v of one dtype; β and g are
     // read in f32 whatever theirs) with d_k up to the state rows a warp holds; other heads,
-    // dtypes and devices take the fused CPU kernel or the composed reference. Training (the
-    // checkpoints kept) runs the chunked kernels; decoding and prefill the fused-recurrent one,
-    // whose one pass over the tokens is what a few tokens want.
+    // dtypes and devices take the fused CPU kernel or the composed reference.
     #[cfg(feature = "cuda")]
     if d.dk <= crate::gpu::delta_rule::MAX_DK {
-        use crate::gpu::{delta_rule::forward as gpu, delta_rule_chunked::forward as chunked};
-        if let (true, Some(starts)) = (keep, starts) {
-            return crate::gpu::dispatch!([x.q, x.k, x.v], chunked(x, &s0, starts), composed());
-        }
+        use crate::gpu::delta_rule::forward as gpu;
         return crate::gpu::dispatch!([x.q, x.k, x.v], gpu(x, &s0, starts, keep), composed());
     }
     composed()

@@ -11,7 +11,6 @@ pub(crate) mod attention;
 pub(crate) mod causal_conv1d;
 pub(crate) mod cross_entropy;
 pub(crate) mod delta_rule;
-pub(crate) mod delta_rule_chunked;
 pub(crate) mod elementwise;
 pub(crate) mod gemm;
 pub(crate) mod gemv;
