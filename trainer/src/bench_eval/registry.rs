@@ -37,13 +37,10 @@ pub struct DatasetRef {
 
 /// Tasks named in recipes that this build does not run, with why.
 const REFUSED: [(&str, &str); 2] = [
-    (
-        "humaneval",
-        "it runs the generated code, and the sandbox that would run it (no network, time and memory limits) is not built",
-    ),
+    ("humaneval", "it runs generated code, and no sandbox to run it in is built (no network, time and memory limits)"),
     (
         "ifeval",
-        "its verifiable-instruction checks (25 instruction kinds) are not built; none is counted without its check",
+        "its verifiable-instruction checks are not built (25 instruction kinds; none is counted without its check)",
     ),
 ];
 
