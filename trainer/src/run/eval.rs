@@ -77,22 +77,37 @@ pub enum EvalError {
         "eval regression: exact match {now:.4} vs baseline {baseline:.4} ({path}) is {drop_pct:.2}% lower, over the {threshold_pct}% threshold"
     )]
     Regression { now: f64, baseline: f64, drop_pct: f64, threshold_pct: f64, path: String },
-    #[error(
-        "eval regression: task {task} {metric} {now:.4} vs baseline {baseline:.4} ({path}) is {drop_pct:.2}% lower, over the {threshold_pct}% threshold"
-    )]
-    TaskRegression {
-        task: String,
-        metric: String,
-        now: f64,
-        baseline: f64,
-        drop_pct: f64,
-        threshold_pct: f64,
-        path: String,
-    },
+    #[error("{0}")]
+    TaskRegression(Box<TaskDrop>),
     #[error(transparent)]
-    Bench(#[from] BenchError),
+    Bench(Box<BenchError>),
     #[error(transparent)]
-    Hub(#[from] crate::hub::HubError),
+    Hub(Box<crate::hub::HubError>),
+}
+
+// Boxed: the errors of a run stay small.
+impl From<BenchError> for EvalError {
+    fn from(e: BenchError) -> EvalError {
+        EvalError::Bench(Box::new(e))
+    }
+}
+
+impl From<crate::hub::HubError> for EvalError {
+    fn from(e: crate::hub::HubError) -> EvalError {
+        EvalError::Hub(Box::new(e))
+    }
+}
+
+/// A task metric that fell further below the baseline than the gate allows.
+#[derive(Debug, Error)]
+#[error(
+    "eval regression: task {} {} {:.4} vs baseline {:.4} ({path}) is {:.2}% lower, over the {threshold_pct}% threshold",
+    drop.task, drop.metric, drop.now, drop.baseline, drop.drop_pct
+)]
+pub struct TaskDrop {
+    pub drop: bench_eval::report::Drop,
+    pub threshold_pct: f64,
+    pub path: String,
 }
 
 /// Evaluates `model` (with `adapters` when given) on the dataset's holdout. `max_prompts`
@@ -249,16 +264,8 @@ pub fn check_regression(
                 format!("the baseline has no score for {}: it was not evaluated on these tasks", missing.join(", "));
             return Err(EvalError::Baseline { path, message });
         }
-        if let Some(d) = tasks.regression(theirs, threshold_pct) {
-            return Err(EvalError::TaskRegression {
-                task: d.task,
-                metric: d.metric,
-                now: d.now,
-                baseline: d.baseline,
-                drop_pct: d.drop_pct,
-                threshold_pct,
-                path,
-            });
+        if let Some(drop) = tasks.regression(theirs, threshold_pct) {
+            return Err(EvalError::TaskRegression(Box::new(TaskDrop { drop, threshold_pct, path })));
         }
     }
     Ok(())
