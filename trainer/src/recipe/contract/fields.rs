@@ -358,19 +358,30 @@ pub fn fields() -> Vec<Field> {
             .differs(r#"{"eval": {"holdout": {"max_samples": 2}}}"#),
         field("eval.every_steps", "evaluation cadence (and a step-0 evaluation)")
             .differs(r#"{"eval": {"every_steps": 2}}"#),
-        field("eval.tasks", "").refuses(&[no!(
-            "any",
-            r#"{"eval": {"tasks": ["gsm8k"]}}"#,
-            "benchmark tasks are not run by this build yet",
-        )]),
-        field("eval.fewshot", "").refuses(&[no!(
-            "≠ 0",
-            r#"{"eval": {"fewshot": 5}}"#,
-            "few-shot examples are for eval.tasks"
-        )]),
+        field(
+            "eval.tasks",
+            "benchmark tasks scored in-process from the HF cache: gsm8k, mmlu, hellaswag, arc_easy, arc_challenge",
+        )
+        .test("eval_tasks_are_scored_with_the_recipe_s_few_shot_and_gated_against_the_base")
+        .refuses(&[
+            no!("humaneval", r#"{"eval": {"tasks": ["humaneval"]}}"#, "no sandbox to run it in is built"),
+            no!("ifeval", r#"{"eval": {"tasks": ["ifeval"]}}"#, "its verifiable-instruction checks are not built"),
+            no!(
+                "any with eval.enabled false",
+                r#"{"eval": {"enabled": false, "tasks": ["gsm8k"]}}"#,
+                "scored by the evaluation, which eval.enabled: false turns off",
+            ),
+        ]),
+        field("eval.fewshot", "examples before each task prompt: the first k of the task's few-shot split")
+            .test("eval_tasks_are_scored_with_the_recipe_s_few_shot_and_gated_against_the_base")
+            .refuses(&[no!(
+                "≠ 0 without eval.tasks",
+                r#"{"eval": {"fewshot": 5}}"#,
+                "few-shot examples are for eval.tasks"
+            )]),
         field(
             "eval.regression.baseline",
-            "what the final evaluation is compared with: the base (model.name) or an eval.json",
+            "what the final evaluation (held-out and tasks) is compared with: the base (model.name) or an eval.json",
         )
         .test("a_baseline_report_is_read_before_the_run_and_the_base_named_by_model_name")
         .refuses(&[no!(
@@ -378,7 +389,7 @@ pub fn fields() -> Vec<Field> {
             r#"{"eval": {"regression": {"baseline": "Qwen/Qwen3-8B", "threshold_pct": 1}}}"#,
             "comparing with another model is not built",
         )]),
-        field("eval.regression.threshold_pct", "the largest drop allowed")
+        field("eval.regression.threshold_pct", "the largest drop allowed, per held-out exact match and task metric")
             .test("regression_threshold_is_relative_to_the_baseline"),
         field("quantize.enabled", "").refuses(&[no!(
             "true",
