@@ -31,6 +31,8 @@ use crate::cpu::{self, dispatch};
 use candle_core::{DType, Result, Tensor};
 
 #[cfg(test)]
+mod chunked;
+#[cfg(test)]
 mod tests;
 
 /// Tokens between two states the forward keeps for the backward (FLA's chunk length, so the

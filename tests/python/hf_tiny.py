@@ -14,6 +14,9 @@ its architecture is built) and any commands of its own.
               [--betas B1,B2] [--eps E] [--weight-decay W] [--max-grad-norm M]
               one torch AdamW step on the adapter (loss: HF causal LM, labels shifted inside, -100
               ignored); saves the updated adapter with save_pretrained and DIR/step.json (loss, grad norm)
+  generate    --model DIR --ids IDS.json --max-new-tokens N --out OUT.json
+              each row of IDS's greedy continuation by model.generate with its cache (no end token
+              stops it): [[token, ...], ...]
   multi       JOBS.json   runs each argv list of JOBS.json ([["logits", "--model", ...], ...]) in this one
               process: interpreter start and imports cost seconds on a busy 2-core machine
 
@@ -120,6 +123,25 @@ class Commands:
             logits = model(input_ids=ids).logits
         write_json(a.out, logits.float().tolist())
 
+    def generate(self, a) -> None:
+        model = self.load_model(a.model)
+        # Every one of the N tokens, whatever a random model draws.
+        model.generation_config.eos_token_id = None
+        with open(a.ids) as f:
+            rows = json.load(f)
+        out = []
+        for row in rows:
+            ids = torch.tensor([row], dtype=torch.long)
+            # An explicit mask: generate would otherwise take a prompt token equal to the pad id
+            # for padding.
+            mask = torch.ones_like(ids)
+            with torch.no_grad():
+                y = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=a.max_new_tokens, do_sample=False, pad_token_id=0
+                )
+            out.append(y[0, len(row) :].tolist())
+        write_json(a.out, out)
+
     def make_adapter(self, a) -> None:
         from peft import LoraConfig, get_peft_model
 
@@ -166,6 +188,7 @@ class Commands:
             Command("logits", _logits_args, self.logits),
             Command("make-adapter", _make_adapter_args, self.make_adapter),
             Command("lora-step", _lora_step_args, self.lora_step),
+            Command("generate", _generate_args, self.generate),
         ]
 
 
@@ -183,6 +206,13 @@ def _logits_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("--out")
     g.add_argument("--adapter")
     g.add_argument("--merge", action="store_true")
+
+
+def _generate_args(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--model", required=True)
+    g.add_argument("--ids", required=True)
+    g.add_argument("--max-new-tokens", type=int, required=True)
+    g.add_argument("--out", required=True)
 
 
 def _make_adapter_args(d: argparse.ArgumentParser) -> None:

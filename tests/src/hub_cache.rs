@@ -198,3 +198,87 @@ impl HubFixture {
         self.add_snapshot(Kind::Dataset, repo, commit, refs, &files)
     }
 }
+
+/// gsm8k-shaped documents (question, reference answer ending in `#### N`): the test split, then
+/// the train split few-shot examples come from.
+pub const GSM8K_TEST: [(&str, &str); 3] = [
+    ("Tom has 3 apples and buys 4 more. How many apples does he have?", "3 + 4 = 7\n#### 7"),
+    ("What is 10 minus 4?", "10 - 4 = 6\n#### 6"),
+    ("A box holds 1,000 pins. How many pins are in 2 boxes?", "2 * 1000 = 2000\n#### 2,000"),
+];
+pub const GSM8K_TRAIN: [(&str, &str); 2] =
+    [("What is 1 + 1?", "1 + 1 = 2\n#### 2"), ("What is 2 + 2?", "2 + 2 = 4\n#### 4")];
+
+/// MMLU-shaped documents of one subject (question, four choices, the right one's index): the
+/// test split, then the dev split few-shot examples come from.
+pub const MMLU_SUBJECT: &str = "high_school_biology";
+pub const MMLU_TEST: [(&str, [&str; 4], i64); 4] = [
+    ("What colour is grass?", ["red", "green", "blue", "black"], 1),
+    ("Which organ pumps blood?", ["heart", "lung", "skin", "bone"], 0),
+    ("What do plants need to grow?", ["salt", "noise", "light", "plastic"], 2),
+    ("How many legs has a spider?", ["two", "four", "six", "eight"], 3),
+];
+pub const MMLU_DEV: [(&str, [&str; 4], i64); 1] = [("Blood is?", ["red", "green", "blue", "black"], 0)];
+
+/// One Parquet file of `columns`.
+pub fn table_parquet(columns: Vec<(&str, ArrayRef)>) -> Result<Vec<u8>> {
+    let batch = RecordBatch::try_from_iter(columns)?;
+    let mut bytes = Vec::new();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(bytes)
+}
+
+fn strings<'a>(values: impl IntoIterator<Item = &'a str>) -> ArrayRef {
+    Arc::new(arrow_array::StringArray::from_iter_values(values))
+}
+
+fn gsm8k_parquet(rows: &[(&str, &str)]) -> Result<Vec<u8>> {
+    table_parquet(vec![("question", strings(rows.iter().map(|r| r.0))), ("answer", strings(rows.iter().map(|r| r.1)))])
+}
+
+fn mmlu_parquet(rows: &[(&str, [&str; 4], i64)]) -> Result<Vec<u8>> {
+    let mut choices = ListBuilder::new(StringBuilder::new());
+    for (_, c, _) in rows {
+        for v in c {
+            choices.values().append_value(v);
+        }
+        choices.append(true);
+    }
+    table_parquet(vec![
+        ("question", strings(rows.iter().map(|r| r.0))),
+        ("subject", strings(rows.iter().map(|_| MMLU_SUBJECT))),
+        ("choices", Arc::new(choices.finish()) as ArrayRef),
+        ("answer", Arc::new(arrow_array::Int64Array::from_iter_values(rows.iter().map(|r| r.2))) as ArrayRef),
+    ])
+}
+
+impl HubFixture {
+    /// The gsm8k- and MMLU-shaped data above as `openai/gsm8k` (configuration `main`) and
+    /// `cais/mmlu` (configuration `all`), as the hub lays them out, on `main`; returns the
+    /// snapshot directories.
+    pub fn add_task_datasets(&self) -> Result<(PathBuf, PathBuf)> {
+        let gsm8k = self.add_snapshot(
+            Kind::Dataset,
+            "openai/gsm8k",
+            &commit_id("gsm8k"),
+            &["main"],
+            &[
+                ("main/test-00000-of-00001.parquet".into(), gsm8k_parquet(&GSM8K_TEST)?),
+                ("main/train-00000-of-00001.parquet".into(), gsm8k_parquet(&GSM8K_TRAIN)?),
+            ],
+        )?;
+        let mmlu = self.add_snapshot(
+            Kind::Dataset,
+            "cais/mmlu",
+            &commit_id("mmlu"),
+            &["main"],
+            &[
+                ("all/test-00000-of-00001.parquet".into(), mmlu_parquet(&MMLU_TEST)?),
+                ("all/dev-00000-of-00001.parquet".into(), mmlu_parquet(&MMLU_DEV)?),
+            ],
+        )?;
+        Ok((gsm8k, mmlu))
+    }
+}

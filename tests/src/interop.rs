@@ -11,11 +11,10 @@ use std::process::Command;
 use candle_core::{DType, Device, Tensor};
 use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
 use mindxtrain_trainer::checkpoint::{
-    AdapterConfig, StagedDir, WeightFiles, load_peft_adapter, save_hf_model, save_peft_adapter,
+    AdapterConfig, StagedDir, WeightFiles, load_hf_model, load_peft_adapter, save_hf_model, save_peft_adapter,
 };
-use mindxtrain_trainer::model::{
-    Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, expected_shapes, merge_lora,
-};
+use mindxtrain_trainer::generate::{Limits, Sampling, generate};
+use mindxtrain_trainer::model::{Adapters, CausalLm, LmConfig, LoraConfig, StepOptions, Trainable, merge_lora, moe};
 use mindxtrain_trainer::optim::{AdamW, AdamWConfig, clip_grad_norm};
 use mindxtrain_trainer::recipe::{Lora, TargetModule};
 use serde_json::Value;
@@ -35,6 +34,8 @@ pub struct Family {
 const IDS: [[u32; 6]; 2] = [[1, 5, 9, 13, 2, 7], [3, 3, 4, 90, 11, 0]];
 /// transformers' convention: aligned with the inputs, shifted inside the loss.
 const HF_LABELS: [[i64; 6]; 2] = [[-100, 5, 9, 13, 2, 7], [3, 3, 4, 90, -100, -100]];
+/// Tokens each row of `IDS` continues by in the generation check.
+const GENERATED: usize = 12;
 const LR: f64 = 0.01;
 const WEIGHT_DECAY: f64 = 0.01;
 const MAX_GRAD_NORM: f64 = 0.25;
@@ -85,6 +86,7 @@ pub struct Fixture {
     pub params: BTreeMap<String, Tensor>,
     pub adapters: Adapters,
     step_tolerance: f32,
+    script: &'static str,
 }
 
 impl Fixture {
@@ -122,10 +124,10 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         work.path(),
     );
 
-    let text = std::fs::read_to_string(work.path().join("hf/config.json")).unwrap();
-    let config = LmConfig::from_hf_json(&text).expect("transformers' config.json parses");
-    let files = WeightFiles::open(&work.path().join("hf")).expect("transformers' weights open");
-    let params = files.load_expected(&expected_shapes(&config), DType::F32, &Device::Cpu).expect("weights load");
+    // Through the import path: a MoE's per-expert tensors (as transformers saves them) are stacked.
+    let (model, _) =
+        load_hf_model(&work.path().join("hf"), DType::F32, &Device::Cpu).expect("transformers' save loads");
+    let (config, params) = (model.config().clone(), model.params().clone());
 
     // Our adapter, with B non-zero so that it changes the logits.
     let lora = LoraConfig::from(&lora_recipe(family));
@@ -150,7 +152,9 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
     // transformers loads from the code beside the weights, that code, as `export` carries it).
     let mut dir = StagedDir::create(&work.path().join("ours")).unwrap();
     let config_json: Value = serde_json::from_str(&config.to_hf_json("float32")).unwrap();
-    save_hf_model(&mut dir, &config_json, &params, DType::F32, 16_000).unwrap();
+    // Experts one tensor per expert, as a run's `final/` and `export` write them.
+    let hub_layout = moe::split_experts(&config, &params).unwrap();
+    save_hf_model(&mut dir, &config_json, &hub_layout, DType::F32, 16_000).unwrap();
     for code in std::fs::read_dir(work.path().join("hf")).unwrap().flatten() {
         let name = code.file_name().to_string_lossy().into_owned();
         if name.ends_with(".py") {
@@ -211,7 +215,7 @@ pub fn build_fixture(family: &Family) -> Option<Fixture> {
         ],
         work.path(),
     );
-    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance })
+    Some(Fixture { work, config, params, adapters, step_tolerance: family.step_tolerance, script: family.script })
 }
 
 pub fn logits_json(path: &Path) -> Vec<f32> {
@@ -252,6 +256,30 @@ pub fn logits_match_transformers(f: &Fixture) {
     let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
     let ours = flat(&model.logits(&batch(), None).unwrap());
     assert_close("logits vs transformers", &ours, &logits_json(&f.path("logits-hf.json")), 1e-4);
+}
+
+/// Our greedy generation (prefill, then one cached step a token) continues each row of `IDS` as
+/// transformers' `generate` with its own cache does.
+pub fn greedy_generation_matches_transformers(f: &Fixture) {
+    let python = crate::torch_python().expect("the fixture was built with the torch venv");
+    let (ids, out) = (f.path("ids.json"), f.path("generated-hf.json"));
+    let n = GENERATED.to_string();
+    let (model_dir, ids_s, out_s) = (f.path("hf"), ids.to_string_lossy(), out.to_string_lossy());
+    let job =
+        ["generate", "--model", &model_dir.to_string_lossy(), "--ids", &ids_s, "--max-new-tokens", &n, "--out", &out_s];
+    run_python(&python, f.script, &[args(&job)], f.work.path());
+    let model = CausalLm::new(f.config.clone(), f.params.clone(), &Device::Cpu).unwrap();
+    let theirs: Vec<Vec<u32>> = serde_json::from_value(read_json(&out)).unwrap();
+    for (row, want) in IDS.iter().zip(theirs) {
+        let mut ours = Vec::new();
+        let limits = Limits { max_tokens: GENERATED, vocab: f.config.vocab_size, stop_ids: &[] };
+        generate(&model, None, row, limits, &Sampling::greedy(), |t| {
+            ours.push(t);
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(ours, want, "greedy continuation of {row:?}");
+    }
 }
 
 pub fn our_saved_model_loads_in_transformers(f: &Fixture) {

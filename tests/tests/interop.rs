@@ -35,6 +35,12 @@ fn logits_match_transformers() {
     fixture().map(interop::logits_match_transformers);
 }
 
+/// Dense decoding with the key/value cache continues as transformers' cached `generate` does.
+#[test]
+fn greedy_generation_matches_transformers() {
+    fixture().map(interop::greedy_generation_matches_transformers);
+}
+
 #[test]
 fn our_saved_model_loads_in_transformers() {
     fixture().map(interop::our_saved_model_loads_in_transformers);

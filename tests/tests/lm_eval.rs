@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use mindxtrain_tests::hub_cache::MMLU_SUBJECT;
 use mindxtrain_tests::served::{MODEL, Server, Trained, new_node, trained};
 use mindxtrain_trainer::data::tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -75,18 +76,19 @@ fn write_tasks(dir: &Path) {
     .unwrap();
 }
 
-/// Runs lm-eval's CLI against `server`; the directory it wrote its results and samples to.
-fn run_lm_eval(python: &Path, server: &Server, root: &Path) -> PathBuf {
-    let (tasks, out) = (root.join("tasks"), root.join("lm-eval-out"));
+/// Runs lm-eval's CLI against `server` on the tasks `names` that `write` puts in a task
+/// directory; the directory it wrote its results and samples to.
+fn run_lm_eval(python: &Path, server: &Server, root: &Path, write: impl FnOnce(&Path), names: &str) -> PathBuf {
+    let (tasks, out) = (root.join(format!("tasks-{names}")), root.join(format!("lm-eval-out-{names}")));
     std::fs::create_dir_all(&tasks).unwrap();
-    write_tasks(&tasks);
+    write(&tasks);
     let model_args = format!(
         "model={MODEL},base_url={}/v1/completions,num_concurrent=1,max_retries=1,tokenized_requests=True",
         server.url
     );
     let output = Command::new(python)
         .args(["-m", "lm_eval", "--model", "local-completions", "--model_args", &model_args])
-        .args(["--tasks", "mx_choice,mx_generate", "--include_path"])
+        .args(["--tasks", names, "--include_path"])
         .arg(&tasks)
         .args(["--batch_size", "3", "--log_samples", "--output_path"])
         .arg(&out)
@@ -147,7 +149,7 @@ fn lm_eval_scores_a_served_model_as_this_process_does() {
     let t = trained(2);
     let node = new_node(&t, "node");
     let server = Server::start(&node, &t, &["--free"]);
-    let out = run_lm_eval(&python, &server, &t.root);
+    let out = run_lm_eval(&python, &server, &t.root, write_tasks, "mx_choice,mx_generate");
 
     // Multiple choice: each choice's log-likelihood (lm-eval asks for " " + choice after the
     // question) equals ours, and so the accuracy.
@@ -197,4 +199,123 @@ fn lm_eval_scores_a_served_model_as_this_process_does() {
     assert!((acc - correct as f64 / CHOICE.len() as f64).abs() < 1e-12, "{}", results["results"]);
     let em = results["results"]["mx_generate"]["exact_match,none"].as_f64().unwrap();
     assert!((em - matched as f64 / GENERATE.len() as f64).abs() < 1e-12, "{}", results["results"]);
+}
+
+/// lm-eval's own task definitions (`gsm8k.yaml`, MMLU's template) read from the venv and
+/// pointed at the tiny gsm8k- and MMLU-shaped Parquet files of `gsm8k`/`mmlu` (snapshots of a
+/// hub cache): gsm8k zero-shot (the harness draws its few-shot examples at random), MMLU 1-shot
+/// (its `first_n` sampler, as ours).
+fn write_hub_tasks(dir: &Path, lm_eval: &Path, gsm8k: &Path, mmlu: &Path) {
+    let files = |snapshot: &Path, config: &str, splits: &[&str]| {
+        splits
+            .iter()
+            .map(|split| {
+                format!(
+                    "    {split}: {}\n",
+                    snapshot.join(format!("{config}/{split}-00000-of-00001.parquet")).display()
+                )
+            })
+            .collect::<String>()
+    };
+    std::fs::write(
+        dir.join("mx_gsm8k.yaml"),
+        format!(
+            "include: {}\ntask: mx_gsm8k\ntag: []\ndataset_path: parquet\ndataset_name: null\ndataset_kwargs:\n  data_files:\n{}num_fewshot: 0\n",
+            lm_eval.join("tasks/gsm8k/gsm8k.yaml").display(),
+            files(gsm8k, "main", &["test", "train"])
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("mx_mmlu.yaml"),
+        format!(
+            "include: {}\ntask: mx_mmlu\ndataset_path: parquet\ndataset_name: null\ndataset_kwargs:\n  data_files:\n{}\
+             description: \"The following are multiple choice questions (with answers) about {}.\\n\\n\"\nnum_fewshot: 1\n",
+            lm_eval.join("tasks/mmlu/default/_default_template_yaml").display(),
+            files(mmlu, "all", &["test", "dev"]),
+            MMLU_SUBJECT.replace('_', " ")
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn lm_eval_and_the_in_process_runner_score_gsm8k_and_mmlu_alike() {
+    use mindxtrain_tests::hub_cache::{GSM8K_TEST, HubFixture, MMLU_TEST};
+    use mindxtrain_trainer::bench_eval::report::Sample;
+    use mindxtrain_trainer::bench_eval::{Scorer, TaskId, docs, generation, loglik, metrics};
+    use mindxtrain_trainer::hub::HubCache;
+
+    let Some(python) = mindxtrain_tests::torch_python() else { return };
+    let t = trained(2);
+    let fixture = HubFixture::new(&t.root.join("hub")).unwrap();
+    let (gsm8k, mmlu) = fixture.add_task_datasets().unwrap();
+    let found = Command::new(&python)
+        .args(["-c", "import lm_eval, os; print(os.path.dirname(lm_eval.__file__))"])
+        .output()
+        .unwrap();
+    let lm_eval = PathBuf::from(String::from_utf8(found.stdout).unwrap().trim());
+    let node = new_node(&t, "node");
+    // Room for the prompts and gsm8k's 256-token answers.
+    let roomy = t.recipe_serving("roomy.yaml", "{max_model_len: 1024, max_batch: 2, reasoning: false}");
+    let server = Server::start_as(&node, &t, &roomy, &["--free"]);
+    let write = |dir: &Path| write_hub_tasks(dir, &lm_eval, &gsm8k, &mmlu);
+    let out = run_lm_eval(&python, &server, &t.root, write, "mx_gsm8k,mx_mmlu");
+
+    let (model, adapters) = t.load();
+    let tokenizer = Tokenizer::byte();
+    let scorer = Scorer { model: &model, adapters: adapters.as_ref(), tokenizer: &tokenizer };
+    let cache = HubCache::at(fixture.root()).unwrap();
+
+    // MMLU: every choice's log-likelihood within 1e-3, the same greedy flags and accuracy.
+    let ours = docs::load(TaskId::Mmlu, 1, &cache).unwrap().docs;
+    let outcome = loglik::run(&scorer, TaskId::Mmlu, &ours, &mut |_| {}).unwrap();
+    let rows = samples(&out, "mx_mmlu");
+    assert_eq!(rows.len(), MMLU_TEST.len());
+    for (row, sample) in rows.iter().zip(&outcome.samples) {
+        let Sample::Choice { loglikelihoods, gold } = sample else { panic!("{sample:?}") };
+        let theirs: Vec<(f64, bool)> = row["filtered_resps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r[0].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{row}")),
+                    r[1].as_str() == Some("True"),
+                )
+            })
+            .collect();
+        assert_eq!(theirs.len(), loglikelihoods.len(), "{row}");
+        for (a, b) in theirs.iter().zip(loglikelihoods) {
+            assert!((a.0 - b.0).abs() < 1e-3 && a.1 == b.1, "lm-eval {theirs:?}, ours {loglikelihoods:?}");
+        }
+        let lls: Vec<f64> = loglikelihoods.iter().map(|l| l.0).collect();
+        assert_eq!(row["acc"].as_f64(), Some(f64::from(u8::from(metrics::argmax(&lls) == *gold))), "{row}");
+    }
+    // The prompt lm-eval built is ours (its description, the dev example, the question).
+    let docs::Doc::Choice { context, .. } = &ours[0] else { panic!() };
+    assert_eq!(
+        rows[0]["arguments"]["gen_args_0"]["arg_0"].as_str(),
+        Some(context.as_str()),
+        "{}",
+        rows[0]["arguments"]
+    );
+
+    // gsm8k: the same greedy answers, the same numbers extracted by both filters, the same matches.
+    let ours = docs::load(TaskId::Gsm8k, 0, &cache).unwrap().docs;
+    let outcome = generation::run(&scorer, TaskId::Gsm8k, &ours, &mut |_| {}).unwrap();
+    let rows = samples(&out, "mx_gsm8k");
+    for (filter, pick) in [("strict-match", 0), ("flexible-extract", 1)] {
+        let rows: Vec<&Value> = rows.iter().filter(|r| r["filter"] == filter).collect();
+        assert_eq!(rows.len(), GSM8K_TEST.len(), "{filter}");
+        for (row, sample) in rows.iter().zip(&outcome.samples) {
+            let Sample::Generate { output, strict, flexible } = sample else { panic!("{sample:?}") };
+            assert_eq!(row["resps"][0][0].as_str(), Some(output.as_str()), "{row}");
+            let extracted = [strict, flexible][pick];
+            assert_eq!(row["filtered_resps"][0].as_str(), Some(extracted.as_str()), "{row}");
+        }
+        let ours = outcome.scores.iter().find(|s| s.filter == filter).unwrap();
+        let theirs: f64 = rows.iter().map(|r| r["exact_match"].as_f64().unwrap()).sum::<f64>() / rows.len() as f64;
+        assert!((ours.value - theirs).abs() < 1e-12, "{filter}: ours {ours:?}, lm-eval {theirs}");
+    }
 }

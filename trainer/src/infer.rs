@@ -38,6 +38,8 @@ mod engine;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 pub mod graph;
+#[cfg(test)]
+mod hybrid_tests;
 pub mod kv;
 pub mod latency;
 pub mod output;

@@ -9,6 +9,7 @@
 //!   [`hub`] finds models and datasets named by hub id in the Hugging Face cache.
 
 pub mod batch;
+pub mod bench_eval;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;

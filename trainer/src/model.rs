@@ -1,4 +1,4 @@
-//! The decoder models (Qwen3, Qwen3-MoE, Instella, the Qwen3.5/3.6 dense hybrids) with an
+//! The decoder models (Qwen3, Qwen3-MoE, Instella, the Qwen3.5/3.6 hybrids, dense and MoE) with an
 //! explicit forward/backward per layer, LoRA and full fine-tuning.
 //!
 //! The ops live in `mindxtrain_kernels` (each with its own forward/backward, gradient-checked
@@ -22,6 +22,7 @@
 
 mod adapter_stack;
 mod arch;
+mod attention_parts;
 mod block;
 mod cache_spec;
 mod causal_lm;
@@ -33,6 +34,7 @@ mod hooks;
 mod instella;
 mod linear_attention;
 mod lora;
+mod mlp;
 pub mod moe;
 #[cfg(test)]
 mod moe_tests;
@@ -46,13 +48,14 @@ pub mod preference;
 mod qlora_moe_tests;
 mod qwen3;
 mod qwen3_5;
+mod recurrent;
 pub(crate) mod rng;
 #[cfg(test)]
 mod tests;
 
 pub use adapter_stack::AdapterStack;
 pub use arch::{Arch, QkNorm};
-pub use cache_spec::{CacheSpec, LayerSpec};
+pub use cache_spec::{CacheSpec, LayerSpec, state_dtype};
 pub use causal_lm::{CausalLm, StepOptions, StepOutput, Trainable};
 pub use config::{HybridShape, LayerKind, LmConfig, MoeShape};
 pub use decode::KvCache;
@@ -64,6 +67,7 @@ pub use packed::Packing;
 pub use paged::{LayerCache, PagedInputs, RopeTables};
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{DpoForm, PreferenceLoss, PreferenceOutput, row_sums};
+pub use recurrent::{RecurrentState, StatePool};
 /// Gradients (or parameters) by HF or PEFT name.
 pub type Grads = std::collections::BTreeMap<String, candle_core::Tensor>;
 

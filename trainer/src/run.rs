@@ -39,7 +39,7 @@ pub use autotune::{gradient_buckets, measure_plan};
 pub use base::{BaseDir, BaseRecord, adapter_base, check_base_choice};
 pub use card::{CardError, DEFAULT_RECEIPT_FILE, MODEL_CARD_FILE};
 pub use device::{device_name, named_device, run_device};
-pub use eval::{EvalReport, FamilyScore, check_regression, evaluate};
+pub use eval::{EvalReport, FamilyScore, check_regression, evaluate, score_tasks};
 pub use export::{GENERATION_CONFIG_FILE, export_hf};
 pub use layout::{OutDir, PLAN_FILE, RUN_FILES, RunRecord};
 pub use method::{GroupPolicy, MethodPlan, RlPlan};
@@ -363,7 +363,7 @@ mod tests {
             }
             assert!(err.to_string().contains("mandatory ROCm env key HSA_NO_SCRATCH_RECLAIM"), "{err}");
             assert!(!out.exists(), "nothing may be written before the refusal");
-            assert!(matches!(evaluate_checkpoint(&s, dir.path()), Err(RunError::Env(_))));
+            assert!(matches!(evaluate_checkpoint(&s, dir.path(), &mut |_| {}), Err(RunError::Env(_))));
         }
     }
 

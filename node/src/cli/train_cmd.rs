@@ -529,11 +529,13 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
         context: Default::default(),
     };
     let spinner = spinner(out, "evaluating");
-    let report = match run::evaluate_checkpoint(&spec, &args.checkpoint) {
-        Ok(r) => r,
-        Err(e) if e.is_refusal() => return Ok(invalid(out, &e.to_string())),
-        Err(e) => return Err(e).with_context(|| format!("evaluating {}", args.checkpoint.display())),
-    };
+    // Benchmark tasks take a while: their progress lines replace the spinner's message.
+    let report =
+        match run::evaluate_checkpoint(&spec, &args.checkpoint, &mut |line| spinner.set_message(line.to_owned())) {
+            Ok(r) => r,
+            Err(e) if e.is_refusal() => return Ok(invalid(out, &e.to_string())),
+            Err(e) => return Err(e).with_context(|| format!("evaluating {}", args.checkpoint.display())),
+        };
     spinner.finish_and_clear();
     if let Some(path) = &args.out {
         let mut bytes = serde_json::to_vec_pretty(&report)?;
@@ -550,6 +552,10 @@ pub fn eval(args: EvalArgs, out: &Output) -> Result<ExitCode> {
             report.exact_match_correct,
             report.exact_match_total
         );
+        for t in report.tasks.iter().flat_map(|t| &t.scores) {
+            let stderr = t.stderr.map(|e| format!(" ± {e:.4}")).unwrap_or_default();
+            text.push_str(&format!("\n  {} {} ({}): {:.4}{stderr} over {}", t.task, t.metric, t.filter, t.value, t.n));
+        }
         if let Some(b) = &base {
             text.push_str(&format!("\n  adapter over {}", b.display()));
         } else if let Ok(Some(BaseRecord::RandomInit { seed })) = BaseRecord::read(&args.checkpoint) {

@@ -27,6 +27,7 @@ pub(super) fn decode_probe(model: &CausalLm, probe: &Probe, ctx: usize, emit: &m
     let sized = |cuda_graphs| RunnerConfig {
         block_size: block,
         blocks: most * per_seq,
+        state_slots: most,
         vocab: c.vocab_size,
         max_model_len: ctx + 1,
         cuda_graphs,
@@ -111,12 +112,14 @@ fn decode_fixture(b: usize, per_seq: usize, vocab: usize) -> (Vec<[u32; 1]>, Vec
 fn decode_rows<'a>(ids: &'a [[u32; 1]], tables: &'a [Vec<u32>], ctx: usize) -> Vec<StepSeq<'a>> {
     ids.iter()
         .zip(tables)
-        .map(|(tokens, blocks)| StepSeq {
+        .enumerate()
+        .map(|(i, (tokens, blocks))| StepSeq {
             tokens,
             start: ctx,
             blocks,
             adapter: None,
             sample: Some(RowSampling::GREEDY),
+            state_slot: Some(i as u32),
         })
         .collect()
 }
@@ -234,6 +237,7 @@ pub(super) fn prefill_probe(
     let config = RunnerConfig {
         block_size: block,
         blocks: seqs * per_seq,
+        state_slots: seqs,
         vocab: c.vocab_size,
         max_model_len: len,
         cuda_graphs: false,
@@ -249,6 +253,7 @@ pub(super) fn prefill_probe(
             blocks: &tables[i],
             adapter: None,
             sample: Some(RowSampling::GREEDY),
+            state_slot: Some(i as u32),
         })
         .collect();
     // The last variant runs with the engine's process-wide settings (freed memory kept in the

@@ -85,6 +85,7 @@ pub(crate) fn module_name(m: TargetModule) -> &'static str {
         TargetModule::InProjB => "in_proj_b",
         TargetModule::InProjA => "in_proj_a",
         TargetModule::OutProj => "out_proj",
+        TargetModule::SharedExpertGate => "shared_expert_gate",
     }
 }
 

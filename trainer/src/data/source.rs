@@ -8,6 +8,7 @@
 
 mod arrow_json;
 pub mod files;
+pub mod rows;
 mod table;
 
 use std::io::{BufRead, BufReader, Seek, SeekFrom};

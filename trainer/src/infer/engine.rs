@@ -95,6 +95,16 @@ struct InFlight {
     launched: Launched,
 }
 
+/// A scheduler over `blocks` cache blocks and, for a model with recurrent layers, `state_slots`
+/// state slots (prefix caching then off).
+fn scheduler(config: &EngineConfig, blocks: usize, state_slots: usize) -> Scheduler {
+    let kv = KvManager::new(blocks, config.block_size, config.prefix_caching);
+    Scheduler::new(
+        SchedulerConfig { max_num_seqs: config.max_num_seqs, max_batched_tokens: config.max_batched_tokens },
+        if state_slots > 0 { kv.with_state_slots(state_slots) } else { kv },
+    )
+}
+
 impl Engine {
     /// Serves `model` (on its own device, with its own kernel settings). With a tokenizer the
     /// events carry text and requests may have stop strings; its end-of-turn and end-of-text
@@ -105,7 +115,9 @@ impl Engine {
         // the cache takes what is free after.
         model.pack_projections()?;
         let spec = model.cache_spec(config.block_size);
-        let blocks = kv::sizing::blocks(&spec, config.kv_blocks, config.max_model_len, model.device())
+        // A model with recurrent layers keeps a state slot per running sequence.
+        let state_slots = if spec.is_recurrent() { config.max_num_seqs } else { 0 };
+        let blocks = kv::sizing::blocks(&spec, config.kv_blocks, config.max_model_len, state_slots, model.device())
             .map_err(EngineError::Config)?;
         let vocab =
             tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));
@@ -122,10 +134,10 @@ impl Engine {
             .thread_name(|i| format!("mindxtrain-infer-{i}"))
             .build()
             .map_err(|e| EngineError::Config(format!("thread pool: {e}")))?;
-        let scheduler = Scheduler::new(
-            SchedulerConfig { max_num_seqs: config.max_num_seqs, max_batched_tokens: config.max_batched_tokens },
-            KvManager::new(blocks, config.block_size, config.prefix_caching),
-        );
+        let scheduler = scheduler(&config, blocks, state_slots);
+        if spec.is_recurrent() && config.prefix_caching {
+            tracing::info!("prefix caching is off: the model's recurrent layers keep a state no cached block restores");
+        }
         // Every step waits for its sampled tokens; with the pool's default threshold each wait
         // hands the step's freed buffers back to the driver, and the next step maps them again.
         // After the sizing, which reads the free memory the pool would otherwise hold.
@@ -137,6 +149,7 @@ impl Engine {
             RunnerConfig {
                 block_size: config.block_size,
                 blocks,
+                state_slots,
                 vocab,
                 max_model_len: config.max_model_len,
                 cuda_graphs: config.cuda_graphs,
@@ -179,6 +192,12 @@ impl Engine {
         &self.config
     }
 
+    /// Whether cached prompt prefixes are reused: as configured, except for a model with
+    /// recurrent layers (Qwen3.5/3.6), whose state at a prefix's end no cached block holds.
+    pub fn prefix_caching(&self) -> bool {
+        self.scheduler.kv().prefix_caching()
+    }
+
     pub fn model(&self) -> &CausalLm {
         self.runner.model()
     }
@@ -219,15 +238,10 @@ impl Engine {
         mindxtrain_kernels::memory::settle(self.model().device()).map_err(ModelError::from)?;
         let runner = &mut self.runner;
         self.pool.install(|| runner.set_weights(params))?;
-        let kv = self.scheduler.kv();
-        let (blocks, block_size) = (kv.total_blocks(), kv.block_size());
-        self.scheduler = Scheduler::new(
-            SchedulerConfig {
-                max_num_seqs: self.config.max_num_seqs,
-                max_batched_tokens: self.config.max_batched_tokens,
-            },
-            KvManager::new(blocks, block_size, self.config.prefix_caching),
-        );
+        let blocks = self.scheduler.kv().total_blocks();
+        let state_slots =
+            if self.model().cache_spec(self.config.block_size).is_recurrent() { self.config.max_num_seqs } else { 0 };
+        self.scheduler = scheduler(&self.config, blocks, state_slots);
         Ok(())
     }
 
@@ -439,6 +453,7 @@ impl Engine {
                 blocks: self.scheduler.table(s.seq),
                 adapter,
                 sample: s.sample.then(|| sampler::row(&live.sampling, live.generated + usize::from(ahead))),
+                state_slot: self.scheduler.kv().state_slot(s.seq),
             });
         }
         Ok(self.pool.install(|| self.runner.launch(&seqs, self.adapters.stack(), drawn))?)

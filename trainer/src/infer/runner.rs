@@ -12,7 +12,7 @@ use mindxtrain_kernels::sampling::{Draws, RowSampling};
 
 use super::graph::{self, DecodeBatch, DecodeGraphs};
 use super::sampler;
-use crate::model::{AdapterStack, CausalLm, LayerCache, ModelError, PagedInputs, Params, RopeTables};
+use crate::model::{AdapterStack, CausalLm, LayerCache, ModelError, PagedInputs, Params, RopeTables, StatePool};
 use crate::model::{CacheSpec, LayerSpec};
 
 /// One sequence's part of a step.
@@ -26,6 +26,8 @@ pub struct StepSeq<'a> {
     pub adapter: Option<u32>,
     /// Settings of the token to draw after the last of `tokens`, if one is drawn this step.
     pub sample: Option<RowSampling>,
+    /// Its recurrent state's slot (`KvManager::state_slot`), for a model with recurrent layers.
+    pub state_slot: Option<u32>,
 }
 
 /// A step's logits `[R, vocab]`, one row per sequence that samples (or one unused row when
@@ -56,11 +58,14 @@ pub struct RunnerConfig {
     pub block_size: usize,
     /// Cache blocks the scheduler hands out.
     pub blocks: usize,
+    /// Recurrent state slots per recurrent layer (one per running sequence; unused by an
+    /// attention-only model).
+    pub state_slots: usize,
     /// Ids at or above this are never drawn.
     pub vocab: usize,
     /// The longest a sequence gets (positions and block tables are sized for it).
     pub max_model_len: usize,
-    /// Replay pure decode steps as CUDA graphs (on a CUDA device, for a dense model).
+    /// Replay pure decode steps as CUDA graphs (on a CUDA device, for a dense attention model).
     pub cuda_graphs: bool,
 }
 
@@ -88,10 +93,13 @@ impl Runner {
                 LayerSpec::Attention { kv_heads, head_dim } => {
                     let dims = (config.blocks + 1, config.block_size, kv_heads, head_dim);
                     let z = || Tensor::zeros(dims, spec.dtype, model.device());
-                    Ok((z()?, z()?))
+                    Ok(LayerCache::Attention { k: z()?, v: z()? })
+                }
+                LayerSpec::Recurrent { .. } => {
+                    Ok(LayerCache::Recurrent(StatePool::new(layer, config.state_slots, spec.dtype, model.device())?))
                 }
             })
-            .collect::<Result<Vec<_>, candle_core::Error>>()?;
+            .collect::<Result<Vec<_>, ModelError>>()?;
         let rope = RopeTables::new(&model, config.max_model_len)?;
         let c = model.config();
         let device_metadata = mindxtrain_kernels::paged_attention::reads_device_metadata(
@@ -101,7 +109,7 @@ impl Runner {
             c.num_key_value_heads,
             c.head_dim,
         );
-        let graphable = config.cuda_graphs && device_metadata && c.moe.is_none();
+        let graphable = config.cuda_graphs && device_metadata && c.moe.is_none() && !spec.is_recurrent();
         if graphable {
             mindxtrain_kernels::graph::pin_blas_workspace(model.device())?;
         }
@@ -214,8 +222,14 @@ impl Runner {
         let spare = [self.spare_block()?];
         let last = graph::bucket_for(rows.max(1)).unwrap_or(graph::BUCKETS[graph::BUCKETS.len() - 1]);
         for bucket in graph::BUCKETS.into_iter().take_while(|&b| b <= last) {
-            let pad =
-                StepSeq { tokens: &[0], start: 0, blocks: &spare, adapter: None, sample: Some(RowSampling::GREEDY) };
+            let pad = StepSeq {
+                tokens: &[0],
+                start: 0,
+                blocks: &spare,
+                adapter: None,
+                sample: Some(RowSampling::GREEDY),
+                state_slot: None,
+            };
             self.forward_bucketed(&vec![pad; bucket], bucket, graphs, None, None)?;
         }
         Ok(())
@@ -271,6 +285,7 @@ impl Runner {
                 slots: &v.slots,
                 adapters: adapters.zip(rows),
                 logit_rows: &v.logit_rows,
+                state_slots: None,
             };
             self.model.forward_paged(&inputs, &self.cache).map_err(|e| candle_core::Error::Msg(e.to_string()))
         })?;
@@ -331,6 +346,14 @@ impl Runner {
             }
         }
         let slots = Tensor::new(meta.slots().as_slice(), dev)?;
+        let state_slots = match self.spec.is_recurrent() {
+            true => Some(
+                seqs.iter()
+                    .map(|s| s.state_slot.ok_or_else(|| ModelError::Batch("a sequence holds no state slot".into())))
+                    .collect::<Result<Vec<u32>, _>>()?,
+            ),
+            false => None,
+        };
         let lora_rows = match adapters {
             Some(_) if rows.iter().any(Option::is_some) => Some(RowAdapters::new(rows, dev)?),
             _ => None,
@@ -354,6 +377,7 @@ impl Runner {
             slots: &slots,
             adapters: adapters.zip(lora_rows.as_ref()),
             logit_rows: &logit_rows_t,
+            state_slots: state_slots.as_deref(),
         };
         let logits = self.model.forward_paged(&inputs, &self.cache)?;
         Ok(StepLogits { logits, sampling })
@@ -367,7 +391,14 @@ mod tests {
     use candle_core::DType;
 
     fn runner() -> Runner {
-        let config = RunnerConfig { block_size: 4, blocks: 12, vocab: 40, max_model_len: 16, cuda_graphs: false };
+        let config = RunnerConfig {
+            block_size: 4,
+            blocks: 12,
+            state_slots: 0,
+            vocab: 40,
+            max_model_len: 16,
+            cuda_graphs: false,
+        };
         Runner::new(model(40, DType::F64), config).unwrap()
     }
 
@@ -384,7 +415,14 @@ mod tests {
                 .map(|i| {
                     let (p, n) = (prompts[i], prompts[i].len() - 1);
                     let (tokens, start) = if r == 0 { (&p[..n], 0) } else { (&p[n..], n) };
-                    StepSeq { tokens, start, blocks: tables[i], adapter: None, sample: Some(RowSampling::GREEDY) }
+                    StepSeq {
+                        tokens,
+                        start,
+                        blocks: tables[i],
+                        adapter: None,
+                        sample: Some(RowSampling::GREEDY),
+                        state_slot: None,
+                    }
                 })
                 .collect()
         };
@@ -402,8 +440,12 @@ mod tests {
             assert_eq!(got.sampling.len(), 3);
         }
         let spare = direct.config.blocks;
-        for ((dk, dv), (bk, bv)) in direct.cache.iter().zip(&bucketed.cache) {
-            for (d, b) in [(dk, bk), (dv, bv)] {
+        let kv = |c: &LayerCache| match c {
+            LayerCache::Attention { k, v } => (k.clone(), v.clone()),
+            LayerCache::Recurrent(_) => panic!("the tiny Qwen3 has attention layers only"),
+        };
+        for ((dk, dv), (bk, bv)) in direct.cache.iter().map(kv).zip(bucketed.cache.iter().map(kv)) {
+            for (d, b) in [(&dk, &bk), (&dv, &bv)] {
                 // To rounding again (the packed k/v projection blocks 8 rows unlike 3); a padding
                 // row's write would differ by whole values, or fill a slot left zero.
                 let real = |t: &Tensor| t.narrow(0, 0, spare).unwrap();
@@ -428,6 +470,7 @@ mod tests {
             blocks,
             adapter: None,
             sample: Some(RowSampling::GREEDY),
+            state_slot: None,
         };
         let graphs = Mutex::new(DecodeGraphs::default());
         assert!(r.forward_bucketed(&[seq(0, &[0]), seq(1, &[1]), seq(2, &[2])], 2, &graphs, None, None).is_err());

@@ -99,7 +99,7 @@ impl AdapterStack {
         let mut stacks = BTreeMap::new();
         for layer in 0..config.num_hidden_layers {
             let groups: Vec<Packing> = Packing::ALL.into_iter().filter(|&g| packed(layer, g)).collect();
-            for &proj in Proj::of_layer(config, layer) {
+            for proj in Proj::of_layer(config, layer) {
                 if groups.iter().any(|g| g.members().contains(&proj)) {
                     continue;
                 }

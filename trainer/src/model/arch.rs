@@ -6,10 +6,14 @@
 //! sets an architecture apart is data they read from the model's [`LmConfig`]: how its
 //! `config.json` reads and writes, the names of its norms, where its q/k norms take their
 //! statistics, and each layer's kind ([`super::LayerKind`]: attention, or on a Qwen3.5 hybrid
-//! a Gated DeltaNet layer; the MLP dense or, for Qwen3-MoE, sparse). An architecture is an arm of [`Arch`] and a folder; adding one
+//! a Gated DeltaNet layer; the MLP dense or sparse: Qwen3-MoE's routed experts, or Qwen3.5-MoE's
+//! with a gated shared expert). An architecture is an arm of [`Arch`] and a folder; adding one
 //! touches those, its kernels if it needs new ones, and its recipe rules
 //! (`recipe::validate`), nothing else (docs/architecture.md, "The model seam").
 
+use std::borrow::Cow;
+
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -27,8 +31,8 @@ pub enum Arch {
     Qwen3,
     /// AMD Instella (OLMo-derived): q/k norms over the whole projection, `pre_*_layernorm` names.
     Instella,
-    /// Qwen3.5/3.6 dense text: Gated DeltaNet layers mixed with gated attention, zero-centred
-    /// norms, partial RoPE (`qwen3_5/`).
+    /// Qwen3.5/3.6 text: Gated DeltaNet layers mixed with gated attention, zero-centred norms,
+    /// partial RoPE; dense, or `qwen3_5_moe` when the config has experts (`qwen3_5/`).
     Qwen3_5,
 }
 
@@ -47,8 +51,9 @@ impl Arch {
         match model_type {
             "qwen3" | "qwen3_moe" => Some(Arch::Qwen3),
             "instella" => Some(Arch::Instella),
-            // `qwen3_5` nests the text model's config under `text_config` (with a vision tower).
-            "qwen3_5_text" | "qwen3_5" => Some(Arch::Qwen3_5),
+            // `qwen3_5` nests the text model's config under `text_config` (with a vision tower);
+            // the `_moe` ones have experts.
+            "qwen3_5_text" | "qwen3_5" | "qwen3_5_moe_text" | "qwen3_5_moe" => Some(Arch::Qwen3_5),
             _ => None,
         }
     }
@@ -124,10 +129,33 @@ impl Arch {
         self == Arch::Qwen3_5
     }
 
+    /// Whether a sparse layer also runs a shared expert (a SwiGLU MLP every token takes, scaled
+    /// by `σ(shared_expert_gate · x)`) beside its routed experts: Qwen3.5-MoE's.
+    pub fn shared_expert(self) -> bool {
+        self == Arch::Qwen3_5
+    }
+
+    /// Whether LoRA's `gate_proj`/`up_proj`/`down_proj` targets adapt the routed experts' stacked
+    /// weights (PEFT's conversion of them to `target_parameters`, which it does for Qwen3-MoE).
+    /// On Qwen3.5-MoE PEFT matches them to the shared expert's `nn.Linear`s and leaves the
+    /// routed experts (3-D parameters, not modules) alone: so do we.
+    pub fn targets_reach_experts(self) -> bool {
+        self == Arch::Qwen3
+    }
+
     /// Whether the model's RMSNorms compute `x̂·(1 + w)` (the stored weight is the offset from
     /// one): Qwen3.5's; the others scale by `w`.
     pub fn zero_centred_norms(self) -> bool {
         self == Arch::Qwen3_5
+    }
+
+    /// A norm's gain from its stored weight `w`: `w`, or `1 + w` for zero-centred norms. Every
+    /// forward path (training, dense decode, paged serving) scales by this.
+    pub(super) fn norm_gain(self, w: Cow<'_, Tensor>) -> candle_core::Result<Cow<'_, Tensor>> {
+        Ok(match self.zero_centred_norms() {
+            true => Cow::Owned((&*w + 1.0)?),
+            false => w,
+        })
     }
 
     /// How [`super::params::init_random`] draws parameter `name`.

@@ -11,13 +11,15 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use candle_core::{Result, Tensor};
-use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope, swiglu};
+use mindxtrain_kernels::{KernelConfig, attention, linear, profile, rmsnorm, rope};
 
+use super::attention_parts::{gated, rotate, sigmoid};
 use super::causal_lm::CausalLm;
 use super::hooks::StepHooks;
 use super::linear_attention::LinearTape;
-use super::lora::{Adapters, ExpertProj, adapter_name, expert_adapter_name};
-use super::moe::{self, ExpertBranch, ExpertLora, ExpertWeight, MoeTape, MoeWeights, RouterStats};
+use super::lora::{Adapters, adapter_name};
+use super::mlp::MlpTape;
+use super::moe::RouterStats;
 use super::params::{Norm, Proj, base_weight_name, norm_name};
 use super::rng::{SplitMix64, name_id};
 use super::{LayerKind, QkNorm};
@@ -106,11 +108,6 @@ pub(super) struct InputGrad {
     masked: Option<Tensor>,
 }
 
-/// `σ(x) = 1 / (1 + e^(−x))`.
-pub(super) fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    (x.neg()?.exp()? + 1.0)?.recip()
-}
-
 /// The sum of every part: all products in one GEMM sum, then any masked branches.
 fn input_grad(kernels: &KernelConfig, parts: &[InputGrad]) -> Result<Tensor> {
     let products: Vec<(&Tensor, &Tensor)> = parts.iter().flat_map(|p| p.products.iter().map(|(d, w)| (d, w))).collect();
@@ -146,14 +143,8 @@ pub(super) struct BlockTail {
     pub router_stats: Option<RouterStats>,
 }
 
-/// The MLP's activations: SwiGLU's, or the experts'.
-enum MlpTape {
-    Dense { gate: Tensor, up: Tensor, m: Tensor },
-    Sparse(Box<MoeTape>),
-}
-
 impl StepCtx<'_> {
-    fn kernels(&self) -> &KernelConfig {
+    pub(super) fn kernels(&self) -> &KernelConfig {
         self.model.kernels()
     }
 
@@ -182,11 +173,7 @@ impl StepCtx<'_> {
     /// A norm's gain: its weight, or `1 + w` for a zero-centred norm (Qwen3.5), whose gradient
     /// is the weight's.
     pub(super) fn norm_gain(&self, name: &str) -> Result<Cow<'_, Tensor>> {
-        let w = self.weight(name)?;
-        Ok(match self.model.config.arch.zero_centred_norms() {
-            true => Cow::Owned((&*w + 1.0)?),
-            false => w,
-        })
+        self.model.config.arch.norm_gain(self.weight(name)?)
     }
 
     /// `x·Wᵀ` plus the LoRA branch when this projection is adapted.
@@ -272,10 +259,7 @@ impl StepCtx<'_> {
                 let (o, lse) = attention::forward(self.kernels(), &qkv.q, &qkv.k, &qkv.v, &self.mask, scale)?;
                 let attn = o.transpose(1, 2)?.reshape((self.batch * self.seq, ()))?;
                 let gate = qkv.gate.as_ref().map(sigmoid).transpose()?;
-                let mixed = match &gate {
-                    Some(g) => (&attn * g)?,
-                    None => attn.clone(),
-                };
+                let mixed = gated(&attn, gate.as_ref())?;
                 (Mixer::Attention { inputs: qkv, lse, attn, gate }, mixed, Proj::O)
             }
             LayerKind::LinearAttention => {
@@ -329,15 +313,9 @@ impl StepCtx<'_> {
         Ok(AttentionInputs { q_pre, gate, rstd_q, k_pre, rstd_k, q, k, v })
     }
 
-    /// RoPE's forward or backward (`op`) on `[B, T, heads, hd]`: over every dim, or with partial
-    /// rotary (Qwen3.5) over the first `rotary_dim`, the rest passing through.
+    /// RoPE's forward or backward (`op`) on `[B, T, heads, hd]` ([`rotate`]).
     fn rope(&self, x: &Tensor, op: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let (hd, rd) = (self.model.config.head_dim, self.model.config.rotary_dim());
-        if rd == hd {
-            return op(x, &self.cos, &self.sin);
-        }
-        let rotated = op(&x.narrow(3, 0, rd)?.contiguous()?, &self.cos, &self.sin)?;
-        Tensor::cat(&[&rotated, &x.narrow(3, rd, hd - rd)?], 3)
+        rotate(x, &self.cos, &self.sin, self.model.config.rotary_dim(), op)
     }
 
     /// The shape a q or k projection of `heads` heads is normalised in: `[B, T, heads, hd]`
@@ -366,99 +344,8 @@ impl StepCtx<'_> {
         let o = self.proj_forward(layer, out_proj, mixed, Some(lora))?;
         let post = self.norm_gain(&norm_name(&self.model.config, layer, Norm::PostAttention))?;
         let (x2, h2, rstd2) = rmsnorm::add_forward(x, &o, &post, eps)?;
-        if let Some(shape) = self.model.config.moe.as_ref().filter(|m| m.is_sparse(layer)) {
-            let (router, gate_up, down) = self.moe_weights(layer)?;
-            let lora = self.expert_lora(layer, shape.num_experts)?;
-            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: lora.as_ref() };
-            let (y, tape, stats) = moe::forward(self.kernels(), shape, &w, &h2, self.counted.as_ref())?;
-            let out = (&x2 + y)?;
-            return Ok(BlockTail {
-                out,
-                x2,
-                rstd2,
-                h2,
-                mlp: MlpTape::Sparse(Box::new(tape)),
-                router_stats: Some(stats),
-            });
-        }
-        let gate = self.proj_forward(layer, Proj::Gate, &h2, Some(lora))?;
-        let up = self.proj_forward(layer, Proj::Up, &h2, Some(lora))?;
-        let m = swiglu::forward(&gate, &up)?;
-        let out = (&x2 + self.proj_forward(layer, Proj::Down, &m, Some(lora))?)?;
-        Ok(BlockTail { out, x2, rstd2, h2, mlp: MlpTape::Dense { gate, up, m }, router_stats: None })
-    }
-
-    /// A sparse layer's router, stacked gate/up and down weights.
-    fn moe_weights(&self, layer: usize) -> Result<(Cow<'_, Tensor>, ExpertWeight<'_>, ExpertWeight<'_>)> {
-        Ok((
-            self.weight(&moe::router_name(layer))?,
-            self.experts(&moe::gate_up_name(layer))?,
-            self.experts(&moe::down_name(layer))?,
-        ))
-    }
-
-    /// A stacked expert weight: NF4 as the model holds it under QLoRA (expanded by each
-    /// product that reads it), else dense like any weight (gathered by the hooks under ZeRO-3,
-    /// which [`CausalLm::expert_weight`] does not know of).
-    fn experts(&self, name: &str) -> Result<ExpertWeight<'_>> {
-        match self.model.nf4_experts(name) {
-            Some(q) => Ok(ExpertWeight::Nf4(q)),
-            None => Ok(ExpertWeight::Dense(self.weight(name)?)),
-        }
-    }
-
-    /// The adapters on a sparse layer's `experts`, per expert, if any.
-    fn expert_lora(&self, layer: usize, experts: usize) -> Result<Option<ExpertLora>> {
-        let Some(ad) = self.adapters else { return Ok(None) };
-        let branch = |p: ExpertProj| -> Result<Option<ExpertBranch>> {
-            let Some((a, b)) = ad.expert_pair(layer, p) else { return Ok(None) };
-            let (a, b) = moe::expert_factors(a, b, experts)?;
-            Ok(Some(ExpertBranch { a, b, scale: ad.config.expert_scaling(p) }))
-        };
-        let (gate_up, down) = (branch(ExpertProj::GateUp)?, branch(ExpertProj::Down)?);
-        Ok((gate_up.is_some() || down.is_some()).then_some(ExpertLora { gate_up, down }))
-    }
-
-    /// The MLP's backward: `dh2` from the residual stream's gradient `dout`.
-    fn mlp_backward(&self, layer: usize, dout: &Tensor, tape: &BlockTape, grads: &mut Grads) -> Result<Tensor> {
-        match &tape.tail.mlp {
-            MlpTape::Dense { gate, up, m } => {
-                let dm = self.grad_of(layer, &[(Proj::Down, dout)], m, tape, grads)?;
-                let (dgate, dup) = swiglu::backward(&dm, gate, up)?;
-                self.grad_of(layer, &[(Proj::Gate, &dgate), (Proj::Up, &dup)], &tape.tail.h2, tape, grads)
-            }
-            MlpTape::Sparse(moe_tape) => {
-                let (router, gate_up, down) = self.moe_weights(layer)?;
-                let (experts, _, _) = gate_up.dims()?;
-                let lora = self.expert_lora(layer, experts)?;
-                let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: lora.as_ref() };
-                let (dh2, g) = moe::backward(
-                    self.kernels(),
-                    &w,
-                    &tape.tail.h2,
-                    dout,
-                    moe_tape,
-                    self.balance.as_ref(),
-                    self.base_grads,
-                    self.adapter_grads,
-                )?;
-                let weights = [(moe::router_name(layer), g.router), (moe::gate_up_name(layer), g.gate_up)];
-                for (name, grad) in weights.into_iter().chain([(moe::down_name(layer), g.down)]) {
-                    if let Some(grad) = grad {
-                        accumulate(grads, name, grad)?;
-                    }
-                }
-                let targets = self.adapters.map(|ad| ad.config.expert_targets()).unwrap_or_default();
-                for (proj, lg) in [(ExpertProj::GateUp, g.lora_gate_up), (ExpertProj::Down, g.lora_down)] {
-                    if let Some((da, db)) = lg {
-                        let (da, db) = moe::peft_grads(&da, &db)?;
-                        accumulate(grads, expert_adapter_name(layer, proj, &targets, 'A'), da)?;
-                        accumulate(grads, expert_adapter_name(layer, proj, &targets, 'B'), db)?;
-                    }
-                }
-                Ok(dh2)
-            }
-        }
+        let (y, mlp, router_stats) = self.mlp_forward(layer, &h2, lora)?;
+        Ok(BlockTail { out: (&x2 + y)?, x2, rstd2, h2, mlp, router_stats })
     }
 
     /// Backward of block `layer`: accumulates parameter gradients and returns `dx` when
@@ -474,7 +361,7 @@ impl StepCtx<'_> {
         let _profile = profile::scope("block bwd (glue)", dout.device());
         let c = &self.model.config;
         let base = self.base_grads;
-        let dh2 = self.mlp_backward(layer, dout, tape, grads)?;
+        let dh2 = self.mlp_backward(layer, dout, &tape.tail.mlp, &tape.tail.h2, tape, grads)?;
         let ln2 = norm_name(c, layer, Norm::PostAttention);
         let (dx2, dln2) = rmsnorm::backward(&dh2, &tape.tail.x2, &*self.norm_gain(&ln2)?, &tape.tail.rstd2, base)?;
         let dx2 = (dout + dx2)?;

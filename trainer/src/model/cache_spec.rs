@@ -6,14 +6,26 @@ use candle_core::DType;
 
 use super::CausalLm;
 
-/// What one layer keeps for a sequence. Every layer of today's architectures attends, so each
-/// keeps keys and values in the shared blocks; a recurrent layer (a fixed-size state per
-/// sequence, Qwen3.6's Gated DeltaNet) will be a variant of its own beside `Attention`, kept
-/// outside the blocks.
+/// What one layer keeps for a sequence: an attention layer keys and values of every token in the
+/// shared blocks; a recurrent layer (Qwen3.5/3.6's Gated DeltaNet) a fixed-size state, kept
+/// outside the blocks in a slot the sequence holds while it runs (vLLM v1's "mamba" state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LayerSpec {
     /// Keys and values of every token, `[kv_heads, head_dim]` each, in the block pool.
     Attention { kv_heads: usize, head_dim: usize },
+    /// The causal conv's last `conv_kernel − 1` inputs of its `conv_channels` (`[conv_channels,
+    /// conv_kernel − 1]`, in the model's dtype) and the delta rule's state `[heads, key_dim,
+    /// value_dim]` (in [`state_dtype`]): the same bytes at any length.
+    Recurrent { conv_channels: usize, conv_kernel: usize, heads: usize, key_dim: usize, value_dim: usize },
+}
+
+/// The dtype the delta rule keeps its state in for a model in `dtype`: f32 (transformers' and
+/// the kernels' working dtype), f64 for an f64 model.
+pub fn state_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    }
 }
 
 impl LayerSpec {
@@ -21,6 +33,18 @@ impl LayerSpec {
     fn bytes_per_block(&self, block_size: usize, dtype: DType) -> usize {
         match *self {
             LayerSpec::Attention { kv_heads, head_dim } => 2 * block_size * kv_heads * head_dim * dtype.size_in_bytes(),
+            LayerSpec::Recurrent { .. } => 0,
+        }
+    }
+
+    /// Bytes this layer keeps for one running sequence outside the blocks.
+    fn state_bytes(&self, dtype: DType) -> usize {
+        match *self {
+            LayerSpec::Attention { .. } => 0,
+            LayerSpec::Recurrent { conv_channels, conv_kernel, heads, key_dim, value_dim } => {
+                conv_channels * conv_kernel.saturating_sub(1) * dtype.size_in_bytes()
+                    + heads * key_dim * value_dim * state_dtype(dtype).size_in_bytes()
+            }
         }
     }
 }
@@ -38,27 +62,58 @@ impl CacheSpec {
     pub fn bytes_per_block(&self) -> u64 {
         self.layers.iter().map(|l| l.bytes_per_block(self.block_size, self.dtype) as u64).sum()
     }
+
+    /// What the recurrent layers keep for one running sequence (0 for attention-only models).
+    pub fn state_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.state_bytes(self.dtype) as u64).sum()
+    }
+
+    /// Whether some layer keeps a recurrent state: its sequences then hold a state slot each,
+    /// and a prefix of cached blocks cannot stand in for the state of the tokens before it.
+    pub fn is_recurrent(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerSpec::Recurrent { .. }))
+    }
 }
 
 impl CausalLm {
     /// Refuses a model the decode and serving paths cannot run yet: one with Gated DeltaNet
-    /// layers, whose per-sequence recurrent state (`LayerSpec::Recurrent`) is still to come.
+    /// layers off the CPU (the GPU's chunked and one-step kernels are to come; the CPU runs
+    /// the fused CPU kernels).
     pub fn check_servable(&self) -> Result<(), super::ModelError> {
         let c = self.config();
-        match (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention) {
-            Some(layer) => Err(super::ModelError::NotBuilt(format!(
-                "generation and serving of qwen3_hybrid (Qwen3.5/3.6) models: layer {layer} is a Gated DeltaNet \
-                 layer, and its recurrent state cache is not built yet (training on the CPU is)"
+        if c.moe.is_some() && c.arch.shared_expert() {
+            return Err(super::ModelError::NotBuilt(
+                "generation and serving of Qwen3.5/3.6-MoE hybrids: the decode and paged paths do not run \
+                 their shared expert yet (the dense hybrids generate on the CPU)"
+                    .into(),
+            ));
+        }
+        let linear = (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention);
+        match linear {
+            Some(layer) if !self.device().is_cpu() => Err(super::ModelError::NotBuilt(format!(
+                "generation and serving of qwen3_hybrid (Qwen3.5/3.6) models on a GPU: layer {layer} is a Gated \
+                 DeltaNet layer, and its GPU kernels are to come (the CPU serves them)"
             ))),
-            None => Ok(()),
+            _ => Ok(()),
         }
     }
 
     /// What each of this model's layers keeps per sequence, in blocks of `block_size` tokens.
     pub fn cache_spec(&self, block_size: usize) -> CacheSpec {
         let c = self.config();
-        let layer = LayerSpec::Attention { kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
-        CacheSpec { layers: vec![layer; c.num_hidden_layers], block_size, dtype: self.dtype() }
+        let layers = (0..c.num_hidden_layers)
+            .map(|layer| match (c.layer_kind(layer), &c.hybrid) {
+                (super::LayerKind::LinearAttention, Some(h)) => LayerSpec::Recurrent {
+                    conv_channels: h.conv_dim(),
+                    conv_kernel: h.linear_conv_kernel_dim,
+                    heads: h.linear_num_value_heads,
+                    key_dim: h.linear_key_head_dim,
+                    value_dim: h.linear_value_head_dim,
+                },
+                _ => LayerSpec::Attention { kv_heads: c.num_key_value_heads, head_dim: c.head_dim },
+            })
+            .collect();
+        CacheSpec { layers, block_size, dtype: self.dtype() }
     }
 }
 
@@ -78,5 +133,23 @@ mod tests {
         assert_eq!(spec.bytes_per_block(), (3 * 2 * 16 * 8 * 128 * 2 + 2 * 16 * 2 * 64 * 2) as u64);
         // Qwen3-8B: 144 KiB per token.
         assert_eq!(attention(36, 8, 128, 1, DType::BF16).bytes_per_block(), 36 * 2 * 8 * 128 * 2);
+        assert_eq!(spec.state_bytes(), 0);
+        assert!(!spec.is_recurrent());
+    }
+
+    #[test]
+    fn a_recurrent_layer_keeps_a_fixed_state_and_nothing_in_the_blocks() {
+        // A Qwen3.6-sized Gated DeltaNet layer: conv over [q | k | v] = 2·16·128 + 48·128
+        // channels, 4 taps, 48 value heads of 128×128.
+        let linear =
+            LayerSpec::Recurrent { conv_channels: 10240, conv_kernel: 4, heads: 48, key_dim: 128, value_dim: 128 };
+        let full = LayerSpec::Attention { kv_heads: 4, head_dim: 256 };
+        let spec = CacheSpec { layers: vec![linear, linear, linear, full], block_size: 16, dtype: DType::BF16 };
+        assert_eq!(spec.bytes_per_block(), (2 * 16 * 4 * 256 * 2) as u64, "only the attention layer fills blocks");
+        // The conv's 3 inputs in bf16, the rule's state in f32: about 3 MiB a layer per sequence.
+        assert_eq!(spec.state_bytes(), 3 * (10240 * 3 * 2 + 48 * 128 * 128 * 4) as u64);
+        assert!(spec.is_recurrent());
+        let f64_spec = CacheSpec { dtype: DType::F64, ..spec };
+        assert_eq!(f64_spec.state_bytes(), 3 * (10240 * 3 * 8 + 48 * 128 * 128 * 8) as u64);
     }
 }

@@ -28,7 +28,8 @@ pub struct LmConfig {
     pub tie_word_embeddings: bool,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
-    /// The sparse MLPs of Qwen3-MoE (`model_type: qwen3_moe`); `None`: dense Qwen3.
+    /// The sparse MLPs of Qwen3-MoE (`model_type: qwen3_moe`) or Qwen3.5-MoE (`qwen3_5_moe_text`,
+    /// whose shared expert is `intermediate_size` wide); `None`: a dense model.
     #[serde(skip)]
     pub moe: Option<MoeShape>,
     /// Qwen3.5/3.6's layer kinds and Gated DeltaNet shape; `None`: every layer attends.
@@ -77,7 +78,7 @@ impl HybridShape {
     }
 }
 
-/// Qwen3-MoE's expert layout, HF `Qwen3MoeConfig` field names.
+/// The routed experts' layout, HF `Qwen3MoeConfig` field names (Qwen3.5-MoE's too).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeShape {
     /// transformers 5 writes it as `num_local_experts`.
@@ -104,6 +105,17 @@ fn default_sparse_step() -> usize {
 }
 
 impl MoeShape {
+    /// The experts of an HF config's fields (`Qwen3MoeConfig`'s names, which
+    /// `Qwen3_5MoeTextConfig` shares). transformers adds the load-balancing loss only with
+    /// `output_router_logits`, so without it the weight is 0 here too.
+    pub(super) fn from_hf(fields: &serde_json::Value) -> Result<MoeShape, serde_json::Error> {
+        let mut moe: MoeShape = serde_json::from_value(fields.clone())?;
+        if !fields.get("output_router_logits").and_then(serde_json::Value::as_bool).unwrap_or(false) {
+            moe.router_aux_loss_coef = 0.0;
+        }
+        Ok(moe)
+    }
+
     /// Whether layer `layer` has the sparse MLP (HF's `Qwen3MoeDecoderLayer` rule).
     pub fn is_sparse(&self, layer: usize) -> bool {
         !self.mlp_only_layers.contains(&layer) && (layer + 1).is_multiple_of(self.decoder_sparse_step)
@@ -162,7 +174,7 @@ impl LmConfig {
         let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("qwen3");
         let arch = Arch::of_model_type(model_type).ok_or_else(|| {
             ModelError::Config(format!(
-                "model_type {model_type:?}: the engine runs qwen3, qwen3_moe, instella and qwen3_5 (dense text)"
+                "model_type {model_type:?}: the engine runs qwen3, qwen3_moe, instella, qwen3_5 and qwen3_5_moe"
             ))
         })?;
         let mut config = arch.read_config(&raw)?;
@@ -181,7 +193,7 @@ impl LmConfig {
         serde_json::to_string_pretty(&self.arch.write_config(self, torch_dtype)).unwrap_or_default()
     }
 
-    /// The recipe family this model is (`qwen3`, `qwen3_moe`, `instella`).
+    /// The recipe family this model is (`qwen3`, `qwen3_moe`, `instella`, `qwen3_hybrid`).
     pub fn family(&self) -> ModelFamily {
         self.arch.family(self.moe.is_some())
     }

@@ -1,10 +1,12 @@
 //! Incremental decoding: a key/value cache and the forward of new tokens over it.
 //!
 //! Generation runs the prompt once (prefill), then one token per step, each step reading
-//! the keys and values every earlier token left in the [`KvCache`] instead of recomputing
-//! the prefix. Blocks share their projections, norms and MLP with training
-//! ([`StepCtx::attention_inputs`], [`StepCtx::block_tail`]); only attention differs
-//! (`mindxtrain_kernels::attention::cached`).
+//! what every earlier token left in the [`KvCache`] instead of recomputing the prefix: an
+//! attention layer's keys and values, a Gated DeltaNet layer's recurrent state (its conv's last
+//! inputs and the delta rule's state, advanced by the kernels' `step`). Blocks share their
+//! projections, norms, output gate and MLP with training ([`StepCtx::attention_inputs`],
+//! [`StepCtx::block_tail`]); only the mixer's pass over the past differs
+//! (`mindxtrain_kernels::attention::cached`, [`CausalLm::linear_step`]).
 
 use std::collections::BTreeMap;
 
@@ -12,20 +14,30 @@ use candle_core::Tensor;
 use mindxtrain_kernels::attention::cached;
 use mindxtrain_kernels::{embedding, linear, rmsnorm};
 
-use super::ModelError;
+use super::attention_parts::{gated, sigmoid};
 use super::block::StepCtx;
 use super::causal_lm::{CausalLm, Trainable};
+use super::linear_attention::LinearInputs;
 use super::lora::Adapters;
 use super::params::{EMBED, FINAL_NORM};
+use super::recurrent::RecurrentState;
+use super::{LayerKind, ModelError, Proj};
 use crate::batch::{IGNORE, PackedBatch};
 
-/// Keys and values `[1, kv_heads, len, head_dim]` of every layer for the tokens decoded so
-/// far, up to a fixed capacity (the context length a request may reach).
+/// What every layer keeps of the tokens decoded so far, up to a fixed capacity (the context
+/// length a request may reach).
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<Past>>,
     len: usize,
     capacity: usize,
+}
+
+/// One layer's past: keys and values `[1, kv_heads, len, head_dim]`, or a recurrent state.
+#[derive(Debug, Clone)]
+enum Past {
+    Kv(Tensor, Tensor),
+    Recurrent(RecurrentState),
 }
 
 impl KvCache {
@@ -80,17 +92,16 @@ impl CausalLm {
             labels: vec![IGNORE; t],
         };
         let ctx = self.step_ctx(&batch, Trainable::Adapters, adapters, None, &super::NoHooks)?;
-        let scale = 1.0 / (self.config().head_dim as f64).sqrt();
         let ids = Tensor::new(tokens, self.device())?;
         let mut x = embedding::forward(&ids, &*self.weight(EMBED)?)?;
         let mut updated = Vec::with_capacity(cache.layers.len());
         for (layer, past) in cache.layers.iter().enumerate() {
-            let (out, kv) = decode_block(&ctx, layer, &x, past.as_ref(), scale)?;
-            updated.push(Some(kv));
+            let (out, kept) = decode_block(&ctx, layer, &x, past.as_ref())?;
+            updated.push(Some(kept));
             x = out;
         }
         let last = x.narrow(0, t - 1, 1)?;
-        let (h, _) = rmsnorm::forward(&last, &*self.weight(FINAL_NORM)?, self.config().rms_norm_eps)?;
+        let (h, _) = rmsnorm::forward(&last, &*ctx.norm_gain(FINAL_NORM)?, self.config().rms_norm_eps)?;
         let logits = linear::forward(self.kernels(), &h, &*self.weight(self.head_name())?)?.flatten_all()?;
         cache.layers = updated;
         cache.len += t;
@@ -98,24 +109,42 @@ impl CausalLm {
     }
 }
 
-/// One block over new tokens `x` (`[T, hidden]`) given the layer's cached keys and values;
-/// returns the block output and the keys and values including the new tokens.
+/// One block over new tokens `x` (`[T, hidden]`) given what the layer kept of the past;
+/// returns the block output and what it keeps now (the new tokens included).
 fn decode_block(
     ctx: &StepCtx<'_>,
     layer: usize,
     x: &Tensor,
-    past: Option<&(Tensor, Tensor)>,
-    scale: f64,
-) -> Result<(Tensor, (Tensor, Tensor)), ModelError> {
+    past: Option<&Past>,
+) -> Result<(Tensor, Past), ModelError> {
     let mut lora = BTreeMap::new();
     let (h1, _) = ctx.input_norm(layer, x)?;
-    let qkv = ctx.attention_inputs(layer, &h1, &mut lora)?;
-    let (k, v) = match past {
-        Some((pk, pv)) => (Tensor::cat(&[pk, &qkv.k], 2)?, Tensor::cat(&[pv, &qkv.v], 2)?),
-        None => (qkv.k, qkv.v),
+    let (mixed, kept, out_proj) = match (ctx.model.config().layer_kind(layer), past) {
+        (LayerKind::Attention, None | Some(Past::Kv(..))) => {
+            let qkv = ctx.attention_inputs(layer, &h1, &mut lora)?;
+            let (k, v) = match past {
+                Some(Past::Kv(pk, pv)) => (Tensor::cat(&[pk, &qkv.k], 2)?, Tensor::cat(&[pv, &qkv.v], 2)?),
+                _ => (qkv.k, qkv.v),
+            };
+            let scale = 1.0 / (ctx.model.config().head_dim as f64).sqrt();
+            let o = cached::forward(&qkv.q, &k, &v, scale)?;
+            let attn = o.transpose(1, 2)?.reshape((x.dim(0)?, ()))?;
+            let gate = qkv.gate.as_ref().map(sigmoid).transpose()?;
+            (gated(&attn, gate.as_ref())?, Past::Kv(k, v), Proj::O)
+        }
+        (LayerKind::LinearAttention, None | Some(Past::Recurrent(_))) => {
+            let inputs = LinearInputs::project(&h1, |p, h| ctx.proj_forward(layer, p, h, None))?;
+            let state = match past {
+                Some(Past::Recurrent(s)) => Some(s),
+                _ => None,
+            };
+            let (mixed, state) = ctx.model.linear_step(layer, &inputs, (1, x.dim(0)?), state)?;
+            (mixed, Past::Recurrent(state), Proj::OutProj)
+        }
+        (kind, Some(_)) => {
+            return Err(ModelError::Batch(format!("layer {layer} ({kind:?}) holds another kind's cache")));
+        }
     };
-    let o = cached::forward(&qkv.q, &k, &v, scale)?;
-    let attn = o.transpose(1, 2)?.reshape((x.dim(0)?, ()))?;
-    let out = ctx.block_tail(layer, x, &attn, super::Proj::O, &mut lora)?.out;
-    Ok((out, (k, v)))
+    let out = ctx.block_tail(layer, x, &mixed, out_proj, &mut lora)?.out;
+    Ok((out, kept))
 }

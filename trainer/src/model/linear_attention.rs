@@ -18,6 +18,8 @@ use mindxtrain_kernels::{causal_conv1d, delta_gates, delta_rule, gated_rmsnorm, 
 use super::block::{Grads, LoraTape, StepCtx, accumulate};
 use super::config::HybridShape;
 use super::params::Proj;
+use super::recurrent::RecurrentState;
+use super::{CausalLm, ModelError};
 
 /// transformers' l2norm eps for q and k (fixed in its code, not the config's).
 const L2NORM_EPS: f64 = 1e-6;
@@ -73,9 +75,7 @@ impl StepCtx<'_> {
 
     /// The conv's taps as the kernel takes them, `[conv_dim, W]`.
     fn conv_taps(&self, layer: usize) -> Result<Tensor> {
-        let w = self.weight(&conv_name(layer))?;
-        let (c, _, width) = w.dims3()?;
-        w.reshape((c, width))
+        taps(&*self.weight(&conv_name(layer))?)
     }
 
     /// `mixed` `[N, value_dim]`, the input of `out_proj`, from the normed hidden states `h1`.
@@ -87,27 +87,16 @@ impl StepCtx<'_> {
     ) -> Result<(Tensor, LinearTape)> {
         let s = self.shape()?;
         let (b, t) = (self.batch, self.seq);
-        let (hk, h, dk, dv) =
-            (s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
-        let kd = s.key_dim();
-        let qkv = self.proj_forward(layer, Proj::InProjQkv, h1, Some(lora))?.reshape((b, t, s.conv_dim()))?;
-        let z = self.proj_forward(layer, Proj::InProjZ, h1, Some(lora))?.reshape((b, t, h, dv))?;
-        let b_logits = self.proj_forward(layer, Proj::InProjB, h1, Some(lora))?.reshape((b, t, h))?;
-        let a_in = self.proj_forward(layer, Proj::InProjA, h1, Some(lora))?.reshape((b, t, h))?;
+        let p = LinearInputs::project(h1, |proj, x| self.proj_forward(layer, proj, x, Some(&mut *lora)))?;
+        let (qkv, z, b_logits, a_in) = p.shaped(s, b, t)?;
         let (mixed_qkv, _) = causal_conv1d::forward(&qkv, &self.conv_taps(layer)?, None, None, &self.mask)?;
-        let part = |from: usize, len: usize, heads: usize, d: usize| {
-            mixed_qkv.narrow(2, from, len)?.contiguous()?.reshape((b, t, heads, d))
-        };
-        let (q, k, v) = (part(0, kd, hk, dk)?, part(kd, kd, hk, dk)?, part(2 * kd, h * dv, h, dv)?);
-        let ((qn, rq), (kn, rk)) = (l2norm::forward(&q, L2NORM_EPS)?, l2norm::forward(&k, L2NORM_EPS)?);
         let (a_log, dt_bias) = (self.weight(&name(layer, "A_log"))?, self.weight(&name(layer, "dt_bias"))?);
-        // g stays in f32 (transformers' dtype for it); the rule widens its operands itself.
-        let (beta, g) = delta_gates::forward(&b_logits, &a_in, &a_log, &dt_bias)?;
-        let x = operands(&qn, &kn, &v, &beta, &g, dk);
-        let f = delta_rule::forward(&x, None, &self.mask)?;
+        let r = RuleInputs::new(s, &mixed_qkv, &b_logits, &a_in, &a_log, &dt_bias)?;
+        let f = delta_rule::forward(&r.operands(s), None, &self.mask)?;
         let eps = self.model.config.rms_norm_eps;
         let (normed, rstd) = gated_rmsnorm::forward(&f.out, &z, &*self.weight(&name(layer, "norm.weight"))?, eps)?;
-        let mixed = normed.reshape((b * t, h * dv))?;
+        let mixed = normed.reshape((b * t, s.value_dim()))?;
+        let RuleInputs { q, k, rq, rk, qn, kn, v, beta, g } = r;
         let tape = LinearTape {
             qkv,
             q,
@@ -172,6 +161,132 @@ impl StepCtx<'_> {
             (Proj::InProjB, gates.db.reshape((n, h))?),
             (Proj::InProjA, gates.da.reshape((n, h))?),
         ])
+    }
+}
+
+/// A Gated DeltaNet layer's four input projections of `N` rows: `in_proj_qkv` `[N, conv_dim]`,
+/// `in_proj_z` `[N, value_dim]`, `in_proj_b` and `in_proj_a` `[N, H]`.
+pub(super) struct LinearInputs {
+    qkv: Tensor,
+    z: Tensor,
+    b: Tensor,
+    a: Tensor,
+}
+
+impl LinearInputs {
+    /// The projections of `h1` by `project` (the training step's with its LoRA tape, dense
+    /// decoding's, or the serving engine's with each row's adapter).
+    pub(super) fn project(h1: &Tensor, mut project: impl FnMut(Proj, &Tensor) -> Result<Tensor>) -> Result<Self> {
+        Ok(LinearInputs {
+            qkv: project(Proj::InProjQkv, h1)?,
+            z: project(Proj::InProjZ, h1)?,
+            b: project(Proj::InProjB, h1)?,
+            a: project(Proj::InProjA, h1)?,
+        })
+    }
+
+    /// Rows `from .. from + len` (one sequence of a serving step).
+    pub(super) fn rows(&self, from: usize, len: usize) -> Result<Self> {
+        let r = |t: &Tensor| t.narrow(0, from, len);
+        Ok(LinearInputs { qkv: r(&self.qkv)?, z: r(&self.z)?, b: r(&self.b)?, a: r(&self.a)? })
+    }
+
+    /// As `[B, T, ..]`: the conv's input, z per value head, and the gates' inputs.
+    fn shaped(&self, s: &HybridShape, b: usize, t: usize) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        let h = s.linear_num_value_heads;
+        Ok((
+            self.qkv.reshape((b, t, s.conv_dim()))?,
+            self.z.reshape((b, t, h, s.linear_value_head_dim))?,
+            self.b.reshape((b, t, h))?,
+            self.a.reshape((b, t, h))?,
+        ))
+    }
+}
+
+/// The delta rule's inputs from the conv's output and the gates' inputs (training and
+/// inference alike): q, k, v split by head, q and k l2-normalised, `β` and `g`.
+struct RuleInputs {
+    q: Tensor,
+    k: Tensor,
+    rq: Tensor,
+    rk: Tensor,
+    qn: Tensor,
+    kn: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+}
+
+impl RuleInputs {
+    fn new(
+        s: &HybridShape,
+        mixed_qkv: &Tensor,
+        b_logits: &Tensor,
+        a_in: &Tensor,
+        a_log: &Tensor,
+        dt_bias: &Tensor,
+    ) -> Result<RuleInputs> {
+        let (b, t, _) = mixed_qkv.dims3()?;
+        let (hk, h, dk, dv) =
+            (s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
+        let kd = s.key_dim();
+        let part = |from: usize, len: usize, heads: usize, d: usize| {
+            mixed_qkv.narrow(2, from, len)?.contiguous()?.reshape((b, t, heads, d))
+        };
+        let (q, k, v) = (part(0, kd, hk, dk)?, part(kd, kd, hk, dk)?, part(2 * kd, h * dv, h, dv)?);
+        let ((qn, rq), (kn, rk)) = (l2norm::forward(&q, L2NORM_EPS)?, l2norm::forward(&k, L2NORM_EPS)?);
+        // g stays in f32 (transformers' dtype for it); the rule widens its operands itself.
+        let (beta, g) = delta_gates::forward(b_logits, a_in, a_log, dt_bias)?;
+        Ok(RuleInputs { q, k, rq, rk, qn, kn, v, beta, g })
+    }
+
+    fn operands(&self, s: &HybridShape) -> delta_rule::Operands<'_> {
+        operands(&self.qn, &self.kn, &self.v, &self.beta, &self.g, s.linear_key_head_dim)
+    }
+}
+
+/// The conv's taps as the kernels take them, `[conv_dim, W]`, from HF's `[conv_dim, 1, W]`.
+fn taps(w: &Tensor) -> Result<Tensor> {
+    let (c, _, width) = w.dims3()?;
+    w.reshape((c, width))
+}
+
+impl CausalLm {
+    /// Generation's pass of layer `layer`'s mixer over `b` sequences of `t` new tokens each (`x`'s
+    /// rows sequence after sequence), continuing `state` (zeros when `None`: the sequences'
+    /// first tokens): the one-step conv and delta rule, which take a prefill's many tokens as
+    /// well as a decode's one. Returns `mixed` `[b·t, value_dim]` and the state after the last
+    /// token.
+    pub(super) fn linear_step(
+        &self,
+        layer: usize,
+        x: &LinearInputs,
+        (b, t): (usize, usize),
+        state: Option<&RecurrentState>,
+    ) -> std::result::Result<(Tensor, RecurrentState), ModelError> {
+        let c = self.config();
+        let s = c
+            .hybrid
+            .as_ref()
+            .ok_or_else(|| ModelError::Config("a linear-attention layer in a model without a hybrid shape".into()))?;
+        let zeros;
+        let state = match state {
+            Some(st) => st,
+            None => {
+                let spec = self.cache_spec(1).layers[layer];
+                zeros = RecurrentState::zeros(&spec, b, self.dtype(), self.device())?;
+                &zeros
+            }
+        };
+        let (qkv, z, b_logits, a_in) = x.shaped(s, b, t)?;
+        let (mixed_qkv, conv) =
+            causal_conv1d::step(&qkv, &taps(&*self.weight(&conv_name(layer))?)?, None, &state.conv)?;
+        let (a_log, dt_bias) = (self.weight(&name(layer, "A_log"))?, self.weight(&name(layer, "dt_bias"))?);
+        let r = RuleInputs::new(s, &mixed_qkv, &b_logits, &a_in, &a_log, &dt_bias)?;
+        let (out, rule) = delta_rule::step(&r.operands(s), &state.rule)?;
+        let (normed, _) =
+            gated_rmsnorm::forward(&out, &z, &*self.weight(&name(layer, "norm.weight"))?, c.rms_norm_eps)?;
+        Ok((normed.reshape((b * t, s.value_dim()))?, RecurrentState { conv, rule }))
     }
 }
 

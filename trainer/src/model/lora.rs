@@ -1,5 +1,9 @@
 //! LoRA adapters with PEFT's tensor names, init and scaling, and their merge into the base.
 //!
+//! On a Qwen3.5-MoE sparse layer the `gate_proj`/`up_proj`/`down_proj` targets adapt the shared
+//! expert's projections and `shared_expert_gate` its gate, as PEFT matches them there; the routed
+//! experts stay frozen under LoRA (PEFT's `all-linear` does not reach them either).
+//!
 //! On a Qwen3-MoE sparse layer the MLP is the experts' two stacked weights, which PEFT adapts as
 //! parameters (`target_parameters`), not modules: one adapter per stacked weight, `lora_A`
 //! `[E·r', in]` (expert `e`'s rows `e·r'..(e+1)·r'`) and `lora_B` `[out, r'·E]` (expert `e`'s rank
@@ -45,12 +49,12 @@ impl LoraConfig {
     pub fn shapes(&self, model: &LmConfig) -> BTreeMap<String, Vec<usize>> {
         let mut out = BTreeMap::new();
         for layer in 0..model.num_hidden_layers {
-            for proj in Proj::of_layer(model, layer).iter().copied().filter(|&p| self.targets(p)) {
+            for proj in Proj::of_layer(model, layer).into_iter().filter(|&p| self.targets(p)) {
                 let (out_dim, in_dim) = proj.shape(model);
                 out.insert(adapter_name(layer, proj, 'A'), vec![self.r, in_dim]);
                 out.insert(adapter_name(layer, proj, 'B'), vec![out_dim, self.r]);
             }
-            if let Some(moe) = model.moe.as_ref().filter(|m| m.is_sparse(layer)) {
+            if let Some(moe) = expert_adapted(model).filter(|m| m.is_sparse(layer)) {
                 let (targets, e) = (self.expert_targets(), moe.num_experts);
                 for &proj in &targets {
                     let ((out_dim, in_dim), r) = (proj.shape(model, moe), proj.rank(self.r));
@@ -81,7 +85,7 @@ impl LoraConfig {
     /// PEFT's `target_parameters` for a model of `model`: the expert weights adapted, when it has
     /// sparse layers (empty otherwise).
     pub fn target_parameters(&self, model: &LmConfig) -> Vec<String> {
-        let sparse = model.moe.as_ref().is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
+        let sparse = expert_adapted(model).is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
         if !sparse {
             return Vec::new();
         }
@@ -106,7 +110,7 @@ impl LoraConfig {
     /// too, for the same reason).
     fn validate_for(&self, model: &LmConfig) -> Result<(), ModelError> {
         self.validate()?;
-        let sparse = model.moe.as_ref().is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
+        let sparse = expert_adapted(model).is_some_and(|m| (0..model.num_hidden_layers).any(|l| m.is_sparse(l)));
         if sparse && self.targets(Proj::Gate) != self.targets(Proj::Up) {
             return Err(ModelError::Lora(
                 "gate_proj and up_proj are one fused weight in a Qwen3-MoE layer's experts \
@@ -124,6 +128,12 @@ impl LoraConfig {
         }
         Ok(())
     }
+}
+
+/// The experts' shape of `model` when its targets reach the routed experts (Qwen3-MoE:
+/// [`super::Arch::targets_reach_experts`]); `None` for a dense model or a Qwen3.5-MoE.
+fn expert_adapted(model: &LmConfig) -> Option<&MoeShape> {
+    model.moe.as_ref().filter(|_| model.arch.targets_reach_experts())
 }
 
 /// A sparse layer's stacked expert weight, as an adapter target.
@@ -273,7 +283,7 @@ pub fn merge_lora(params: &Params, config: &LmConfig, adapters: &Adapters) -> Re
     let mut merged = params.clone();
     let scale = adapters.config.scaling();
     for layer in 0..config.num_hidden_layers {
-        for &proj in Proj::of_layer(config, layer) {
+        for proj in Proj::of_layer(config, layer) {
             let Some((a, b)) = adapters.pair(layer, proj) else { continue };
             let name = base_weight_name(layer, proj);
             let w = merged.get(&name).ok_or_else(|| ModelError::MissingParam(name.clone()))?;

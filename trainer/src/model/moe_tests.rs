@@ -30,15 +30,19 @@ pub(super) fn tiny_moe() -> LmConfig {
     }
 }
 
-/// Weights well away from HF's 0.02 so routing and curvature are real; norms perturbed.
+/// Weights well away from HF's 0.02 so routing and curvature are real; norms (and a hybrid's
+/// gate parameters) perturbed.
 pub(super) fn model(config: &LmConfig, dtype: DType) -> CausalLm {
     let mut m = CausalLm::init_random(config, 5, dtype, &Device::Cpu).unwrap();
     let mut rng = SplitMix64::new(77);
     for (name, t) in m.params_mut().iter_mut() {
         let noise: Vec<f64> = (0..t.elem_count()).map(|_| rng.normal()).collect();
         let noise = Tensor::from_vec(noise, t.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-        *t =
-            if name.ends_with("norm.weight") { (&*t + (noise * 0.3).unwrap()).unwrap() } else { (&*t * 20.0).unwrap() };
+        *t = if super::tests::perturbed_by_offset(name) {
+            (&*t + (noise * 0.3).unwrap()).unwrap()
+        } else {
+            (&*t * 20.0).unwrap()
+        };
     }
     m
 }
@@ -63,7 +67,9 @@ pub(super) fn objective(config: &LmConfig, out: &StepOutput) -> f64 {
     out.loss_sum + coef * out.target_tokens as f64 * out.aux_loss
 }
 
-fn gradcheck_full(config: &LmConfig) {
+/// Every parameter's gradient of the step's objective (token loss and balance loss) at probes,
+/// against finite differences; layer 1 is sparse.
+pub(super) fn gradcheck_full(config: &LmConfig) {
     let m = model(config, DType::F64);
     let b = packed_batch();
     let out = m.forward_backward(&b, Trainable::Full, None, &StepOptions::default()).unwrap();

@@ -5,8 +5,13 @@
 //! row for a sequence that decodes, hundreds for a prompt chunk) and reads keys that earlier
 //! steps left in the cache. So the attention metadata here comes from the kernels' own
 //! [`PagedMeta`], not from a training batch, and the block is the inference one: projections
-//! (with every row's adapter), the fused norm/RoPE/cache write, paged attention, the MLP (or a
-//! Qwen3-MoE layer's routed experts).
+//! (with every row's adapter), the fused norm/RoPE/cache write (unfused with partial RoPE),
+//! paged attention (gated on Qwen3.5), the MLP (or a Qwen3-MoE layer's routed experts). A Gated
+//! DeltaNet layer advances each sequence's recurrent state in its slot instead
+//! ([`CausalLm::linear_step`]): a chunk that starts a sequence starts from zeros, so a new,
+//! preempted or recomputed sequence never reads its slot's last owner.
+
+use std::borrow::Cow;
 
 use candle_core::Tensor;
 use mindxtrain_kernels::multi_lora::{self, RowAdapters};
@@ -14,9 +19,12 @@ use mindxtrain_kernels::paged_attention::{self, PagedMeta};
 use mindxtrain_kernels::{embedding, linear, rmsnorm, rope, swiglu};
 
 use super::adapter_stack::AdapterStack;
+use super::attention_parts::{gated, rotate, sigmoid};
+use super::linear_attention::LinearInputs;
 use super::moe::{self, MoeWeights};
 use super::packed::Packing;
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
+use super::recurrent::StatePool;
 use super::{CausalLm, ModelError, QkNorm};
 
 /// One step's tokens and where they go, all on the model's device (so that a recorded step
@@ -35,6 +43,8 @@ pub struct PagedInputs<'a> {
     pub adapters: Option<(&'a AdapterStack, &'a RowAdapters)>,
     /// `[R]` u32 rows whose logits are wanted (the last row of each sequence that samples).
     pub logit_rows: &'a Tensor,
+    /// Each sequence's state slot (in the order of `meta`), for a model with recurrent layers.
+    pub state_slots: Option<&'a [u32]>,
 }
 
 /// RoPE's cosines and sines of every position a served sequence may reach, made once: a
@@ -50,7 +60,8 @@ impl RopeTables {
     pub fn new(model: &CausalLm, positions: usize) -> Result<RopeTables, ModelError> {
         let c = model.config();
         let all: Vec<u32> = (0..u32::try_from(positions.max(1)).unwrap_or(u32::MAX)).collect();
-        let (cos, sin) = rope::tables(&all, c.head_dim, c.rope_theta, model.dtype(), model.device())?;
+        // Over the rotated dims only (a hybrid rotates the first `rotary_dim` of a head).
+        let (cos, sin) = rope::tables(&all, c.rotary_dim(), c.rope_theta, model.dtype(), model.device())?;
         Ok(RopeTables { cos, sin })
     }
 
@@ -59,8 +70,14 @@ impl RopeTables {
     }
 }
 
-/// One layer's key and value caches, `[blocks, block_size, kv_heads, head_dim]` each.
-pub type LayerCache = (Tensor, Tensor);
+/// What one layer keeps in the serving engine (its [`super::LayerSpec`]).
+#[derive(Debug)]
+pub enum LayerCache {
+    /// Keys and values, `[blocks, block_size, kv_heads, head_dim]` each.
+    Attention { k: Tensor, v: Tensor },
+    /// A recurrent state per slot ([`PagedInputs::state_slots`]).
+    Recurrent(StatePool),
+}
 
 impl CausalLm {
     /// Runs the batch, writing every row's keys and values into `cache` (one pair per layer),
@@ -73,7 +90,8 @@ impl CausalLm {
             || inputs.positions.elem_count() != n
             || inputs.meta.rows() != n
             || cache.len() != c.num_hidden_layers
-            || inputs.rope.cos.dim(1)? != c.head_dim
+            || inputs.rope.cos.dim(1)? != c.rotary_dim()
+            || inputs.state_slots.is_some_and(|s| s.len() != inputs.meta.sequences())
         {
             return Err(ModelError::Batch(format!(
                 "paged step: {n} ids, {} positions, {} rows in the metadata, {} cached layers of {}, rope tables {:?}",
@@ -87,14 +105,14 @@ impl CausalLm {
         let cos = inputs.rope.cos.index_select(inputs.positions, 0)?;
         let sin = inputs.rope.sin.index_select(inputs.positions, 0)?;
         let mut stream = Residual { x: embedding::forward(inputs.ids, &*self.weight(EMBED)?)?, pending: None };
-        for (layer, kv) in cache.iter().enumerate() {
-            stream = self.paged_block(layer, &stream, inputs, (&cos, &sin), kv)?;
+        for (layer, kept) in cache.iter().enumerate() {
+            stream = self.paged_block(layer, &stream, inputs, (&cos, &sin), kept)?;
         }
         let rows = Residual {
             x: stream.x.index_select(inputs.logit_rows, 0)?,
             pending: stream.pending.map(|p| p.index_select(inputs.logit_rows, 0)).transpose()?,
         };
-        let (_, h) = rows.normed(&*self.weight(FINAL_NORM)?, c.rms_norm_eps)?;
+        let (_, h) = rows.normed(&*self.gain(FINAL_NORM)?, c.rms_norm_eps)?;
         Ok(linear::forward(self.kernels(), &h, &*self.weight(self.head_name())?)?)
     }
 
@@ -124,39 +142,28 @@ impl CausalLm {
         Ok(Tensor::cat(&parts, 1)?)
     }
 
+    /// A norm's gain as every forward path scales by it ([`super::Arch::norm_gain`]).
+    fn gain(&self, name: &str) -> Result<Cow<'_, Tensor>, ModelError> {
+        Ok(self.config().arch.norm_gain(self.weight(name)?)?)
+    }
+
     fn paged_block(
         &self,
         layer: usize,
         stream: &Residual,
         inputs: &PagedInputs<'_>,
-        (cos, sin): (&Tensor, &Tensor),
-        (k_cache, v_cache): &LayerCache,
+        rope: (&Tensor, &Tensor),
+        kept: &LayerCache,
     ) -> Result<Residual, ModelError> {
         let c = self.config();
         let eps = c.rms_norm_eps;
-        let (x, h1) = stream.normed(&*self.weight(&norm_name(c, layer, Norm::Input))?, eps)?;
-        let (n, nh, hd) = (x.dim(0)?, c.num_attention_heads, c.head_dim);
-        let qkv = self.paged_group(layer, Packing::Qkv, &h1, inputs)?;
-        let (qn, kn) = (self.weight(&norm_name(c, layer, Norm::Q))?, self.weight(&norm_name(c, layer, Norm::K))?);
-        let caches = (k_cache, v_cache);
-        let q = match c.arch.qk_norm() {
-            // Per head: inside the fused kernel.
-            QkNorm::PerHead => {
-                paged_attention::prepare(&qkv, nh, Some((&qn, &kn, eps)), cos, sin, caches, inputs.slots)?
-            }
-            // Over the whole projection: normalised first, then rotated and cached as they are.
-            QkNorm::Projection => {
-                let (q_w, kv_w) = (nh * hd, c.num_key_value_heads * hd);
-                let q_part = rmsnorm::forward(&qkv.narrow(1, 0, q_w)?.contiguous()?, &qn, eps)?.0;
-                let k_part = rmsnorm::forward(&qkv.narrow(1, q_w, kv_w)?.contiguous()?, &kn, eps)?.0;
-                let normed = Tensor::cat(&[&q_part, &k_part, &qkv.narrow(1, q_w + kv_w, kv_w)?], 1)?;
-                paged_attention::prepare(&normed, nh, None, cos, sin, caches, inputs.slots)?
-            }
+        let (x, h1) = stream.normed(&*self.gain(&norm_name(c, layer, Norm::Input))?, eps)?;
+        let (mixed, out_proj) = match kept {
+            LayerCache::Attention { k, v } => (self.paged_attention(layer, &h1, inputs, rope, (k, v))?, Proj::O),
+            LayerCache::Recurrent(pool) => (self.paged_linear(layer, &h1, inputs, pool)?, Proj::OutProj),
         };
-        let scale = 1.0 / (hd as f64).sqrt();
-        let o = paged_attention::forward(&q, k_cache, v_cache, inputs.meta, scale)?.reshape((n, nh * hd))?;
-        let attn = self.paged_proj(layer, Proj::O, &o, inputs)?;
-        let post = self.weight(&norm_name(c, layer, Norm::PostAttention))?;
+        let attn = self.paged_proj(layer, out_proj, &mixed, inputs)?;
+        let post = self.gain(&norm_name(c, layer, Norm::PostAttention))?;
         let (x2, h2, _) = rmsnorm::add_forward(&x, &attn, &post, eps)?;
         if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
             let router = self.weight(&moe::router_name(layer))?;
@@ -169,6 +176,92 @@ impl CausalLm {
         let gate_up = self.paged_group(layer, Packing::GateUp, &h2, inputs)?;
         let down = self.paged_proj(layer, Proj::Down, &swiglu::forward_packed(&gate_up)?, inputs)?;
         Ok(Residual { x: x2, pending: Some(down) })
+    }
+
+    /// Attention over the paged cache from the normed rows `h1`: the rows' keys and values go
+    /// into the cache, and the output `[N, heads·hd]` (gated on Qwen3.5) is what `o_proj` reads.
+    fn paged_attention(
+        &self,
+        layer: usize,
+        h1: &Tensor,
+        inputs: &PagedInputs<'_>,
+        (cos, sin): (&Tensor, &Tensor),
+        caches: (&Tensor, &Tensor),
+    ) -> Result<Tensor, ModelError> {
+        let c = self.config();
+        let eps = c.rms_norm_eps;
+        let (n, nh, nkv, hd) = (h1.dim(0)?, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let packed = self.paged_group(layer, Packing::Qkv, h1, inputs)?;
+        // A gated attention's q_proj rows are per head [query | gate]: the gate goes aside, and
+        // the kernels see [q | k | v].
+        let (qkv, gate) = match c.arch.gated_attention() {
+            true => {
+                let per_head = packed.narrow(1, 0, 2 * nh * hd)?.reshape((n, nh, 2 * hd))?;
+                let gate = per_head.narrow(2, hd, hd)?.reshape((n, nh * hd))?;
+                let q = per_head.narrow(2, 0, hd)?.reshape((n, nh * hd))?;
+                (Tensor::cat(&[&q, &packed.narrow(1, 2 * nh * hd, 2 * nkv * hd)?], 1)?, Some(sigmoid(&gate)?))
+            }
+            false => (packed, None),
+        };
+        let (qn, kn) = (self.gain(&norm_name(c, layer, Norm::Q))?, self.gain(&norm_name(c, layer, Norm::K))?);
+        let q = match (c.arch.qk_norm(), c.rotary_dim() == hd) {
+            // Per head, every dim rotated: inside the fused kernel.
+            (QkNorm::PerHead, true) => {
+                paged_attention::prepare(&qkv, nh, Some((&qn, &kn, eps)), cos, sin, caches, inputs.slots)?
+            }
+            // Per head, partial rotary (Qwen3.5): normalised and rotated here, then cached.
+            (QkNorm::PerHead, false) => {
+                let part = |first: usize, count: usize| qkv.narrow(1, first * hd, count * hd)?.reshape((n, count, hd));
+                let q = rmsnorm::forward(&part(0, nh)?, &qn, eps)?.0;
+                let k = rmsnorm::forward(&part(nh, nkv)?, &kn, eps)?.0;
+                let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
+                let q = rotate(&q, &cos, &sin, c.rotary_dim(), rope::forward)?;
+                let k = rotate(&k, &cos, &sin, c.rotary_dim(), rope::forward)?;
+                paged_attention::write_kv(caches.0, caches.1, &k, &part(nh + nkv, nkv)?, inputs.slots)?;
+                q
+            }
+            // Over the whole projection: normalised first, then rotated and cached as they are.
+            (QkNorm::Projection, _) => {
+                let (q_w, kv_w) = (nh * hd, nkv * hd);
+                let q_part = rmsnorm::forward(&qkv.narrow(1, 0, q_w)?.contiguous()?, &qn, eps)?.0;
+                let k_part = rmsnorm::forward(&qkv.narrow(1, q_w, kv_w)?.contiguous()?, &kn, eps)?.0;
+                let normed = Tensor::cat(&[&q_part, &k_part, &qkv.narrow(1, q_w + kv_w, kv_w)?], 1)?;
+                paged_attention::prepare(&normed, nh, None, cos, sin, caches, inputs.slots)?
+            }
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        let o = paged_attention::forward(&q, caches.0, caches.1, inputs.meta, scale)?.reshape((n, nh * hd))?;
+        Ok(gated(&o, gate.as_ref())?)
+    }
+
+    /// A Gated DeltaNet layer over the step's rows: the projections of every row at once, then
+    /// each sequence's rows from the state in its slot (zeros for a chunk at its first token),
+    /// the new state written back. Returns `out_proj`'s input `[N, value_dim]`.
+    fn paged_linear(
+        &self,
+        layer: usize,
+        h1: &Tensor,
+        inputs: &PagedInputs<'_>,
+        pool: &StatePool,
+    ) -> Result<Tensor, ModelError> {
+        let slots = inputs.state_slots.ok_or_else(|| {
+            ModelError::Batch(format!("layer {layer} keeps a recurrent state: the step names no state slots"))
+        })?;
+        let all = LinearInputs::project(h1, |p, x| {
+            self.paged_proj(layer, p, x, inputs).map_err(|e| candle_core::Error::Msg(e.to_string()))
+        })?;
+        let mut parts = Vec::with_capacity(slots.len());
+        for (s, &slot) in slots.iter().enumerate() {
+            let (first, rows, context, _) = inputs.meta.seq(s);
+            let state = match context - rows {
+                0 => None,
+                _ => Some(pool.read(slot as usize)?),
+            };
+            let (mixed, next) = self.linear_step(layer, &all.rows(first, rows)?, (1, rows), state.as_ref())?;
+            pool.write(slot as usize, &next)?;
+            parts.push(mixed);
+        }
+        Ok(Tensor::cat(&parts, 0)?)
     }
 }
 

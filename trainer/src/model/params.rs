@@ -16,8 +16,10 @@ pub const EMBED: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
 
-/// The linear projections of a block, the units LoRA adapts and NF4 stores: an attention
-/// layer's seven, or a Gated DeltaNet layer's five and its MLP's three.
+/// The linear projections of a block, the units LoRA adapts and NF4 stores: the token mixer's
+/// (an attention layer's four, or a Gated DeltaNet layer's five) and the MLP's (a dense SwiGLU's
+/// three; none on a Qwen3-MoE sparse layer, whose MLP is the experts' stacked weights; a
+/// Qwen3.5-MoE sparse layer's gated shared expert's four).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proj {
     Q,
@@ -37,25 +39,37 @@ pub enum Proj {
     InProjA,
     /// Gated DeltaNet's output projection.
     OutProj,
+    /// Qwen3.5-MoE: the shared expert's SwiGLU, beside the routed experts.
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    /// Qwen3.5-MoE: the shared expert's output gate's logit, `[1, H]`.
+    SharedExpertGate,
 }
 
 impl Proj {
     pub const ALL: [Proj; 7] = [Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down];
-    /// The projections of a Qwen3-MoE sparse layer (its MLP is the experts: [`super::moe`]).
+    /// An attention layer's token mixer.
     pub const ATTENTION: [Proj; 4] = [Proj::Q, Proj::K, Proj::V, Proj::O];
-    /// The projections of a Gated DeltaNet layer with its dense MLP.
-    pub const LINEAR: [Proj; 8] =
-        [Proj::InProjQkv, Proj::InProjZ, Proj::InProjB, Proj::InProjA, Proj::OutProj, Proj::Gate, Proj::Up, Proj::Down];
+    /// A Gated DeltaNet layer's token mixer.
+    pub const LINEAR: [Proj; 5] = [Proj::InProjQkv, Proj::InProjZ, Proj::InProjB, Proj::InProjA, Proj::OutProj];
+    /// A dense SwiGLU MLP.
+    pub const MLP: [Proj; 3] = [Proj::Gate, Proj::Up, Proj::Down];
+    /// A Qwen3.5-MoE sparse layer's gated shared expert.
+    pub const SHARED_EXPERT: [Proj; 4] = [Proj::SharedGate, Proj::SharedUp, Proj::SharedDown, Proj::SharedExpertGate];
 
-    /// The projections layer `layer` of `c` has.
-    pub fn of_layer(c: &LmConfig, layer: usize) -> &'static [Proj] {
-        if c.layer_kind(layer) == LayerKind::LinearAttention {
-            &Proj::LINEAR
-        } else if c.moe.as_ref().is_some_and(|m| m.is_sparse(layer)) {
-            &Proj::ATTENTION
-        } else {
-            &Proj::ALL
-        }
+    /// The projections layer `layer` of `c` has: its token mixer's, then its MLP's.
+    pub fn of_layer(c: &LmConfig, layer: usize) -> Vec<Proj> {
+        let mixer: &[Proj] = match c.layer_kind(layer) {
+            LayerKind::LinearAttention => &Proj::LINEAR,
+            LayerKind::Attention => &Proj::ATTENTION,
+        };
+        let mlp: &[Proj] = match c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
+            None => &Proj::MLP,
+            Some(_) if c.arch.shared_expert() => &Proj::SHARED_EXPERT,
+            Some(_) => &[],
+        };
+        mixer.iter().chain(mlp).copied().collect()
     }
 
     /// The module path inside a layer, as HF and PEFT name it.
@@ -73,28 +87,36 @@ impl Proj {
             Proj::InProjB => "linear_attn.in_proj_b",
             Proj::InProjA => "linear_attn.in_proj_a",
             Proj::OutProj => "linear_attn.out_proj",
+            Proj::SharedGate => "mlp.shared_expert.gate_proj",
+            Proj::SharedUp => "mlp.shared_expert.up_proj",
+            Proj::SharedDown => "mlp.shared_expert.down_proj",
+            Proj::SharedExpertGate => "mlp.shared_expert_gate",
         }
     }
 
+    /// The recipe's (and PEFT's) target name: PEFT matches names by their last part, so
+    /// `gate_proj` reaches a shared expert's `mlp.shared_expert.gate_proj` too.
     pub fn target_module(self) -> TargetModule {
         match self {
             Proj::Q => TargetModule::QProj,
             Proj::K => TargetModule::KProj,
             Proj::V => TargetModule::VProj,
             Proj::O => TargetModule::OProj,
-            Proj::Gate => TargetModule::GateProj,
-            Proj::Up => TargetModule::UpProj,
-            Proj::Down => TargetModule::DownProj,
+            Proj::Gate | Proj::SharedGate => TargetModule::GateProj,
+            Proj::Up | Proj::SharedUp => TargetModule::UpProj,
+            Proj::Down | Proj::SharedDown => TargetModule::DownProj,
             Proj::InProjQkv => TargetModule::InProjQkv,
             Proj::InProjZ => TargetModule::InProjZ,
             Proj::InProjB => TargetModule::InProjB,
             Proj::InProjA => TargetModule::InProjA,
             Proj::OutProj => TargetModule::OutProj,
+            Proj::SharedExpertGate => TargetModule::SharedExpertGate,
         }
     }
 
     /// `(out, in)` of the weight. A gated attention's `q_proj` (Qwen3.5) also makes the output
-    /// gate: twice the query's width.
+    /// gate: twice the query's width. A shared expert is `intermediate_size` wide (a Qwen3.5-MoE
+    /// has no dense MLP: its config's `shared_expert_intermediate_size` is read there).
     pub fn shape(self, c: &LmConfig) -> (usize, usize) {
         let (h, q, kv, f) = (
             c.hidden_size,
@@ -109,8 +131,9 @@ impl Proj {
             Proj::Q => (q, h),
             Proj::K | Proj::V => (kv, h),
             Proj::O => (h, q),
-            Proj::Gate | Proj::Up => (f, h),
-            Proj::Down => (h, f),
+            Proj::Gate | Proj::Up | Proj::SharedGate | Proj::SharedUp => (f, h),
+            Proj::Down | Proj::SharedDown => (h, f),
+            Proj::SharedExpertGate => (1, h),
             Proj::InProjQkv => (conv, h),
             Proj::InProjZ => (value, h),
             Proj::InProjB | Proj::InProjA => (value_heads, h),
@@ -154,7 +177,7 @@ pub fn expected_shapes(c: &LmConfig) -> BTreeMap<String, Vec<usize>> {
         m.insert(LM_HEAD.to_string(), vec![c.vocab_size, c.hidden_size]);
     }
     for layer in 0..c.num_hidden_layers {
-        for &proj in Proj::of_layer(c, layer) {
+        for proj in Proj::of_layer(c, layer) {
             let (o, i) = proj.shape(c);
             m.insert(base_weight_name(layer, proj), vec![o, i]);
         }

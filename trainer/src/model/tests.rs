@@ -31,6 +31,12 @@ pub(super) fn tiny(tied: bool) -> LmConfig {
     }
 }
 
+/// Whether a test model moves parameter `name` off its init by adding noise (gains and Qwen3.5's
+/// per-head gate parameters, whose scale is meaningful) rather than scaling it.
+pub(super) fn perturbed_by_offset(name: &str) -> bool {
+    ["norm.weight", "A_log", "dt_bias"].iter().any(|s| name.ends_with(s))
+}
+
 /// A model whose norms are not all ones (so their gradients are exercised off the identity).
 fn model(config: &LmConfig, dtype: DType) -> CausalLm {
     let mut m = CausalLm::init_random(config, 5, dtype, &Device::Cpu).unwrap();
@@ -39,7 +45,7 @@ fn model(config: &LmConfig, dtype: DType) -> CausalLm {
         // Gains and per-head gate parameters (Qwen3.5's A_log, dt_bias) are moved off their
         // init by noise; weights are made larger than HF's 0.02 so the check sees real
         // curvature, not a near-linear net.
-        let offset = ["norm.weight", "A_log", "dt_bias"].iter().any(|s| name.ends_with(s));
+        let offset = perturbed_by_offset(name);
         let scale = if offset { 0.3 } else { 0.4 / 0.02 };
         let n = t.elem_count();
         let noise: Vec<f64> = (0..n).map(|_| rng.normal()).collect();

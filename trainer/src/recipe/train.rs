@@ -143,8 +143,8 @@ impl<'de> Deserialize<'de> for Method {
     }
 }
 
-/// The linear projections LoRA may adapt: a Qwen3 block's seven, and a Gated DeltaNet layer's five
-/// (`qwen3_hybrid`). The MoE router (`gate`) is not listed:
+/// The linear projections LoRA may adapt: a Qwen3 block's seven, a Gated DeltaNet layer's five
+/// and a Qwen3.5-MoE layer's shared-expert gate (`qwen3_hybrid`). The MoE router (`gate`) is not listed:
 /// adapting it destabilises expert routing, so it stays frozen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -162,13 +162,29 @@ pub enum TargetModule {
     InProjB,
     InProjA,
     OutProj,
+    /// A Qwen3.5-MoE layer's `mlp.shared_expert_gate` (Linear H→1; PEFT's `all-linear` reaches it).
+    SharedExpertGate,
 }
 
 impl TargetModule {
-    /// Every projection any architecture here has (PEFT's `all-linear` on a Qwen3.5 hybrid).
-    pub const EVERY: [TargetModule; 12] = {
+    /// Every projection any architecture here has (PEFT's `all-linear` on a Qwen3.5-MoE hybrid).
+    pub const EVERY: [TargetModule; 13] = {
         use TargetModule::*;
-        [QProj, KProj, VProj, OProj, GateProj, UpProj, DownProj, InProjQkv, InProjZ, InProjB, InProjA, OutProj]
+        [
+            QProj,
+            KProj,
+            VProj,
+            OProj,
+            GateProj,
+            UpProj,
+            DownProj,
+            InProjQkv,
+            InProjZ,
+            InProjB,
+            InProjA,
+            OutProj,
+            SharedExpertGate,
+        ]
     };
 
     /// The recipe's default: a Qwen3 block's seven (on a hybrid, its attention and MLP ones).

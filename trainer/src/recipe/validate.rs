@@ -285,9 +285,10 @@ fn model(c: &mut Checks, r: &Recipe) {
     c.positive("model.config.rope_theta", cfg.rope_theta);
     c.num("model.config.rms_norm_eps", cfg.rms_norm_eps, 0.0, 1.0, "()");
     match (&cfg.moe, m.family) {
-        (Some(_), family) if family != ModelFamily::Qwen3Moe => {
-            c.fail("model.config.moe", format!("only family qwen3_moe has experts; family is `{}`", name_of(&family)))
-        }
+        (Some(_), family) if !matches!(family, ModelFamily::Qwen3Moe | ModelFamily::Qwen3Hybrid) => c.fail(
+            "model.config.moe",
+            format!("only families qwen3_moe and qwen3_hybrid have experts; family is `{}`", name_of(&family)),
+        ),
         (Some(moe), _) => {
             c.int("model.config.moe.num_experts", moe.num_experts.into(), 2, 1024);
             c.int("model.config.moe.experts_per_token", moe.experts_per_token.into(), 1, moe.num_experts.max(1).into());
@@ -411,14 +412,16 @@ fn eval(c: &mut Checks, r: &Recipe) {
     }
     c.unique("eval.tasks", &e.tasks);
     c.int("eval.fewshot", e.fewshot.into(), 0, 32);
-    if !e.tasks.is_empty() {
-        c.fail(
-            "eval.tasks",
-            "benchmark tasks are not run by this build yet (no task reader or scorer): remove eval.tasks; \
-             the held-out split (eval.holdout) is evaluated",
-        );
-    } else if e.fewshot != 0 {
-        c.fail("eval.fewshot", "few-shot examples are for eval.tasks, which this build does not run: leave it at 0");
+    for (i, task) in e.tasks.iter().enumerate() {
+        if let Some(why) = crate::bench_eval::refusal(task) {
+            c.0.push((FieldPath::keys("eval.tasks").index(i), why));
+        }
+    }
+    if !e.tasks.is_empty() && !e.enabled {
+        c.fail("eval.tasks", "benchmark tasks are scored by the evaluation, which eval.enabled: false turns off");
+    }
+    if e.tasks.is_empty() && e.fewshot != 0 {
+        c.fail("eval.fewshot", "few-shot examples are for eval.tasks, which lists none: list tasks or leave it at 0");
     }
     if e.enabled && e.tasks.is_empty() && e.holdout.fraction == 0.0 {
         c.fail("eval.tasks", "nothing to evaluate: list tasks or keep a holdout fraction above 0");

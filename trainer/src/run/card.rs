@@ -111,7 +111,7 @@ fn base_model(recipe: &Recipe, recipe_dir: &Path, record: &BaseRecord) -> Option
 
 fn eval_summary(e: &EvalReport) -> Value {
     let reward_mean = e.rewards.as_ref().and_then(|r| r.get("mean")).cloned();
-    json!({
+    let mut summary = json!({
         "step": e.step,
         "holdout_examples": e.holdout_examples,
         "loss": e.loss,
@@ -119,7 +119,11 @@ fn eval_summary(e: &EvalReport) -> Value {
         "exact_match_correct": e.exact_match_correct,
         "exact_match_total": e.exact_match_total,
         "reward_mean": reward_mean,
-    })
+    });
+    if let Some(tasks) = &e.tasks {
+        summary["tasks"] = json!(tasks.scores);
+    }
+    summary
 }
 
 /// Front matter, one `key: JSON` line each, then the body.

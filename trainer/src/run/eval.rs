@@ -1,9 +1,11 @@
-//! Held-out evaluation: loss, perplexity and exact-match accuracy on generated answers.
+//! Held-out evaluation: loss, perplexity and exact-match accuracy on generated answers; and the
+//! recipe's benchmark tasks (`eval.tasks`, scored by [`crate::bench_eval`]).
 //!
 //! Written as `eval.json`; a recipe's `eval.regression` compares it with a baseline ([`Baseline`]:
 //! the run's own base evaluated before the first step, or an earlier run's `eval.json`) and
-//! fails the run when accuracy drops by more than the threshold.
+//! fails the run when held-out accuracy or any task's metric drops by more than the threshold.
 
+use crate::bench_eval::{self, BenchError, Scorer, TasksReport};
 use crate::data::{Dataset, PromptItem, Tokenizer, answers_match};
 use crate::generate::{Limits, Sampling, generate};
 use crate::model::{Adapters, CausalLm, ModelError};
@@ -40,6 +42,9 @@ pub struct EvalReport {
     /// (`prompts`, `completions`, `mean`, `std`, `per_function`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewards: Option<serde_json::Value>,
+    /// The recipe's `eval.tasks`, scored (absent when it lists none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TasksReport>,
 }
 
 /// Exact match on one task family's held-out prompts.
@@ -72,6 +77,37 @@ pub enum EvalError {
         "eval regression: exact match {now:.4} vs baseline {baseline:.4} ({path}) is {drop_pct:.2}% lower, over the {threshold_pct}% threshold"
     )]
     Regression { now: f64, baseline: f64, drop_pct: f64, threshold_pct: f64, path: String },
+    #[error("{0}")]
+    TaskRegression(Box<TaskDrop>),
+    #[error(transparent)]
+    Bench(Box<BenchError>),
+    #[error(transparent)]
+    Hub(Box<crate::hub::HubError>),
+}
+
+// Boxed: the errors of a run stay small.
+impl From<BenchError> for EvalError {
+    fn from(e: BenchError) -> EvalError {
+        EvalError::Bench(Box::new(e))
+    }
+}
+
+impl From<crate::hub::HubError> for EvalError {
+    fn from(e: crate::hub::HubError) -> EvalError {
+        EvalError::Hub(Box::new(e))
+    }
+}
+
+/// A task metric that fell further below the baseline than the gate allows.
+#[derive(Debug, Error)]
+#[error(
+    "eval regression: task {} {} {:.4} vs baseline {:.4} ({path}) is {:.2}% lower, over the {threshold_pct}% threshold",
+    drop.task, drop.metric, drop.now, drop.baseline, drop.drop_pct
+)]
+pub struct TaskDrop {
+    pub drop: bench_eval::report::Drop,
+    pub threshold_pct: f64,
+    pub path: String,
 }
 
 /// Evaluates `model` (with `adapters` when given) on the dataset's holdout. `max_prompts`
@@ -131,7 +167,23 @@ pub fn evaluate(
         by_family,
         samples,
         rewards: None,
+        tasks: None,
     })
+}
+
+/// Scores `eval.tasks` of `recipe` (`None` when it lists none) with the task data of the
+/// environment's Hugging Face cache; `note` hears progress lines.
+pub fn score_tasks(
+    recipe: &crate::recipe::Recipe,
+    scorer: &Scorer<'_>,
+    note: &mut dyn FnMut(&str),
+) -> Result<Option<TasksReport>, EvalError> {
+    let eval = &recipe.eval;
+    if eval.tasks.is_empty() {
+        return Ok(None);
+    }
+    let cache = crate::hub::HubCache::from_env()?;
+    Ok(Some(bench_eval::run_tasks(scorer, &eval.tasks, eval.fewshot as usize, &cache, note)?))
 }
 
 /// The file a run keeps its base's evaluation in, when its regression gate compares with it.
@@ -157,6 +209,15 @@ impl Baseline {
         }
         let path = recipe_dir.join(&reg.baseline);
         let report = read_report(&path)?;
+        // Every task the run scores must be in the report, or the gate could not compare it.
+        let scored = |task: &String| report.tasks.iter().flat_map(|t| &t.scores).any(|s| &s.task == task);
+        let missing: Vec<&str> = recipe.eval.tasks.iter().filter(|t| !scored(t)).map(String::as_str).collect();
+        if !missing.is_empty() {
+            return Err(EvalError::Baseline {
+                path: path.display().to_string(),
+                message: format!("has no score for eval task {}: the gate could not compare it", missing.join(", ")),
+            });
+        }
         Ok(Some(Baseline::Report { path: path.display().to_string(), report: Box::new(report) }))
     }
 }
@@ -169,8 +230,9 @@ pub fn read_report(path: &Path) -> Result<EvalReport, EvalError> {
         .map_err(|e| EvalError::Baseline { path: shown, message: format!("not an eval.json: {e}") })
 }
 
-/// Fails when exact match fell more than `threshold_pct` percent (relative) below `baseline`'s
-/// (named `path` in messages).
+/// Fails when held-out exact match, or any metric of a benchmark task, fell more than
+/// `threshold_pct` percent (relative) below `baseline`'s (named `path` in messages). Every task
+/// the report scored must be in the baseline; held-out exact match is compared when both have it.
 pub fn check_regression(
     report: &EvalReport,
     baseline: &EvalReport,
@@ -178,17 +240,33 @@ pub fn check_regression(
     threshold_pct: f64,
 ) -> Result<(), EvalError> {
     let path = path.to_string();
-    let (Some(now), Some(then)) = (report.exact_match, baseline.exact_match) else {
+    let held_out = report.exact_match.zip(baseline.exact_match);
+    if held_out.is_none() && report.tasks.is_none() {
         return Err(EvalError::Baseline {
             path,
             message: "no exact-match score to compare: no held-out prompt was scored (the held-out split is empty, \
                       see eval.holdout, or the run scores none: --eval-prompts)"
                 .into(),
         });
-    };
-    let drop_pct = if then > 0.0 { (then - now) / then * 100.0 } else { 0.0 };
-    if drop_pct > threshold_pct {
-        return Err(EvalError::Regression { now, baseline: then, drop_pct, threshold_pct, path });
+    }
+    if let Some((now, then)) = held_out {
+        let drop_pct = if then > 0.0 { (then - now) / then * 100.0 } else { 0.0 };
+        if drop_pct > threshold_pct {
+            return Err(EvalError::Regression { now, baseline: then, drop_pct, threshold_pct, path });
+        }
+    }
+    if let Some(tasks) = &report.tasks {
+        let empty = TasksReport::default();
+        let theirs = baseline.tasks.as_ref().unwrap_or(&empty);
+        let missing = tasks.missing_in(theirs);
+        if !missing.is_empty() {
+            let message =
+                format!("the baseline has no score for {}: it was not evaluated on these tasks", missing.join(", "));
+            return Err(EvalError::Baseline { path, message });
+        }
+        if let Some(drop) = tasks.regression(theirs, threshold_pct) {
+            return Err(EvalError::TaskRegression(Box::new(TaskDrop { drop, threshold_pct, path })));
+        }
     }
     Ok(())
 }
@@ -211,6 +289,7 @@ mod tests {
             by_family: BTreeMap::new(),
             samples: vec![],
             rewards: None,
+            tasks: None,
         }
     }
 
@@ -222,6 +301,29 @@ mod tests {
         assert!(matches!(err, EvalError::Regression { .. }), "{err}");
         assert!(err.to_string().contains("20.00% lower"), "{err}");
         assert!(check_regression(&report(None), &base, "b", 5.0).is_err());
+    }
+
+    #[test]
+    fn a_task_metric_that_drops_fails_the_gate_naming_task_and_metric() {
+        let score = |value| bench_eval::TaskScore {
+            task: "mmlu".into(),
+            metric: "acc".into(),
+            filter: "none".into(),
+            value,
+            stderr: None,
+            n: 4,
+        };
+        let with = |em, value| EvalReport {
+            tasks: Some(TasksReport { scores: vec![score(value)], ..Default::default() }),
+            ..report(em)
+        };
+        assert!(check_regression(&with(None, 0.5), &with(None, 0.5), "b", 0.0).is_ok());
+        let err = check_regression(&with(None, 0.25), &with(None, 0.5), "b", 10.0).unwrap_err().to_string();
+        assert!(err.contains("task mmlu acc,none") && err.contains("50.00% lower"), "{err}");
+        // Held-out exact match is still gated beside the tasks.
+        assert!(check_regression(&with(Some(0.1), 0.5), &with(Some(0.5), 0.5), "b", 10.0).is_err());
+        let err = check_regression(&with(None, 0.5), &report(None), "b", 10.0).unwrap_err().to_string();
+        assert!(err.contains("no score for mmlu acc,none"), "{err}");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! One run from preparation to the last checkpoint.
 
+mod evaluation;
 mod kto_step;
 mod reinforce;
 
 use super::base::{self, BASE_FILE, BaseRecord};
-use super::eval::{BASELINE_FILE, Baseline, EvalReport, check_regression, evaluate, read_report};
+use super::eval::{BASELINE_FILE, Baseline, EvalReport, check_regression, read_report};
 use super::layout::{OutDir, RunRecord};
 use super::method::{MethodPlan, RlPlan};
 use super::ranks::RankState;
@@ -17,6 +18,8 @@ use crate::optim::{LrSchedule, OptimError, Optimizer};
 use crate::parallel::Distributed;
 use crate::recipe::Recipe;
 use candle_core::{DType, Device};
+pub use evaluation::evaluate_checkpoint;
+use evaluation::{eval_data, eval_line};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -417,7 +420,7 @@ impl<'a> Session<'a> {
             // The curve starts where the run starts: the base (a fresh adapter adds nothing),
             // so the evaluations that follow (an RL run's held-out rewards too) read as what
             // training changed. It is also what a regression gate on the base compares with.
-            if let Some(report) = self.evaluate()? {
+            if let Some(report) = self.evaluate(base_gate, &mut |line| observer.note(line))? {
                 observer.note(&eval_line(&report));
                 observer.evaluated(&report);
                 emit(sink, "eval.completed", &self.record.run_id, eval_data(&self.record.run_id, &report, None))?;
@@ -466,7 +469,8 @@ impl<'a> Session<'a> {
                 && self.spec.recipe.recipe.eval.enabled
                 && self.step.is_multiple_of(every.max(1))
                 && self.step < self.total_steps
-                && let Some(report) = self.evaluate()?
+                // Benchmark tasks are scored at the start and the end, not on the curve.
+                && let Some(report) = self.evaluate(false, &mut |line| observer.note(line))?
             {
                 observer.note(&eval_line(&report));
                 observer.evaluated(&report);
@@ -479,7 +483,11 @@ impl<'a> Session<'a> {
         }
         self.save_checkpoint(sink)?;
         // Evaluated before final/ is written: its model card carries the results.
-        let report = if self.spec.recipe.recipe.eval.enabled { self.evaluate()? } else { None };
+        let report = if self.spec.recipe.recipe.eval.enabled {
+            self.evaluate(true, &mut |line| observer.note(line))?
+        } else {
+            None
+        };
         let files = self.save_final(report.as_ref())?;
         let eval = if let Some(report) = report {
             observer.evaluated(&report);
@@ -670,64 +678,6 @@ impl<'a> Session<'a> {
         staged.write_file(super::card::MODEL_CARD_FILE, card.as_bytes())?;
         Ok(staged.commit()?)
     }
-
-    /// Evaluates on rank 0 (or the only process); `None` on the other ranks, which take part in
-    /// gathering ZeRO-3 weights.
-    fn evaluate(&mut self) -> Result<Option<EvalReport>, RunError> {
-        let per_device = self.spec.recipe.recipe.train.batch.per_device as usize;
-        let gathered = match &self.ranks {
-            Some(r) => r.gather_weights(&self.model)?,
-            None => None,
-        };
-        if !self.writes() {
-            return Ok(None);
-        }
-        let whole;
-        let model = match gathered {
-            Some(params) => {
-                whole = CausalLm::new(self.model.config().clone(), params, self.model.device())?;
-                &whole
-            }
-            None => &self.model,
-        };
-        let mut report = evaluate(
-            model,
-            self.adapters.as_ref(),
-            &self.dataset,
-            &self.tokenizer,
-            per_device,
-            self.spec.eval_prompts,
-            self.step,
-        )?;
-        if let Some(RlPlan::Policy(policy)) = self.method.rl.clone() {
-            report.rewards = Some(self.held_out_rewards(&policy, self.spec.eval_prompts)?);
-        }
-        Ok(Some(report))
-    }
-
-    fn write_eval(&self, report: &EvalReport) -> Result<SavedFile, RunError> {
-        let path = self.out.eval_json();
-        self.out.write_json(&path, report)?;
-        Ok(checkpoint::digest_file(&path, self.out.root())?)
-    }
-}
-
-fn eval_line(r: &EvalReport) -> String {
-    format!(
-        "eval @ step {}: loss {} exact-match {}/{}",
-        r.step,
-        r.loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into()),
-        r.exact_match_correct,
-        r.exact_match_total
-    )
-}
-
-fn eval_data(run_id: &str, r: &EvalReport, file: Option<&SavedFile>) -> Value {
-    json!({
-        "run_id": run_id, "step": r.step, "loss": r.loss, "perplexity": r.perplexity,
-        "exact_match": r.exact_match, "exact_match_correct": r.exact_match_correct,
-        "exact_match_total": r.exact_match_total, "rewards": r.rewards, "file": file,
-    })
 }
 
 fn total_steps(spec: &RunSpec, dataset: &Dataset, global_batch: u64, prompts: Option<usize>) -> Result<u64, RunError> {
@@ -743,25 +693,6 @@ fn new_run_id(spec: &RunSpec) -> String {
     h.update(&spec.plan_blake3);
     h.update(&nanos.to_le_bytes());
     format!("run-{}", &h.finalize().to_hex()[..16])
-}
-
-/// Evaluates a finished checkpoint directory (`mindxtrain eval`): base weights from the
-/// recipe (or `init_from`), plus the adapter when the directory holds one.
-pub fn evaluate_checkpoint(spec: &RunSpec, checkpoint_dir: &Path) -> Result<EvalReport, RunError> {
-    super::effective_env(spec)?;
-    let kernels = super::plan_kernels(&spec.plan)?;
-    let pool = super::thread_pool(spec.plan.choices.threads)?;
-    pool.install(|| {
-        let recipe = &spec.recipe.recipe;
-        let base =
-            super::adapter_base(recipe, &spec.recipe_dir, checkpoint_dir, spec.init_from.as_deref(), spec.force_base)?;
-        let tokenizer = base::tokenizer(recipe, &spec.recipe_dir, base.as_deref())?;
-        let dataset = Dataset::from_recipe(recipe, &spec.recipe_dir, &tokenizer, spec.data)?;
-        let (mut model, adapters) = checkpoint::load_checkpoint(recipe, base.as_deref(), checkpoint_dir, &Device::Cpu)?;
-        model.set_kernels(kernels);
-        let per_device = recipe.train.batch.per_device as usize;
-        Ok(evaluate(&model, adapters.as_ref(), &dataset, &tokenizer, per_device, spec.eval_prompts, 0)?)
-    })
 }
 
 /// Sequence log-probs of chosen and rejected answers under a frozen reference model.

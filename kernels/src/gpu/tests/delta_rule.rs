@@ -126,6 +126,9 @@ fn delta_rule_matches_the_cpu_kernel_with_every_gradient() -> Result<()> {
         Case { b: 1, t: 70, hk: 1, h: 3, dk: 5, dv: 3 },
         Case { b: 2, t: 129, hk: 2, h: 6, dk: 40, dv: 72 },
         Case { b: 1, t: 64, hk: 1, h: 4, dk: 64, dv: 64 },
+        // Two value heads a key head, four chunks (the last partial), documents starting at 50
+        // and 64 in row 0.
+        Case { b: 2, t: 200, hk: 2, h: 4, dk: 32, dv: 48 },
     ];
     // Every comparison runs and prints; the failures are listed together at the end.
     let mut failed = Vec::new();

@@ -41,6 +41,8 @@ pub enum ColumnKind {
     Text,
     List,
     TextOrList,
+    /// Any type the records can hold (numbers too): benchmark task data.
+    Any,
 }
 
 enum Reader {
@@ -134,12 +136,14 @@ impl Table {
                 ColumnKind::Text => is_text(ty),
                 ColumnKind::List => is_list(ty),
                 ColumnKind::TextOrList => is_text(ty) || is_list(ty),
+                ColumnKind::Any => true,
             };
             if !kind_ok || !supported(ty) {
                 let want = match spec.kind {
                     ColumnKind::Text => "strings",
                     ColumnKind::List => "lists",
                     ColumnKind::TextOrList => "strings or lists",
+                    ColumnKind::Any => "values of a type JSON holds",
                 };
                 return Err(DataError::BadTable(Box::new(TableError {
                     path: path.clone(),

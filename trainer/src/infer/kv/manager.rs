@@ -1,6 +1,7 @@
 //! Blocks per sequence: prefix hits on admission, growth as a sequence computes more tokens,
-//! registration of its full blocks in the prefix cache, and release when it ends. Plain data:
-//! block ids and hashes, no tensors (the runner owns those).
+//! registration of its full blocks in the prefix cache, and release when it ends; for a model
+//! with recurrent layers also a state slot per sequence, taken on admission and given back with
+//! its blocks. Plain data: block ids, hashes and slot numbers, no tensors (the runner owns those).
 
 use std::collections::HashMap;
 
@@ -15,6 +16,8 @@ struct Held {
     blocks: Vec<BlockId>,
     /// Hashes of the leading full blocks already registered in the prefix cache.
     hashes: Vec<BlockHash>,
+    /// Its recurrent state's slot, when the model keeps states.
+    state_slot: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -23,6 +26,9 @@ pub struct KvManager {
     block_size: usize,
     prefix_caching: bool,
     held: HashMap<SeqId, Held>,
+    /// Free recurrent state slots (the lowest first), when the model keeps states; `None` for
+    /// an attention-only model.
+    free_slots: Option<Vec<u32>>,
 }
 
 /// A prefix found in the cache: its blocks and how many tokens they hold.
@@ -35,7 +41,26 @@ pub struct Hit {
 
 impl KvManager {
     pub fn new(blocks: usize, block_size: usize, prefix_caching: bool) -> KvManager {
-        KvManager { pool: BlockPool::new(blocks), block_size, prefix_caching, held: HashMap::new() }
+        KvManager { pool: BlockPool::new(blocks), block_size, prefix_caching, held: HashMap::new(), free_slots: None }
+    }
+
+    /// Also hands each admitted sequence one of `slots` recurrent state slots (a model with
+    /// recurrent layers): no more sequences than that hold blocks at once. A prefix of cached
+    /// blocks cannot stand in for a recurrent state, so prefix caching is off.
+    pub fn with_state_slots(mut self, slots: usize) -> KvManager {
+        self.free_slots = Some((0..u32::try_from(slots).unwrap_or(u32::MAX)).rev().collect());
+        self.prefix_caching = false;
+        self
+    }
+
+    /// Whether cached prefixes are reused.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// `seq`'s recurrent state slot, if the model keeps states and `seq` holds one.
+    pub fn state_slot(&self, seq: SeqId) -> Option<u32> {
+        self.held.get(&seq)?.state_slot
     }
 
     pub fn block_size(&self) -> usize {
@@ -82,13 +107,14 @@ impl KvManager {
     pub fn admit(&mut self, seq: SeqId, hit: Hit, tokens: usize) -> bool {
         let fresh = self.blocks_for(tokens).saturating_sub(hit.blocks.len());
         let hits_on_free = hit.blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
-        if self.pool.free() < fresh + hits_on_free {
+        if self.pool.free() < fresh + hits_on_free || self.free_slots.as_ref().is_some_and(Vec::is_empty) {
             return false;
         }
         for &b in &hit.blocks {
             self.pool.take(b);
         }
-        let mut held = Held { blocks: hit.blocks, hashes: hit.hashes };
+        let state_slot = self.free_slots.as_mut().and_then(Vec::pop);
+        let mut held = Held { blocks: hit.blocks, hashes: hit.hashes, state_slot };
         for _ in 0..fresh {
             held.blocks.push(self.pool.allocate().expect("free blocks were counted"));
         }
@@ -134,6 +160,9 @@ impl KvManager {
             for &b in held.blocks.iter().rev() {
                 self.pool.release(b);
             }
+            if let (Some(free), Some(slot)) = (self.free_slots.as_mut(), held.state_slot) {
+                free.push(slot);
+            }
         }
     }
 
@@ -157,6 +186,16 @@ impl KvManager {
         }
         if counted != self.pool.refs() {
             return Err("block reference counts differ from the block tables".into());
+        }
+        if let Some(free) = &self.free_slots {
+            let mut slots: Vec<u32> =
+                self.held.values().filter_map(|h| h.state_slot).chain(free.iter().copied()).collect();
+            let total = slots.len();
+            slots.sort_unstable();
+            slots.dedup();
+            if slots.len() != total || self.held.values().any(|h| h.state_slot.is_none()) {
+                return Err("a state slot is held twice, or a sequence holds none".into());
+            }
         }
         Ok(())
     }
@@ -187,6 +226,24 @@ mod tests {
         // A prompt of exactly two blocks reuses only the first: its last token must be computed.
         assert_eq!(kv.cached_prefix(&prompt[..8], 0).tokens, 4);
         kv.check().unwrap();
+    }
+
+    #[test]
+    fn each_sequence_holds_its_own_state_slot_and_the_slots_bound_admission() {
+        let mut kv = KvManager::new(16, 4, true).with_state_slots(2);
+        assert!(!kv.prefix_caching(), "a recurrent state cannot be rebuilt from cached blocks");
+        assert!(kv.admit(1, Hit::default(), 5));
+        assert!(kv.admit(2, Hit::default(), 5));
+        let (a, b) = (kv.state_slot(1).unwrap(), kv.state_slot(2).unwrap());
+        assert_ne!(a, b);
+        // Blocks are free, but no slot is.
+        assert!(!kv.admit(3, Hit::default(), 1));
+        assert!(!kv.holds(3));
+        kv.free(1);
+        assert!(kv.admit(3, Hit::default(), 1));
+        assert_eq!(kv.state_slot(3), Some(a), "the freed slot goes to the next sequence");
+        kv.check().unwrap();
+        assert_eq!(KvManager::new(16, 4, true).state_slot(1), None);
     }
 
     #[test]

@@ -21,12 +21,7 @@ pub(super) fn norm_path(norm: Norm) -> &'static str {
 pub(super) fn read_config(raw: &Value) -> Result<LmConfig, ModelError> {
     let mut config: LmConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
     if raw.get("model_type").and_then(Value::as_str) == Some("qwen3_moe") {
-        let mut moe: MoeShape =
-            serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(format!("qwen3_moe: {e}")))?;
-        if !raw.get("output_router_logits").and_then(Value::as_bool).unwrap_or(false) {
-            moe.router_aux_loss_coef = 0.0;
-        }
-        config.moe = Some(moe);
+        config.moe = Some(MoeShape::from_hf(raw).map_err(|e| ModelError::Config(format!("qwen3_moe: {e}")))?);
     }
     Ok(config)
 }

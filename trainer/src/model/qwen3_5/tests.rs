@@ -1,12 +1,12 @@
 //! Qwen3.5/3.6 dense hybrids through the shared decoder: whole-model gradients against finite
 //! differences with both layer kinds on packed rows (full fine-tuning and LoRA on every
 //! projection), the config as transformers writes and nests it, the names and init, and the
-//! decode path refused by name.
+//! cached decoding (recurrent state and gated attention) against the full forward.
 
 use candle_core::{DType, Device};
 use serde_json::json;
 
-use super::super::tests::{gradcheck_full, lora_gradcheck, tiny};
+use super::super::tests::{cached_decoding_matches_the_full_forward, gradcheck_full, lora_gradcheck, tiny};
 use super::super::{Arch, CausalLm, HybridShape, LayerKind, LmConfig, ModelError, Norm, expected_shapes, norm_name};
 
 /// The tiny test shape as a hybrid: a Gated DeltaNet layer (one key head of 4 shared by two
@@ -78,14 +78,27 @@ fn init_follows_transformers_zero_centred_norms_and_gates() {
     assert!(a_log.iter().all(|&v| (0.01f64.ln()..16f64.ln()).contains(&v)) && a_log[0] != a_log[1]);
 }
 
+/// Prefill of three tokens, single steps and a two-token chunk through the recurrent state of
+/// the Gated DeltaNet layer and the gated attention's keys and values, with LoRA on every
+/// projection, give the logits of one full forward.
 #[test]
-fn decoding_a_hybrid_is_refused_by_name() {
+fn hybrid_cached_decoding_matches_the_full_forward() {
+    cached_decoding_matches_the_full_forward(&tiny_hybrid(false));
+    cached_decoding_matches_the_full_forward(&tiny_hybrid(true));
+}
+
+#[test]
+fn a_hybrid_off_the_cpu_is_refused_by_name() {
     let m = CausalLm::init_random(&tiny_hybrid(false), 3, DType::F32, &Device::Cpu).unwrap();
-    let mut cache = m.new_cache(8);
-    let err = m.decode(&[1, 2], &mut cache, None).unwrap_err();
-    assert!(matches!(&err, ModelError::NotBuilt(m) if m.contains("Gated DeltaNet")), "{err}");
-    let mut packed = m.clone();
-    assert!(matches!(packed.pack_projections(), Err(ModelError::NotBuilt(_))));
+    assert!(m.check_servable().is_ok(), "the CPU decodes and serves hybrids");
+    let spec = m.cache_spec(4);
+    assert!(matches!(spec.layers[0], crate::model::LayerSpec::Recurrent { conv_channels: 14, conv_kernel: 3, .. }));
+    assert!(matches!(spec.layers[1], crate::model::LayerSpec::Attention { .. }));
+    if let Ok(gpu) = Device::new_cuda(0) {
+        let on_gpu = CausalLm::init_random(&tiny_hybrid(false), 3, DType::F32, &gpu).unwrap();
+        let err = on_gpu.check_servable().unwrap_err();
+        assert!(matches!(&err, ModelError::NotBuilt(m) if m.contains("Gated DeltaNet")), "{err}");
+    }
 }
 
 /// The `text_config` of a released Qwen3.5 checkpoint's `config.json`

@@ -77,6 +77,11 @@ pub fn fields() -> Vec<Field> {
                     r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 2, "arch": "sm_90"}}"#,
                     "training on several GPUs is not built yet for family qwen3_hybrid",
                 ),
+                no!(
+                    "1 with a qwen3_hybrid MoE",
+                    r#"{"model": {"family": "qwen3_hybrid", "config": {"moe": {"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 16}}}, "hardware": {"name": "h100", "gpus": 1, "arch": "sm_90"}}"#,
+                    "training a Qwen3.5-MoE hybrid on a GPU is not built yet",
+                ),
             ]),
         field(
             "hardware.arch",
@@ -346,32 +351,37 @@ pub fn fields() -> Vec<Field> {
         field("train.log_every_steps", "`train.progress` cadence").differs(r#"{"train": {"log_every_steps": 2}}"#),
         field("train.env", "set in every training process's environment before it starts")
             .test("train_env_is_in_the_training_process_environment"),
-        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#).refuses(
-            &[no!(
-                "true with qwen3_hybrid",
-                r#"{"model": {"family": "qwen3_hybrid"}, "eval": {"enabled": true}}"#,
-                "generation is not built yet for family qwen3_hybrid",
-            )],
-        ),
+        field("eval.enabled", "evaluation on the held-out split").differs(r#"{"eval": {"enabled": false}}"#),
         field("eval.holdout.fraction", "share of the data held out")
             .differs(r#"{"eval": {"holdout": {"fraction": 0.3}}}"#),
         field("eval.holdout.max_samples", "caps the held-out examples")
             .differs(r#"{"eval": {"holdout": {"max_samples": 2}}}"#),
         field("eval.every_steps", "evaluation cadence (and a step-0 evaluation)")
             .differs(r#"{"eval": {"every_steps": 2}}"#),
-        field("eval.tasks", "").refuses(&[no!(
-            "any",
-            r#"{"eval": {"tasks": ["gsm8k"]}}"#,
-            "benchmark tasks are not run by this build yet",
-        )]),
-        field("eval.fewshot", "").refuses(&[no!(
-            "≠ 0",
-            r#"{"eval": {"fewshot": 5}}"#,
-            "few-shot examples are for eval.tasks"
-        )]),
+        field(
+            "eval.tasks",
+            "benchmark tasks scored in-process from the HF cache: gsm8k, mmlu, hellaswag, arc_easy, arc_challenge",
+        )
+        .test("eval_tasks_are_scored_with_the_recipe_s_few_shot_and_gated_against_the_base")
+        .refuses(&[
+            no!("humaneval", r#"{"eval": {"tasks": ["humaneval"]}}"#, "no sandbox to run it in is built"),
+            no!("ifeval", r#"{"eval": {"tasks": ["ifeval"]}}"#, "its verifiable-instruction checks are not built"),
+            no!(
+                "any with eval.enabled false",
+                r#"{"eval": {"enabled": false, "tasks": ["gsm8k"]}}"#,
+                "scored by the evaluation, which eval.enabled: false turns off",
+            ),
+        ]),
+        field("eval.fewshot", "examples before each task prompt: the first k of the task's few-shot split")
+            .test("eval_tasks_are_scored_with_the_recipe_s_few_shot_and_gated_against_the_base")
+            .refuses(&[no!(
+                "≠ 0 without eval.tasks",
+                r#"{"eval": {"fewshot": 5}}"#,
+                "few-shot examples are for eval.tasks"
+            )]),
         field(
             "eval.regression.baseline",
-            "what the final evaluation is compared with: the base (model.name) or an eval.json",
+            "what the final evaluation (held-out and tasks) is compared with: the base (model.name) or an eval.json",
         )
         .test("a_baseline_report_is_read_before_the_run_and_the_base_named_by_model_name")
         .refuses(&[no!(
@@ -379,7 +389,7 @@ pub fn fields() -> Vec<Field> {
             r#"{"eval": {"regression": {"baseline": "Qwen/Qwen3-8B", "threshold_pct": 1}}}"#,
             "comparing with another model is not built",
         )]),
-        field("eval.regression.threshold_pct", "the largest drop allowed")
+        field("eval.regression.threshold_pct", "the largest drop allowed, per held-out exact match and task metric")
             .test("regression_threshold_is_relative_to_the_baseline"),
         field("quantize.enabled", "").refuses(&[no!(
             "true",
@@ -390,12 +400,7 @@ pub fn fields() -> Vec<Field> {
         field("quantize.per_channel", "per-channel scales").inert_unless("quantize.enabled"),
         field("quantize.calibration_samples", "calibration examples").inert_unless("quantize.enabled"),
         field("serve.enabled", "`false`: `mindxtrain serve` refuses to serve the recipe's model")
-            .test("a_recipe_with_serve_enabled_false_is_not_served")
-            .refuses(&[no!(
-                "true with qwen3_hybrid",
-                r#"{"model": {"family": "qwen3_hybrid"}, "serve": {"enabled": true}}"#,
-                "serving is not built yet for family qwen3_hybrid",
-            )]),
+            .test("a_recipe_with_serve_enabled_false_is_not_served"),
         field("serve.host", "`mindxtrain serve`'s listen address unless --listen")
             .test("serve_listens_where_the_recipe_says_and_bounds_requests_by_its_max_model_len")
             .refuses(&[no!("not loopback", r#"{"serve": {"host": "0.0.0.0"}}"#, "not a loopback address")]),

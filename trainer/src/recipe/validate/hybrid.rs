@@ -1,6 +1,9 @@
 //! The rules of family `qwen3_hybrid` (Qwen3.5/3.6: Gated DeltaNet layers mixed with attention).
-//! This build trains the dense text models on the CPU or one CUDA GPU, with LoRA or every weight; what it does
-//! not run yet is refused by name, each with what to set instead.
+//! This build trains the text models, dense or with experts (`model.config.moe`: Qwen3.5-MoE,
+//! every layer sparse, its shared expert `intermediate_size` wide), on the CPU (the dense ones on
+//! one CUDA GPU too), with LoRA or every weight, and generates from the dense ones on the CPU
+//! (held-out evaluation, serving); what it does not run yet is refused by name, each with what to
+//! set instead.
 
 use super::{Checks, Recipe, name_of};
 use crate::recipe::schema::ModelFamily;
@@ -18,6 +21,23 @@ const LINEAR_TARGETS: [TargetModule; 5] = [
 pub(super) fn rules(c: &mut Checks, r: &Recipe) {
     let family = r.model.family;
     let linear = r.model.config.as_ref().and_then(|m| m.linear_attention.as_ref());
+    let moe = r.model.config.as_ref().and_then(|m| m.moe.as_ref());
+    let targets = r.train.method.adapter().map(|l| l.target_modules.as_slice()).unwrap_or_default();
+    // An inline shape says whether the model has experts; a base read from disk is checked
+    // against its config.json at load.
+    let inline_dense = r.model.config.is_some() && moe.is_none();
+    if targets.contains(&TargetModule::SharedExpertGate) && (family != ModelFamily::Qwen3Hybrid || inline_dense) {
+        c.fail(
+            "train.method.target_modules",
+            "shared_expert_gate is a Qwen3.5-MoE sparse layer's: only family qwen3_hybrid with model.config.moe has it",
+        );
+    }
+    if family == ModelFamily::Qwen3Hybrid && moe.is_some_and(|m| !m.norm_topk_prob) {
+        c.fail(
+            "model.config.moe.norm_topk_prob",
+            "a Qwen3.5-MoE router always renormalises its top-k (transformers has no switch for it): set true",
+        );
+    }
     if family != ModelFamily::Qwen3Hybrid {
         if linear.is_some() {
             let found = name_of(&family);
@@ -26,11 +46,6 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
                 format!("only family qwen3_hybrid has linear-attention layers; family is `{found}`"),
             );
         }
-        let targets = match &r.train.method {
-            Method::Lora(l) => l.target_modules.as_slice(),
-            Method::Qlora(q) => q.lora.target_modules.as_slice(),
-            _ => &[],
-        };
         if let Some(t) = targets.iter().find(|t| LINEAR_TARGETS.contains(t)) {
             c.fail(
                 "train.method.target_modules",
@@ -79,11 +94,34 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
         Method::Grpo(_) | Method::Gspo(_) => c.fail(
             "train.method.kind",
             format!(
-                "{} {not_built}: its rollouts generate, and generation needs the recurrent state cache",
+                "{} {not_built}: its rollouts generate through the serving engine, which serves hybrids on the \
+                 CPU now, but a policy update over them is not run and checked end to end yet: use sft, dpo or \
+                 orpo",
                 name_of(&r.train.method.kind())
             ),
         ),
         _ => {}
+    }
+    if r.hardware.gpus == 1 && moe.is_some() {
+        c.fail(
+            "hardware.gpus",
+            format!(
+                "training a Qwen3.5-MoE hybrid on a GPU {not_built} (its shared expert and routing are not \
+                 checked there yet; the dense hybrids train on one GPU): set 0, the CPU"
+            ),
+        );
+    }
+    if moe.is_some() {
+        let why = "the decode and paged paths do not run its shared expert yet";
+        if r.serve.enabled {
+            c.fail("serve.enabled", format!("serving a Qwen3.5-MoE hybrid {not_built} ({why}): set enabled: false"));
+        }
+        if r.eval.enabled {
+            c.fail(
+                "eval.enabled",
+                format!("held-out evaluation generates, and generating from a Qwen3.5-MoE hybrid {not_built} ({why}): set enabled: false"),
+            );
+        }
     }
     if r.hardware.gpus > 1 {
         c.fail(
@@ -92,18 +130,6 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
                 "training on several GPUs {not_built} (one GPU runs the Gated DeltaNet kernels; the sharded and \
                  data-parallel paths are not verified with them yet): set 1, or 0 for the CPU"
             ),
-        );
-    }
-    if r.serve.enabled {
-        c.fail(
-            "serve.enabled",
-            format!("serving {not_built} (the recurrent state cache is to come): set enabled: false"),
-        );
-    }
-    if r.eval.enabled {
-        c.fail(
-            "eval.enabled",
-            format!("held-out evaluation generates answers, and generation {not_built}: set enabled: false"),
         );
     }
 }
@@ -124,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn linear_attention_belongs_to_qwen3_hybrid_alone() {
+    fn linear_attention_and_the_shared_expert_gate_belong_to_qwen3_hybrid() {
         let linear =
             serde_json::json!({"num_key_heads": 1, "num_value_heads": 2, "key_head_dim": 8, "value_head_dim": 8});
         let off = serde_json::json!({"enabled": false});
@@ -143,6 +169,31 @@ mod tests {
         assert!(targets.contains("in_proj_qkv is a Gated DeltaNet projection"), "{targets}");
         let missing = hybrid(serde_json::json!({"model": {"config": {"linear_attention": null}}}));
         assert!(missing.contains("model.config.linear_attention") && missing.contains("required"), "{missing}");
+        let moe = serde_json::json!({"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 16});
+        let gate = serde_json::json!({"train": {"method": {"target_modules": ["q_proj", "shared_expert_gate"]}}});
+        let with_moe = |extra: serde_json::Value| {
+            let mut patch = serde_json::json!({"model": {"config": {"moe": moe}}});
+            merge_patch(&mut patch, &extra);
+            hybrid(patch)
+        };
+        assert_eq!(with_moe(gate.clone()), "", "a CPU Qwen3.5-MoE with LoRA on its shared-expert gate passes");
+        assert!(hybrid(gate).contains("shared_expert_gate is a Qwen3.5-MoE sparse layer's"));
+        let unnormalised = with_moe(serde_json::json!({"model": {"config": {"moe": {"norm_topk_prob": false}}}}));
+        assert!(unnormalised.contains("always renormalises its top-k"), "{unnormalised}");
+        let h100 = |gpus: u32| serde_json::json!({"hardware": {"name": "h100", "gpus": gpus, "arch": "sm_90"}});
+        let gpu = with_moe(h100(1));
+        assert!(gpu.contains("Qwen3.5-MoE hybrid on a GPU is not built yet"), "{gpu}");
+        let several = hybrid(h100(2));
+        assert!(several.contains("training on several GPUs is not built yet"), "{several}");
+        // Generation is built on the CPU for the dense hybrids: held-out evaluation and serving run.
+        let on = serde_json::json!({"enabled": true});
+        let generating = serde_json::json!({"eval": on, "serve": on, "publish": null});
+        assert_eq!(hybrid(generating.clone()), "");
+        let moe_generating = with_moe(generating);
+        assert!(
+            moe_generating.contains("eval.enabled") && moe_generating.contains("serve.enabled"),
+            "{moe_generating}"
+        );
         let odd = hybrid(
             serde_json::json!({"model": {"config": {"linear_attention": {"num_key_heads": 2, "num_value_heads": 3}}}}),
         );
