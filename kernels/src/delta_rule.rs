@@ -31,6 +31,8 @@ use crate::cpu::{self, dispatch};
 use candle_core::{DType, Result, Tensor};
 
 #[cfg(test)]
+pub(crate) mod case;
+#[cfg(test)]
 mod chunked;
 #[cfg(test)]
 mod tests;

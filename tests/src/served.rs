@@ -4,7 +4,7 @@
 
 use crate::mindxtrain;
 use candle_core::{DType, Device};
-use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
+use mindxtrain_trainer::batch::PackedBatch;
 use mindxtrain_trainer::data::tokenizer::{BYTE_VOCAB_SIZE, Tokenizer};
 use mindxtrain_trainer::generate::{Limits, Sampling, generate};
 use mindxtrain_trainer::model::{Adapters, CausalLm};
@@ -116,14 +116,7 @@ impl Trained {
     pub fn logprobs(&self, ids: &[u32]) -> Vec<(f64, f64)> {
         let (model, adapters) = self.load();
         let n = ids.len();
-        let batch = PackedBatch {
-            batch: 1,
-            seq_len: n,
-            input_ids: ids.to_vec(),
-            position_ids: (0..n as u32).collect(),
-            segment_ids: vec![1; n],
-            labels: vec![IGNORE; n],
-        };
+        let batch = PackedBatch::single_row(ids);
         let logits =
             model.logits(&batch, adapters.as_ref()).unwrap().to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
         (1..n)

@@ -23,6 +23,20 @@ pub struct PackedBatch {
 }
 
 impl PackedBatch {
+    /// One unlabelled document of `ids` in one row: what scoring a sequence (log-probabilities
+    /// of its own tokens) feeds the model.
+    pub fn single_row(ids: &[u32]) -> PackedBatch {
+        let n = ids.len();
+        PackedBatch {
+            batch: 1,
+            seq_len: n,
+            input_ids: ids.to_vec(),
+            position_ids: (0..n as u32).collect(),
+            segment_ids: vec![1; n],
+            labels: vec![IGNORE; n],
+        }
+    }
+
     /// Tokens that carry a loss: the denominator of the per-token mean.
     pub fn target_tokens(&self) -> usize {
         self.labels.iter().filter(|&&l| l != IGNORE).count()

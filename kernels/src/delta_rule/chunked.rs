@@ -124,51 +124,35 @@ pub(super) fn forward(x: &Operands, s0: &Tensor, starts: &[u32]) -> Result<(Tens
 
 #[cfg(test)]
 mod tests {
+    use super::super::case::{Case, beta_of, decay_of};
     use super::super::reference;
     use super::*;
     use crate::attention::Mask;
     use crate::gradcheck::{assert_close, fresh_seed, random};
     use candle_core::Device;
 
-    /// Sizes of one case, and row 0's document starts (row 1, if any, is one document).
-    struct Case {
-        b: usize,
-        t: usize,
-        hk: usize,
-        h: usize,
-        dk: usize,
-        dv: usize,
-        docs: &'static [usize],
-    }
-
     #[test]
     fn the_chunked_form_equals_the_recurrence() -> Result<()> {
         // T not a multiple of the chunk, documents starting inside chunks, at a chunk's first
-        // token and at a chunk's last token, GQA of 3 and 2, with and without an initial state.
-        let cases = [
-            Case { b: 2, t: 150, hk: 1, h: 3, dk: 6, dv: 5, docs: &[0, 40, 64, 127] },
-            Case { b: 1, t: 130, hk: 2, h: 4, dk: 3, dv: 4, docs: &[0, 1, 63, 100] },
-            Case { b: 2, t: 64, hk: 2, h: 2, dk: 4, dv: 2, docs: &[0] },
+        // token and at a chunk's last token, GQA of 3 and 2, with and without an initial state;
+        // row 0's document starts beside each case (row 1, if any, is one document).
+        let cases: [(Case, &[usize]); 3] = [
+            (Case { b: 2, t: 150, hk: 1, h: 3, dk: 6, dv: 5 }, &[0, 40, 64, 127]),
+            (Case { b: 1, t: 130, hk: 2, h: 4, dk: 3, dv: 4 }, &[0, 1, 63, 100]),
+            (Case { b: 2, t: 64, hk: 2, h: 2, dk: 4, dv: 2 }, &[0]),
         ];
         let dev = Device::Cpu;
-        for Case { b, t, hk, h, dk, dv, docs } in cases {
+        for (c, docs) in cases {
+            let Case { b, t, .. } = c;
             let seed = fresh_seed();
             let r = |shape: &[usize], i: u64| random(shape, seed.wrapping_add(i), &dev);
-            let s = [b, t, h];
-            // β in (0, 1), g in (−0.2, 0): the state remembers across the chunk.
-            let beta = (r(&s, 3)? * 2.2)?.neg()?.exp()?.affine(1.0, 1.0)?.recip()?;
-            let x = [
-                r(&[b, t, hk, dk], 0)?,
-                r(&[b, t, hk, dk], 1)?,
-                r(&[b, t, h, dv], 2)?,
-                beta,
-                r(&s, 4)?.affine(0.1, -0.1)?,
-            ];
-            let ops = Operands::of(&x, 1.0 / (dk as f64).sqrt());
+            let beta = beta_of(&(r(&c.gates(), 3)? * 2.2)?)?;
+            let x = [r(&c.qk(), 0)?, r(&c.qk(), 1)?, r(&c.v(), 2)?, beta, decay_of(&r(&c.gates(), 4)?)?];
+            let ops = Operands::of(&x, c.scale());
             let ids: Vec<u32> =
                 (0..b * t).map(|i| if i < t { docs.iter().filter(|&&s| s <= i).count() as u32 } else { 99 }).collect();
             let mask = Mask::new(&ids, b, t)?;
-            for s0 in [Tensor::zeros((b, h, dk, dv), candle_core::DType::F64, &dev)?, r(&[b, h, dk, dv], 5)?] {
+            for s0 in [Tensor::zeros(&c.state(), candle_core::DType::F64, &dev)?, r(&c.state(), 5)?] {
                 let want = reference::forward(&ops, &s0, Some(mask.starts()), true)?;
                 let got = forward(&ops, &s0, mask.starts())?;
                 for (what, g, w) in

@@ -3,20 +3,10 @@
 //! identities: decoding token by token, carrying the state across calls and packing documents
 //! each give what one call over the whole gives.
 
+use super::case::{Case, beta_of, decay_of};
 use super::*;
 use crate::gradcheck::{assert_close, check, fresh_seed, random};
 use candle_core::{Device, IndexOp};
-
-/// Sizes of one case: GQA (two value heads per key head), head sizes that are not powers of two.
-#[derive(Clone, Copy)]
-struct Case {
-    b: usize,
-    t: usize,
-    hk: usize,
-    h: usize,
-    dk: usize,
-    dv: usize,
-}
 
 /// The operands and gradients of one case, in f64.
 struct Data {
@@ -33,21 +23,11 @@ impl Data {
         let seed = fresh_seed();
         let dev = Device::Cpu;
         let r = |shape: &[usize], i: u64| random(shape, seed.wrapping_add(i), &dev);
-        let (qk, v, s) = ([c.b, c.t, c.hk, c.dk], [c.b, c.t, c.h, c.dv], [c.b, c.t, c.h]);
-        // β = σ(·) in (0.1, 0.9); g in (−0.2, 0), so the state remembers across a chunk and a
-        // checkpoint carried wrong shows.
-        let beta = (r(&s, 3)? * 2.2)?.neg()?.exp()?.affine(1.0, 1.0)?.recip()?;
-        let g = r(&s, 4)?.affine(0.1, -0.1)?;
-        let x = [r(&qk, 0)?, r(&qk, 1)?, r(&v, 2)?, beta, g];
-        let state = [c.b, c.h, c.dk, c.dv];
-        Ok(Data {
-            seed,
-            x,
-            s0: r(&state, 5)?,
-            dout: r(&v, 6)?,
-            dstate: r(&state, 7)?,
-            scale: 1.0 / (c.dk as f64).sqrt(),
-        })
+        // β in (0.1, 0.9).
+        let beta = beta_of(&(r(&c.gates(), 3)? * 2.2)?)?;
+        let x = [r(&c.qk(), 0)?, r(&c.qk(), 1)?, r(&c.v(), 2)?, beta, decay_of(&r(&c.gates(), 4)?)?];
+        let state = c.state();
+        Ok(Data { seed, x, s0: r(&state, 5)?, dout: r(&c.v(), 6)?, dstate: r(&state, 7)?, scale: c.scale() })
     }
 
     fn ops(&self) -> Operands<'_> {

@@ -14,7 +14,7 @@ use candle_core::{DType, Device};
 use super::docs::{Doc, load};
 use super::report::Sample;
 use super::*;
-use crate::batch::{IGNORE, PackedBatch};
+use crate::batch::PackedBatch;
 use crate::model::LmConfig;
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -143,14 +143,7 @@ fn model() -> (CausalLm, Tokenizer) {
 fn reference_ll(model: &CausalLm, context: &str, continuation: &str) -> f64 {
     let ids: Vec<u32> = format!("{context}{continuation}").bytes().map(u32::from).collect();
     let n = ids.len();
-    let batch = PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: ids.clone(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: vec![IGNORE; n],
-    };
+    let batch = PackedBatch::single_row(&ids);
     let logits = model.logits(&batch, None).unwrap().to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
     let vocab = Tokenizer::byte().vocab_size();
     (context.len()..n)

@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::batch::{IGNORE, PackedBatch};
+use crate::batch::PackedBatch;
 use crate::model::{Adapters, CausalLm, ModelError};
 
 /// One scored position: the token there, its log-probability given what precedes it, and the
@@ -35,14 +35,7 @@ pub fn score(
     if n < 2 {
         return Ok(Vec::new());
     }
-    let batch = PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: ids.to_vec(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: vec![IGNORE; n],
-    };
+    let batch = PackedBatch::single_row(ids);
     let logits = model.logits(&batch, adapters)?.squeeze(0)?;
     // Position t predicts token t + 1: the last position predicts nothing here.
     let width = logits.dim(1)?.min(vocab.max(1));
@@ -85,14 +78,7 @@ mod tests {
         let ids = [1u32, 5, 9, 2];
         let scored = score(&model, None, &ids, config.vocab_size, 3).unwrap();
         assert_eq!(scored.iter().map(|s| s.id).collect::<Vec<_>>(), [5, 9, 2]);
-        let batch = PackedBatch {
-            batch: 1,
-            seq_len: 4,
-            input_ids: ids.to_vec(),
-            position_ids: vec![0, 1, 2, 3],
-            segment_ids: vec![1; 4],
-            labels: vec![IGNORE; 4],
-        };
+        let batch = PackedBatch::single_row(&ids);
         let logits = model.logits(&batch, None).unwrap().to_dtype(DType::F64).unwrap().to_vec3::<f64>().unwrap();
         for (t, s) in scored.iter().enumerate() {
             let row = &logits[0][t];

@@ -293,7 +293,7 @@ fn cached_decode_matches_the_full_forward() {
     let c = tiny_moe();
     let m = model(&c, DType::F64);
     let ids = [1u32, 5, 7, 2, 3];
-    let full = m.logits(&single(&ids), None).unwrap();
+    let full = m.logits(&PackedBatch::single_row(&ids), None).unwrap();
     let mut cache = m.new_cache(16);
     for (i, &id) in ids.iter().enumerate() {
         let step = m.decode(&[id], &mut cache, None).unwrap().to_vec1::<f64>().unwrap();
@@ -313,7 +313,7 @@ fn padding_does_not_count_towards_the_balance_loss() {
     let m = model(&c, DType::F64);
     let ids = [1u32, 5, 7, 2, 3];
     let labels = vec![5, 7, 2, 3, IGNORE];
-    let alone = PackedBatch { labels: labels.clone(), ..single(&ids) };
+    let alone = PackedBatch { labels: labels.clone(), ..PackedBatch::single_row(&ids) };
     let padded = PackedBatch {
         batch: 1,
         seq_len: 8,
@@ -330,17 +330,5 @@ fn padding_does_not_count_towards_the_balance_loss() {
     for (name, g) in &a.grads {
         let gap = (g - &p.grads[name]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
         assert!(gap < 1e-10, "{name}: gradients differ by {gap} with padding");
-    }
-}
-
-fn single(ids: &[u32]) -> PackedBatch {
-    let n = ids.len();
-    PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: ids.to_vec(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: vec![IGNORE; n],
     }
 }

@@ -180,15 +180,7 @@ pub(super) fn lora_gradcheck(config: &LmConfig) {
 }
 
 fn single(ids: &[u32], labels: &[i64]) -> PackedBatch {
-    let n = ids.len();
-    PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: ids.to_vec(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: labels.to_vec(),
-    }
+    PackedBatch { labels: labels.to_vec(), ..PackedBatch::single_row(ids) }
 }
 
 #[test]

@@ -4,18 +4,8 @@
 
 use super::*;
 use crate::attention::Mask;
+use crate::delta_rule::case::{Case, beta_of, decay_of};
 use crate::delta_rule::{self, Forward, Grads, Operands};
-
-/// Sizes of one case.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    b: usize,
-    t: usize,
-    hk: usize,
-    h: usize,
-    dk: usize,
-    dv: usize,
-}
 
 /// One case's operands on the GPU (in the dtype under test) and on the CPU (in f64, the same
 /// values), with the output and state gradients.
@@ -32,8 +22,7 @@ struct Data {
 impl Data {
     fn new(c: Case, dtype: DType) -> Result<Data> {
         let mut inp = Inputs::new(dtype);
-        let (qk, v, s, state) =
-            ([c.b, c.t, c.hk, c.dk], [c.b, c.t, c.h, c.dv], [c.b, c.t, c.h], [c.b, c.h, c.dk, c.dv]);
+        let (qk, s, state) = (c.qk(), c.gates(), c.state());
         // Unit-norm q and k rows, as the model's l2norm gives them; β in (0, 1); g in (−0.2, 0),
         // so the state remembers across a chunk and a checkpoint carried wrong shows.
         let unit = |(gpu, cpu): (Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
@@ -45,9 +34,9 @@ impl Data {
             Ok((cpu.to_device(gpu.device())?, cpu.to_dtype(DType::F64)?))
         };
         let (q, k) = (unit(inp.make(&qk, 1.0)?)?, unit(inp.make(&qk, 1.0)?)?);
-        let v = inp.make(&v, 1.0)?;
-        let beta = map(inp.make(&s, 2.0)?, &|x| x.neg()?.exp()?.affine(1.0, 1.0)?.recip())?;
-        let g = map(inp.make(&s, 1.0)?, &|x| x.affine(0.1, -0.1))?;
+        let v = inp.make(&c.v(), 1.0)?;
+        let beta = map(inp.make(&s, 2.0)?, &beta_of)?;
+        let g = map(inp.make(&s, 1.0)?, &decay_of)?;
         // States in f32 whatever the operands' dtype, as the op keeps them.
         let f32_pair = |cpu: Tensor| -> Result<(Tensor, Tensor)> {
             let g32 = cpu.to_dtype(DType::F32)?;
@@ -55,7 +44,7 @@ impl Data {
         };
         let s0 = f32_pair(inp.make(&state, 1.0)?.1)?;
         let dstate = f32_pair(inp.make(&state, 1.0)?.1)?;
-        let dout = inp.make(&v_shape(c), 1.0)?;
+        let dout = inp.make(&c.v(), 1.0)?;
         let [q, k, v, beta, g] = [q, k, v, beta, g];
         Ok(Data {
             gpu: [q.0, k.0, v.0, beta.0, g.0],
@@ -63,14 +52,10 @@ impl Data {
             s0,
             dout,
             dstate,
-            scale: 1.0 / (c.dk as f64).sqrt(),
+            scale: c.scale(),
             seed: inp.seed,
         })
     }
-}
-
-fn v_shape(c: Case) -> [usize; 4] {
-    [c.b, c.t, c.h, c.dv]
 }
 
 fn ops(x: &[Tensor; 5], scale: f64) -> Operands<'_> {
@@ -174,7 +159,7 @@ fn delta_rule_matches_the_cpu_kernel_with_every_gradient() -> Result<()> {
                         ds.as_ref().map(|s| &s.0),
                     )
                 };
-                let g = fused(&on_gpu)?;
+                let g = fused(on_gpu)?;
                 let want = delta_rule::backward(
                     &ops(&data.cpu, data.scale),
                     s0.as_ref().map(|s| &s.1),
