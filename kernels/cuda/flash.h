@@ -10,6 +10,14 @@ using namespace mma16;
 
 constexpr int THREADS = 128;  // 4 warps
 
+// Whether a head size's Q, dO, K and V fragments fit in registers beside a warp's output rows
+// (16 × HD f32 accumulators). Wider heads (256: 128 accumulator registers per lane) read them
+// from shared memory at each use (`RowFrags`), and dK/dV blocks split the columns, since dK and
+// dV together would need 256 registers per lane.
+__host__ __device__ constexpr bool held(int hd) { return hd <= 128; }
+// The columns of dK and dV one dK/dV block accumulates.
+__host__ __device__ constexpr int dkdv_cols(int hd) { return held(hd) ? hd : 128; }
+
 // Where one head's rows lie in a tensor of `heads` heads: [B, heads, T, HD] has rows HD apart
 // and heads T·HD apart, [B, T, heads, HD] rows heads·HD apart and heads HD apart; batches are
 // heads·T·HD apart in both.

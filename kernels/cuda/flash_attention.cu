@@ -1,5 +1,5 @@
-// Causal GQA flash attention on the tensor cores: bf16 q, k, v, f32 accumulation, head sizes 64
-// and 128, the per-document mask of attention.cu (query i sees keys starts[i] ≤ j ≤ i). No T×T
+// Causal GQA flash attention on the tensor cores: bf16 q, k, v, f32 accumulation, head sizes 64,
+// 80, 128 and 256 (see `held` for how 256 differs), the per-document mask of attention.cu (query i sees keys starts[i] ≤ j ≤ i). No T×T
 // matrix exists anywhere: scores live in registers, one tile at a time.
 //
 // The building block is the warp-wide m16n8k16 bf16 MMA. A warp owns 16 rows of the tile's
@@ -38,23 +38,37 @@ using namespace flash;
 // BC (32 or 64: the plan's choice; smaller tiles mask less of the diagonal and use fewer registers,
 // larger ones issue fewer barriers). K and V tiles are loaded one stage apart so the next K
 // streams in during softmax and P·V.
+// Dynamic shared memory: none where Q's fragments are held (static tiles), else Q, K and V tiles.
+template <int HD, int BC> constexpr int fwd_smem_bytes() { return held(HD) ? 0 : (64 + 2 * BC) * (HD + PAD) * 2; }
+
 template <int HD, int BC>
 DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, bf16* out, float* lse,
              int H, int KV, int qld, int kld, int Tn, float scale) {
   constexpr int BR = 64, LD = HD + PAD;
-  // Q is staged through sk before the first K tile, so sk holds at least BR rows.
-  __shared__ __align__(16) bf16 sk[(BC > BR ? BC : BR) * LD], sv[BC * LD];
+  constexpr bool HELD = held(HD);
+  bf16 *sq, *sk, *sv;
+  if constexpr (HELD) {
+    // Q is staged through sk before the first K tile, so sk holds at least BR rows.
+    __shared__ __align__(16) bf16 tk[(BC > BR ? BC : BR) * LD], tv[BC * LD];
+    sq = sk = tk;
+    sv = tv;
+  } else {
+    extern __shared__ __align__(16) bf16 dyn[];  // fwd_smem_bytes
+    sq = dyn;
+    sk = sq + BR * LD;
+    sv = sk + BC * LD;
+  }
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int q0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z;
   const size_t qoff = Heads<HD>{H, qld}.base(b, h, Tn), kvoff = Heads<HD>{KV, kld}.base(b, h / (H / KV), Tn);
   const unsigned* st = starts + (size_t)b * Tn;
 
-  load_tile<BR, HD>(sk, q + qoff, q0, Tn, qld);  // Q passes through sk before the first K tile
+  load_tile<BR, HD>(sq, q + qoff, q0, Tn, qld);
   cp_commit();
   cp_wait<0>();
   BARRIER();
-  unsigned qa[HD / 16][4];
-  load_a<HD>(qa, sk, w * 16);
+  RowFrags<HD, HELD> qa;
+  qa.load(sq, w * 16);
   BARRIER();
 
   int row[2], first[2];
@@ -76,7 +90,7 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
     cp_wait<1>();
     BARRIER();
     float s[BC / 8][4] = {};
-    mma_rows<HD / 16, BC / 8>(s, qa, sk, LD, 0);
+    qa.template times_t<BC / 8>(s, sk);
     BARRIER();
     if (more) {
       load_tile<BC, HD>(sk, k + kvoff, kb + BC, Tn, kld);
@@ -110,14 +124,28 @@ DEV void fwd(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts
 
 // dQ: one block per 64 query rows of one head (SPLIT: per part of them, `splits` parts), over key
 // tiles of 32. Q and dO fragments stay in registers; K and V tiles are staged together.
+// Dynamic shared memory: none where Q's and dO's fragments are held, else Q, dO, K and V tiles.
+template <int HD> constexpr int dq_smem_bytes() { return held(HD) ? 0 : (2 * 64 + 2 * 32) * (HD + PAD) * 2; }
+
 template <int HD, bool SPLIT>
 DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
                 const float* lse, const float* delta, bf16* dq, float* dq_sum, int splits, int H, int KV,
                 int qld, int kld, int Tn, float scale) {
   constexpr int BR = 64, BC = 32, LD = HD + PAD;
-  // K and V (2 × 32 rows), or while staging Q and dO, one 64-row tile.
-  __shared__ __align__(16) bf16 smem[2 * BC * LD];
-  bf16 *sk = smem, *sv = smem + BC * LD;
+  constexpr bool HELD = held(HD);
+  bf16 *sq, *sdo, *sk, *sv;
+  if constexpr (HELD) {
+    // K and V (2 × 32 rows), or while staging Q and dO, one 64-row tile.
+    __shared__ __align__(16) bf16 smem[2 * BC * LD];
+    sq = sdo = sk = smem;
+    sv = smem + BC * LD;
+  } else {
+    extern __shared__ __align__(16) bf16 dyn[];  // dq_smem_bytes
+    sq = dyn;
+    sdo = sq + BR * LD;
+    sk = sdo + BR * LD;
+    sv = sk + BC * LD;
+  }
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t4 = l % 4;
   const int part = SPLIT ? blockIdx.x % splits : 0;
   const int q0 = (SPLIT ? blockIdx.x / splits : blockIdx.x) * BR, h = blockIdx.y, b = blockIdx.z;
@@ -129,18 +157,18 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   const int kbegin = kfirst + part * per * BC, kend = min(last, kfirst + (part + 1) * per * BC - 1);
   if (kbegin > kend) return;  // the whole block: no barrier is pending
 
-  unsigned qa[HD / 16][4], da[HD / 16][4];
-  load_tile<BR, HD>(smem, q + qoff, q0, Tn, qld);
+  RowFrags<HD, HELD> qa, da;
+  load_tile<BR, HD>(sq, q + qoff, q0, Tn, qld);
   cp_commit();
   cp_wait<0>();
   BARRIER();
-  load_a<HD>(qa, smem, w * 16);
+  qa.load(sq, w * 16);
   BARRIER();
-  load_tile<BR, HD>(smem, dout + qoff, q0, Tn, qld);
+  load_tile<BR, HD>(sdo, dout + qoff, q0, Tn, qld);
   cp_commit();
   cp_wait<0>();
   BARRIER();
-  load_a<HD>(da, smem, w * 16);
+  da.load(sdo, w * 16);
 
   int row[2], first[2];
   float l2[2], d[2];
@@ -162,8 +190,8 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
     cp_wait<0>();
     BARRIER();
     float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
-    mma_rows<HD / 16, BC / 8>(s, qa, sk, LD, 0);
-    mma_rows<HD / 16, BC / 8>(dp, da, sv, LD, 0);
+    qa.template times_t<BC / 8>(s, sk);
+    da.template times_t<BC / 8>(dp, sv);
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
@@ -192,22 +220,24 @@ DEV void bwd_dq(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, c
   }
 }
 
-// dK, dV: one block per 64 keys of one kv head; warps own 16 keys each and hold their dK and dV
-// in registers over every query tile (32 rows, double-buffered) of every head of the group that
-// can see the block. Shared memory: K, V (64 rows each) and two stages of Q and dO (32 rows each).
+// dK, dV: one block per 64 keys of one kv head (and per `dkdv_cols` columns of them: wide heads
+// have two blocks per key block, each computing the scores again); warps own 16 keys each and hold
+// their dK and dV columns in registers over every query tile (32 rows, double-buffered) of every
+// head of the group that can see the block. Shared memory: K, V (64 rows each) and two stages of
+// Q and dO (32 rows each).
 template <int HD> constexpr int dkdv_smem_bytes() { return (2 * 64 + 4 * 32) * (HD + PAD) * 2; }
 
 template <int HD>
 DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const unsigned* starts,
                   const float* lse, const float* delta, bf16* dk, bf16* dv, int H, int KV, int qld, int kld,
                   int Tn, float scale) {
-  constexpr int BK = 64, BQ = 32, LD = HD + PAD;
+  constexpr int BK = 64, BQ = 32, LD = HD + PAD, DC = dkdv_cols(HD), PARTS = HD / DC;
   extern __shared__ __align__(16) bf16 dyn[];
   bf16 *sk = dyn, *sv = sk + BK * LD, *sq = sv + BK * LD;  // then sq[2], sdo[2]
   auto q_stage = [&](int s) { return sq + s * BQ * LD; };
   auto do_stage = [&](int s) { return sq + (2 + s) * BQ * LD; };
   const int w = threadIdx.x / 32, t4 = threadIdx.x % 4;
-  const int kb = blockIdx.x * BK, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
+  const int kb = blockIdx.x / PARTS * BK, c0 = blockIdx.x % PARTS * DC, kh = blockIdx.y, b = blockIdx.z, group = H / KV;
   const size_t kvoff = Heads<HD>{KV, kld}.base(b, kh, Tn);
   const unsigned* st = starts + (size_t)b * Tn;
   const int kmax = min(kb + BK, Tn) - 1;
@@ -224,7 +254,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     cp_commit();
   };
 
-  float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};
+  float dka[DC / 8][4] = {}, dva[DC / 8][4] = {};
   const float c = scale * LOG2E;
   int key[2];
   lane_rows(key, kb + w * 16);
@@ -244,11 +274,11 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     const size_t rows = ((size_t)b * H + kh * group + hh) * Tn;
     float sc[BQ / 8][4] = {}, dp[BQ / 8][4] = {};
     {
-      unsigned a[HD / 16][4];
-      load_a<HD>(a, sk, w * 16);
-      mma_rows<HD / 16, BQ / 8>(sc, a, tq, LD, 0);
-      load_a<HD>(a, sv, w * 16);
-      mma_rows<HD / 16, BQ / 8>(dp, a, tdo, LD, 0);
+      RowFrags<HD, held(HD)> a;
+      a.load(sk, w * 16);
+      a.template times_t<BQ / 8>(sc, tq);
+      a.load(sv, w * 16);
+      a.template times_t<BQ / 8>(dp, tdo);
     }
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; ++nt)
@@ -267,22 +297,22 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
           dp[nt][e] = p * (dp[nt][e] - dl);  // dSᵀ, unscaled
         }
       }
-    mma_cols<HD, BQ / 8>(dva, sc, tdo, 0);
-    mma_cols<HD, BQ / 8>(dka, dp, tq, 0);
+    mma_cols<DC, BQ / 8>(dva, sc, tdo, 0, LD, c0);
+    mma_cols<DC, BQ / 8>(dka, dp, tq, 0, LD, c0);
     BARRIER();
     hh = nh;
     qs = nq;
     s ^= 1;
   }
   const float mk[2] = {scale, scale}, mv[2] = {1.f, 1.f};
-  store_rows<HD>(dk + kvoff, kld, dka, kb + w * 16, Tn, mk);
-  store_rows<HD>(dv + kvoff, kld, dva, kb + w * 16, Tn, mv);
+  store_rows<DC>(dk + kvoff + c0, kld, dka, kb + w * 16, Tn, mk);
+  store_rows<DC>(dv + kvoff + c0, kld, dva, kb + w * 16, Tn, mv);
 }
 
 }  // namespace
 
-// grid (ceil(T / 64), H, B), 128 threads; qld, kld: the row strides of q (and out, dout, dq) and
-// of k (and v, dk, dv), in elements.
+// grid (ceil(T / 64), H, B), 128 threads, fwd_smem_bytes / dq_smem_bytes dynamic shared memory;
+// qld, kld: the row strides of q (and out, dout, dq) and of k (and v, dk, dv), in elements.
 #define FLASH_FWD(HD, BC)                                                                          \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_fwd_hd##HD##_k##BC(const bf16* q, const bf16* k, const bf16* v, const unsigned* starts, \
@@ -308,7 +338,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
     bwd_dq<HD, true>(dout, q, k, v, starts, lse, delta, nullptr, dq_sum, splits, H, KV, qld, kld, Tn, \
                      scale);                                                                       \
   }                                                                                                \
-  /* grid (ceil(T / 64), KV, B), 128 threads, dkdv_smem_bytes<HD>() dynamic shared memory */       \
+  /* grid (ceil(T / 64) · HD / dkdv_cols(HD), KV, B), 128 threads, dkdv_smem_bytes<HD>() */       \
   KERNEL void __launch_bounds__(THREADS)                                                           \
       flash_bwd_dkdv_hd##HD(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,         \
                             const unsigned* starts, const float* lse, const float* delta,          \
@@ -319,6 +349,7 @@ DEV void bwd_dkdv(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
 FLASH(64)
 FLASH(80)  // Instella-3B
 FLASH(128)
+FLASH(256)  // Qwen3.5/3.6's gated attention layers
 
 // The split dQ's f32 sums rounded to bf16.
 KERNEL void flash_dq_finish(const float* sum, bf16* dq, size_t n) {

@@ -81,23 +81,31 @@ DEV float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// acc[16 × 8·N] += A (one 16×16 fragment: columns kk·16.. of the left-hand side) · the tile's
+// columns kk·16..+16, transposed, the tile's rows r0.. as n.
+template <int N>
+DEV void mma_rows_slice(float (&acc)[N][4], const unsigned (&a)[4], const bf16* s, int ld, int r0, int kk) {
+#pragma unroll
+  for (int np = 0; np < N / 2; ++np) {
+    unsigned r[4];
+    ldsm4(r, b_rows(s, ld, r0 + np * 16, kk * 16));
+    mma(acc[2 * np], a, r[0], r[1]);
+    mma(acc[2 * np + 1], a, r[2], r[3]);
+  }
+}
+
 // acc[16 × 8·N] += A (KS fragments of 16×16) · tileᵀ, the tile's rows r0.. as n.
 template <int KS, int N>
 DEV void mma_rows(float (&acc)[N][4], const unsigned (&a)[KS][4], const bf16* s, int ld, int r0) {
 #pragma unroll
-  for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      unsigned r[4];
-      ldsm4(r, b_rows(s, ld, r0 + np * 16, kk * 16));
-      mma(acc[2 * np], a[kk], r[0], r[1]);
-      mma(acc[2 * np + 1], a[kk], r[2], r[3]);
-    }
+  for (int kk = 0; kk < KS; ++kk) mma_rows_slice<N>(acc, a[kk], s, ld, r0, kk);
 }
 
-// acc[16 × HD] += C (16 × 16·KS as C fragments) · tile (rows r0.. as k, HD columns as n).
+// acc[16 × HD] += C (16 × 16·KS as C fragments) · tile (rows r0.. as k, HD columns from c0 on as
+// n; the tile's row stride ld, by default a tile of exactly HD columns).
 template <int HD, int N2>
-DEV void mma_cols(float (&acc)[HD / 8][4], const float (&c)[N2][4], const bf16* s, int r0) {
+DEV void mma_cols(float (&acc)[HD / 8][4], const float (&c)[N2][4], const bf16* s, int r0, int ld = HD + PAD,
+                  int c0 = 0) {
 #pragma unroll
   for (int kk = 0; kk < N2 / 2; ++kk) {
     unsigned a[4];
@@ -105,7 +113,7 @@ DEV void mma_cols(float (&acc)[HD / 8][4], const float (&c)[N2][4], const bf16* 
 #pragma unroll
     for (int np = 0; np < HD / 16; ++np) {
       unsigned r[4];
-      ldsm4t(r, b_cols(s, HD + PAD, r0 + kk * 16, np * 16));
+      ldsm4t(r, b_cols(s, ld, r0 + kk * 16, c0 + np * 16));
       mma(acc[2 * np], a, r[0], r[1]);
       mma(acc[2 * np + 1], a, r[2], r[3]);
     }
@@ -117,6 +125,36 @@ template <int HD> DEV void load_a(unsigned (&a)[HD / 16][4], const bf16* s, int 
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) ldsm4(a[kk], a_frag(s, HD + PAD, r0, kk * 16));
 }
+
+// A warp's 16 rows of a staged tile (row stride HD + PAD) as the left-hand side of rows · tileᵀ.
+// HELD keeps their A fragments in registers (HD / 4 per lane); otherwise each product reads them
+// from the tile slice by slice, leaving the registers to an output accumulator too wide to share
+// them (head size 256: 128 per lane), and the tile must stay staged while it is used.
+template <int HD, bool HELD> struct RowFrags;
+template <int HD> struct RowFrags<HD, true> {
+  unsigned a[HD / 16][4];
+  DEV_MEMBER void load(const bf16* s, int r0) { load_a<HD>(a, s, r0); }
+  // acc[16 × 8·N] += these rows · tᵀ, t's rows 0.. as n.
+  template <int N> DEV_MEMBER void times_t(float (&acc)[N][4], const bf16* t) const {
+    mma_rows<HD / 16, N>(acc, a, t, HD + PAD, 0);
+  }
+};
+template <int HD> struct RowFrags<HD, false> {
+  const bf16* s;
+  int r0;
+  DEV_MEMBER void load(const bf16* tile, int row0) {
+    s = tile;
+    r0 = row0;
+  }
+  template <int N> DEV_MEMBER void times_t(float (&acc)[N][4], const bf16* t) const {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      unsigned a[4];
+      ldsm4(a, a_frag(s, HD + PAD, r0, kk * 16));
+      mma_rows_slice<N>(acc, a, t, HD + PAD, 0, kk);
+    }
+  }
+};
 
 // One key tile of the online softmax for a lane's two MMA rows (i = 0: row lane / 4, i = 1: that
 // + 8; with HALVES = 1 the caller has no unit in rows 8–15 and row i = 1 is left as it is). `s`

@@ -1,6 +1,6 @@
-//! Causal GQA attention on the GPU, no T×T matrix: bf16 with head size 64, 80 (Instella) or 128
-//! runs the tensor-core flash kernels (`cuda/flash_attention.cu`; Hopper's wgmma family for 64
-//! and 128); f32 and other head sizes run the warp-per-row kernels (`cuda/attention.cu`); head
+//! Causal GQA attention on the GPU, no T×T matrix: bf16 with head size 64, 80 (Instella), 128
+//! or 256 (Qwen3.5/3.6's gated attention) runs the tensor-core flash kernels
+//! (`cuda/flash_attention.cu`; Hopper's wgmma family for 64 and 128); f32 and other head sizes run the warp-per-row kernels (`cuda/attention.cu`); head
 //! sizes that are neither and not a multiple of the warp (or over 256) take the composed
 //! reference.
 
@@ -47,7 +47,22 @@ fn row_config(rows: usize) -> LaunchConfig {
 }
 
 /// Head sizes the mma.sync flash kernels are instantiated for (`FLASH(..)` in the source).
-const FLASH_HEADS: [usize; 3] = [64, 80, 128];
+const FLASH_HEADS: [usize; 4] = [64, 80, 128, 256];
+/// The widest head whose fragments the flash kernels hold in registers (`held` in flash.h); wider
+/// ones stage Q, dO, K and V in dynamic shared memory and split dK/dV's columns among blocks.
+const HELD_MAX_HD: usize = 128;
+/// dK/dV columns per block for wider heads (`dkdv_cols` in flash.h).
+const WIDE_DKDV_COLS: usize = 128;
+
+/// Blocks per 64-key dK/dV block: one per `dkdv_cols` columns.
+fn dkdv_parts(hd: usize) -> usize {
+    if hd > HELD_MAX_HD { hd / WIDE_DKDV_COLS } else { 1 }
+}
+
+/// Bytes of `rows` staged rows of a head (padded by 8 elements, bf16).
+fn tile_bytes(rows: usize, hd: usize) -> usize {
+    rows * (hd + 8) * 2
+}
 /// Those the Hopper wgmma kernels are: their 128-byte swizzled tiles need rows of 64 or 128.
 #[cfg(sm90a)]
 const WGMMA_HEADS: [usize; 2] = [64, 128];
@@ -134,15 +149,23 @@ impl Flash {
         Ok(vec![Flash::Mma])
     }
 
-    /// `flash_{name}` of this family (`fwd`, `bwd_dq`, `bwd_dkdv`) and its dynamic shared memory
-    /// (the `*_smem_bytes` of its source). The key tile (32 or 64) picks mma.sync's forward and
-    /// wgmma's forward and dQ.
+    /// `flash_{name}` of this family (`fwd`, `bwd_dq`, `bwd_dq_split` (mma.sync only),
+    /// `bwd_dkdv`) and its dynamic shared memory (the `*_smem_bytes` of its source). The key tile
+    /// (32 or 64) picks mma.sync's forward and wgmma's forward and dQ.
     fn kernel(self, dev: &CudaDevice, name: &str, hd: usize, key_tile: usize) -> Result<(Kernel, u32)> {
+        let wide = hd > HELD_MAX_HD;
         let (module, kernel, bytes) = match (self, name) {
-            (Flash::Mma, "fwd") => (&FLASH, format!("flash_fwd_hd{hd}_k{key_tile}"), 0),
-            (Flash::Mma, "bwd_dq") => (&FLASH, format!("flash_bwd_dq_hd{hd}"), 0),
-            // K and V tiles of 64 rows, two stages of Q and dO tiles of 32, rows padded by 8.
-            (Flash::Mma, _) => (&FLASH, format!("flash_{name}_hd{hd}"), (2 * 64 + 4 * 32) * (hd + 8) * 2),
+            // Wide heads: Q, K and V tiles.
+            (Flash::Mma, "fwd") => {
+                let bytes = if wide { tile_bytes(64 + 2 * key_tile, hd) } else { 0 };
+                (&FLASH, format!("flash_fwd_hd{hd}_k{key_tile}"), bytes)
+            }
+            // Wide heads: Q and dO tiles of 64 rows, K and V tiles of 32.
+            (Flash::Mma, "bwd_dq" | "bwd_dq_split") => {
+                (&FLASH, format!("flash_{name}_hd{hd}"), if wide { tile_bytes(2 * 64 + 2 * 32, hd) } else { 0 })
+            }
+            // K and V tiles of 64 rows, two stages of Q and dO tiles of 32.
+            (Flash::Mma, _) => (&FLASH, format!("flash_{name}_hd{hd}"), tile_bytes(2 * 64 + 4 * 32, hd)),
             #[cfg(sm90a)]
             (Flash::Wgmma, _) => {
                 let bytes = match name {
@@ -177,13 +200,25 @@ pub(crate) fn forward<T: Elem>(
     scale: f64,
     kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor)> {
-    let (b, heads, t, hd) = q.dims4()?;
+    let hd = q.dim(3)?;
     if flash::<T>(hd, &[q, k, v]) {
         return flash_forward(q, k, v, mask, scale, kernels.key_tile, Flash::available(&device(q)?, hd)?[0]);
     }
     if !served(hd) {
         return reference::forward(q, k, v, mask, scale);
     }
+    rows_forward::<T>(q, k, v, mask, scale)
+}
+
+/// The warp-per-row forward (`attn_fwd` of attention.cu), any served head size and type.
+pub(crate) fn rows_forward<T: Elem>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    let (b, heads, t, hd) = q.dims4()?;
     let kv = k.dim(1)?;
     let dev = device(q)?;
     let starts = starts(mask, q)?;
@@ -249,7 +284,7 @@ pub(crate) fn backward<T: Elem>(
     scale: f64,
     kernels: AttentionKernels,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, heads, t, hd) = q.dims4()?;
+    let hd = q.dim(3)?;
     if flash::<T>(hd, &[dout, q, k, v, out]) {
         let family = Flash::available(&device(q)?, hd)?[0];
         return flash_backward(dout, q, k, v, out, lse, mask, scale, kernels, family);
@@ -257,6 +292,20 @@ pub(crate) fn backward<T: Elem>(
     if !served(hd) {
         return reference::backward(dout, q, k, v, &lse.to_dtype(q.dtype())?, mask, scale);
     }
+    rows_backward::<T>(dout, q, k, v, lse, mask, scale)
+}
+
+/// The warp-per-row backward (`attn_bwd_dq`, `attn_bwd_dkdv` of attention.cu).
+pub(crate) fn rows_backward<T: Elem>(
+    dout: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lse: &Tensor,
+    mask: &Mask,
+    scale: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, heads, t, hd) = q.dims4()?;
     let kv = k.dim(1)?;
     let dev = device(q)?;
     let starts = starts(mask, q)?;
@@ -322,7 +371,7 @@ pub(crate) fn flash_backward(
     let splits = kernels.dq_splits;
     let (dq_kernel, dq_shared) = match splits {
         1 => family.kernel(&dev, "bwd_dq", hd, kernels.key_tile)?,
-        _ => (Kernel::named(&dev, &FLASH, &format!("flash_bwd_dq_split_hd{hd}"))?, 0),
+        _ => Flash::Mma.kernel(&dev, "bwd_dq_split", hd, kernels.key_tile)?,
     };
     let (dkdv_kernel, dkdv_shared) = family.kernel(&dev, "bwd_dkdv", hd, 0)?;
     with_dense_views::<T, _, 5>([&dout, &q, &k, &v, &out], |[dov, qv, kv_, vv, ov]| {
@@ -342,7 +391,7 @@ pub(crate) fn flash_backward(
                     let mut a = dq_kernel.builder();
                     a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut sum);
                     a.arg(&splits_i).arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
-                    let mut cfg = flash_config(t, heads, b, 0);
+                    let mut cfg = flash_config(t, heads, b, dq_shared);
                     cfg.grid_dim.0 *= splits as u32;
                     launch(a, cfg)?;
                     let finish = Kernel::named(&dev, &FLASH, "flash_dq_finish")?;
@@ -354,7 +403,9 @@ pub(crate) fn flash_backward(
                 let mut a = dkdv_kernel.builder();
                 a.arg(&dov).arg(&qv).arg(&kv_).arg(&vv).arg(&st).arg(&l).arg(&delta).arg(&mut dk).arg(&mut dv);
                 a.arg(&h).arg(&kvh).arg(&qld_i).arg(&kld_i).arg(&tt).arg(&scale);
-                launch(a, flash_config(t, kv, b, dkdv_shared))
+                let mut cfg = flash_config(t, kv, b, dkdv_shared);
+                cfg.grid_dim.0 *= dkdv_parts(hd) as u32;
+                launch(a, cfg)
             })
         })
     })?;

@@ -1,30 +1,37 @@
 //! The flash attention kernels against the f64 reference, in both memory layouts and every
-//! kernel family the device runs; and their times at the LoRA bench's shapes (ignored: run by
-//! hand on a GPU).
+//! kernel family the device runs; and their times at the LoRA bench's shapes and, at head size
+//! 256, next to the warp-per-row kernels (ignored: run by hand on a GPU).
 
 use super::*;
 
 #[test]
 fn attention_matches_the_f64_reference() -> Result<()> {
+    // GQA 8 over 2, head sizes 64, 80 (Instella's, mma.sync only) and 128; T = 300.
+    check_head_sizes(&[64, 80, 128], [2, 8, 2, 300], [70, 250])
+}
+
+#[test]
+fn attention_hd256_matches_the_f64_reference() -> Result<()> {
+    // Qwen3.5/3.6's gated attention layers: head size 256 (its own flash kernels: fragments read
+    // from shared memory, dK/dV in two column halves), GQA 6 (12 heads over 2), T = 200 (no
+    // multiple of the 64-row blocks or of the key tiles).
+    check_head_sizes(&[256], [2, 12, 2, 200], [50, 150])
+}
+
+/// `attention_case` at each head size, both dtypes and every flash variant the plan can choose,
+/// over [b, heads, kv, t] where batch row 1 packs three documents (starting at 0 and at `ends`)
+/// and row 0 one.
+fn check_head_sizes(hds: &[usize], [b, heads, kv, t]: [usize; 4], ends: [usize; 2]) -> Result<()> {
     use crate::attention::{AttentionKernels, Mask};
-    // GQA 8 over 2, head sizes 64, 80 (Instella's, mma.sync only) and 128; batch row 1 packs
-    // three documents, row 0 one.
-    let (b, heads, kv, t) = (2, 8, 2, 300);
     let mut segments = vec![0u32; b * t];
     for (i, s) in segments[t..].iter_mut().enumerate() {
-        *s = if i < 70 {
-            1
-        } else if i < 250 {
-            2
-        } else {
-            3
-        };
+        *s = 1 + ends.iter().filter(|&&e| i >= e).count() as u32;
     }
     let mask = Mask::new(&segments, b, t)?;
     // Every flash variant the plan can choose (bf16); f32 has one kernel.
     let variants =
         [(64, 1), (32, 1), (64, 2), (32, 4)].map(|(key_tile, dq_splits)| AttentionKernels { key_tile, dq_splits });
-    for hd in [64, 80, 128] {
+    for &hd in hds {
         let scale = 1.0 / (hd as f64).sqrt();
         for (dt, tol) in DTYPES {
             for &variant in if dt == DType::BF16 { &variants[..] } else { &variants[..1] } {
@@ -77,7 +84,7 @@ fn attention_case(
     let tokens_major = |x: &Tensor| x.transpose(1, 2)?.contiguous()?.transpose(1, 2);
     let (qt, kt) = (tokens_major(&q)?, tokens_major(&k)?);
     let (out_t, lse_t) = attention::forward(cfg, &qt, &kt, &v, mask, scale)?;
-    let in_place = dt == DType::BF16 && matches!(hd, 64 | 80 | 128);
+    let in_place = dt == DType::BF16 && matches!(hd, 64 | 80 | 128 | 256);
     assert_eq!(out_t.is_contiguous(), !in_place, "{tag}: output layout");
     assert!(same_bits(&out_t, &out)? && same_bits(&lse_t, &lse)?, "{tag}: strided forward differs");
     let (dq_t, dk_t, dv_t) =
@@ -123,21 +130,7 @@ fn flash_kernel_times() -> Result<()> {
     use crate::attention::{AttentionKernels, Mask};
     use crate::gpu::attention::{Flash, flash_backward, flash_forward};
     let dev = Device::new_cuda(0)?;
-    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        for _ in 0..3 {
-            f()?;
-        }
-        let mut ms = Vec::new();
-        for _ in 0..10 {
-            dev.synchronize()?;
-            let t0 = std::time::Instant::now();
-            f()?;
-            dev.synchronize()?;
-            ms.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[5])
-    };
+    let time = |f: &mut dyn FnMut() -> Result<()>| median_ms(&dev, f);
     for (name, b, heads, kv) in [("0.6B", 8, 16, 8), ("8B", 2, 32, 8)] {
         let (t, hd) = (2048, 128);
         let mask = Mask::new(&vec![0u32; b * t], b, t)?;
@@ -157,6 +150,62 @@ fn flash_kernel_times() -> Result<()> {
                 println!("{name} {family:?} key tile {key_tile}: forward {fwd:.3} ms, backward {bwd:.3} ms");
             }
         }
+    }
+    Ok(())
+}
+
+/// The median of 10 synchronised runs of `f` after 3 warm-ups, in milliseconds.
+fn median_ms(dev: &Device, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut ms = Vec::new();
+    for _ in 0..10 {
+        dev.synchronize()?;
+        let t0 = std::time::Instant::now();
+        f()?;
+        dev.synchronize()?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[5])
+}
+
+/// The head-size-256 flash kernels next to the warp-per-row kernels they replace, at one
+/// Qwen3.6-27B attention layer (1 × 4096 tokens, 24 query / 4 kv heads, one document),
+/// tokens-major like the model: `--ignored --nocapture`.
+///
+/// Predicted before measuring (H200, mma.sync at ~150 TFLOP/s for the forward, ~120 for the
+/// backward): the causal forward's Q·Kᵀ and P·V are 206 GFLOP → ~1.5 ms; the backward's dQ (3
+/// products) and dK/dV (6: S and dP again in each of its two column halves) are 927 GFLOP →
+/// ~8 ms; the warp-per-row kernels took ~200 ms per layer for forward, recompute and backward in
+/// the 27B LoRA step profile (3.25 s over 16 layers).
+#[test]
+#[ignore]
+fn flash_hd256_times_against_the_warp_per_row_kernels() -> Result<()> {
+    use crate::attention::{AttentionKernels, Mask};
+    use crate::gpu::attention::{Flash, flash_backward, flash_forward, rows_backward, rows_forward};
+    type T = half::bf16;
+    let dev = Device::new_cuda(0)?;
+    let (b, heads, kv, t, hd) = (1, 24, 4, 4096, 256);
+    let mask = Mask::new(&vec![0u32; b * t], b, t)?;
+    let r = |h: usize| -> Result<Tensor> {
+        Tensor::randn(0f32, 1.0, (b, t, h, hd), &dev)?.to_dtype(DType::BF16)?.transpose(1, 2)
+    };
+    let (q, k, v, dout) = (r(heads)?, r(kv)?, r(kv)?, r(heads)?);
+    let scale = 1.0 / (hd as f64).sqrt();
+    let (_, rows_lse) = rows_forward::<T>(&q, &k, &v, &mask, scale)?;
+    let fwd = median_ms(&dev, &mut || rows_forward::<T>(&q, &k, &v, &mask, scale).map(drop))?;
+    let bwd = median_ms(&dev, &mut || rows_backward::<T>(&dout, &q, &k, &v, &rows_lse, &mask, scale).map(drop))?;
+    println!("27B layer hd 256, warp-per-row: forward {fwd:.3} ms, backward {bwd:.3} ms");
+    for key_tile in [32, 64] {
+        let kernels = AttentionKernels { key_tile, dq_splits: 1 };
+        let (out, lse) = flash_forward(&q, &k, &v, &mask, scale, key_tile, Flash::Mma)?;
+        let fwd = median_ms(&dev, &mut || flash_forward(&q, &k, &v, &mask, scale, key_tile, Flash::Mma).map(drop))?;
+        let bwd = median_ms(&dev, &mut || {
+            flash_backward(&dout, &q, &k, &v, &out, &lse, &mask, scale, kernels, Flash::Mma).map(drop)
+        })?;
+        println!("27B layer hd 256, flash key tile {key_tile}: forward {fwd:.3} ms, backward {bwd:.3} ms");
     }
     Ok(())
 }
