@@ -8,6 +8,9 @@
 #   run(command="COMMIT=<hash> bench/serving.sh", carry=["target-gpu/carry-serving"], timeout_s=600)
 # SHAPE=8B STREAMS=1,16,64,256 PROMPT=512 GEN=256 RATE=8 (Poisson arrivals per second) by default;
 # PEER_S=330 (the peer's time limit) and BUDGET_S=170 (ours) keep the call under its 10 minutes.
+# A shape the peer has no Qwen3 for (bench/qwen3_shapes.py), such as the Qwen3.6 hybrid, runs ours
+# alone on random weights drawn on the device:
+#   run(command="COMMIT=<hash> SHAPE=qwen3.6-27b STREAMS=1,64 bench/serving.sh", carry=["target-gpu/carry-serving"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SHAPE=${SHAPE:-8B} STREAMS=${STREAMS:-1,16,64,256} PROMPT=${PROMPT:-512} GEN=${GEN:-256} RATE=${RATE:-8}
@@ -21,8 +24,12 @@ DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
 # The peer measures the gate's 64 streams first: a peer cut short by its time limit (2026-11-28:
 # PEER_S=270 ended it after 16 streams) still gives the ratio that decides issue 18.
 PEER_STREAMS=$(python3 -c 'import sys; s = sys.argv[1].split(","); print(",".join(sorted(s, key=lambda x: x != "64")))' "$STREAMS")
-PYTHONUNBUFFERED=1 timeout "${PEER_S:-330}" python3 bench/serving_peer.py "$SHAPE" "$WORK/model" "$WORK/peer.jsonl" \
-  "$WORK/peer_tokens.json" "$PEER_STREAMS" "$PROMPT" "$GEN" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
+if grep -q "^    \"$SHAPE\":" bench/qwen3_shapes.py; then
+  PYTHONUNBUFFERED=1 timeout "${PEER_S:-330}" python3 bench/serving_peer.py "$SHAPE" "$WORK/model" "$WORK/peer.jsonl" \
+    "$WORK/peer_tokens.json" "$PEER_STREAMS" "$PROMPT" "$GEN" 2>>"$LOGS/serving.log" | tee -a "$LOGS/serving.log"
+else
+  echo "no peer for shape $SHAPE (bench/qwen3_shapes.py): ours alone, on random weights" | tee -a "$LOGS/serving.log"
+fi
 WEIGHTS=()
 [[ -f $WORK/model/config.json ]] && WEIGHTS=("weights=$WORK/model" "peer_tokens=$WORK/peer_tokens.json")
 "$WORK/serve-bench" device=cuda shape="$SHAPE" streams="$STREAMS" prompt="$PROMPT" gen="$GEN" rate="$RATE" \

@@ -29,9 +29,6 @@ use mindxtrain_trainer::recipe::TargetModule;
 /// sparse, top-8 renormalised, no balance loss in the objective (its config leaves
 /// `output_router_logits` off).
 fn config(shape: &str) -> LmConfig {
-    if shape == "qwen3.6-27b" {
-        return qwen3_6_27b();
-    }
     if shape == "30B-A3B" {
         return LmConfig {
             hidden_size: 2048,
@@ -54,39 +51,6 @@ fn config(shape: &str) -> LmConfig {
     }
     LmConfig::timing_shape(shape)
         .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B, qwen3.6-27b)"))
-}
-
-/// Qwen/Qwen3.6-27B's text model as its model card and `config.json` publish it: 64 layers of
-/// three Gated DeltaNet layers (16 q/k heads, 48 v heads, 128 wide, 4-tap conv) then one gated
-/// attention layer (24 q / 4 kv heads of 256, RoPE on a quarter, θ 10⁷), hidden 5120, FFN 17408,
-/// vocab 248320, untied head.
-fn qwen3_6_27b() -> LmConfig {
-    use mindxtrain_trainer::model::{Arch, HybridShape};
-    let layer_types =
-        (0..64).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::LinearAttention }).collect();
-    LmConfig {
-        arch: Arch::Qwen3_5,
-        vocab_size: 248_320,
-        hidden_size: 5120,
-        intermediate_size: 17_408,
-        num_hidden_layers: 64,
-        num_attention_heads: 24,
-        num_key_value_heads: 4,
-        head_dim: 256,
-        rope_theta: 1e7,
-        tie_word_embeddings: false,
-        max_position_embeddings: 262_144,
-        hybrid: Some(HybridShape {
-            layer_types,
-            linear_conv_kernel_dim: 4,
-            linear_key_head_dim: 128,
-            linear_value_head_dim: 128,
-            linear_num_key_heads: 16,
-            linear_num_value_heads: 48,
-            partial_rotary_factor: 0.25,
-        }),
-        ..LmConfig::timing_shape("8B").expect("the 8B shape")
-    }
 }
 
 /// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to

@@ -42,6 +42,7 @@ mod nf4;
 mod objective;
 mod packed;
 mod paged;
+mod paged_linear;
 mod params;
 pub mod preference;
 #[cfg(test)]
@@ -65,6 +66,7 @@ pub use nf4::Nf4Tensor;
 pub use objective::{ObjectiveOutput, ObjectiveValue};
 pub use packed::Packing;
 pub use paged::{LayerCache, PagedInputs, RopeTables};
+pub use paged_linear::StateSlots;
 pub use params::{EMBED, FINAL_NORM, LM_HEAD, Norm, Params, Proj, base_weight_name, expected_shapes, norm_name};
 pub use preference::{DpoForm, PreferenceLoss, PreferenceOutput, row_sums};
 pub use recurrent::{RecurrentState, StatePool};

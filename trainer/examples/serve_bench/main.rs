@@ -9,6 +9,8 @@
 //!             streams=1,16,64,256 prompt=512 gen=256 rate=8 adapters=8 budget_s=400
 //!             [arrivals=all_at_once,poisson] [overlap=1] [graphs=1]
 //! serve_bench device=cpu shape=tiny streams=1,4 prompt=32 gen=16      (a smoke run on the CPU)
+//! serve_bench device=cuda shape=qwen3.6-27b streams=1,64 adapters=0   (the Qwen3.6 hybrid on
+//!             random weights; bench/serving.sh runs it with no peer)
 //! serve_bench probe=1,64      (only the host launch time against the step time, per batch size)
 //! serve_bench probe=1 probe_variants=cuda_graph probe_steps=1   (one variant, one timed step:
 //!             short enough for a kernel profiler, which slows each launch ~20 ms)
@@ -198,7 +200,8 @@ fn main() -> Res<()> {
         _ => Device::new_cuda(0)?,
     };
     let shape = args.get("shape", "8B");
-    let config = LmConfig::timing_shape(&shape).ok_or(format!("shape {shape:?}: expected tiny, 0.6B, 1.7B or 8B"))?;
+    let config = LmConfig::timing_shape(&shape)
+        .ok_or(format!("shape {shape:?}: expected tiny, tiny-hybrid, 0.6B, 1.7B, 8B, instella-3b or qwen3.6-27b"))?;
     let dtype = if device.is_cuda() { DType::BF16 } else { DType::F32 };
     let (prompt_len, new_tokens) = (args.num("prompt", 512), args.num("gen", 256));
     let streams: Vec<usize> = args.get("streams", "1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();

@@ -193,6 +193,7 @@ pub(super) fn gemm_probe(model: &CausalLm, batches: &[usize], ctx: usize, emit: 
         let config = RunnerConfig {
             block_size: block,
             blocks: b * per_seq,
+            state_slots: b,
             vocab: c.vocab_size,
             max_model_len: ctx + 1,
             cuda_graphs: false,

@@ -117,7 +117,9 @@ impl Engine {
         let spec = model.cache_spec(config.block_size);
         // A model with recurrent layers keeps a state slot per running sequence.
         let state_slots = if spec.is_recurrent() { config.max_num_seqs } else { 0 };
-        let blocks = kv::sizing::blocks(&spec, config.kv_blocks, config.max_model_len, state_slots, model.device())
+        // The runner keeps one slot more, for a padded decode step's padding rows.
+        let held_slots = state_slots + usize::from(spec.is_recurrent());
+        let blocks = kv::sizing::blocks(&spec, config.kv_blocks, config.max_model_len, held_slots, model.device())
             .map_err(EngineError::Config)?;
         let vocab =
             tokenizer.as_ref().map_or(model.config().vocab_size, |t| t.vocab_size().min(model.config().vocab_size));

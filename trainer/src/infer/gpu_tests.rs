@@ -2,8 +2,11 @@
 
 use candle_core::{DType, Device};
 
-use super::tests::{adapters_for, config_with_head_dim, instella_with_head_dim, model_of, prompts, run};
+use super::hybrid_tests::{hybrid_with, run_arrivals};
+use super::tests::{adapters_for, adapters_on, config_with_head_dim, engine_config, instella_with_head_dim, model_of};
+use super::tests::{prompts, run};
 use super::*;
+use crate::recipe::TargetModule;
 
 fn gpu() -> Device {
     static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
@@ -148,5 +151,87 @@ fn gpu_engine_runs_bf16() {
     let outs = run(&mut engine, prompts().into_iter().map(|p| Request::greedy(p, 16)).collect());
     for (i, (t, e)) in outs.iter().enumerate() {
         assert!(t.len() == 16 && matches!(e, Event::Finished { .. }), "request {i}: {} tokens, then {e:?}", t.len());
+    }
+}
+
+/// A Qwen3.5/3.6 dense hybrid (linear, attention, linear layers) served on the GPU: its Gated
+/// DeltaNet states in slots on the device (the decoding sequences gathered, advanced by the
+/// CUDA `step` kernels and scattered back together; prompt chunks one by one from their slot's
+/// state), requests joining at different steps, prompts chunked by a 7-token budget, two
+/// adapters (one on the linear-attention projections only) and the base in one batch: greedy
+/// tokens equal the CPU engine's, with decode steps replayed as CUDA graphs (their state slots in
+/// the bucket's buffer) and run directly. Attention heads of 4 (the composed paged attention,
+/// which reads host metadata: never recorded) with linear heads of 4×3, and of 64 (the fused
+/// paged kernels: recorded) with linear heads of 32×32.
+#[test]
+fn gpu_hybrid_engine_greedy_tokens_equal_the_cpu_engine_s() {
+    use TargetModule::*;
+    for c in [hybrid_with(64, 4, (4, 3)), hybrid_with(64, 64, (32, 32))] {
+        let shape = (c.head_dim, c.hybrid.as_ref().map(|h| h.linear_key_head_dim));
+        let cpu_model = model_of(&c, DType::F32);
+        let named = [
+            ("linear", adapters_on(&c, 1, 2, vec![InProjQkv, InProjZ, InProjB, InProjA, OutProj])),
+            ("both", adapters_on(&c, 2, 3, vec![QProj, OProj, InProjQkv, DownProj])),
+        ];
+        let at = [0, 0, 1, 3, 4, 9];
+        let arrivals: Vec<(usize, Request)> = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let adapter = [None, Some("linear"), Some("both")][i % 3].map(String::from);
+                (at[i], Request { adapter, ..Request::greedy(p, 12 + i) })
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for (device, graphs) in [(Device::Cpu, false), (gpu(), true), (gpu(), false)] {
+            let m = crate::model::CausalLm::new(c.clone(), cpu_model.params().clone(), &device).unwrap();
+            let config = EngineConfig { max_num_seqs: 6, cuda_graphs: graphs, ..engine_config(64, 7) };
+            let mut engine = Engine::new(m, None, config).unwrap();
+            for (name, ad) in &named {
+                engine.load_adapter(name, ad.clone()).unwrap();
+            }
+            let started = std::time::Instant::now();
+            outs.push(run_arrivals(&mut engine, arrivals.clone()));
+            let buckets = engine.graph_buckets();
+            println!(
+                "hybrid {shape:?} on {device:?}, graphs {graphs}: {} steps in {:?}, buckets recorded {buckets:?}",
+                engine.stats().steps,
+                started.elapsed()
+            );
+            assert_eq!(engine.graph_refusal(), None, "recording a hybrid's decode step failed");
+            let recorded = device.is_cuda() && graphs && c.head_dim == 64;
+            assert_eq!(!buckets.is_empty(), recorded, "hybrid {shape:?} graphs {graphs}: buckets {buckets:?}");
+        }
+        for (i, cpu) in outs[0].iter().enumerate() {
+            assert_eq!(cpu.len(), 12 + i);
+            for (run, gpu) in ["graphs", "direct"].iter().zip(&outs[1..]) {
+                let diverge = cpu.iter().zip(&gpu[i]).position(|(a, b)| a != b);
+                assert_eq!(
+                    cpu, &gpu[i],
+                    "hybrid {shape:?} on the GPU ({run}), request {i}: first divergence at {diverge:?}"
+                );
+            }
+        }
+        println!("GPU engine, hybrid {shape:?}: {} requests token-identical to the CPU engine", outs[0].len());
+    }
+}
+
+/// bf16 on the GPU: the hybrid's engine runs the same staggered, chunked schedule with adapters
+/// to the end, every request its full length, every block freed (`run_arrivals` checks it).
+#[test]
+fn gpu_hybrid_engine_runs_bf16() {
+    let c = hybrid_with(64, 64, (32, 32));
+    let m = model_of(&c, DType::F32);
+    let params = m.params().iter().map(|(k, v)| (k.clone(), v.to_dtype(DType::BF16).unwrap())).collect();
+    let bf16 = crate::model::CausalLm::new(c.clone(), params, &gpu()).unwrap();
+    let mut engine = Engine::new(bf16, None, EngineConfig { max_num_seqs: 6, ..engine_config(64, 7) }).unwrap();
+    engine.load_adapter("a", adapters_for(&c, 1, 2)).unwrap();
+    let arrivals = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i, Request { adapter: (i % 2 == 0).then(|| "a".into()), ..Request::greedy(p, 10) }))
+        .collect();
+    for (i, t) in run_arrivals(&mut engine, arrivals).iter().enumerate() {
+        assert_eq!(t.len(), 10, "request {i}");
     }
 }

@@ -13,8 +13,9 @@
 //! beside the scheduler's blocks, so they never touch a sequence's keys; their logits are not
 //! sampled. Rows of served adapters decode in graphs of their own (the bucket's adapter slots in
 //! a second buffer); a graph reads the adapter stack where it was, so loading or evicting an
-//! adapter drops the recorded graphs. Prefill chunks and MoE layers (whose routing is decided on
-//! the host) run directly.
+//! adapter drops the recorded graphs. A recurrent model's rows carry their state slots in the
+//! buffer too (padding rows a spare slot of their own, `model::StateSlots::Device`). Prefill
+//! chunks and MoE layers (whose routing is decided on the host) run directly.
 
 use std::collections::HashMap;
 
@@ -50,17 +51,20 @@ pub struct DecodeViews {
     pub slots: Tensor,
     pub logit_rows: Tensor,
     pub meta: [Tensor; 3],
+    /// A recurrent model's state slot of each row, and 1 where the row continues its state.
+    pub state_slots: Tensor,
+    pub continues: Tensor,
 }
 
 impl DecodeBatch {
     /// `seqs` (each one decode token) padded to `bucket` rows, block tables
-    /// `width` blocks wide, padding rows over block `spare`.
+    /// `width` blocks wide, padding rows over block `spare` and state slot `spare_state`.
     pub fn new(
         seqs: &[StepSeq<'_>],
         bucket: usize,
         block_size: usize,
         width: usize,
-        spare: u32,
+        (spare, spare_state): (u32, u32),
     ) -> candle_core::Result<DecodeBatch> {
         if seqs.is_empty() || seqs.len() > bucket || seqs.iter().any(|s| s.tokens.len() != 1) {
             candle_core::bail!("decode batch: {} sequences for a bucket of {bucket}, one token each", seqs.len());
@@ -81,6 +85,12 @@ impl DecodeBatch {
         for array in meta.host_arrays() {
             words.extend_from_slice(array);
         }
+        // A recurrent model's state slots (padding rows share the spare one), and whether each
+        // row continues a state (a sequence's first token starts from zeros).
+        words.extend(seqs.iter().map(|s| s.state_slot.unwrap_or(spare_state)));
+        words.resize(words.len() + bucket - seqs.len(), spare_state);
+        words.extend(seqs.iter().map(|s| u32::from(s.start > 0)));
+        words.resize(words.len() + bucket - seqs.len(), 0);
         debug_assert_eq!(words.len(), layout_len(bucket, width));
         let mut adapters: Vec<Option<u32>> = seqs.iter().map(|s| s.adapter).collect();
         adapters.resize(bucket, None);
@@ -117,14 +127,15 @@ impl DecodeBatch {
         };
         let (ids, positions, slots, logit_rows) = (next(lens[0])?, next(lens[1])?, next(lens[2])?, next(lens[3])?);
         let meta = [next(lens[4])?, next(lens[5])?, next(lens[6])?.reshape((b, w))?];
-        Ok(DecodeViews { ids, positions, slots, logit_rows, meta })
+        let (state_slots, continues) = (next(lens[7])?, next(lens[8])?);
+        Ok(DecodeViews { ids, positions, slots, logit_rows, meta, state_slots, continues })
     }
 }
 
 /// Lengths of a bucket's buffer sections, in order: ids, positions, slots, sampled rows, query
-/// starts, context lengths, block tables.
-fn sections(bucket: usize, width: usize) -> [usize; 7] {
-    [bucket, bucket, bucket, bucket, bucket + 1, bucket, bucket * width]
+/// starts, context lengths, block tables, state slots, whether each row continues its state.
+fn sections(bucket: usize, width: usize) -> [usize; 9] {
+    [bucket, bucket, bucket, bucket, bucket + 1, bucket, bucket * width, bucket, bucket]
 }
 
 fn layout_len(bucket: usize, width: usize) -> usize {

@@ -16,6 +16,12 @@ use crate::recipe::TargetModule;
 /// Linear, attention, linear: two key heads of 4 shared by four value heads of 3, a 4-tap conv,
 /// and attention rotating half of each head of 4.
 fn hybrid(vocab: usize) -> LmConfig {
+    hybrid_with(vocab, 4, (4, 3))
+}
+
+/// [`hybrid`] with attention heads of `head_dim` and linear-attention key and value heads of
+/// `(key_dim, value_dim)`.
+pub(super) fn hybrid_with(vocab: usize, head_dim: usize, (key_dim, value_dim): (usize, usize)) -> LmConfig {
     let linear = LayerKind::LinearAttention;
     LmConfig {
         arch: Arch::Qwen3_5,
@@ -23,13 +29,13 @@ fn hybrid(vocab: usize) -> LmConfig {
         hybrid: Some(HybridShape {
             layer_types: vec![linear, LayerKind::Attention, linear],
             linear_conv_kernel_dim: 4,
-            linear_key_head_dim: 4,
-            linear_value_head_dim: 3,
+            linear_key_head_dim: key_dim,
+            linear_value_head_dim: value_dim,
             linear_num_key_heads: 2,
             linear_num_value_heads: 4,
             partial_rotary_factor: 0.5,
         }),
-        ..config_with_head_dim(vocab, 4)
+        ..config_with_head_dim(vocab, head_dim)
     }
 }
 
@@ -47,7 +53,7 @@ fn generated(m: &CausalLm, adapters: Option<&Adapters>, prompt: &[u32], max_toke
 
 /// Requests arriving at different steps (each `(step, request)`) until all ended; each one's
 /// tokens, in the order of `arrivals`.
-fn run_arrivals(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> Vec<Vec<u32>> {
+pub(super) fn run_arrivals(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> Vec<Vec<u32>> {
     let mut ids = vec![0; arrivals.len()];
     let mut tokens: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
     let last = arrivals.iter().map(|a| a.0).max().unwrap_or(0);

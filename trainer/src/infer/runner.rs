@@ -12,6 +12,7 @@ use mindxtrain_kernels::sampling::{Draws, RowSampling};
 
 use super::graph::{self, DecodeBatch, DecodeGraphs};
 use super::sampler;
+use crate::model::StateSlots;
 use crate::model::{AdapterStack, CausalLm, LayerCache, ModelError, PagedInputs, Params, RopeTables, StatePool};
 use crate::model::{CacheSpec, LayerSpec};
 
@@ -59,13 +60,13 @@ pub struct RunnerConfig {
     /// Cache blocks the scheduler hands out.
     pub blocks: usize,
     /// Recurrent state slots per recurrent layer (one per running sequence; unused by an
-    /// attention-only model).
+    /// attention-only model). The runner keeps one more, which a padded step's padding rows use.
     pub state_slots: usize,
     /// Ids at or above this are never drawn.
     pub vocab: usize,
     /// The longest a sequence gets (positions and block tables are sized for it).
     pub max_model_len: usize,
-    /// Replay pure decode steps as CUDA graphs (on a CUDA device, for a dense attention model).
+    /// Replay pure decode steps as CUDA graphs (on a CUDA device, for a model without MoE layers).
     pub cuda_graphs: bool,
 }
 
@@ -82,7 +83,8 @@ pub struct Runner {
 impl Runner {
     /// Packs the model's projection groups (`CausalLm::pack_projections`), then allocates what
     /// each layer's cache spec asks for on its device: `config.blocks` blocks per attention layer,
-    /// and one more: the block that a graph's padding rows write to.
+    /// and one more: the block that a graph's padding rows write to; `config.state_slots` state
+    /// slots per recurrent layer, and one more for the padding rows likewise.
     pub fn new(mut model: CausalLm, config: RunnerConfig) -> Result<Runner, ModelError> {
         model.pack_projections()?;
         let spec = model.cache_spec(config.block_size);
@@ -96,7 +98,8 @@ impl Runner {
                     Ok(LayerCache::Attention { k: z()?, v: z()? })
                 }
                 LayerSpec::Recurrent { .. } => {
-                    Ok(LayerCache::Recurrent(StatePool::new(layer, config.state_slots, spec.dtype, model.device())?))
+                    let slots = config.state_slots + 1;
+                    Ok(LayerCache::Recurrent(StatePool::new(layer, slots, spec.dtype, model.device())?))
                 }
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -109,7 +112,7 @@ impl Runner {
             c.num_key_value_heads,
             c.head_dim,
         );
-        let graphable = config.cuda_graphs && device_metadata && c.moe.is_none() && !spec.is_recurrent();
+        let graphable = config.cuda_graphs && device_metadata && c.moe.is_none();
         if graphable {
             mindxtrain_kernels::graph::pin_blas_workspace(model.device())?;
         }
@@ -201,6 +204,7 @@ impl Runner {
                 && s.sample.is_some()
                 && s.blocks.len() <= width
                 && (s.adapter.is_none() || adapters.is_some())
+                && (s.state_slot.is_some() || !self.spec.is_recurrent())
         });
         if !decode || graphs.lock().map_or(true, |g| g.refused().is_some()) {
             return None;
@@ -257,6 +261,11 @@ impl Runner {
         u32::try_from(self.config.blocks).map_err(|_| ModelError::Batch("cache too large".into()))
     }
 
+    /// The state slot past the scheduler's that a padded step's padding rows use.
+    fn spare_state_slot(&self) -> Result<u32, ModelError> {
+        u32::try_from(self.config.state_slots).map_err(|_| ModelError::Batch("too many state slots".into()))
+    }
+
     /// Table width (blocks) every sequence fits in.
     fn table_width(&self) -> usize {
         self.config.max_model_len.div_ceil(self.config.block_size)
@@ -273,8 +282,9 @@ impl Runner {
         drawn: Option<&Tensor>,
     ) -> Result<StepLogits, ModelError> {
         self.check_inputs(seqs, drawn.is_some())?;
-        let spare = self.spare_block()?;
+        let spare = (self.spare_block()?, self.spare_state_slot()?);
         let batch = DecodeBatch::new(seqs, bucket, self.config.block_size, self.table_width(), spare)?;
+        let recurrent = self.spec.is_recurrent();
         let mut graphs = graphs.lock().unwrap_or_else(|e| e.into_inner());
         let logits = graphs.run(self.device(), &batch, drawn, |v, meta, rows| {
             let inputs = PagedInputs {
@@ -285,7 +295,7 @@ impl Runner {
                 slots: &v.slots,
                 adapters: adapters.zip(rows),
                 logit_rows: &v.logit_rows,
-                state_slots: None,
+                state_slots: recurrent.then_some(StateSlots::Device { slots: &v.state_slots, continues: &v.continues }),
             };
             self.model.forward_paged(&inputs, &self.cache).map_err(|e| candle_core::Error::Msg(e.to_string()))
         })?;
@@ -377,7 +387,7 @@ impl Runner {
             slots: &slots,
             adapters: adapters.zip(lora_rows.as_ref()),
             logit_rows: &logit_rows_t,
-            state_slots: state_slots.as_deref(),
+            state_slots: state_slots.as_deref().map(StateSlots::Host),
         };
         let logits = self.model.forward_paged(&inputs, &self.cache)?;
         Ok(StepLogits { logits, sampling })
@@ -456,6 +466,56 @@ mod tests {
                 assert_eq!(spare_abs(d), 0.0);
                 assert!(spare_abs(b) > 0.0, "the padding rows wrote nothing");
             }
+        }
+    }
+
+    /// A hybrid's decode step padded to a bucket (its rows' state slots and restart flags in the
+    /// fixed buffer, padding rows on the spare slot) gives the direct step's logits and leaves
+    /// every real slot as the direct step does. One row is a one-token prompt in a slot that
+    /// another sequence's prompt left full: it starts from zeros on both paths.
+    #[test]
+    fn a_bucketed_hybrid_decode_step_equals_the_direct_one_and_pads_into_the_spare_slot() {
+        let c = crate::infer::hybrid_tests::hybrid_with(40, 4, (4, 3));
+        let config = RunnerConfig {
+            block_size: 4,
+            blocks: 12,
+            state_slots: 4,
+            vocab: 40,
+            max_model_len: 16,
+            cuda_graphs: false,
+        };
+        let make = || Runner::new(crate::infer::tests::model_of(&c, DType::F64), config).unwrap();
+        let (direct, bucketed) = (make(), make());
+        fn seq<'a>(tokens: &'a [u32], start: usize, blocks: &'a [u32], slot: u32) -> StepSeq<'a> {
+            let sample = Some(RowSampling::GREEDY);
+            StepSeq { tokens, start, blocks, adapter: None, sample, state_slot: Some(slot) }
+        }
+        let (a, b, d) = ([1u32, 2, 3, 4, 5, 6], [7u32, 8, 9, 10], [11u32, 12, 13, 14]);
+        let prefill = [seq(&a[..5], 0, &[0, 1], 2), seq(&b[..3], 0, &[2], 0), seq(&d, 0, &[3], 1)];
+        for r in [&direct, &bucketed] {
+            r.forward(&prefill, None).unwrap();
+        }
+        let decode = [seq(&a[5..], 5, &[0, 1], 2), seq(&b[3..], 3, &[2], 0), seq(&[19], 0, &[4], 1)];
+        let want = direct.forward(&decode, None).unwrap().logits;
+        let graphs = Mutex::new(DecodeGraphs::default());
+        let got = bucketed.forward_bucketed(&decode, 4, &graphs, None, None).unwrap().logits;
+        let gap =
+            |x: &Tensor, y: &Tensor| (x - y).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+        assert!(gap(&got, &want) < 1e-12, "logits differ by {}", gap(&got, &want));
+        let spare = config.state_slots;
+        for (dc, bc) in direct.cache.iter().zip(&bucketed.cache) {
+            let (LayerCache::Recurrent(dp), LayerCache::Recurrent(bp)) = (dc, bc) else { continue };
+            for slot in 0..spare {
+                let (x, y) = (dp.read(slot).unwrap(), bp.read(slot).unwrap());
+                let g = gap(&x.conv, &y.conv).max(gap(&x.rule, &y.rule));
+                assert!(g < 1e-12, "slot {slot} differs by {g}");
+            }
+            let abs = |s: &crate::model::RecurrentState| {
+                let f = |t: &Tensor| t.abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
+                f(&s.conv) + f(&s.rule)
+            };
+            assert_eq!(abs(&dp.read(spare).unwrap()), 0.0);
+            assert!(abs(&bp.read(spare).unwrap()) > 0.0, "the padding rows wrote no state");
         }
     }
 

@@ -76,9 +76,9 @@ impl CacheSpec {
 }
 
 impl CausalLm {
-    /// Refuses a model the decode and serving paths cannot run yet: one with Gated DeltaNet
-    /// layers off the CPU (the GPU's chunked and one-step kernels are to come; the CPU runs
-    /// the fused CPU kernels).
+    /// Refuses a model the decode and serving paths cannot run yet: a Qwen3.5/3.6-MoE hybrid
+    /// (its shared expert), and Gated DeltaNet layers on a device other than the CPU and CUDA
+    /// (the kernels' `step` runs fused on those two only).
     pub fn check_servable(&self) -> Result<(), super::ModelError> {
         let c = self.config();
         if c.moe.is_some() && c.arch.shared_expert() {
@@ -89,10 +89,12 @@ impl CausalLm {
             ));
         }
         let linear = (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention);
+        let device = self.device();
         match linear {
-            Some(layer) if !self.device().is_cpu() => Err(super::ModelError::NotBuilt(format!(
-                "generation and serving of qwen3_hybrid (Qwen3.5/3.6) models on a GPU: layer {layer} is a Gated \
-                 DeltaNet layer, and its GPU kernels are to come (the CPU serves them)"
+            Some(layer) if !device.is_cpu() && !device.is_cuda() => Err(super::ModelError::NotBuilt(format!(
+                "generation and serving of qwen3_hybrid (Qwen3.5/3.6) models on {:?}: layer {layer} is a Gated \
+                 DeltaNet layer, whose kernels run on the CPU and on CUDA GPUs",
+                device.location()
             ))),
             _ => Ok(()),
         }

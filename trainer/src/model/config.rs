@@ -134,10 +134,16 @@ fn default_max_positions() -> usize {
 
 impl LmConfig {
     /// The dense shapes the benchmarks time on random weights, by name: Qwen3 `0.6B`, `1.7B` and
-    /// `8B` and AMD `instella-3b` (their published configs) and `tiny` (a 64-wide Qwen3 for smoke
-    /// runs on the CPU); `None` for any other name. One table, so that the training and serving
-    /// benchmarks time the same models.
+    /// `8B`, AMD `instella-3b` and the Qwen3.6 hybrid `qwen3.6-27b` (their published configs),
+    /// `tiny` (a 64-wide Qwen3 for smoke runs on the CPU) and `tiny-hybrid` (the same as a hybrid);
+    /// `None` for any other name. One table, so that the training and serving benchmarks time the
+    /// same models.
     pub fn timing_shape(name: &str) -> Option<LmConfig> {
+        match name {
+            "qwen3.6-27b" => return Some(qwen3_6_27b()),
+            "tiny-hybrid" => return Some(tiny_hybrid()),
+            _ => {}
+        }
         let (arch, vocab, hidden, layers, heads, kv, head_dim, ffn) = match name {
             "8B" => (Arch::Qwen3, 151_936, 4096, 36, 32, 8, 128, 12_288),
             "1.7B" => (Arch::Qwen3, 151_936, 2048, 28, 16, 8, 128, 6144),
@@ -331,6 +337,56 @@ pub(super) fn decoder_fields(c: &LmConfig, torch_dtype: &str) -> serde_json::Map
     }) {
         serde_json::Value::Object(fields) => fields,
         _ => serde_json::Map::new(),
+    }
+}
+
+/// Qwen/Qwen3.6-27B's text model as its model card and `config.json` publish it: 64 layers of
+/// three Gated DeltaNet layers (16 q/k heads, 48 v heads, 128 wide, 4-tap conv) then one gated
+/// attention layer (24 q / 4 kv heads of 256, RoPE on a quarter, θ 10⁷), hidden 5120, FFN 17408,
+/// vocab 248320, untied head.
+fn qwen3_6_27b() -> LmConfig {
+    let layer_types =
+        (0..64).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::LinearAttention }).collect();
+    LmConfig {
+        arch: Arch::Qwen3_5,
+        vocab_size: 248_320,
+        hidden_size: 5120,
+        intermediate_size: 17_408,
+        num_hidden_layers: 64,
+        num_attention_heads: 24,
+        num_key_value_heads: 4,
+        head_dim: 256,
+        rope_theta: 1e7,
+        tie_word_embeddings: false,
+        max_position_embeddings: 262_144,
+        hybrid: Some(HybridShape {
+            layer_types,
+            linear_conv_kernel_dim: 4,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 48,
+            partial_rotary_factor: 0.25,
+        }),
+        ..LmConfig::timing_shape("8B").expect("the 8B shape")
+    }
+}
+
+/// `tiny` as a hybrid: a Gated DeltaNet layer (two key heads of 16, four value heads of 16)
+/// then a gated attention layer rotating a quarter of each head.
+fn tiny_hybrid() -> LmConfig {
+    LmConfig {
+        arch: Arch::Qwen3_5,
+        hybrid: Some(HybridShape {
+            layer_types: vec![LayerKind::LinearAttention, LayerKind::Attention],
+            linear_conv_kernel_dim: 4,
+            linear_key_head_dim: 16,
+            linear_value_head_dim: 16,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            partial_rotary_factor: 0.25,
+        }),
+        ..LmConfig::timing_shape("tiny").expect("the tiny shape")
     }
 }
 

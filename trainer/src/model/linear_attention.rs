@@ -191,6 +191,13 @@ impl LinearInputs {
         Ok(LinearInputs { qkv: r(&self.qkv)?, z: r(&self.z)?, b: r(&self.b)?, a: r(&self.a)? })
     }
 
+    /// Rows `rows` (`[k]` u32 on the device): one row of each sequence a decode step advances
+    /// together.
+    pub(super) fn select(&self, rows: &Tensor) -> Result<Self> {
+        let r = |t: &Tensor| t.index_select(rows, 0);
+        Ok(LinearInputs { qkv: r(&self.qkv)?, z: r(&self.z)?, b: r(&self.b)?, a: r(&self.a)? })
+    }
+
     /// As `[B, T, ..]`: the conv's input, z per value head, and the gates' inputs.
     fn shaped(&self, s: &HybridShape, b: usize, t: usize) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
         let h = s.linear_num_value_heads;

@@ -8,8 +8,7 @@
 //! (with every row's adapter), the fused norm/RoPE/cache write (unfused with partial RoPE),
 //! paged attention (gated on Qwen3.5), the MLP (or a Qwen3-MoE layer's routed experts). A Gated
 //! DeltaNet layer advances each sequence's recurrent state in its slot instead
-//! ([`CausalLm::linear_step`]): a chunk that starts a sequence starts from zeros, so a new,
-//! preempted or recomputed sequence never reads its slot's last owner.
+//! ([`super::paged_linear`]).
 
 use std::borrow::Cow;
 
@@ -20,9 +19,9 @@ use mindxtrain_kernels::{embedding, linear, rmsnorm, rope, swiglu};
 
 use super::adapter_stack::AdapterStack;
 use super::attention_parts::{gated, rotate, sigmoid};
-use super::linear_attention::LinearInputs;
 use super::moe::{self, MoeWeights};
 use super::packed::Packing;
+use super::paged_linear::{StateSlots, StateStep};
 use super::params::{EMBED, FINAL_NORM, Norm, Proj, base_weight_name, norm_name};
 use super::recurrent::StatePool;
 use super::{CausalLm, ModelError, QkNorm};
@@ -44,7 +43,7 @@ pub struct PagedInputs<'a> {
     /// `[R]` u32 rows whose logits are wanted (the last row of each sequence that samples).
     pub logit_rows: &'a Tensor,
     /// Each sequence's state slot (in the order of `meta`), for a model with recurrent layers.
-    pub state_slots: Option<&'a [u32]>,
+    pub state_slots: Option<StateSlots<'a>>,
 }
 
 /// RoPE's cosines and sines of every position a served sequence may reach, made once: a
@@ -104,9 +103,12 @@ impl CausalLm {
         }
         let cos = inputs.rope.cos.index_select(inputs.positions, 0)?;
         let sin = inputs.rope.sin.index_select(inputs.positions, 0)?;
+        // Where each sequence's recurrent state is read and written, planned once for every
+        // recurrent layer.
+        let states = inputs.state_slots.map(|slots| StateStep::new(inputs.meta, slots, self.device())).transpose()?;
         let mut stream = Residual { x: embedding::forward(inputs.ids, &*self.weight(EMBED)?)?, pending: None };
         for (layer, kept) in cache.iter().enumerate() {
-            stream = self.paged_block(layer, &stream, inputs, (&cos, &sin), kept)?;
+            stream = self.paged_block(layer, &stream, inputs, (&cos, &sin), kept, states.as_ref())?;
         }
         let rows = Residual {
             x: stream.x.index_select(inputs.logit_rows, 0)?,
@@ -154,13 +156,22 @@ impl CausalLm {
         inputs: &PagedInputs<'_>,
         rope: (&Tensor, &Tensor),
         kept: &LayerCache,
+        states: Option<&StateStep>,
     ) -> Result<Residual, ModelError> {
         let c = self.config();
         let eps = c.rms_norm_eps;
         let (x, h1) = stream.normed(&*self.gain(&norm_name(c, layer, Norm::Input))?, eps)?;
         let (mixed, out_proj) = match kept {
             LayerCache::Attention { k, v } => (self.paged_attention(layer, &h1, inputs, rope, (k, v))?, Proj::O),
-            LayerCache::Recurrent(pool) => (self.paged_linear(layer, &h1, inputs, pool)?, Proj::OutProj),
+            LayerCache::Recurrent(pool) => {
+                let plan = states.ok_or_else(|| {
+                    ModelError::Batch(format!("layer {layer} keeps a recurrent state: the step names no state slots"))
+                })?;
+                let project = |p, x: &Tensor| {
+                    self.paged_proj(layer, p, x, inputs).map_err(|e| candle_core::Error::Msg(e.to_string()))
+                };
+                (self.paged_linear(layer, &h1, project, plan, pool)?, Proj::OutProj)
+            }
         };
         let attn = self.paged_proj(layer, out_proj, &mixed, inputs)?;
         let post = self.gain(&norm_name(c, layer, Norm::PostAttention))?;
@@ -232,36 +243,6 @@ impl CausalLm {
         let scale = 1.0 / (hd as f64).sqrt();
         let o = paged_attention::forward(&q, caches.0, caches.1, inputs.meta, scale)?.reshape((n, nh * hd))?;
         Ok(gated(&o, gate.as_ref())?)
-    }
-
-    /// A Gated DeltaNet layer over the step's rows: the projections of every row at once, then
-    /// each sequence's rows from the state in its slot (zeros for a chunk at its first token),
-    /// the new state written back. Returns `out_proj`'s input `[N, value_dim]`.
-    fn paged_linear(
-        &self,
-        layer: usize,
-        h1: &Tensor,
-        inputs: &PagedInputs<'_>,
-        pool: &StatePool,
-    ) -> Result<Tensor, ModelError> {
-        let slots = inputs.state_slots.ok_or_else(|| {
-            ModelError::Batch(format!("layer {layer} keeps a recurrent state: the step names no state slots"))
-        })?;
-        let all = LinearInputs::project(h1, |p, x| {
-            self.paged_proj(layer, p, x, inputs).map_err(|e| candle_core::Error::Msg(e.to_string()))
-        })?;
-        let mut parts = Vec::with_capacity(slots.len());
-        for (s, &slot) in slots.iter().enumerate() {
-            let (first, rows, context, _) = inputs.meta.seq(s);
-            let state = match context - rows {
-                0 => None,
-                _ => Some(pool.read(slot as usize)?),
-            };
-            let (mixed, next) = self.linear_step(layer, &all.rows(first, rows)?, (1, rows), state.as_ref())?;
-            pool.write(slot as usize, &next)?;
-            parts.push(mixed);
-        }
-        Ok(Tensor::cat(&parts, 0)?)
     }
 }
 

@@ -24,7 +24,7 @@ pub struct EngineConfig {
     /// thread's own stream, so steps queued from two threads would not be ordered.
     pub threads: usize,
     /// Replay pure decode steps as CUDA graphs, one per batch-size bucket (CUDA devices and
-    /// dense models only; elsewhere steps always run directly).
+    /// models without MoE layers, the dense hybrids included; elsewhere steps always run directly).
     pub cuda_graphs: bool,
     /// Queue each decode step before reading the tokens of the one before it (the next step
     /// decodes the ids where they were drawn, on the device), so the host's work between steps

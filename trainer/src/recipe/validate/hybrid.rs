@@ -1,9 +1,9 @@
 //! The rules of family `qwen3_hybrid` (Qwen3.5/3.6: Gated DeltaNet layers mixed with attention).
 //! This build trains the text models, dense or with experts (`model.config.moe`: Qwen3.5-MoE,
 //! every layer sparse, its shared expert `intermediate_size` wide), on the CPU (the dense ones on
-//! one CUDA GPU too), with LoRA or every weight, and generates from the dense ones on the CPU
-//! (held-out evaluation, serving); what it does not run yet is refused by name, each with what to
-//! set instead.
+//! one CUDA GPU too), with LoRA or every weight, and generates from the dense ones on the CPU or
+//! one CUDA GPU (held-out evaluation, serving); what it does not run yet is refused by name, each
+//! with what to set instead.
 
 use super::{Checks, Recipe, name_of};
 use crate::recipe::schema::ModelFamily;
@@ -94,9 +94,9 @@ pub(super) fn rules(c: &mut Checks, r: &Recipe) {
         Method::Grpo(_) | Method::Gspo(_) => c.fail(
             "train.method.kind",
             format!(
-                "{} {not_built}: its rollouts generate through the serving engine, which serves hybrids on the \
-                 CPU now, but a policy update over them is not run and checked end to end yet: use sft, dpo or \
-                 orpo",
+                "{} {not_built}: its rollouts generate through the serving engine, which serves dense hybrids on \
+                 the CPU and one GPU now, but a policy update over them is not run and checked end to end yet: \
+                 use sft, dpo or orpo",
                 name_of(&r.train.method.kind())
             ),
         ),
@@ -185,10 +185,14 @@ mod tests {
         assert!(gpu.contains("Qwen3.5-MoE hybrid on a GPU is not built yet"), "{gpu}");
         let several = hybrid(h100(2));
         assert!(several.contains("training on several GPUs is not built yet"), "{several}");
-        // Generation is built on the CPU for the dense hybrids: held-out evaluation and serving run.
+        // Generation is built on the CPU and one GPU for the dense hybrids: held-out evaluation
+        // and serving run on either.
         let on = serde_json::json!({"enabled": true});
         let generating = serde_json::json!({"eval": on, "serve": on, "publish": null});
         assert_eq!(hybrid(generating.clone()), "");
+        let mut on_gpu = h100(1);
+        merge_patch(&mut on_gpu, &generating);
+        assert_eq!(hybrid(on_gpu), "", "a dense hybrid evaluates and serves on one GPU");
         let moe_generating = with_moe(generating);
         assert!(
             moe_generating.contains("eval.enabled") && moe_generating.contains("serve.enabled"),
