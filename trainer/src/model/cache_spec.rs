@@ -78,16 +78,9 @@ impl CacheSpec {
 impl CausalLm {
     /// Refuses a model the decode and serving paths cannot run yet: one with Gated DeltaNet
     /// layers off the CPU (the GPU's chunked and one-step kernels are to come; the CPU runs
-    /// the fused CPU kernels).
+    /// the fused CPU kernels). Sparse layers, with or without a shared expert, run on both.
     pub fn check_servable(&self) -> Result<(), super::ModelError> {
         let c = self.config();
-        if c.moe.is_some() && c.arch.shared_expert() {
-            return Err(super::ModelError::NotBuilt(
-                "generation and serving of Qwen3.5/3.6-MoE hybrids: the decode and paged paths do not run \
-                 their shared expert yet (the dense hybrids generate on the CPU)"
-                    .into(),
-            ));
-        }
         let linear = (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention);
         match linear {
             Some(layer) if !self.device().is_cpu() => Err(super::ModelError::NotBuilt(format!(
