@@ -4,10 +4,11 @@ before the model is built; on Qwen3-MoE shapes also Liger's fused MoE experts). 
 random-init Qwen3 shapes (bench/qwen3_shapes.py; Qwen3-MoE: transformers' default `grouped_mm`
 experts) or Instella shapes (bench/instella_shapes.py: our modeling file of the published
 architecture; Liger has none, so the `liger` peer prints error rows saying so) or Qwen3.6 hybrid
-shapes (bench/qwen3_6_shapes.py: transformers' qwen3_5 text model, flash-linear-attention's gated
-delta rule when importable, Liger's Qwen3.5 patch for `liger`; each row records the kernels found),
-LoRA r=16 alpha=32 on all seven projections (the hybrids: all twelve; on Qwen3-MoE, PEFT maps the
-MLP ones to the experts), torch AdamW on the adapters. Training forwards pass use_cache=False: with the config's use_cache=True transformers
+shapes (bench/qwen3_6_shapes.py: transformers' qwen3_5 text model, or qwen3_5_moe for the MoE
+hybrid, flash-linear-attention's gated delta rule when importable, Liger's Qwen3.5 (MoE) patch for
+`liger`; each row records the kernels found), LoRA r=16 alpha=32 on all seven projections (the
+hybrids: all twelve, the MoE hybrid also its shared expert's gate; on Qwen3-MoE, PEFT maps the MLP
+ones to the experts), torch AdamW on the adapters. Training forwards pass use_cache=False: with the config's use_cache=True transformers
 makes a KV cache and then does not recognise packed rows (masking_utils; the packed rows of the
 runs before 2026-12 attended across documents).
 
@@ -116,10 +117,12 @@ def main():
             print(json.dumps({"who": peer, "shape": shape, "kind": kind, "error": instella_shapes.NO_LIGER}))
         return
     if peer == "liger" and shape in qwen3_6_shapes.SHAPES:
-        # Liger's Qwen3.5 patch: RMSNorm (zero-centred), SwiGLU and the fused linear cross-entropy;
-        # its RoPE is not offered for the hybrids (partial rotary on the gated attention).
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5
-        apply_liger_kernel_to_qwen3_5(rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
+        # Liger's Qwen3.5 patch (its Qwen3.5-MoE one on the MoE shapes): RMSNorm (zero-centred),
+        # SwiGLU (the shared expert's on MoE) and the fused linear cross-entropy; its RoPE is not
+        # offered for the hybrids (partial rotary on the gated attention).
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5, apply_liger_kernel_to_qwen3_5_moe
+        apply = apply_liger_kernel_to_qwen3_5_moe if shape in qwen3_6_shapes.MOE else apply_liger_kernel_to_qwen3_5
+        apply(rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
     elif peer == "liger":
         # Qwen3-MoE: Liger's fused MoE experts too (its `swiglu` patch for transformers 5).
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
@@ -134,7 +137,7 @@ def main():
     # On a Qwen3-MoE, PEFT maps the MLP targets to the experts' stacked weights (target_parameters:
     # gate_up_proj at rank 2r, down_proj at r), as ours adapts them.
     hybrid = shape in qwen3_6_shapes.SHAPES
-    default = qwen3_6_shapes.TARGETS if hybrid else "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".split(",")
+    default = qwen3_6_shapes.targets(shape) if hybrid else "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".split(",")
     targets = os.environ["HF_PEER_TARGETS"].split(",") if os.environ.get("HF_PEER_TARGETS") else default
     grad_ckpt = os.environ.get("HF_PEER_GRAD_CKPT", "0") == "1"
     if grad_ckpt:

@@ -4,8 +4,9 @@
 //! gated attention with partial RoPE, zero-centred norms; on the MoE every layer's router, routed
 //! experts saved one tensor per expert, and sigmoid-gated shared expert), our saves load in
 //! transformers, our adapter on every module PEFT's `all-linear` reaches gives PEFT's logits, and
-//! one LoRA step equals PEFT's with torch AdamW; on the dense model greedy generation continues as
-//! transformers' cached `generate` does (generation from the MoE hybrid is not built).
+//! one LoRA step equals PEFT's with torch AdamW, and greedy generation (through the recurrent
+//! state, the attention cache and, on the MoE, the routed and shared experts) continues as
+//! transformers' cached `generate` does.
 //!
 //! Needs the CPU torch venv of `scripts/setup-torch`. Without it the tests skip, unless
 //! MINDXTRAIN_REQUIRE_TORCH is set (CI sets it): then they install it, and fail if they cannot.
@@ -47,7 +48,7 @@ const QWEN3_5_MOE: Family = Family {
     step_tolerance: 1e-4,
 };
 
-/// The five checks on `$family`'s fixture, built once for them.
+/// The six checks on `$family`'s fixture, built once for them.
 macro_rules! interop_tests {
     ($family:expr) => {
         use std::sync::OnceLock;
@@ -83,19 +84,19 @@ macro_rules! interop_tests {
         fn one_lora_step_matches_peft_and_torch_adamw() {
             fixture().map(interop::one_lora_step_matches_peft_and_torch_adamw);
         }
+
+        /// Generation through the Gated DeltaNet layers' recurrent state (conv and delta rule
+        /// one step at a time), the gated attention's cache and the layers' MLPs (the routed and
+        /// gated shared experts on the MoE), against transformers' own cached `generate`.
+        #[test]
+        fn greedy_generation_matches_transformers() {
+            fixture().map(interop::greedy_generation_matches_transformers);
+        }
     };
 }
 
 mod dense {
     interop_tests!(QWEN3_5);
-
-    /// Generation through the Gated DeltaNet layers' recurrent state (conv and delta rule one
-    /// step at a time) and the gated attention's cache, against transformers' own cached
-    /// `generate`.
-    #[test]
-    fn greedy_generation_matches_transformers() {
-        fixture().map(interop::greedy_generation_matches_transformers);
-    }
 }
 
 mod moe {

@@ -6,7 +6,9 @@
 //! the peers beside it. Built by scripts/build-gpu (cuda feature).
 //!
 //! `gpu_step SHAPE BATCH SEQ STEPS [PACKING]` with SHAPE one of 0.6B, 1.7B, 8B, instella-3b, qwen3.6-27b
-//! (the Gated DeltaNet hybrid: LoRA on all twelve projections, as PEFT's `all-linear`), 30B-A3B (Qwen3-MoE:
+//! (the Gated DeltaNet hybrid: LoRA on all twelve projections, as PEFT's `all-linear`), qwen3.6-35b-a3b
+//! (its MoE: the same plus the shared expert's gate; the routed experts stay frozen, as PEFT leaves
+//! them), 30B-A3B (Qwen3-MoE:
 //! LoRA on attention and on every expert's weights, as PEFT adapts them): STEPS steps of
 //! one long document per row (`"kind":"uniform"`), then, given PACKING (a file of BATCH lines,
 //! each the lengths of the documents packed into one row, summing to SEQ: bench/run.sh writes
@@ -49,8 +51,9 @@ fn config(shape: &str) -> LmConfig {
             ..LmConfig::timing_shape("8B").expect("the 8B shape")
         };
     }
-    LmConfig::timing_shape(shape)
-        .unwrap_or_else(|| panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B, qwen3.6-27b)"))
+    LmConfig::timing_shape(shape).unwrap_or_else(|| {
+        panic!("unknown shape {shape} (0.6B, 1.7B, 8B, instella-3b, 30B-A3B, qwen3.6-27b, qwen3.6-35b-a3b)")
+    })
 }
 
 /// Random tokens in `b` rows of `t`, each row the documents `docs[row]` (lengths summing to
@@ -109,8 +112,12 @@ fn step_flops(c: &LmConfig, b: usize, t: usize) -> f64 {
     let (heads, kv) = (c.num_attention_heads as f64, c.num_key_value_heads as f64);
     // A sparse layer's MLP counts the experts a token visits (and the router): MFU on the
     // active parameters.
+    // On Qwen3.5-MoE the shared expert (`f` wide) and its one-logit gate come on top.
     let mlp = match &c.moe {
-        Some(m) => 3.0 * h * m.moe_intermediate_size as f64 * m.num_experts_per_tok as f64 + h * m.num_experts as f64,
+        Some(m) => {
+            let shared = if c.arch.shared_expert() { 3.0 * h * f + h } else { 0.0 };
+            3.0 * h * m.moe_intermediate_size as f64 * m.num_experts_per_tok as f64 + h * m.num_experts as f64 + shared
+        }
         None => 3.0 * h * f,
     };
     let tokens = (b * t) as f64;
@@ -254,7 +261,9 @@ fn main() -> candle_core::Result<()> {
     mindxtrain_kernels::cache_freed_memory(&dev)?;
     let ceiling = gemm_ceiling(&dev)?;
     eprintln!("ours {shape}: seeded weights in {init_s:.1} s");
-    let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: TargetModule::all(), rslora: false };
+    // The hybrids: every module PEFT's `all-linear` reaches, as the peers adapt (bench/qwen3_6_shapes.py).
+    let targets = if cfg.hybrid.is_some() { TargetModule::EVERY.to_vec() } else { TargetModule::all() };
+    let lora = LoraConfig { r: 16, alpha: 32.0, dropout: 0.0, target_modules: targets, rslora: false };
     let mut ad = Adapters::init(&cfg, &lora, 2, DType::BF16, &dev).map_err(err)?;
     let mut moments = Moments::new();
     for (kind, docs) in kinds {

@@ -39,6 +39,8 @@ mod engine;
 mod gpu_tests;
 pub mod graph;
 #[cfg(test)]
+mod hybrid_moe_tests;
+#[cfg(test)]
 mod hybrid_tests;
 pub mod kv;
 pub mod latency;

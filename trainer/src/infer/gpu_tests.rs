@@ -2,6 +2,7 @@
 
 use candle_core::{DType, Device};
 
+use super::hybrid_moe_tests::hybrid_moe;
 use super::hybrid_tests::{hybrid_with, run_arrivals};
 use super::tests::{adapters_for, adapters_on, config_with_head_dim, engine_config, instella_with_head_dim, model_of};
 use super::tests::{prompts, run};
@@ -214,6 +215,40 @@ fn gpu_hybrid_engine_greedy_tokens_equal_the_cpu_engine_s() {
         }
         println!("GPU engine, hybrid {shape:?}: {} requests token-identical to the CPU engine", outs[0].len());
     }
+}
+
+/// A Qwen3.5/3.6-MoE hybrid served on the GPU: every layer's routed experts and its sigmoid-gated
+/// shared expert over the paged step beside the recurrent and attention layers, requests joining
+/// at different steps, prompts chunked by a 7-token budget, an adapter on the shared expert and
+/// its gate beside the base: greedy tokens equal the CPU engine's (f32; decode steps run directly,
+/// as for every sparse model).
+#[test]
+fn gpu_moe_hybrid_engine_greedy_tokens_equal_the_cpu_engine_s() {
+    use TargetModule::*;
+    let c = hybrid_moe(64);
+    let cpu_model = model_of(&c, DType::F32);
+    let shared = adapters_on(&c, 5, 2, vec![GateProj, UpProj, DownProj, SharedExpertGate, InProjQkv, QProj]);
+    let at = [0, 0, 1, 3, 4, 9];
+    let arrivals: Vec<(usize, Request)> = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (at[i], Request { adapter: (i % 2 == 1).then(|| "shared".into()), ..Request::greedy(p, 10 + i) }))
+        .collect();
+    let outs: Vec<Vec<Vec<u32>>> = [Device::Cpu, gpu()]
+        .iter()
+        .map(|device| {
+            let m = crate::model::CausalLm::new(c.clone(), cpu_model.params().clone(), device).unwrap();
+            let mut engine = Engine::new(m, None, EngineConfig { max_num_seqs: 6, ..engine_config(64, 7) }).unwrap();
+            engine.load_adapter("shared", shared.clone()).unwrap();
+            run_arrivals(&mut engine, arrivals.clone())
+        })
+        .collect();
+    for (i, (cpu, gpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
+        assert_eq!(cpu.len(), 10 + i);
+        let diverge = cpu.iter().zip(gpu).position(|(a, b)| a != b);
+        assert_eq!(cpu, gpu, "MoE hybrid on the GPU, request {i}: first divergence at {diverge:?}");
+    }
+    println!("GPU engine, MoE hybrid: {} requests token-identical to the CPU engine", outs[0].len());
 }
 
 /// bf16 on the GPU: the hybrid's engine runs the same staggered, chunked schedule with adapters

@@ -15,7 +15,7 @@ use crate::recipe::TargetModule;
 
 /// Linear, attention, linear: two key heads of 4 shared by four value heads of 3, a 4-tap conv,
 /// and attention rotating half of each head of 4.
-fn hybrid(vocab: usize) -> LmConfig {
+pub(super) fn hybrid(vocab: usize) -> LmConfig {
     hybrid_with(vocab, 4, (4, 3))
 }
 
@@ -40,7 +40,7 @@ pub(super) fn hybrid_with(vocab: usize, head_dim: usize, (key_dim, value_dim): (
 }
 
 /// What dense decoding generates greedily for `prompt`.
-fn generated(m: &CausalLm, adapters: Option<&Adapters>, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+pub(super) fn generated(m: &CausalLm, adapters: Option<&Adapters>, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
     let mut out = Vec::new();
     let limits = Limits { max_tokens, vocab: m.config().vocab_size, stop_ids: &[] };
     generate(m, adapters, prompt, limits, &Sampling::greedy(), |t| {

@@ -76,18 +76,11 @@ impl CacheSpec {
 }
 
 impl CausalLm {
-    /// Refuses a model the decode and serving paths cannot run yet: a Qwen3.5/3.6-MoE hybrid
-    /// (its shared expert), and Gated DeltaNet layers on a device other than the CPU and CUDA
-    /// (the kernels' `step` runs fused on those two only).
+    /// Refuses a model the decode and serving paths cannot run yet: Gated DeltaNet layers on a
+    /// device other than the CPU and CUDA (the kernels' `step` runs fused on those two only).
+    /// Sparse layers, with or without a shared expert, run on both.
     pub fn check_servable(&self) -> Result<(), super::ModelError> {
         let c = self.config();
-        if c.moe.is_some() && c.arch.shared_expert() {
-            return Err(super::ModelError::NotBuilt(
-                "generation and serving of Qwen3.5/3.6-MoE hybrids: the decode and paged paths do not run \
-                 their shared expert yet (the dense hybrids generate on the CPU)"
-                    .into(),
-            ));
-        }
         let linear = (0..c.num_hidden_layers).find(|&l| c.layer_kind(l) == super::LayerKind::LinearAttention);
         let device = self.device();
         match linear {

@@ -134,13 +134,15 @@ fn default_max_positions() -> usize {
 
 impl LmConfig {
     /// The dense shapes the benchmarks time on random weights, by name: Qwen3 `0.6B`, `1.7B` and
-    /// `8B`, AMD `instella-3b` and the Qwen3.6 hybrid `qwen3.6-27b` (their published configs),
+    /// `8B`, AMD `instella-3b` and the Qwen3.6 hybrids `qwen3.6-27b` and `qwen3.6-35b-a3b` (their published
+    /// configs),
     /// `tiny` (a 64-wide Qwen3 for smoke runs on the CPU) and `tiny-hybrid` (the same as a hybrid);
     /// `None` for any other name. One table, so that the training and serving benchmarks time the
     /// same models.
     pub fn timing_shape(name: &str) -> Option<LmConfig> {
         match name {
             "qwen3.6-27b" => return Some(qwen3_6_27b()),
+            "qwen3.6-35b-a3b" => return Some(qwen3_6_35b_a3b()),
             "tiny-hybrid" => return Some(tiny_hybrid()),
             _ => {}
         }
@@ -369,6 +371,36 @@ fn qwen3_6_27b() -> LmConfig {
             partial_rotary_factor: 0.25,
         }),
         ..LmConfig::timing_shape("8B").expect("the 8B shape")
+    }
+}
+
+/// Qwen/Qwen3.6-35B-A3B's text model as its `config.json` publishes it (`qwen3_5_moe`): 40 layers
+/// of three Gated DeltaNet layers (16 q/k heads, 32 v heads, 128 wide, 4-tap conv) then one gated
+/// attention layer (16 q / 2 kv heads of 256, RoPE on a quarter, θ 10⁷), hidden 2048, every MLP
+/// sparse: 256 experts of 512, top-8 renormalised (no balance loss: `output_router_logits` off),
+/// and the sigmoid-gated shared expert of 512 (the config's `intermediate_size`); vocab 248320,
+/// untied head.
+fn qwen3_6_35b_a3b() -> LmConfig {
+    let base = qwen3_6_27b();
+    let layer_types =
+        (0..40).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::LinearAttention }).collect();
+    LmConfig {
+        hidden_size: 2048,
+        intermediate_size: 512,
+        num_hidden_layers: 40,
+        num_attention_heads: 16,
+        num_key_value_heads: 2,
+        moe: Some(MoeShape {
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 512,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            router_aux_loss_coef: 0.0,
+        }),
+        hybrid: base.hybrid.clone().map(|h| HybridShape { layer_types, linear_num_value_heads: 32, ..h }),
+        ..base
     }
 }
 

@@ -38,6 +38,15 @@ pub(super) struct SharedTape {
     gate: Tensor,
 }
 
+/// A sparse layer's output with its shared expert: the routed experts' `routed` plus the shared
+/// expert's `shared` scaled per token by `σ(logit)` (`logit`: `shared_expert_gate · h`, `[N, 1]`);
+/// returns it and that gate (what the backward reads). Training, decoding and the paged engine
+/// all mix through here.
+pub(super) fn with_shared_expert(routed: &Tensor, shared: &Tensor, logit: &Tensor) -> Result<(Tensor, Tensor)> {
+    let gate = sigmoid(logit)?;
+    Ok(((routed + shared.broadcast_mul(&gate)?)?, gate))
+}
+
 impl StepCtx<'_> {
     /// The MLP on `h2` (`[N, H]`): its output, tape and (sparse layers) routing statistics.
     pub(super) fn mlp_forward(
@@ -59,8 +68,9 @@ impl StepCtx<'_> {
             true => {
                 let [g, u, d, _] = Proj::SHARED_EXPERT;
                 let (out, mlp) = self.swiglu_forward(layer, [g, u, d], h2, lora)?;
-                let gate = sigmoid(&self.proj_forward(layer, Proj::SharedExpertGate, h2, Some(lora))?)?;
-                y = (y + out.broadcast_mul(&gate)?)?;
+                let logit = self.proj_forward(layer, Proj::SharedExpertGate, h2, Some(lora))?;
+                let (mixed, gate) = with_shared_expert(&y, &out, &logit)?;
+                y = mixed;
                 Some(SharedTape { mlp, out, gate })
             }
             false => None,

@@ -1,5 +1,6 @@
 //! Projections that read the same input, stored as one matrix for serving: q/k/v (the input
-//! norm's output) and gate/up (the post-attention norm's). A decode step then streams each
+//! norm's output) and gate/up (the post-attention norm's; on a Qwen3.5-MoE sparse layer the
+//! shared expert's). A decode step then streams each
 //! group's weights in one GEMV instead of three or two, each of which pays its own ramp and
 //! drain (k and v at 8 MiB each ran at a third of the copy bandwidth on an H200).
 //!
@@ -19,22 +20,24 @@ use super::{CausalLm, ModelError};
 pub enum Packing {
     Qkv,
     GateUp,
+    SharedGateUp,
 }
 
 impl Packing {
-    pub const ALL: [Packing; 2] = [Packing::Qkv, Packing::GateUp];
+    pub const ALL: [Packing; 3] = [Packing::Qkv, Packing::GateUp, Packing::SharedGateUp];
 
     pub fn members(self) -> &'static [Proj] {
         match self {
             Packing::Qkv => &[Proj::Q, Proj::K, Proj::V],
             Packing::GateUp => &[Proj::Gate, Proj::Up],
+            Packing::SharedGateUp => &[Proj::SharedGate, Proj::SharedUp],
         }
     }
 }
 
 impl CausalLm {
-    /// Packs every group of every layer whose members are all dense (a Qwen3-MoE sparse layer
-    /// has no gate/up; NF4 weights stay as they are). Nothing to do when packed already;
+    /// Packs every group of every layer whose members are all dense (a sparse layer has no
+    /// dense gate/up, a Qwen3-MoE one no shared expert either; NF4 weights stay as they are). Nothing to do when packed already;
     /// [`CausalLm::params_mut`] unpacks.
     pub fn pack_projections(&mut self) -> Result<(), ModelError> {
         // Packing is for the serving engine, which runs attention layers only.
@@ -102,6 +105,22 @@ mod tests {
             let (ps, _) = qkv.storage_and_layout();
             assert!(std::ptr::eq(&*ks, &*ps), "layer {layer}: k_proj is not a view of the packed q/k/v");
             assert_eq!(m.packed(layer, Packing::GateUp).unwrap().dim(0).unwrap(), 2 * c.intermediate_size);
+        }
+    }
+
+    /// A Qwen3.5-MoE sparse layer packs its shared expert's gate/up, and has no dense MLP to pack.
+    #[test]
+    fn a_moe_hybrid_packs_its_shared_expert() {
+        let c = crate::model::qwen3_5::moe_tests::tiny_hybrid_moe();
+        let mut m = CausalLm::init_random(&c, 7, DType::F32, &Device::Cpu).unwrap();
+        m.pack_projections().unwrap();
+        for layer in 0..c.num_hidden_layers {
+            assert!(m.packed(layer, Packing::GateUp).is_none());
+            let shared = m.packed(layer, Packing::SharedGateUp).expect("shared gate/up packed");
+            assert_eq!(shared.dims(), [2 * c.intermediate_size, c.hidden_size]);
+            let up = &m.params()[&base_weight_name(layer, Proj::SharedUp)];
+            let want = shared.narrow(0, c.intermediate_size, c.intermediate_size).unwrap();
+            assert_eq!(up.to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
         }
     }
 }

@@ -6,7 +6,8 @@
 //! steps left in the cache. So the attention metadata here comes from the kernels' own
 //! [`PagedMeta`], not from a training batch, and the block is the inference one: projections
 //! (with every row's adapter), the fused norm/RoPE/cache write (unfused with partial RoPE),
-//! paged attention (gated on Qwen3.5), the MLP (or a Qwen3-MoE layer's routed experts). A Gated
+//! paged attention (gated on Qwen3.5), the MLP (or a sparse layer's routed experts, and on
+//! Qwen3.5-MoE its gated shared expert through the helper training uses). A Gated
 //! DeltaNet layer advances each sequence's recurrent state in its slot instead
 //! ([`super::paged_linear`]).
 
@@ -19,6 +20,7 @@ use mindxtrain_kernels::{embedding, linear, rmsnorm, rope, swiglu};
 
 use super::adapter_stack::AdapterStack;
 use super::attention_parts::{gated, rotate, sigmoid};
+use super::mlp::with_shared_expert;
 use super::moe::{self, MoeWeights};
 use super::packed::Packing;
 use super::paged_linear::{StateSlots, StateStep};
@@ -176,17 +178,36 @@ impl CausalLm {
         let attn = self.paged_proj(layer, out_proj, &mixed, inputs)?;
         let post = self.gain(&norm_name(c, layer, Norm::PostAttention))?;
         let (x2, h2, _) = rmsnorm::add_forward(&x, &attn, &post, eps)?;
-        if let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) {
-            let router = self.weight(&moe::router_name(layer))?;
-            let (gate_up, down) =
-                (self.expert_weight(&moe::gate_up_name(layer))?, self.expert_weight(&moe::down_name(layer))?);
-            // Adapters on the experts are served merged only (`infer::AdapterSlots::load`).
-            let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: None };
-            return Ok(Residual { x: x2, pending: Some(moe::forward(self.kernels(), shape, &w, &h2, None)?.0) });
+        let Some(shape) = c.moe.as_ref().filter(|m| m.is_sparse(layer)) else {
+            let down = self.paged_swiglu(layer, Packing::GateUp, Proj::Down, &h2, inputs)?;
+            return Ok(Residual { x: x2, pending: Some(down) });
+        };
+        let router = self.weight(&moe::router_name(layer))?;
+        let (gate_up, down) =
+            (self.expert_weight(&moe::gate_up_name(layer))?, self.expert_weight(&moe::down_name(layer))?);
+        // Adapters on the experts are served merged only (`infer::AdapterSlots::load`).
+        let w = MoeWeights { router: &router, gate_up: &gate_up, down: &down, lora: None };
+        let routed = moe::forward(self.kernels(), shape, &w, &h2, None)?.0;
+        if !c.arch.shared_expert() {
+            return Ok(Residual { x: x2, pending: Some(routed) });
         }
-        let gate_up = self.paged_group(layer, Packing::GateUp, &h2, inputs)?;
-        let down = self.paged_proj(layer, Proj::Down, &swiglu::forward_packed(&gate_up)?, inputs)?;
-        Ok(Residual { x: x2, pending: Some(down) })
+        let shared = self.paged_swiglu(layer, Packing::SharedGateUp, Proj::SharedDown, &h2, inputs)?;
+        let logit = self.paged_proj(layer, Proj::SharedExpertGate, &h2, inputs)?;
+        Ok(Residual { x: x2, pending: Some(with_shared_expert(&routed, &shared, &logit)?.0) })
+    }
+
+    /// A SwiGLU from `x`: `down(silu(gate·x) ⊙ up·x)`, its gate and up projections the group
+    /// `gate_up` (the dense MLP's, or a sparse layer's shared expert's).
+    fn paged_swiglu(
+        &self,
+        layer: usize,
+        gate_up: Packing,
+        down: Proj,
+        x: &Tensor,
+        inputs: &PagedInputs<'_>,
+    ) -> Result<Tensor, ModelError> {
+        let gate_up = self.paged_group(layer, gate_up, x, inputs)?;
+        self.paged_proj(layer, down, &swiglu::forward_packed(&gate_up)?, inputs)
     }
 
     /// Attention over the paged cache from the normed rows `h1`: the rows' keys and values go

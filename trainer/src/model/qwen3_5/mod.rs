@@ -215,6 +215,6 @@ pub(super) fn init_of(name: &str) -> super::params::Init {
 }
 
 #[cfg(test)]
-mod moe_tests;
+pub(crate) mod moe_tests;
 #[cfg(test)]
 pub(crate) mod tests;

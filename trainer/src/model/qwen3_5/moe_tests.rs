@@ -1,7 +1,7 @@
 //! Qwen3.5/3.6 MoE hybrids (`qwen3_5_moe`): whole-model gradients against finite differences
 //! with the routed experts, the gated shared expert and the balance loss on both layer kinds
 //! (full fine-tuning, and LoRA on every projection PEFT's `all-linear` reaches), the names and
-//! shapes transformers saves, and the config as transformers writes and nests it.
+//! shapes transformers saves, the config as transformers writes and nests it, and cached decoding.
 
 use candle_core::DType;
 use serde_json::json;
@@ -152,11 +152,12 @@ fn a_released_moe_config_reads_with_its_experts_and_writes_as_the_moe_causal_lm(
     assert!(unnormalised.validate().unwrap_err().to_string().contains("renormalises"));
 }
 
-/// The decode and paged paths run no shared expert yet: generation from a MoE hybrid is refused
-/// by name before any step, not answered wrong.
+/// Prefill, single steps and a two-token chunk through the routed experts and the gated shared
+/// expert (LoRA on every module PEFT reaches: the shared expert's projections and its gate) give
+/// the logits of one full forward, on both layer kinds.
 #[test]
-fn a_moe_hybrid_refuses_to_generate_by_name() {
-    let m = model(&tiny_hybrid_moe(), DType::F32);
-    let err = m.check_servable().unwrap_err();
-    assert!(matches!(&err, super::super::ModelError::NotBuilt(s) if s.contains("shared expert")), "{err}");
+fn hybrid_moe_cached_decoding_matches_the_full_forward() {
+    let c = tiny_hybrid_moe();
+    assert!(model(&c, DType::F32).check_servable().is_ok(), "the CPU decodes and serves MoE hybrids");
+    super::super::tests::cached_decoding_matches_the_full_forward(&c);
 }

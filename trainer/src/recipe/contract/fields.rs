@@ -77,11 +77,6 @@ pub fn fields() -> Vec<Field> {
                     r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 2, "arch": "sm_90"}}"#,
                     "training on several GPUs is not built yet for family qwen3_hybrid",
                 ),
-                no!(
-                    "1 with a qwen3_hybrid MoE",
-                    r#"{"model": {"family": "qwen3_hybrid", "config": {"moe": {"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 16}}}, "hardware": {"name": "h100", "gpus": 1, "arch": "sm_90"}}"#,
-                    "training a Qwen3.5-MoE hybrid on a GPU is not built yet",
-                ),
             ]),
         field(
             "hardware.arch",
