@@ -180,6 +180,8 @@ pub enum RunError {
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
+    #[error("quantize: {0}")]
+    Quantize(#[from] crate::quantize::QuantizeError),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
     /// Boxed for the same reason as `Load`.
