@@ -133,3 +133,126 @@ fn pretty(v: &Value) -> Vec<u8> {
     bytes.push(b'\n');
     bytes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{CheckpointError, load_hf_weights, save_hf_model};
+    use crate::quantize::Granularity;
+    use candle_core::DType;
+    use rand::{Rng, SeedableRng};
+
+    /// A two-layer decoder's tensors (with a router gate) in an HF directory, plus a tokenizer file.
+    fn model_dir(root: &Path, names: &[(&str, &[usize])]) -> std::path::PathBuf {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let tensors: BTreeMap<String, Tensor> = names
+            .iter()
+            .map(|(n, dims)| {
+                let v: Vec<f32> = (0..dims.iter().product()).map(|_| rng.random_range(-0.5f32..0.5)).collect();
+                (n.to_string(), Tensor::from_vec(v, *dims, &Device::Cpu).unwrap())
+            })
+            .collect();
+        let src = root.join("src");
+        let mut dir = StagedDir::create(&src).unwrap();
+        save_hf_model(
+            &mut dir,
+            &json!({"model_type": "qwen3", "torch_dtype": "float32"}),
+            &tensors,
+            DType::F32,
+            u64::MAX,
+        )
+        .unwrap();
+        dir.write_file("tokenizer.json", b"{}").unwrap();
+        dir.commit().unwrap();
+        src
+    }
+
+    const DENSE: [(&str, &[usize]); 6] = [
+        ("model.embed_tokens.weight", &[16, 8]),
+        ("model.layers.0.self_attn.q_proj.weight", &[8, 8]),
+        ("model.layers.0.mlp.gate.weight", &[4, 8]),
+        ("model.layers.0.input_layernorm.weight", &[8]),
+        ("model.layers.1.mlp.down_proj.weight", &[8, 12]),
+        ("lm_head.weight", &[16, 8]),
+    ];
+
+    fn run(src: &Path, out: &Path, weights: Granularity) -> (Quantized, Value, BTreeMap<String, Tensor>) {
+        let q = quantize_dir(src, out, Fp8Options { weights }, &mut |_| {}).unwrap();
+        let config: Value = serde_json::from_slice(&std::fs::read(out.join(CONFIG_FILE)).unwrap()).unwrap();
+        let tensors = read_safetensors(&out.join("model.safetensors"), None, &Device::Cpu).unwrap();
+        (q, config, tensors)
+    }
+
+    #[test]
+    fn a_model_directory_becomes_fp8_linears_with_scales_and_everything_else_as_it_was() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = model_dir(tmp.path(), &DENSE);
+        let (q, config, tensors) = run(&src, &tmp.path().join("q"), Granularity::Channel);
+        assert_eq!(q.fp8_tensors, 2);
+        let qc = &config["quantization_config"];
+        assert_eq!(qc["quant_method"], "compressed-tensors");
+        assert_eq!(qc["format"], "float-quantized");
+        assert_eq!(qc["config_groups"]["group_0"]["weights"]["strategy"], "channel");
+        assert_eq!(qc["config_groups"]["group_0"]["input_activations"]["dynamic"], true);
+        assert_eq!(qc["ignore"], json!(["lm_head", "model.layers.0.mlp.gate"]));
+        assert_eq!(config["model_type"], "qwen3");
+        let original = load_hf_weights(&src, DType::F32, &Device::Cpu).unwrap();
+        for (name, dims) in DENSE {
+            let t = &tensors[name];
+            match treatment(name, dims) {
+                Treatment::Quantize => {
+                    assert_eq!(t.dtype(), DType::F8E4M3, "{name}");
+                    let scale = &tensors[&format!("{name}_scale")];
+                    assert_eq!(scale.dims(), &[dims[0], 1], "{name}");
+                    let back = super::super::Fp8Weight { codes: t.clone(), scale: scale.clone() }
+                        .dequantize(DType::F32)
+                        .unwrap();
+                    let err = (back - &original[name]).unwrap().abs().unwrap().max_all().unwrap();
+                    assert!(err.to_scalar::<f32>().unwrap() < 0.5 / 16.0, "{name}");
+                }
+                _ => assert_eq!(t.to_vec1::<f32>().ok(), original[name].to_vec1::<f32>().ok(), "{name}"),
+            }
+        }
+        assert!(tmp.path().join("q/tokenizer.json").is_file(), "the tokenizer is carried");
+        let names: Vec<&str> = q.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["config.json", "model.safetensors", "tokenizer.json"]);
+        // The quantized directory is not read as weights: its codes need their scales.
+        let loaded = load_hf_weights(&tmp.path().join("q"), DType::F32, &Device::Cpu);
+        assert!(matches!(loaded, Err(CheckpointError::QuantizedWeights { .. })), "{loaded:?}");
+    }
+
+    #[test]
+    fn per_channel_false_writes_one_scale_per_tensor_and_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = model_dir(tmp.path(), &DENSE);
+        let recipe = crate::recipe::Quantize { enabled: true, per_channel: false, ..Default::default() };
+        let options = Fp8Options::from_recipe(&recipe).unwrap();
+        let (_, config, tensors) = run(&src, &tmp.path().join("q"), options.weights);
+        assert_eq!(config["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"], "tensor");
+        assert_eq!(tensors["model.layers.0.self_attn.q_proj.weight_scale"].dims(), &[1]);
+        let per_channel = Fp8Options::from_recipe(&crate::recipe::Quantize::default()).unwrap();
+        assert_eq!(per_channel.weights, Granularity::Channel);
+    }
+
+    #[test]
+    fn experts_adapters_and_quantized_directories_are_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let moe = model_dir(tmp.path(), &[("model.layers.0.mlp.experts.0.up_proj.weight", &[4, 8])]);
+        let err = quantize_dir(&moe, &tmp.path().join("a"), Fp8Options::default(), &mut |_| {}).unwrap_err();
+        assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+        std::fs::write(moe.join(ADAPTER_CONFIG_FILE), "{}").unwrap();
+        let err = quantize_dir(&moe, &tmp.path().join("b"), Fp8Options::default(), &mut |_| {}).unwrap_err();
+        assert!(matches!(err, QuantizeError::Adapter { .. }), "{err}");
+        let dense = tmp.path().join("dense");
+        std::fs::create_dir(&dense).unwrap();
+        let src = model_dir(&dense, &DENSE);
+        let out = tmp.path().join("q");
+        quantize_dir(&src, &out, Fp8Options::default(), &mut |_| {}).unwrap();
+        let again = quantize_dir(&out, &tmp.path().join("qq"), Fp8Options::default(), &mut |_| {}).unwrap_err();
+        assert!(matches!(again, QuantizeError::AlreadyQuantized { .. }), "{again}");
+        assert!(!tmp.path().join("a").exists() && !tmp.path().join("qq").exists(), "nothing half-written");
+        let bad =
+            crate::recipe::Quantize { enabled: true, scheme: crate::recipe::QuantScheme::Int4, ..Default::default() };
+        assert!(Fp8Options::from_recipe(&bad).unwrap_err().to_string().contains("int4 is not built"));
+    }
+}
