@@ -151,6 +151,43 @@ fn quantize_command_writes_a_model_directory_per_tensor_and_records_it() {
     assert!(String::from_utf8_lossy(&twice.stdout).contains("quantized already"));
 }
 
+/// A LoRA run's final/ is an adapter: the step merges it into its base (as `export --merge`
+/// does) and quantizes that, so the FP8 weights are the merged ones within E4M3's rounding.
+#[test]
+fn a_lora_run_quantizes_its_adapter_merged_into_the_base() {
+    let node = Node::new();
+    let text = micro::recipe("lora-fp8", 5, micro::LORA, 10, "  random_init: true\n")
+        + "quantize:\n  enabled: true\n  per_channel: true\n";
+    let recipe = node.recipe("lora-fp8", &text);
+    let out = node.path("run");
+    ok_json(&node.run(&["train", s(&recipe), "--out", s(&out)]));
+    assert!(out.join("final/adapter_config.json").is_file(), "final/ holds the adapter");
+    assert!(!out.join(".quantize-merged.tmp").exists(), "the merged copy is not left behind");
+    let merged = node.path("merged");
+    ok_json(&node.run(&["export", s(&recipe), "--checkpoint", s(&out.join("final")), "--merge", "--out", s(&merged)]));
+    let want = read_safetensors(&merged.join("model.safetensors"), Some(DType::F32), &Device::Cpu).unwrap();
+    let stored = read_safetensors(&out.join("quantized/model.safetensors"), None, &Device::Cpu).unwrap();
+    let mut fp8 = 0;
+    for (name, t) in &stored {
+        if name.ends_with("_scale") {
+            continue;
+        }
+        let w = &want[name];
+        if t.dtype() != DType::F8E4M3 {
+            assert_eq!(flat(t), flat(w), "{name} is kept as merged");
+            continue;
+        }
+        fp8 += 1;
+        let scale = stored[&format!("{name}_scale")].clone();
+        let back = flat(&Fp8Weight { codes: t.clone(), scale }.dequantize(DType::F32).unwrap());
+        let w = flat(w);
+        let top = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = w.iter().zip(&back).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= top / 16.0, "{name}: off by {err} (largest weight {top})");
+    }
+    assert_eq!(fp8, 7);
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
