@@ -23,6 +23,7 @@ pub use durable::{FileDigest, StagedDir, latest, prune, publish_latest};
 pub use error::CheckpointError;
 pub use hf::{
     CONFIG_FILE, DEFAULT_MAX_SHARD_BYTES, INDEX_FILE, SINGLE_FILE, WeightFiles, load_hf_weights, save_hf_model,
+    write_weight_file,
 };
 pub use load::{
     LoadError, digest_file, is_adapter, load_adapter, load_adapter_tensors, load_base, load_checkpoint, load_hf_model,

@@ -21,6 +21,7 @@ pub mod model;
 pub mod optim;
 pub mod parallel;
 pub mod plan;
+pub mod quantize;
 pub mod recipe;
 pub mod rl;
 pub mod run;

@@ -180,6 +180,9 @@ pub enum RunError {
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Eval(#[from] eval::EvalError),
+    /// Boxed for the same reason as `Load`.
+    #[error("quantize: {0}")]
+    Quantize(Box<crate::quantize::QuantizeError>),
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
     /// Boxed for the same reason as `Load`.
@@ -232,6 +235,12 @@ impl RunError {
 impl From<crate::rl::rollout::RolloutError> for RunError {
     fn from(e: crate::rl::rollout::RolloutError) -> Self {
         RunError::Rollout(Box::new(e))
+    }
+}
+
+impl From<crate::quantize::QuantizeError> for RunError {
+    fn from(e: crate::quantize::QuantizeError) -> Self {
+        RunError::Quantize(Box::new(e))
     }
 }
 

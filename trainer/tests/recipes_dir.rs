@@ -23,7 +23,7 @@ fn recipe_files() -> Vec<PathBuf> {
 /// `recipe check` says everything it cannot honour (nothing passes the check and then fails).
 /// A feature that lands empties its rows; a new refusal that a shipped recipe meets shows here.
 const REFUSED: &[(&str, &[&str])] = &[
-    ("instella_3b_lora", &["hardware.gpus", "quantize.enabled"]),
+    ("instella_3b_lora", &["hardware.gpus"]),
     ("qwen3_30b_a3b_lora", &["hardware.gpus"]),
     ("qwen3_32b_dpo", &["hardware.gpus", "train.fsdp"]),
     ("qwen3_32b_full_fsdp", &["hardware.gpus"]),
@@ -37,8 +37,8 @@ const REFUSED: &[(&str, &[&str])] = &[
     // Benchmark tasks: ifeval's instruction checks and humaneval's sandbox are not built (each
     // refused at its index of eval.tasks); mmlu and gsm8k are.
     ("qwen3_8b_lora_h100", &["eval.tasks[2]"]),
-    ("qwen3_8b_sft_full", &["eval.tasks[2]", "eval.tasks[3]", "hardware.gpus", "quantize.enabled"]),
-    ("qwen3_8b_sft_lora", &["eval.tasks[2]", "eval.tasks[3]", "hardware.gpus", "publish.enabled", "quantize.enabled"]),
+    ("qwen3_8b_sft_full", &["eval.tasks[2]", "eval.tasks[3]", "hardware.gpus"]),
+    ("qwen3_8b_sft_lora", &["eval.tasks[2]", "eval.tasks[3]", "hardware.gpus", "publish.enabled"]),
     ("qwen3_vl_8b_sft", &["hardware.gpus", "model.family"]),
 ];
 

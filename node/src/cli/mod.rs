@@ -11,6 +11,7 @@ mod manifest_cmd;
 mod market_demo;
 mod output;
 mod progress;
+mod quantize_cmd;
 mod rank_cmd;
 mod receipt_cmd;
 mod recipe_cmd;
@@ -122,6 +123,11 @@ pub enum Command {
         after_help = "Example:\n  mindxtrain export recipes/tiny_cpu_lora.yaml --checkpoint runs/lora/final --merge --out hf-model"
     )]
     Export(export_cmd::ExportArgs),
+    /// Quantize a run's final model (or an HF model directory) to FP8 E4M3, in the compressed-tensors format.
+    #[command(
+        after_help = "Weights of the decoder's Linear layers become FP8 with one scale per output channel (--per-tensor:\none per tensor); lm_head, embeddings, norms and MoE routers are kept; activations are quantized\nper token at run time by the reader (transformers with compressed-tensors, vLLM). The result is\nrecorded in the node's log as model.quantized with its files' digests. A LoRA run's final/ is an\nadapter: merge it first (`mindxtrain export --merge`), or set quantize.enabled in the recipe.\n\nExamples:\n  mindxtrain quantize runs/pre                 (writes runs/pre/quantized)\n  mindxtrain quantize hf-model --out hf-model-fp8 --json"
+    )]
+    Quantize(quantize_cmd::QuantizeArgs),
     /// Download a model or dataset of the Hugging Face hub into the local hub cache, where runs find it.
     #[command(
         after_help = "Runs never download: a recipe's model.name (owner/name, no model.path or model.config) and\ndata.hf_id are read from the cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)\nat model.revision / data.revision. HF_TOKEN (or the token `hf auth login` saved) is sent, never printed.\n\nExamples:\n  mindxtrain fetch Qwen/Qwen3-8B\n  mindxtrain fetch HuggingFaceH4/ultrachat_200k --dataset\n  mindxtrain fetch Qwen/Qwen3-8B --revision <commit id> --json"
@@ -170,6 +176,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Train(args) => train_cmd::train(args, &cli.node_dir, &out),
         Command::Eval(args) => train_cmd::eval(args, &out),
         Command::Export(args) => export_cmd::run(args, &out),
+        Command::Quantize(args) => quantize_cmd::run(args, &cli.node_dir, &out),
         Command::Fetch(args) => fetch_cmd::run(args, &out),
         Command::Serve(args) => serve_cmd::serve(args, &cli.node_dir, &out),
         Command::Rent(args) => rent_cmd::rent(args, &cli.node_dir, &out),

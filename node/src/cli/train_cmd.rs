@@ -15,6 +15,7 @@ use mindxtrain_node::training::{
 };
 use mindxtrain_trainer::data::{DataOptions, Dataset};
 use mindxtrain_trainer::plan::Plan;
+use mindxtrain_trainer::quantize::QUANTIZED_DIR;
 use mindxtrain_trainer::run::{self, BaseRecord, RunError, RunSpec};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -422,7 +423,8 @@ fn report(out: &Output, node_dir: &Path, t: &Trained, out_dir: &Path, tensorboar
             "how": plan_source},
         "outputs": {"dir": out_dir, "final": s.final_dir, "checkpoint": latest, "eval": eval_json.is_file().then_some(&eval_json),
             "run": out_dir.join("run.json"), "dataset": out_dir.join("dataset.json"), "plan": t.plan.path,
-            "tensorboard": tensorboard, "manifest": t.sealed.path, "receipt": t.receipt},
+            "tensorboard": tensorboard, "manifest": t.sealed.path, "receipt": t.receipt,
+            "quantized": out_dir.join(QUANTIZED_DIR).is_dir().then(|| out_dir.join(QUANTIZED_DIR))},
         "manifest": {"file": t.sealed.path, "blake3": manifest_b3, "seq": t.sealed.seq},
         "energy": t.energy,
         "next": {"anchor": anchor_steps, "receipt": format!("mindxtrain receipt export {}", s.run_id)},

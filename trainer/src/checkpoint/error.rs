@@ -20,6 +20,12 @@ pub enum CheckpointError {
     ShapeMismatch { name: String, file: PathBuf, expected: Vec<usize>, found: Vec<usize> },
     #[error("{file}: tensor `{name}` has dtype {dtype}; only bf16, f16 and f32 weights load")]
     UnsupportedDtype { name: String, file: PathBuf, dtype: String },
+    #[error(
+        "{file}: tensor `{name}` holds FP8 codes (a quantized model, as `mindxtrain quantize` writes): loading \
+         quantized weights is not built here; load the directory it was quantized from, or serve this one with \
+         vLLM or transformers"
+    )]
+    QuantizedWeights { name: String, file: PathBuf },
     #[error("{path}: bad adapter config: {reason}")]
     BadAdapterConfig { path: PathBuf, reason: String },
     #[error("adapter tensor `{name}`: {reason}")]

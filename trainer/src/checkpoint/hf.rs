@@ -166,6 +166,18 @@ fn pt_metadata() -> BTreeMap<String, String> {
     BTreeMap::from([("format".to_string(), "pt".to_string())])
 }
 
+/// Writes `tensors` as they are stored (each its own dtype, FP8 codes included) into `file` of
+/// `dir`, with the metadata transformers writes: one shard of a model whose tensors differ in dtype.
+pub fn write_weight_file(
+    dir: &mut StagedDir,
+    file: &str,
+    tensors: &BTreeMap<String, Tensor>,
+) -> Result<(), CheckpointError> {
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let meta = pt_metadata();
+    dir.write_with(file, |w| write_safetensors(w, &list, None, &meta).map(|_| ()))
+}
+
 /// Writes `config.json` (2-space indented, keys sorted, as transformers writes it) and the
 /// weights as `dtype`: one `model.safetensors` if they fit `max_shard_bytes`, else shards
 /// `model-0000i-of-0000n.safetensors` filled greedily in name order plus the index.

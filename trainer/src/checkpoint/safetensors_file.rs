@@ -25,6 +25,7 @@ fn dtype_name(dtype: DType) -> Option<&'static str> {
         DType::I16 => "I16",
         DType::U32 => "U32",
         DType::U8 => "U8",
+        DType::F8E4M3 => "F8_E4M3",
         _ => return None,
     })
 }
@@ -113,6 +114,7 @@ fn le_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
         DType::I16 => bytes!(i16),
         DType::U32 => bytes!(u32),
         DType::U8 => t.to_vec1::<u8>()?,
+        DType::F8E4M3 => t.to_vec1::<float8::F8E4M3>()?.iter().map(|x| x.to_bits()).collect(),
         other => return Err(candle_core::Error::Msg(format!("dtype {other:?} cannot be saved"))),
     })
 }
@@ -161,6 +163,9 @@ impl SafetensorsFile {
             .get(name)
             .map_err(|_| CheckpointError::MissingTensor { name: name.to_string(), file: path.to_path_buf() })?;
         let stored = DType::try_from(view.dtype()).ok().filter(|d| d.is_float() && dtype_name(*d).is_some());
+        if DType::try_from(view.dtype()).ok() == Some(DType::F8E4M3) {
+            return Err(CheckpointError::QuantizedWeights { name: name.to_string(), file: path.to_path_buf() });
+        }
         if stored.is_none() {
             return Err(CheckpointError::UnsupportedDtype {
                 name: name.to_string(),

@@ -116,14 +116,7 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     eval(&mut c, r);
     serve(&mut c, r);
     publish(&mut c, r);
-    c.int("quantize.calibration_samples", r.quantize.calibration_samples.into(), 1, 1_000_000);
-    if r.quantize.enabled {
-        c.fail(
-            "quantize.enabled",
-            "quantizing the trained model is not built yet: set enabled: false (the run's final/ is served in \
-             model.dtype)",
-        );
-    }
+    quantize(&mut c, r);
     let include = &r.receipt.include;
     c.unique("receipt.include", include);
     if !include.contains(&super::schema::ReceiptItem::RecipeHash) {
@@ -132,6 +125,32 @@ pub(crate) fn validate(r: &Recipe) -> Vec<Issue> {
     c.opt_text("receipt.output", r.receipt.output.as_ref());
     receipt::output(&mut c, r);
     c.0
+}
+
+/// `quantize`: FP8 with dynamic per-token activations is built (`crate::quantize`); the other
+/// schemes, calibration (which dynamic scales do not use) and MoE experts are refused by name.
+fn quantize(c: &mut Checks, r: &Recipe) {
+    let q = &r.quantize;
+    if q.calibration_samples != super::schema::Quantize::default().calibration_samples {
+        c.fail(
+            "quantize.calibration_samples",
+            "fp8 scales activations per token at run time (dynamic), so nothing is calibrated: leave \
+             calibration_samples out (static activation scales are not built)",
+        );
+    }
+    if !q.enabled {
+        return;
+    }
+    if q.scheme != super::schema::QuantScheme::Fp8 {
+        c.fail("quantize.scheme", format!("{} is not built: fp8 is", name_of(&q.scheme)));
+    }
+    if r.model.family == ModelFamily::Qwen3Moe || r.model.config.as_ref().is_some_and(|m| m.moe.is_some()) {
+        c.fail(
+            "quantize.enabled",
+            "FP8 for mixture-of-experts models is not built: transformers holds their experts as fused \
+             parameters, not the Linear modules the compressed-tensors scheme targets",
+        );
+    }
 }
 
 fn meta(c: &mut Checks, r: &Recipe) {

@@ -508,6 +508,9 @@ impl<'a> Session<'a> {
         } else {
             None
         };
+        if self.writes() {
+            crate::quantize::after_training(self.spec, &self.out.final_dir(), &self.record.run_id, sink, observer)?;
+        }
         let summary = RunSummary {
             run_id: self.record.run_id.clone(),
             steps: self.step,

@@ -386,14 +386,31 @@ pub fn fields() -> Vec<Field> {
         )]),
         field("eval.regression.threshold_pct", "the largest drop allowed, per held-out exact match and task metric")
             .test("regression_threshold_is_relative_to_the_baseline"),
-        field("quantize.enabled", "").refuses(&[no!(
-            "true",
-            r#"{"quantize": {"enabled": true}}"#,
-            "quantizing the trained model is not built yet",
+        field(
+            "quantize.enabled",
+            "after training: `quantized/`, the final model as FP8 E4M3 in the compressed-tensors format, sealed \
+             with the run (`model.quantized`)",
+        )
+        .test("a_tiny_run_with_quantize_writes_a_sealed_fp8_directory_that_transformers_loads")
+        .refuses(&[no!(
+            "true with experts",
+            r#"{"quantize": {"enabled": true}, "model": {"family": "qwen3_moe"}}"#,
+            "FP8 for mixture-of-experts models is not built",
         )]),
-        field("quantize.scheme", "the scheme").inert_unless("quantize.enabled"),
-        field("quantize.per_channel", "per-channel scales").inert_unless("quantize.enabled"),
-        field("quantize.calibration_samples", "calibration examples").inert_unless("quantize.enabled"),
+        field("quantize.scheme", "`fp8`: E4M3 weights, activations quantized per token at run time")
+            .test("a_tiny_run_with_quantize_writes_a_sealed_fp8_directory_that_transformers_loads")
+            .refuses(&[
+                no!("mxfp4", r#"{"quantize": {"enabled": true, "scheme": "mxfp4"}}"#, "mxfp4 is not built"),
+                no!("int8", r#"{"quantize": {"enabled": true, "scheme": "int8"}}"#, "int8 is not built"),
+                no!("int4", r#"{"quantize": {"enabled": true, "scheme": "int4"}}"#, "int4 is not built"),
+            ]),
+        field("quantize.per_channel", "one weight scale per output channel; `false`: one per tensor")
+            .test("per_channel_false_writes_one_scale_per_tensor_and_says_so"),
+        field("quantize.calibration_samples", "").refuses(&[no!(
+            "≠ 512",
+            r#"{"quantize": {"enabled": true, "calibration_samples": 64}}"#,
+            "nothing is calibrated",
+        )]),
         field("serve.enabled", "`false`: `mindxtrain serve` refuses to serve the recipe's model")
             .test("a_recipe_with_serve_enabled_false_is_not_served"),
         field("serve.host", "`mindxtrain serve`'s listen address unless --listen")
