@@ -44,7 +44,7 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is inside the repo").to_path_buf()
 }
 
-fn run_python(python: &Path, script: &str, jobs: &[Vec<String>], work: &Path) {
+pub fn run_python(python: &Path, script: &str, jobs: &[Vec<String>], work: &Path) {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let file = work.join(format!("jobs-{n}.json"));
@@ -54,7 +54,7 @@ fn run_python(python: &Path, script: &str, jobs: &[Vec<String>], work: &Path) {
     assert!(out.status.success(), "python failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn args(parts: &[&str]) -> Vec<String> {
+pub fn args(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 

@@ -34,6 +34,9 @@ pub enum CheckpointError {
     BadState { path: PathBuf, reason: String },
     #[error("{path}: already exists; checkpoints are never overwritten")]
     Exists { path: PathBuf },
+    /// A save in a released checkpoint's layout whose weights are not that checkpoint's text model.
+    #[error("{dir}: cannot be written back in its released layout: {reason}")]
+    ReleasedMismatch { dir: PathBuf, reason: String },
     #[error("`{name}`: {source}")]
     Tensor { name: String, source: candle_core::Error },
 }

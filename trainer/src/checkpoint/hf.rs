@@ -68,6 +68,19 @@ impl WeightFiles {
         Err(CheckpointError::NoWeights { dir: dir.to_path_buf() })
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tensors the listing puts in `file` (a file name in the directory).
+    pub(super) fn names_in<'a>(&'a self, file: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.map.iter().filter(move |(_, f)| f.as_str() == file).map(|(n, _)| n.as_str())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
     pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
         self.map.keys().map(String::as_str)
     }
@@ -99,7 +112,7 @@ impl WeightFiles {
         self.load_names(expected.iter().map(|(n, s)| (n.as_str(), Some(s.as_slice()))), dtype, device)
     }
 
-    fn load_names<'a>(
+    pub(super) fn load_names<'a>(
         &self,
         names: impl Iterator<Item = (&'a str, Option<&'a [usize]>)>,
         dtype: DType,
@@ -142,7 +155,7 @@ pub fn load_hf_weights(dir: &Path, dtype: DType, device: &Device) -> Result<BTre
 }
 
 /// Tensor names in a safetensors header, reading only the header.
-fn header_names(path: &Path) -> Result<Vec<String>, CheckpointError> {
+pub(super) fn header_names(path: &Path) -> Result<Vec<String>, CheckpointError> {
     let bad = |reason: String| CheckpointError::BadSafetensors { path: path.to_path_buf(), reason };
     let mut f = std::fs::File::open(path).map_err(io(path))?;
     let file_len = f.metadata().map_err(io(path))?.len();
@@ -160,9 +173,9 @@ fn header_names(path: &Path) -> Result<Vec<String>, CheckpointError> {
 }
 
 /// A tensor to load and, if known, the shape it must have.
-type Wanted<'a> = (&'a str, Option<&'a [usize]>);
+pub(super) type Wanted<'a> = (&'a str, Option<&'a [usize]>);
 
-fn pt_metadata() -> BTreeMap<String, String> {
+pub(super) fn pt_metadata() -> BTreeMap<String, String> {
     BTreeMap::from([("format".to_string(), "pt".to_string())])
 }
 

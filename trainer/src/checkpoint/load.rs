@@ -11,7 +11,9 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use super::error::io;
-use super::{ADAPTER_CONFIG_FILE, AdapterConfig, CONFIG_FILE, CheckpointError, FileDigest, WeightFiles};
+use super::{
+    ADAPTER_CONFIG_FILE, AdapterConfig, CONFIG_FILE, CheckpointError, FileDigest, ReleasedLayout, WeightFiles,
+};
 use crate::model::{Adapters, CausalLm, LmConfig, LoraConfig, ModelError};
 use crate::recipe::{Dtype, Recipe, TargetModule};
 
@@ -26,14 +28,6 @@ pub enum LoadError {
     NoModel,
     #[error("{path}: {reason}")]
     Adapter { path: String, reason: String },
-    /// A released Qwen3.5/3.6 checkpoint (`Qwen3_5[Moe]ForConditionalGeneration`): training its
-    /// language model would need export to write the vision tower and MTP head back beside it.
-    #[error(
-        "{path}: a released Qwen3.5/3.6 checkpoint (tensors under model.language_model.*, with its vision tower \
-         model.visual.* and MTP head mtp.*): importing and exporting that layout is not built yet; save the text \
-         model as transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (model.*) and train from that"
-    )]
-    ReleasedLayout { path: String },
 }
 
 /// The tensor dtype of a recipe's `model.dtype`.
@@ -45,23 +39,20 @@ pub fn model_dtype(d: Dtype) -> DType {
     }
 }
 
-/// Where a `*ForConditionalGeneration` checkpoint keeps its language model's tensors.
-const RELEASED_PREFIX: &str = "model.language_model.";
-
 /// An HF model directory (`config.json` and its weights) on `device`, with the digests of its
-/// files. A released multimodal Qwen3.5/3.6 checkpoint is refused by name
-/// ([`LoadError::ReleasedLayout`]).
+/// files. A released multimodal Qwen3.5/3.6 checkpoint loads its text model ([`ReleasedLayout`]).
 pub fn load_hf_model(dir: &Path, dtype: DType, device: &Device) -> Result<(CausalLm, Vec<FileDigest>), LoadError> {
     let config_path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
     let config = LmConfig::from_hf_json(&text)?;
     let weights = WeightFiles::open(dir)?;
-    if weights.tensor_names().any(|n| n.starts_with(RELEASED_PREFIX)) {
-        return Err(LoadError::ReleasedLayout { path: dir.display().to_string() });
-    }
-    let params = weights.load(dtype, device)?;
+    let files_read = weights.files();
+    let params = match ReleasedLayout::of(weights.clone())? {
+        Some(released) => released.load_text(dtype, device)?,
+        None => weights.load(dtype, device)?,
+    };
     let mut files = vec![digest_file(&config_path, dir)?];
-    for f in weights.files() {
+    for f in files_read {
         files.push(digest_file(&f, dir)?);
     }
     Ok((CausalLm::new(config, params, device)?, files))
@@ -232,15 +223,6 @@ mod tests {
         let back = load_adapter(&ad, &config, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(back.config, LoraConfig::from(&lora));
         assert_eq!(back.tensors.keys().collect::<Vec<_>>(), adapters.tensors.keys().collect::<Vec<_>>());
-        // The released multimodal layout is refused by name, before any tensor is read.
-        let released = root.path().join("released");
-        let mut dir = StagedDir::create(&released).unwrap();
-        let renamed: crate::model::Params =
-            model.params().iter().map(|(n, t)| (n.replacen("model.", RELEASED_PREFIX, 1), t.clone())).collect();
-        save_hf_model(&mut dir, &json, &renamed, DType::F32, crate::checkpoint::DEFAULT_MAX_SHARD_BYTES).unwrap();
-        dir.commit().unwrap();
-        let Err(err) = load_hf_model(&released, DType::F32, &Device::Cpu) else { panic!("the released layout loaded") };
-        assert!(matches!(err, LoadError::ReleasedLayout { .. }) && err.to_string().contains("not built yet"), "{err}");
         // An adapter for another shape is refused, naming the tensor.
         let other = LmConfig { hidden_size: 8, num_attention_heads: 1, ..tiny() };
         assert!(load_adapter(&ad, &other, DType::F32, &Device::Cpu).unwrap_err().to_string().contains("lora_A"));

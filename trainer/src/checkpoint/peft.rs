@@ -251,7 +251,8 @@ pub fn save_peft_adapter(
     dir.write_with(ADAPTER_WEIGHTS_FILE, |w| write_safetensors(w, &list, None, &meta).map(|_| ()))
 }
 
-/// Reads a PEFT adapter directory (ours or PEFT's), tensors as f32 on `device`.
+/// Reads a PEFT adapter directory (ours or PEFT's), tensors as f32 on `device`, named over our
+/// model whether saved over a released base or not.
 pub fn load_peft_adapter(
     dir: &Path,
     device: &Device,
@@ -262,6 +263,8 @@ pub fn load_peft_adapter(
         .map_err(|e| CheckpointError::BadAdapterConfig { path: path.clone(), reason: e.to_string() })?;
     config.check().map_err(|reason| CheckpointError::BadAdapterConfig { path, reason })?;
     let tensors = read_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), Some(DType::F32), device)?;
+    // Saved over a released Qwen3.5/3.6 base, its modules sit under `model.language_model`.
+    let tensors = tensors.into_iter().map(|(n, t)| (super::released::our_adapter_name(&n), t)).collect();
     check_tensors(&config, &tensors)?;
     Ok((config, tensors))
 }

@@ -30,6 +30,13 @@ fn dtype_name(dtype: DType) -> Option<&'static str> {
     })
 }
 
+/// The dtype a safetensors dtype name stands for, among those [`dtype_name`] writes.
+pub(super) fn dtype_of(name: &str) -> Option<DType> {
+    [DType::F32, DType::BF16, DType::F16, DType::F64, DType::I64, DType::I32, DType::I16, DType::U32, DType::U8]
+        .into_iter()
+        .find(|d| dtype_name(*d) == Some(name))
+}
+
 /// Streams `tensors` (converted to `dtype` when given) as one safetensors file into `out`.
 /// Returns the number of bytes written.
 pub(super) fn write_safetensors<W: Write + ?Sized>(
@@ -44,6 +51,32 @@ pub(super) fn write_safetensors<W: Write + ?Sized>(
         return Err(CheckpointError::BadAdapterTensor { name: w[0].0.to_string(), reason: "written twice".into() });
     }
 
+    let mut entries = Vec::with_capacity(sorted.len());
+    for (name, t) in &sorted {
+        let dt = dtype.unwrap_or(t.dtype());
+        let dt_name = dtype_name(dt).ok_or_else(|| CheckpointError::Tensor {
+            name: name.to_string(),
+            source: candle_core::Error::Msg(format!("dtype {dt:?} cannot be saved")),
+        })?;
+        entries.push((*name, dt_name, t.dims(), (t.elem_count() * dt.size_in_bytes()) as u64));
+    }
+    let (header, offset) = header(metadata, &entries);
+    let werr = |e: std::io::Error| CheckpointError::Io { path: "<safetensors stream>".into(), source: e };
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(werr)?;
+    out.write_all(header.as_bytes()).map_err(werr)?;
+    for (name, t) in &sorted {
+        let t = match dtype {
+            Some(dt) if dt != t.dtype() => t.to_dtype(dt).map_err(tensor(name))?,
+            _ => (*t).clone(),
+        };
+        out.write_all(&le_bytes(&t).map_err(tensor(name))?).map_err(werr)?;
+    }
+    Ok(8 + header.len() as u64 + offset)
+}
+
+/// A safetensors header over `entries` (name, dtype name, shape, byte length; in name order):
+/// `__metadata__` first, padded with spaces to a multiple of 8. Returns it and the data's length.
+fn header(metadata: &BTreeMap<String, String>, entries: &[(&str, &str, &[usize], u64)]) -> (String, u64) {
     let json = |s: &str| serde_json::to_string(s).expect("strings always serialize");
     let mut header = String::from("{\"__metadata__\":{");
     for (i, (k, v)) in metadata.iter().enumerate() {
@@ -51,14 +84,8 @@ pub(super) fn write_safetensors<W: Write + ?Sized>(
     }
     header.push('}');
     let mut offset = 0u64;
-    for (name, t) in &sorted {
-        let dt = dtype.unwrap_or(t.dtype());
-        let dt_name = dtype_name(dt).ok_or_else(|| CheckpointError::Tensor {
-            name: name.to_string(),
-            source: candle_core::Error::Msg(format!("dtype {dt:?} cannot be saved")),
-        })?;
-        let len = (t.elem_count() * dt.size_in_bytes()) as u64;
-        let shape: Vec<String> = t.dims().iter().map(|d| d.to_string()).collect();
+    for (name, dt_name, dims, len) in entries {
+        let shape: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
         header += &format!(
             ",{}:{{\"dtype\":\"{dt_name}\",\"shape\":[{}],\"data_offsets\":[{offset},{}]}}",
             json(name),
@@ -71,18 +98,38 @@ pub(super) fn write_safetensors<W: Write + ?Sized>(
     while header.len() % 8 != 0 {
         header.push(' ');
     }
+    (header, offset)
+}
 
+/// A tensor as stored: its safetensors dtype name, shape and little-endian bytes.
+pub(super) struct RawTensor<'a> {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub bytes: std::borrow::Cow<'a, [u8]>,
+}
+
+/// Streams `tensors` as stored (no decoding: bytes copied from another file keep every bit) as
+/// one safetensors file into `out`, laid out as [`write_safetensors`] lays it out.
+pub(super) fn write_raw_safetensors<W: Write + ?Sized>(
+    out: &mut W,
+    tensors: &BTreeMap<String, RawTensor<'_>>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), CheckpointError> {
+    let entries: Vec<_> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t.dtype.as_str(), t.shape.as_slice(), t.bytes.len() as u64)).collect();
+    let (header, _) = header(metadata, &entries);
     let werr = |e: std::io::Error| CheckpointError::Io { path: "<safetensors stream>".into(), source: e };
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(werr)?;
     out.write_all(header.as_bytes()).map_err(werr)?;
-    for (name, t) in &sorted {
-        let t = match dtype {
-            Some(dt) if dt != t.dtype() => t.to_dtype(dt).map_err(tensor(name))?,
-            _ => (*t).clone(),
-        };
-        out.write_all(&le_bytes(&t).map_err(tensor(name))?).map_err(werr)?;
+    for t in tensors.values() {
+        out.write_all(&t.bytes).map_err(werr)?;
     }
-    Ok(8 + header.len() as u64 + offset)
+    Ok(())
+}
+
+/// `t`'s little-endian bytes as `dtype` (a float tensor re-encoded in a stored file's dtype).
+pub(super) fn encode(t: &Tensor, dtype: DType) -> candle_core::Result<Vec<u8>> {
+    le_bytes(&t.to_dtype(dtype)?)
 }
 
 /// The bytes of the safetensors file [`write_safetensors`] would write.
@@ -175,6 +222,32 @@ impl SafetensorsFile {
         }
         let t = view.load(&Device::Cpu).map_err(tensor(name))?;
         t.to_dtype(dtype).and_then(|t| t.to_device(device)).map_err(tensor(name))
+    }
+
+    /// Every tensor as stored, by name, its bytes borrowed from the file (read by the header's
+    /// offsets, which [`SafetensorsFile::read`] validated).
+    pub(super) fn raw_tensors(&self, path: &Path) -> Result<BTreeMap<String, RawTensor<'_>>, CheckpointError> {
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            dtype: String,
+            shape: Vec<usize>,
+            data_offsets: [usize; 2],
+        }
+        let bad = |reason: String| CheckpointError::BadSafetensors { path: path.to_path_buf(), reason };
+        let len = u64::from_le_bytes(self.bytes[..8].try_into().expect("validated in read")) as usize;
+        let mut header: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(&self.bytes[8..8 + len]).map_err(|e| bad(e.to_string()))?;
+        header.remove("__metadata__");
+        let data = &self.bytes[8 + len..];
+        header
+            .into_iter()
+            .map(|(name, v)| {
+                let e: Entry = serde_json::from_value(v).map_err(|e| bad(format!("`{name}`: {e}")))?;
+                let [start, end] = e.data_offsets;
+                let bytes = data.get(start..end).ok_or_else(|| bad(format!("`{name}`: offsets out of the file")))?;
+                Ok((name, RawTensor { dtype: e.dtype, shape: e.shape, bytes: std::borrow::Cow::Borrowed(bytes) }))
+            })
+            .collect()
     }
 
     /// Loads one tensor as stored.

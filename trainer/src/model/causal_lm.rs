@@ -133,13 +133,16 @@ fn draw_for_timing(
     Ok(p)
 }
 
-/// The weights QLoRA holds in NF4 ([`CausalLm::quantize_nf4`]): every block projection, and on a
-/// Qwen3-MoE model every sparse layer's two stacked expert weights. Names a layer lacks (the
-/// seven projections' MLP ones on a sparse layer, experts on a dense one) are simply absent.
+/// The weights QLoRA holds in NF4 ([`CausalLm::quantize_nf4`]): every projection of each layer's
+/// kind (attention's four or a Gated DeltaNet's five, and a dense MLP's three), and on a sparse
+/// layer the two stacked expert weights. A Qwen3.5-MoE shared expert's gate logit (`[1, H]`) stays
+/// dense, as the router does: it scales the shared expert's whole output. Expert names a dense
+/// layer lacks are simply absent.
 fn nf4_targets(config: &LmConfig) -> Vec<String> {
     let mut names = Vec::new();
     for layer in 0..config.num_hidden_layers {
-        names.extend(Proj::ALL.into_iter().map(|proj| base_weight_name(layer, proj)));
+        let projs = Proj::of_layer(config, layer).into_iter().filter(|p| *p != Proj::SharedExpertGate);
+        names.extend(projs.map(|proj| base_weight_name(layer, proj)));
         names.extend([moe::gate_up_name(layer), moe::down_name(layer)]);
     }
     names

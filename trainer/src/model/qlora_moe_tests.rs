@@ -12,7 +12,7 @@ use super::*;
 
 /// `m` quantised for QLoRA, and a dense model holding each weight the quantised one keeps in
 /// NF4 as the dense layers' storage ([`Nf4Tensor`]) gives it back.
-fn quantised_and_dequantised(m: &CausalLm) -> (CausalLm, CausalLm) {
+pub(super) fn quantised_and_dequantised(m: &CausalLm) -> (CausalLm, CausalLm) {
     let mut q = m.clone();
     q.quantize_nf4().unwrap();
     let mut deq = m.params().clone();

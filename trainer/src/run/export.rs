@@ -4,6 +4,8 @@
 //! end an answer, so `AutoModelForCausalLM.from_pretrained(dir)` and
 //! `AutoTokenizer.from_pretrained(dir)` need nothing else. The checkpoint's model card comes
 //! along ([`super::card`]): the run's own card, marked merged when an adapter was folded in.
+//! A model from a released Qwen3.5/3.6 checkpoint is written back in that layout
+//! ([`crate::checkpoint::ReleasedLayout`]): its vision tower and MTP layer copied byte for byte.
 
 use std::path::Path;
 
@@ -40,7 +42,9 @@ pub fn export_hf(
     }
     let mut dir = StagedDir::create(out)?;
     dir.write_file(MODEL_CARD_FILE, card.as_bytes())?;
-    save_model(&mut dir, &model)?;
+    // Written back in the layout the weights came from: the checkpoint's own, or its base's.
+    let source = if crate::checkpoint::is_adapter(checkpoint_dir) { base } else { Some(checkpoint_dir) };
+    save_model(&mut dir, &model, crate::checkpoint::released_source(source)?.as_ref())?;
     let sources: Vec<&Path> = base.into_iter().chain([checkpoint_dir]).collect();
     carry_model_code(&mut dir, &model.config().to_hf_json("float32"), &sources)?;
     write_tokenizer(&mut dir, &tokenizer, recipe.serve.max_model_len as usize)?;

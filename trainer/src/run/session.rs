@@ -70,6 +70,9 @@ pub struct Session<'a> {
     /// What `eval.regression` compares the final evaluation with: a report read before the run
     /// started, or the base's own (evaluated before the first step, kept as `BASELINE_FILE`).
     gate: Option<(String, Option<EvalReport>)>,
+    /// The released Qwen3.5/3.6 checkpoint the base came from: full weights are written back
+    /// into its layout, and adapters named as PEFT names them over it.
+    released: Option<checkpoint::ReleasedLayout>,
 }
 
 fn emit(sink: &mut impl EventSink, kind: &str, run_id: &str, data: Value) -> Result<(), RunError> {
@@ -97,15 +100,29 @@ fn load_base_model(
 }
 
 /// A model's full weights with its `config.json`, in the HF layout (a Qwen3-MoE model's
-/// experts one tensor each, as transformers itself writes them).
-pub(super) fn save_model(dir: &mut StagedDir, model: &CausalLm) -> Result<(), RunError> {
-    save_params(dir, model, model.params())
+/// experts one tensor each, as transformers itself writes them), or written back into the
+/// released checkpoint `released` it was loaded from (a Qwen3.5/3.6 multimodal one).
+pub(super) fn save_model(
+    dir: &mut StagedDir,
+    model: &CausalLm,
+    released: Option<&checkpoint::ReleasedLayout>,
+) -> Result<(), RunError> {
+    save_params(dir, model, model.params(), released)
 }
 
 /// `params` (all of `model`'s weights, maybe gathered from the ranks that shard them) with the
-/// model's `config.json`, in the HF layout.
-fn save_params(dir: &mut StagedDir, model: &CausalLm, params: &crate::model::Params) -> Result<(), RunError> {
+/// model's `config.json`, in the HF layout or `released`'s.
+fn save_params(
+    dir: &mut StagedDir,
+    model: &CausalLm,
+    params: &crate::model::Params,
+    released: Option<&checkpoint::ReleasedLayout>,
+) -> Result<(), RunError> {
     let dtype = model.dtype();
+    if let Some(released) = released {
+        released.save(dir, &crate::model::moe::split_experts(model.config(), params)?)?;
+        return Ok(());
+    }
     let config: Value = serde_json::from_str(&model.config().to_hf_json(torch_dtype(dtype)))
         .map_err(|e| RunError::Recipe(format!("model config: {e}")))?;
     let weights = crate::model::moe::split_experts(model.config(), params)?;
@@ -195,6 +212,7 @@ impl<'a> Session<'a> {
         // need not fit there.
         let load_on = if method.nf4_base { Device::Cpu } else { device.clone() };
         let (mut model, mut base) = load_base_model(recipe, base_dir.as_ref(), &load_on)?;
+        let released = checkpoint::released_source(base_dir.as_ref().map(|b| b.dir.as_path()))?;
         if let Some(recorded) = &recorded
             && let Some(why) = base::difference(recorded, &base)
             && !spec.force_base
@@ -353,6 +371,7 @@ impl<'a> Session<'a> {
             accum,
             ranks,
             gate,
+            released,
         };
         emit(
             sink,
@@ -590,10 +609,15 @@ impl<'a> Session<'a> {
                 let parameters = a.config.target_parameters(self.model.config());
                 let config = checkpoint::AdapterConfig::from_recipe(lora, self.base.name_or_path())
                     .with_target_parameters(parameters);
-                checkpoint::save_peft_adapter(dir, &config, &a.tensors)?;
+                match &self.released {
+                    Some(_) => {
+                        checkpoint::save_peft_adapter(dir, &config, &checkpoint::released_adapter_names(&a.tensors))?
+                    }
+                    None => checkpoint::save_peft_adapter(dir, &config, &a.tensors)?,
+                }
                 dir.write_file(BASE_FILE, &self.base.to_bytes())?;
             }
-            _ => save_params(dir, &self.model, weights.unwrap_or(self.model.params()))?,
+            _ => save_params(dir, &self.model, weights.unwrap_or(self.model.params()), self.released.as_ref())?,
         }
         Ok(())
     }

@@ -217,4 +217,6 @@ pub(super) fn init_of(name: &str) -> super::params::Init {
 #[cfg(test)]
 pub(crate) mod moe_tests;
 #[cfg(test)]
+mod qlora_tests;
+#[cfg(test)]
 pub(crate) mod tests;

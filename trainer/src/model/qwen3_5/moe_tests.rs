@@ -29,7 +29,7 @@ pub(crate) fn tiny_hybrid_moe() -> LmConfig {
     }
 }
 
-fn every_target() -> LoraConfig {
+pub(super) fn every_target() -> LoraConfig {
     LoraConfig { r: 2, alpha: 4.0, dropout: 0.0, target_modules: TargetModule::EVERY.to_vec(), rslora: false }
 }
 

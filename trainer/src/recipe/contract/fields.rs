@@ -205,9 +205,10 @@ pub fn fields() -> Vec<Field> {
         .test("near_duplicates_are_dropped_at_the_recipe_s_threshold"),
         field("train.method.kind", "the method").test("wrong_method_kind").refuses(&[
             no!(
-                "qlora with qwen3_hybrid",
-                r#"{"model": {"family": "qwen3_hybrid"}, "train": {"method": {"kind": "qlora"}}}"#,
-                "qlora is not built yet for family qwen3_hybrid",
+                "qlora on a GPU with qwen3_hybrid",
+                r#"{"model": {"family": "qwen3_hybrid"}, "hardware": {"name": "h100", "gpus": 1, "arch": "sm_90"},
+                    "train": {"method": {"kind": "qlora"}}}"#,
+                "qlora on a GPU is not built yet for family qwen3_hybrid",
             ),
             no!(
                 "grpo with qwen3_hybrid",
