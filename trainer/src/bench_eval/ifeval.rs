@@ -75,16 +75,19 @@ mod tests {
     #[test]
     fn loose_scoring_forgives_a_first_line_and_markdown_stars() {
         let quoted = inst("startend:quotation", "{}");
-        let r = "Sure, here it is:\n\"**hello**\"";
-        assert_eq!(verdicts(&[quoted.clone()], r), Verdicts { strict: vec![false], loose: vec![true] });
-        let no_stars = inst("detectable_format:title", "{}");
+        let r = "Sure, here it is:\n\"hello\"";
+        assert_eq!(verdicts(std::slice::from_ref(&quoted), r), Verdicts { strict: vec![false], loose: vec![true] });
+        let json = inst("detectable_format:json_format", "{}");
         assert_eq!(
-            verdicts(&[no_stars, quoted.clone()], "<<T>>\n\"x\""),
-            Verdicts { strict: vec![true, false], loose: vec![true, true] }
+            verdicts(&[json, quoted], "**{\"a\": 1}**"),
+            Verdicts { strict: vec![false, false], loose: vec![true, false] }
         );
         // A blank response follows nothing, even an instruction it would pass.
         let comma = inst("punctuation:no_comma", "{}");
-        assert_eq!(verdicts(&[comma.clone()], " \n "), Verdicts { strict: vec![false], loose: vec![false] });
+        assert_eq!(
+            verdicts(std::slice::from_ref(&comma), " \n "),
+            Verdicts { strict: vec![false], loose: vec![false] }
+        );
         assert_eq!(verdicts(&[comma], "a"), Verdicts { strict: vec![true], loose: vec![true] });
     }
 
@@ -108,6 +111,7 @@ mod tests {
             ),
             ("detectable_format:title", r#"{"num_words": 3}"#, "num_words"),
             ("keywords:existence", r#"{"keywords": ["("]}"#, "pattern"),
+            ("language:response_language", r#"{"language": "zh"}"#, "not one the harness names"),
             ("detectable_format:rephrase", "{}", "not an IFEval instruction id"),
         ] {
             let err = Instruction::new(id, &Json::parse(kwargs).unwrap()).unwrap_err().to_string();

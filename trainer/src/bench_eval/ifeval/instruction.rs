@@ -75,6 +75,12 @@ pub const IDS: [&str; 25] = [
     "startend:quotation",
 ];
 
+/// The languages `language:response_language` may ask for (the harness's `LANGUAGE_CODES`).
+pub const LANGUAGES: [&str; 30] = [
+    "ar", "bg", "bn", "de", "en", "es", "fa", "fi", "fr", "gu", "he", "hi", "it", "ja", "kn", "ko", "ml", "mr", "ne",
+    "pa", "pl", "pt", "ru", "sw", "ta", "te", "th", "uk", "ur", "vi",
+];
+
 /// The kwargs the harness passes: falsy values left out.
 struct Kwargs<'a> {
     id: &'a str,
@@ -211,7 +217,16 @@ impl Instruction {
                     relation: k.relation("let_relation")?,
                 }
             }
-            "language:response_language" => Instruction::ResponseLanguage(k.text("language")?.to_owned()),
+            "language:response_language" => {
+                let language = k.text("language")?;
+                if !LANGUAGES.contains(&language) {
+                    return Err(k.err(format!(
+                        "language {language:?} is not one the harness names (it fails on it); it names {}",
+                        LANGUAGES.join(", ")
+                    )));
+                }
+                Instruction::ResponseLanguage(language.to_owned())
+            }
             "length_constraints:number_sentences" => Instruction::NumberSentences {
                 count: k.int("num_sentences", false)?,
                 relation: k.relation("relation")?,
@@ -254,7 +269,8 @@ impl Instruction {
             "change_case:english_capital" => Instruction::EnglishCapital,
             "change_case:english_lowercase" => Instruction::EnglishLowercase,
             "punctuation:no_comma" => Instruction::NoComma,
-            _ => Instruction::Quotation,
+            "startend:quotation" => Instruction::Quotation,
+            other => return Err(IfevalError::UnknownInstruction(other.to_owned())),
         })
     }
 

@@ -4,7 +4,8 @@
 //! whitespace and a token), each decided on its context's tokens by the first pass (abbreviation,
 //! ellipsis, period) and the second (collocations, the orthographic heuristic, sentence starters),
 //! then closing quotes and brackets realigned onto the sentence they end. Written from NLTK 3.10's
-//! algorithm; parity with it is tested on the torch venv (`tests/tests/ifeval.rs`).
+//! algorithm; parity with it is tested on the torch venv (`tests/tests/ifeval.rs`). Its patterns'
+//! classes are the `regex` engine's (Unicode's, as this crate's); its `strip`s are Python's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
@@ -77,8 +78,8 @@ fn patterns() -> &'static Patterns {
         Patterns {
             words: fancy_regex::Regex::new(&words).unwrap_or_else(|e| unreachable!("{words}: {e}")),
             numeric: re(r"^-?[\.,]?\d[\d,\.-]*\.?$"),
-            // `[^\W\d]`: Python's word characters less the decimal digits.
-            initial: re(r"^[\p{L}\p{Nl}\p{No}_]\.$"),
+            // Word characters less the decimal digits (NLTK's `regex` engine's classes, as here).
+            initial: re(r"^[^\W\d]\.$"),
             ellipsis: re(r"^\.\.+$"),
         }
     })
@@ -190,11 +191,11 @@ fn second_pass(first: &mut Token<'_>, next: &Token<'_>) {
         (first.sentbreak, first.abbr) = (false, true);
         return;
     }
-    if (first.abbr || first.ellipsis) && !initial {
-        if ortho_heuristic(next) == Starter::Yes || next.first_upper() && p.sent_starters.contains(next_typ) {
-            first.sentbreak = true;
-            return;
-        }
+    let starts_sentence =
+        || ortho_heuristic(next) == Starter::Yes || next.first_upper() && p.sent_starters.contains(next_typ);
+    if (first.abbr || first.ellipsis) && !initial && starts_sentence() {
+        first.sentbreak = true;
+        return;
     }
     if initial || typ == "##number##" {
         let starter = ortho_heuristic(next);
@@ -239,9 +240,10 @@ fn candidates(text: &str) -> Vec<Candidate> {
             Some(n) if NON_WORD.contains(n) => {
                 out.push(Candidate { start, end, after: n.to_string(), next_tok: None });
             }
-            Some(n) if is_space(n) => {
-                let ws = rest.len() - rest.trim_start_matches(is_space).len();
-                let tok_len = rest[ws..].find(is_space).unwrap_or(rest.len() - ws);
+            // `\s` and `\S` of NLTK's `regex` engine: Unicode's White_Space, as `char`'s.
+            Some(n) if n.is_whitespace() => {
+                let ws = rest.len() - rest.trim_start_matches(char::is_whitespace).len();
+                let tok_len = rest[ws..].find(char::is_whitespace).unwrap_or(rest.len() - ws);
                 if tok_len > 0 {
                     out.push(Candidate {
                         start,
@@ -325,7 +327,7 @@ fn realigned_closers(next: &str) -> Option<(usize, usize)> {
     let mut ends = next[..run].char_indices().map(|(i, c)| i + c.len_utf8());
     ends.find_map(|p| {
         let rest = &next[p..];
-        let ws = rest.len() - rest.trim_start_matches(is_space).len();
+        let ws = rest.len() - rest.trim_start_matches(char::is_whitespace).len();
         let end = if ws > 0 {
             p + ws
         } else if rest.starts_with("--") || rest.is_empty() || rest.starts_with('\n') {

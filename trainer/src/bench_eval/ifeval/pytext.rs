@@ -55,7 +55,9 @@ pub fn is_lower(s: &str) -> bool {
     cased
 }
 
-/// Python's `\w` for `str` patterns: letters (L*), numbers (N*) and `_` — no combining marks.
+/// Python's `re` `\w` for `str` patterns (lm-eval's own checks use `re`): letters (L*), numbers
+/// (N*) and `_` — no combining marks. (NLTK's patterns run in the `regex` engine instead, whose
+/// `\w` is this crate's.)
 pub const WORD_CLASS: &str = r"[\p{L}\p{N}_]";
 
 /// Whether `c` is a Python `\w` character (`char::is_alphanumeric` would also take in the
