@@ -81,6 +81,10 @@ pub fn run(
 ) -> Result<TaskOutcome, BenchError> {
     let bad = |message: String| BenchError::Task { task: task.name(), message };
     let (mut samples, mut all) = (Vec::new(), Vec::new());
+    progress(&format!(
+        "eval task {}: greedy responses of up to {MAX_GEN_TOKS} tokens (fewer where the context fills first)",
+        task.name()
+    ));
     for (i, doc) in docs.iter().enumerate() {
         let Doc::Instructions(p) = doc else {
             return Err(bad("a document of another task in ifeval".into()));
