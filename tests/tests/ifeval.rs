@@ -76,6 +76,7 @@ const RESPONSES: &[&str] = &[
     "aaaaa bbbb zzz AAA",
     "ÉCOLE FRANÇAISE ΑΒΓ ǅ TITLE",
     "*Highlighted part* and **bold part** and *another one*.\n* a bullet\n*",
+    "\u{1c}* one point.\n\u{1f}- two points.\nSECTION\u{1c}1 done. P.\u{1f}S. ok\u{1d}",
 ];
 
 /// Texts the tokenizers are compared on besides the responses.

@@ -1,13 +1,14 @@
 //! `detectable_format:*` and `detectable_content:*`: bullets, highlights, sections, titles, the
 //! constrained answers, placeholders and postscripts — each the harness's pattern, with Python's
-//! `re` semantics (`.` stops at a newline; `^`/`$` per line where the harness says MULTILINE).
+//! `re` semantics (`.` stops at a newline; `^`/`$` per line where the harness says MULTILINE;
+//! `\s` with U+001C–U+001F).
 
 use std::sync::OnceLock;
 
 use regex::{Regex, RegexBuilder};
 
 use super::IfevalError;
-use super::pytext::strip;
+use super::pytext::{SPACE_CLASS as S, strip};
 
 struct Patterns {
     star_bullet: Regex,
@@ -25,14 +26,14 @@ fn patterns() -> &'static Patterns {
     PATTERNS.get_or_init(|| {
         let re = |p: &str| Regex::new(p).unwrap_or_else(|e| unreachable!("{p}: {e}"));
         Patterns {
-            star_bullet: re(r"(?m)^\s*\*[^\*].*$"),
-            dash_bullet: re(r"(?m)^\s*-.*$"),
+            star_bullet: re(&format!(r"(?m)^{S}*\*[^\*].*$")),
+            dash_bullet: re(&format!(r"(?m)^{S}*-.*$")),
             highlight: re(r"\*[^\n\*]*\*"),
             double_highlight: re(r"\*\*[^\n\*]*\*\*"),
             placeholder: re(r"\[.*?\]"),
             title: re(r"<<[^\n]+>>"),
-            pps: re(r"(?m)\s*p\.\s?p\.\s?s.*$"),
-            ps: re(r"(?m)\s*p\.\s?s\..*$"),
+            pps: re(&format!(r"(?m){S}*p\.{S}?p\.{S}?s.*$")),
+            ps: re(&format!(r"(?m){S}*p\.{S}?s\..*$")),
         }
     })
 }
@@ -70,7 +71,7 @@ pub fn highlights(text: &str) -> usize {
 
 /// `multiple_sections`'s splitter pattern: `\s?SPLITTER\s?\d+\s?` (the splitter is a pattern).
 pub fn section_pattern(splitter: &str) -> Result<Regex, IfevalError> {
-    Regex::new(&format!(r"\s?{splitter}\s?\d+\s?"))
+    Regex::new(&format!(r"{S}?{splitter}{S}?\d+{S}?"))
         .map_err(|e| IfevalError::Kwargs(format!("section splitter {splitter:?} is not a pattern: {e}")))
 }
 
@@ -120,7 +121,7 @@ impl Postscript {
             "P.P.S" => Postscript::Pps,
             "P.S." => Postscript::Ps,
             other => Postscript::Other(
-                RegexBuilder::new(&format!(r"\s*{}.*$", other.to_lowercase()))
+                RegexBuilder::new(&format!(r"{S}*{}.*$", other.to_lowercase()))
                     .multi_line(true)
                     .build()
                     .map_err(|e| IfevalError::Kwargs(format!("postscript marker {other:?} is not a pattern: {e}")))?,
@@ -145,6 +146,9 @@ mod tests {
     #[test]
     fn the_format_patterns_count_as_the_harness_s() {
         assert_eq!(bullets("* one\n* two\n**bold** no\n- three\n  -four"), 4);
+        // Python's `\s` takes the information separators in: a bullet after U+001C is one.
+        assert_eq!(bullets("\u{1c}* a"), 1);
+        assert_eq!(sections(&section_pattern("Day").unwrap(), "Day\u{1f}1 x"), 1);
         assert!(constrained("  Well. My answer is maybe.") && !constrained("my answer is yes."));
         assert_eq!(highlights("*a* and **b** and ** and *\n*"), 2);
         let s = section_pattern("SECTION").unwrap();

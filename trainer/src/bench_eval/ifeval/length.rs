@@ -5,13 +5,16 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::pytext::{split_words, strip};
+use super::pytext::{SPACE_CLASS as S, split_words, strip};
 
 /// `number_paragraphs`: pieces between `***` dividers; an empty piece counts against the total
 /// only at either end and fails the check anywhere else.
 pub fn paragraphs_exactly(text: &str, want: i64) -> bool {
     static DIVIDER: OnceLock<Regex> = OnceLock::new();
-    let re = DIVIDER.get_or_init(|| Regex::new(r"\s?\*\*\*\s?").unwrap_or_else(|e| unreachable!("{e}")));
+    let re = DIVIDER.get_or_init(|| {
+        let p = format!(r"{S}?\*\*\*{S}?");
+        Regex::new(&p).unwrap_or_else(|e| unreachable!("{p}: {e}"))
+    });
     let pieces: Vec<&str> = re.split(text).collect();
     let mut count = pieces.len() as i64;
     for (i, p) in pieces.iter().enumerate() {

@@ -13,6 +13,9 @@ pub fn is_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// Python's `re` `\s` as a class of this crate's regexes (`\s` here leaves out U+001C–U+001F).
+pub const SPACE_CLASS: &str = r"[\s\x1C-\x1F]";
+
 /// `str.strip()`.
 pub fn strip(s: &str) -> &str {
     s.trim_matches(is_space)
