@@ -7,11 +7,13 @@
 //! * [`docs`]: a task's rows as documents (prompt, choices or reference), few-shot contexts.
 //! * [`loglik`]: multiple choice by each choice's log-likelihood (the trainer's forward).
 //! * [`generation`]: greedy generation until a stop string (the dense decoder).
+//! * [`ifeval`]: IFEval's instruction checks, strict and loose, and its task.
 //! * [`metrics`]: answer extraction, exact match, means and their standard errors.
 //! * [`report`]: what `eval.json` records per task, and the regression comparison.
 
 pub mod docs;
 pub mod generation;
+pub mod ifeval;
 pub mod loglik;
 pub mod metrics;
 pub mod registry;
@@ -59,11 +61,13 @@ pub fn run_tasks(
     let mut report = TasksReport { fewshot: fewshot as u32, ..TasksReport::default() };
     for name in names {
         let task = TaskId::parse(name)?;
-        let set = docs::load(task, fewshot, cache)?;
-        progress(&format!("eval task {}: {} documents, {fewshot}-shot", task.name(), set.docs.len()));
+        let shots = if task.kind() == registry::Kind::Instructions { 0 } else { fewshot };
+        let set = docs::load(task, shots, cache)?;
+        progress(&format!("eval task {}: {} documents, {shots}-shot", task.name(), set.docs.len()));
         let outcome = match task.kind() {
             registry::Kind::Choice => loglik::run(scorer, task, &set.docs, progress)?,
             registry::Kind::Generate => generation::run(scorer, task, &set.docs, progress)?,
+            registry::Kind::Instructions => ifeval::task::run(scorer, task, &set.docs, progress)?,
         };
         for s in &outcome.scores {
             progress(&format!("eval task {}: {} ({}) {:.4}", task.name(), s.metric, s.filter, s.value));

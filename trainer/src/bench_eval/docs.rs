@@ -28,6 +28,8 @@ pub enum Doc {
     Choice { context: String, choices: Vec<String>, gold: usize },
     /// `prompt` is generated after; `reference` is what the answer is matched with.
     Generate { prompt: String, reference: String },
+    /// An IFEval prompt and the instructions its response is checked against.
+    Instructions(super::ifeval::task::Prompt),
 }
 
 /// A task's documents and the snapshot they were read from (`hf://datasets/…@commit`).
@@ -54,6 +56,12 @@ pub fn load(task: TaskId, fewshot: usize, cache: &HubCache) -> Result<DocSet, Be
     let snapshot = cache
         .resolve(ds.repo, RepoKind::Dataset, None)
         .map_err(|source| BenchError::Missing { task: task.name(), source })?;
+    if task.kind() == super::registry::Kind::Instructions {
+        let docs = split_records(task, &ds, &snapshot.dir, ds.test_split, |f| {
+            super::ifeval::task::Prompt::from_row(f).map(Doc::Instructions)
+        })?;
+        return Ok(DocSet { docs, source: snapshot.source.uri(RepoKind::Dataset) });
+    }
     let test = split_rows(task, &ds, &snapshot.dir, ds.test_split)?;
     let shots = if fewshot > 0 { split_rows(task, &ds, &snapshot.dir, ds.fewshot_split)? } else { Vec::new() };
     let docs = test
@@ -65,9 +73,11 @@ pub fn load(task: TaskId, fewshot: usize, cache: &HubCache) -> Result<DocSet, Be
                 context.push_str(&format!("{}{TARGET_DELIMITER}{}{FEWSHOT_DELIMITER}", shot.text, shot.target));
             }
             context.push_str(&row.text);
-            match task.kind() {
-                super::registry::Kind::Choice => Doc::Choice { context, choices: row.choices.clone(), gold: row.gold },
-                super::registry::Kind::Generate => Doc::Generate { prompt: context, reference: row.target.clone() },
+            // (Instructions are read above: the rest are choice or generation tasks.)
+            if task.kind() == super::registry::Kind::Choice {
+                Doc::Choice { context, choices: row.choices.clone(), gold: row.gold }
+            } else {
+                Doc::Generate { prompt: context, reference: row.target.clone() }
             }
         })
         .collect();
@@ -85,9 +95,26 @@ fn description(row: &Row) -> String {
 }
 
 fn split_rows(task: TaskId, ds: &DatasetRef, snapshot: &Path, split: &str) -> Result<Vec<Row>, BenchError> {
+    split_records(task, ds, snapshot, split, |f| parse(task, f))
+}
+
+/// Each record of `split`, read by `parse` (whose error is told with the file and row).
+fn split_records<T>(
+    task: TaskId,
+    ds: &DatasetRef,
+    snapshot: &Path,
+    split: &str,
+    parse: impl Fn(&Fields<'_>) -> Result<T, String>,
+) -> Result<Vec<T>, BenchError> {
     let data = |source| BenchError::Data { task: task.name(), source };
     let root = ds.config.unwrap_or(".");
-    let inputs = files::resolve(&[root.to_owned()], split, snapshot).map_err(data)?;
+    let inputs = match (files::resolve(&[root.to_owned()], split, snapshot), ds.single_file) {
+        (Ok(inputs), _) => inputs,
+        (Err(_), Some(file)) if snapshot.join(root).join(file).is_file() => {
+            files::resolve(&[format!("{root}/{file}")], split, snapshot).map_err(data)?
+        }
+        (Err(e), _) => return Err(data(e)),
+    };
     let mut rows = Vec::new();
     for input in &inputs {
         for (i, record) in read_rows(input, ds.columns).map_err(data)?.iter().enumerate() {
@@ -95,7 +122,7 @@ fn split_rows(task: TaskId, ds: &DatasetRef, snapshot: &Path, split: &str) -> Re
                 task: task.name(),
                 message: format!("{} row {i}: {message}", input.path.display()),
             };
-            rows.push(parse(task, &Fields(record)).map_err(bad)?);
+            rows.push(parse(&Fields(record)).map_err(bad)?);
         }
     }
     Ok(rows)
@@ -144,6 +171,7 @@ fn parse(task: TaskId, f: &Fields<'_>) -> Result<Row, String> {
                 subject: None,
             })
         }
+        TaskId::Ifeval => Err("ifeval's rows are prompts with instructions, read by its own reader".into()),
         TaskId::ArcEasy | TaskId::ArcChallenge => {
             let choices = f.get("choices")?;
             let sub = Fields(choices);
@@ -196,10 +224,10 @@ fn preprocess(text: &str) -> String {
 }
 
 /// A record's fields, read with errors that name the field.
-struct Fields<'a>(&'a Json);
+pub(super) struct Fields<'a>(&'a Json);
 
 impl<'a> Fields<'a> {
-    fn get(&self, name: &str) -> Result<&'a Json, String> {
+    pub(super) fn get(&self, name: &str) -> Result<&'a Json, String> {
         match self.0 {
             Json::Object(fields) => {
                 fields.iter().find(|(k, _)| k == name).map(|(_, v)| v).ok_or_else(|| format!("no field `{name}`"))
@@ -208,7 +236,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn text(&self, name: &str) -> Result<String, String> {
+    pub(super) fn text(&self, name: &str) -> Result<String, String> {
         match self.get(name)? {
             Json::String(s) => Ok(s.clone()),
             Json::Int(i) => Ok(i.to_string()),
@@ -216,7 +244,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn texts(&self, name: &str) -> Result<Vec<String>, String> {
+    pub(super) fn texts(&self, name: &str) -> Result<Vec<String>, String> {
         match self.get(name)? {
             Json::Array(items) => items
                 .iter()

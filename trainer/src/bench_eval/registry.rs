@@ -10,6 +10,7 @@ pub enum TaskId {
     Hellaswag,
     ArcEasy,
     ArcChallenge,
+    Ifeval,
 }
 
 /// How a task is scored.
@@ -19,6 +20,8 @@ pub enum Kind {
     Choice,
     /// Greedy generation until a stop string, the answer extracted and matched exactly.
     Generate,
+    /// Greedy generation, the response checked against each of the prompt's instructions.
+    Instructions,
 }
 
 /// Where a task's documents lie in its dataset's snapshot.
@@ -33,20 +36,20 @@ pub struct DatasetRef {
     pub fewshot_split: &'static str,
     /// The columns read.
     pub columns: &'static [&'static str],
+    /// The one file a repository without split names holds its data in (Hugging Face datasets
+    /// reads it as `train`): read when no file is named for the split.
+    pub single_file: Option<&'static str>,
 }
 
 /// Tasks named in recipes that this build does not run, with why.
-const REFUSED: [(&str, &str); 2] = [
-    ("humaneval", "it runs generated code, and no sandbox to run it in is built (no network, time and memory limits)"),
-    (
-        "ifeval",
-        "its verifiable-instruction checks are not built (25 instruction kinds; none is counted without its check)",
-    ),
-];
+const REFUSED: [(&str, &str); 1] = [(
+    "humaneval",
+    "it runs generated code, and no sandbox to run it in is built (no network, time and memory limits)",
+)];
 
 impl TaskId {
-    pub const ALL: [TaskId; 5] =
-        [TaskId::Gsm8k, TaskId::Mmlu, TaskId::Hellaswag, TaskId::ArcEasy, TaskId::ArcChallenge];
+    pub const ALL: [TaskId; 6] =
+        [TaskId::Gsm8k, TaskId::Mmlu, TaskId::Hellaswag, TaskId::ArcEasy, TaskId::ArcChallenge, TaskId::Ifeval];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +58,7 @@ impl TaskId {
             TaskId::Hellaswag => "hellaswag",
             TaskId::ArcEasy => "arc_easy",
             TaskId::ArcChallenge => "arc_challenge",
+            TaskId::Ifeval => "ifeval",
         }
     }
 
@@ -68,6 +72,7 @@ impl TaskId {
     pub fn kind(self) -> Kind {
         match self {
             TaskId::Gsm8k => Kind::Generate,
+            TaskId::Ifeval => Kind::Instructions,
             _ => Kind::Choice,
         }
     }
@@ -80,6 +85,7 @@ impl TaskId {
                 test_split: "test",
                 fewshot_split: "train",
                 columns: &["question", "answer"],
+                single_file: None,
             },
             // The `all` configuration: every subject's questions with their `subject`.
             TaskId::Mmlu => DatasetRef {
@@ -88,6 +94,7 @@ impl TaskId {
                 test_split: "test",
                 fewshot_split: "dev",
                 columns: &["question", "subject", "choices", "answer"],
+                single_file: None,
             },
             TaskId::Hellaswag => DatasetRef {
                 repo: "Rowan/hellaswag",
@@ -95,6 +102,7 @@ impl TaskId {
                 test_split: "validation",
                 fewshot_split: "train",
                 columns: &["activity_label", "ctx_a", "ctx_b", "endings", "label"],
+                single_file: None,
             },
             TaskId::ArcEasy | TaskId::ArcChallenge => DatasetRef {
                 repo: "allenai/ai2_arc",
@@ -102,6 +110,16 @@ impl TaskId {
                 test_split: "test",
                 fewshot_split: "train",
                 columns: &["question", "choices", "answerKey"],
+                single_file: None,
+            },
+            // Zero-shot: the harness's task has no few-shot examples.
+            TaskId::Ifeval => DatasetRef {
+                repo: "google/IFEval",
+                config: None,
+                test_split: "train",
+                fewshot_split: "train",
+                columns: &["key", "prompt", "instruction_id_list", "kwargs"],
+                single_file: Some("ifeval_input_data.jsonl"),
             },
         }
     }
@@ -131,8 +149,8 @@ mod tests {
         }
         let humaneval = refusal("humaneval").unwrap();
         assert!(humaneval.contains("sandbox") && humaneval.contains("gsm8k"), "{humaneval}");
-        assert!(refusal("ifeval").unwrap().contains("instruction"));
+        assert_eq!(TaskId::parse("ifeval").unwrap().kind(), Kind::Instructions);
         assert!(refusal("truthfulqa").unwrap().contains("not a task this build knows"));
-        assert!(TaskId::parse("ifeval").unwrap_err().to_string().contains("ifeval"));
+        assert!(TaskId::parse("humaneval").unwrap_err().to_string().contains("humaneval"));
     }
 }

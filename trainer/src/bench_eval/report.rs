@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 #[serde(deny_unknown_fields)]
 pub struct TaskScore {
     pub task: String,
-    /// `acc`, `acc_norm`, `exact_match`.
+    /// `acc`, `acc_norm`, `exact_match`, ifeval's `prompt_level_strict_acc`, `inst_level_strict_acc`,
+    /// `prompt_level_loose_acc`, `inst_level_loose_acc`.
     pub metric: String,
     /// The answer filter the metric is over (gsm8k's `strict-match`, `flexible-extract`), else
     /// `none`: lm-evaluation-harness's `metric,filter` keys.
@@ -38,6 +39,8 @@ pub enum Sample {
     Choice { loglikelihoods: Vec<(f64, bool)>, gold: usize },
     /// The generated answer (cut at the first stop string) and what each filter extracted.
     Generate { output: String, strict: String, flexible: String },
+    /// The generated response and its verdict on each instruction.
+    Instructions { output: String, verdicts: super::ifeval::Verdicts },
 }
 
 /// A task's scores and the per-document results they come from.

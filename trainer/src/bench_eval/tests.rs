@@ -316,3 +316,42 @@ fn run_tasks_reports_every_task_and_its_data() {
     let err = run_tasks(&scorer, &["humaneval".to_string()], 0, &cache, &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("sandbox"), "{err}");
 }
+
+/// Writes `rows` as the hub's google/IFEval holds them: one JSON-lines file, no split in its name.
+fn put_ifeval_jsonl(cache: &Path, rows: &str) {
+    let repo_dir = cache.join("datasets--google--IFEval");
+    let path = repo_dir.join("snapshots").join(COMMIT).join("ifeval_input_data.jsonl");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
+    std::fs::write(repo_dir.join("refs/main"), COMMIT).unwrap();
+    std::fs::write(path, rows).unwrap();
+}
+
+#[test]
+fn ifeval_reads_the_hub_s_single_jsonl_and_names_a_bad_row() {
+    let dir = tempfile::tempdir().unwrap();
+    put_ifeval_jsonl(
+        dir.path(),
+        concat!(
+            r#"{"key": 7, "prompt": "Write a haiku.", "instruction_id_list": ["punctuation:no_comma", "#,
+            r#""length_constraints:number_words"], "kwargs": [{}, {"num_words": 20, "relation": "less than"}]}"#,
+            "\n",
+        ),
+    );
+    let cache = HubCache::at(dir.path()).unwrap();
+    let set = load(TaskId::Ifeval, 3, &cache).unwrap();
+    assert_eq!(set.source, format!("hf://datasets/google/IFEval@{COMMIT}"));
+    let [Doc::Instructions(p)] = set.docs.as_slice() else { panic!("{:?}", set.docs) };
+    assert_eq!((p.key, p.prompt.as_str(), p.instructions.len()), (7, "Write a haiku.", 2));
+    assert_eq!(p.build().unwrap().len(), 2);
+
+    put_ifeval_jsonl(
+        dir.path(),
+        r#"{"key": 8, "prompt": "x", "instruction_id_list": ["keywords:frequency"], "kwargs": [{"keyword": "a"}]}"#,
+    );
+    let err = load(TaskId::Ifeval, 0, &cache).unwrap_err().to_string();
+    assert!(
+        err.contains("ifeval_input_data.jsonl row 0") && err.contains("key 8") && err.contains("frequency"),
+        "{err}"
+    );
+}

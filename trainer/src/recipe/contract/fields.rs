@@ -356,12 +356,11 @@ pub fn fields() -> Vec<Field> {
             .differs(r#"{"eval": {"every_steps": 2}}"#),
         field(
             "eval.tasks",
-            "benchmark tasks scored in-process from the HF cache: gsm8k, mmlu, hellaswag, arc_easy, arc_challenge",
+            "benchmark tasks scored in-process from the HF cache: gsm8k, mmlu, hellaswag, arc_easy, arc_challenge, ifeval",
         )
         .test("eval_tasks_are_scored_with_the_recipe_s_few_shot_and_gated_against_the_base")
         .refuses(&[
             no!("humaneval", r#"{"eval": {"tasks": ["humaneval"]}}"#, "no sandbox to run it in is built"),
-            no!("ifeval", r#"{"eval": {"tasks": ["ifeval"]}}"#, "its verifiable-instruction checks are not built"),
             no!(
                 "any with eval.enabled false",
                 r#"{"eval": {"enabled": false, "tasks": ["gsm8k"]}}"#,
