@@ -12,7 +12,7 @@ use std::process::Command;
 use candle_core::{DType, Device};
 use mindxtrain_tests::interop::{assert_close, flat, read_json, repo_root};
 use mindxtrain_tests::micro::{self, Node, ok_json, s};
-use mindxtrain_trainer::batch::{IGNORE, PackedBatch};
+use mindxtrain_trainer::batch::PackedBatch;
 use mindxtrain_trainer::checkpoint::{load_hf_model, read_safetensors};
 use mindxtrain_trainer::quantize::Fp8Weight;
 use serde_json::Value;
@@ -37,15 +37,7 @@ fn our_dequantized_logits(final_dir: &Path, quantized: &Path, ids: &[u32]) -> Ve
         }
     }
     assert_eq!(replaced, 7, "q, k, v, o, gate, up and down of the one layer");
-    let t = ids.len();
-    let prompt = PackedBatch {
-        batch: 1,
-        seq_len: t,
-        input_ids: ids.to_vec(),
-        position_ids: (0..t as u32).collect(),
-        segment_ids: vec![1; t],
-        labels: vec![IGNORE; t],
-    };
+    let prompt = PackedBatch::single_row(ids);
     flat(&model.logits(&prompt, None).unwrap())
 }
 

@@ -130,15 +130,7 @@ fn gpu_hybrid_decode_steps_give_the_full_forward_s_last_logits() {
         }
     }
     let seq: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % 300).collect();
-    let n = seq.len();
-    let whole = PackedBatch {
-        batch: 1,
-        seq_len: n,
-        input_ids: seq.clone(),
-        position_ids: (0..n as u32).collect(),
-        segment_ids: vec![1; n],
-        labels: vec![IGNORE; n],
-    };
+    let whole = PackedBatch::single_row(&seq);
     let full = m.logits(&whole, Some(&ad)).unwrap();
     let mut cache = m.new_cache(32);
     let mut at = 0;
