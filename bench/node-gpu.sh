@@ -31,14 +31,18 @@ step train train "$RECIPE" --plan "$WORK/plan.json" --out "$WORK/run"
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true' EXIT
 t0=$SECONDS
-python3 - "$LOGS/serve.log" "$LOGS/chat.json" <<'PY'
-import json, re, sys, time, urllib.request
-log, out = sys.argv[1:3]
+python3 - "$LOGS/serve.log" "$LOGS/chat.json" "$SERVER" <<'PY'
+import json, os, re, sys, time, urllib.request
+log, out, server = sys.argv[1], sys.argv[2], int(sys.argv[3])
 deadline = time.time() + 300
 url = None
 while time.time() < deadline and url is None:
     m = re.search(r"http://127\.0\.0\.1:(\d+)", open(log).read())
     url = m and f"http://127.0.0.1:{m.group(1)}"
+    try:
+        os.kill(server, 0)
+    except ProcessLookupError:
+        sys.exit(f"the server exited before listening:\n{open(log).read()[-2000:]}")
     time.sleep(1)
 if url is None:
     sys.exit(f"the server printed no address in 300 s:\n{open(log).read()[-2000:]}")
