@@ -63,11 +63,10 @@ fn the_flagship_recipe_with_only_its_hardware_changed_runs_against_the_hf_cache(
     refused.sort_unstable();
     refused.dedup();
     // Of its tasks (mmlu, gsm8k, ifeval, humaneval) the last: no sandbox for its code is built.
-    assert_eq!(refused, ["eval.tasks[3]", "publish.enabled", "quantize.enabled"], "{v}");
+    assert_eq!(refused, ["eval.tasks[3]", "publish.enabled"], "{v}");
 
-    // Those three switched off; every other line as shipped.
+    // Those two switched off; every other line as shipped (FP8 quantization included).
     let text = without_line(&without_line(&on_the_cpu(), "tasks:"), "fewshot:")
-        .replace("quantize:\n  enabled: true", "quantize:\n  enabled: false")
         .replace("publish:\n  enabled: true", "publish:\n  enabled: false");
     let recipe = node.recipe("flagship", &text);
     let out = node.path("run");
@@ -100,6 +99,9 @@ fn the_flagship_recipe_with_only_its_hardware_changed_runs_against_the_hf_cache(
     assert!(receipt["manifest"].is_object(), "{summary}");
     let card = std::fs::read_to_string(out.join("final/README.md")).unwrap();
     assert!(card.contains("apache-2.0"), "{card}");
+    // Quantized as shipped: the adapter merged into the base, its linears FP8, recorded.
+    assert!(out.join("quantized/config.json").is_file(), "{summary}");
+    assert_eq!(node.events("model.quantized").len(), 1);
 
     // Served with its own serve section: reasoning split, tools offered (tool_calls: true).
     let server = Server::run(&node.dir, &["serve", s(&recipe), "--checkpoint", s(&out.join("final")), "--free"]);
