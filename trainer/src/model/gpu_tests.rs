@@ -155,19 +155,7 @@ fn gpu_hybrid_decode_steps_give_the_full_forward_s_last_logits() {
 /// worst tensor is `layers.1.mlp.gate`, at 5.1e-2).
 #[test]
 fn gpu_moe_hybrid_gradients_match_the_cpu_engine() {
-    let cfg = LmConfig {
-        intermediate_size: 64,
-        moe: Some(MoeShape {
-            num_experts: 8,
-            num_experts_per_tok: 2,
-            moe_intermediate_size: 64,
-            norm_topk_prob: true,
-            decoder_sparse_step: 1,
-            mlp_only_layers: Vec::new(),
-            router_aux_loss_coef: 0.01,
-        }),
-        ..hybrid_config()
-    };
+    let cfg = LmConfig { intermediate_size: 64, moe: Some(small_moe(Vec::new())), ..hybrid_config() };
     let drawn = CausalLm::init_random(&cfg, 7, DType::F32, &Device::Cpu).unwrap();
     let mut params = to(drawn.params(), DType::BF16, &Device::Cpu);
     for layer in 0..cfg.num_hidden_layers {
@@ -188,18 +176,19 @@ fn gpu_moe_gradients_match_the_cpu_engine() {
 }
 
 fn moe_config() -> LmConfig {
-    LmConfig {
-        arch: crate::model::Arch::Qwen3,
-        moe: Some(MoeShape {
-            num_experts: 8,
-            num_experts_per_tok: 2,
-            moe_intermediate_size: 64,
-            norm_topk_prob: true,
-            decoder_sparse_step: 1,
-            mlp_only_layers: vec![0],
-            router_aux_loss_coef: 0.01,
-        }),
-        ..config()
+    LmConfig { arch: crate::model::Arch::Qwen3, moe: Some(small_moe(vec![0])), ..config() }
+}
+
+/// 8 experts of 64, 2 per token, the balance loss on; `mlp_only_layers` stay dense.
+fn small_moe(mlp_only_layers: Vec<usize>) -> MoeShape {
+    MoeShape {
+        num_experts: 8,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 64,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers,
+        router_aux_loss_coef: 0.01,
     }
 }
 
