@@ -128,7 +128,7 @@ impl Dims {
         self.t.div_ceil(CHUNK)
     }
 
-    fn state(&self) -> [usize; 4] {
+    pub(crate) fn state(&self) -> [usize; 4] {
         [self.b, self.h, self.dk, self.dv]
     }
 

@@ -1,21 +1,14 @@
 //! The sizes and gate shaping every delta-rule test uses (the CPU kernel's, the chunked
 //! reference's and the CUDA kernels'), so each suite builds its operands the same way.
 
+use super::Dims;
 use candle_core::{Result, Tensor};
 
-/// Sizes of one case: batch rows, tokens, key heads, value heads (a multiple: GQA), and the key
-/// and value head sizes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Case {
-    pub b: usize,
-    pub t: usize,
-    pub hk: usize,
-    pub h: usize,
-    pub dk: usize,
-    pub dv: usize,
-}
+/// Sizes of one case: the kernels' own [`Dims`] (batch rows, tokens, key heads, value heads,
+/// key and value head sizes; its `state()` is the state's shape).
+pub(crate) type Case = Dims;
 
-impl Case {
+impl Dims {
     /// q and k: `[B, T, Hk, dk]`.
     pub fn qk(&self) -> [usize; 4] {
         [self.b, self.t, self.hk, self.dk]
@@ -29,11 +22,6 @@ impl Case {
     /// β and g: `[B, T, H]`.
     pub fn gates(&self) -> [usize; 3] {
         [self.b, self.t, self.h]
-    }
-
-    /// The state: `[B, H, dk, dv]`.
-    pub fn state(&self) -> [usize; 4] {
-        [self.b, self.h, self.dk, self.dv]
     }
 
     /// The attention scale the model uses, 1/√dk.
